@@ -1,0 +1,5 @@
+import sys
+
+from danka.cli import main
+
+sys.exit(main())

@@ -1,0 +1,218 @@
+"""Advantage estimators: one typed input, one output shape, in a registry.
+
+Every estimator is ``fn(inp: AdvantageInput) -> (advantages (B, R), returns (B, R))``,
+both zero on padding. ``returns`` are critic targets for ``gae``; for critic-free
+estimators they are whatever verl reports (usually the advantages themselves) and only
+get logged. Shapes: B = samples in the step, R = response length (right-padded).
+
+Group statistics (grpo, dr_grpo, rloo, reinforce_plus_plus_baseline) use the sequence
+score = sum_t token_rewards[i, t] over valid tokens, grouped by ``group_index``. The
+standard deviation is ``torch.std``'s unbiased estimate (divide by n - 1), as verl does.
+
+ReMax (Li et al. 2023) is not here: its baseline is the reward of a greedy rollout,
+an extra (B,) input that AdvantageInput does not carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from danka.algorithms._masked import masked_whiten
+from danka.algorithms.registry import Registry
+from danka.errors import UserError
+
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+
+
+@dataclass
+class AdvantageInput:
+    """Everything any estimator may read. Tensors share one device."""
+
+    token_rewards: torch.Tensor  # (B, R) score on the last valid token + per-token KL penalty
+    response_mask: torch.Tensor  # (B, R) float, 1 on valid response tokens
+    group_index: torch.Tensor  # (B,) long, samples answering one prompt share an index
+    values: torch.Tensor | None = None  # (B, R) critic values V(s_t), only for gae
+    gamma: float = 1.0  # discount per token
+    lam: float = 1.0  # GAE lambda
+    eps: float = 1e-6  # added to the group std before dividing (grpo)
+
+    def __post_init__(self) -> None:
+        b, r = self.token_rewards.shape
+        if self.response_mask.shape != (b, r):
+            raise ValueError(f"response_mask {tuple(self.response_mask.shape)} != {(b, r)}")
+        if self.group_index.shape != (b,):
+            raise ValueError(f"group_index {tuple(self.group_index.shape)} != {(b,)}")
+        if self.values is not None and self.values.shape != (b, r):
+            raise ValueError(f"values {tuple(self.values.shape)} != {(b, r)}")
+
+
+Estimator = Callable[[AdvantageInput], tuple[torch.Tensor, torch.Tensor]]
+
+
+def sequence_rewards_to_tokens(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Put each sequence score (B,) on the last valid token of its response -> (B, R).
+
+    Rows with no valid token get no reward (all zeros).
+    """
+    b, r = response_mask.shape
+    out = torch.zeros((b, r), dtype=scores.dtype, device=scores.device)
+    lengths = response_mask.sum(dim=-1).long()
+    has_token = lengths > 0
+    # last valid index; assumes right padding (valid tokens first), as RolloutBatch does
+    last = (lengths - 1).clamp(min=0)
+    rows = torch.arange(b, device=scores.device)
+    out[rows[has_token], last[has_token]] = scores[has_token]
+    return out
+
+
+def _scores(inp: AdvantageInput) -> torch.Tensor:
+    """Sequence score (B,) = sum of token rewards over valid tokens."""
+    return (inp.token_rewards * inp.response_mask).sum(dim=-1)
+
+
+def _group_mean_std(
+    scores: torch.Tensor, group_index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample (B,) mean, unbiased std and size of the sample's group.
+
+    A group of size 1 gets mean 0 and std 1 (verl's convention), so normalising leaves
+    its raw score: with one sample there is nothing to compare against.
+    """
+    _, inv = torch.unique(group_index, return_inverse=True)
+    n_groups = int(inv.max().item()) + 1 if inv.numel() else 0
+    zeros = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device)
+    count = zeros.clone().scatter_add_(0, inv, torch.ones_like(scores))
+    mean = zeros.clone().scatter_add_(0, inv, scores) / count
+    sq_dev = zeros.clone().scatter_add_(0, inv, (scores - mean[inv]) ** 2)
+    std = torch.sqrt(sq_dev / (count - 1).clamp(min=1))  # unbiased, like torch.std
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    return mean[inv], std[inv], count[inv]
+
+
+@ADVANTAGE_ESTIMATORS.register("gae")
+@torch.no_grad()
+def gae(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised Advantage Estimation (Schulman et al. 2015, arXiv:1506.02438).
+
+    delta_t = r_t + gamma * V_{t+1} - V_t  (V after the last valid token is 0)
+    A_t     = delta_t + gamma * lam * A_{t+1}
+    returns = A + V (critic targets, before whitening);
+    advantages = masked_whiten(A) over all valid tokens of the batch (as verl does).
+    Padding tokens are skipped: they neither bootstrap V nor carry A.
+    """
+    if inp.values is None:
+        raise UserError(
+            "advantage estimator 'gae' needs critic values, but none were computed",
+            where="config",
+            fix="enable the critic (PPO), or choose a critic-free estimator: "
+            "grpo, dr_grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline",
+        )
+    rewards, values, mask = inp.token_rewards, inp.values, inp.response_mask
+    next_value = torch.zeros_like(rewards[:, 0])
+    last_gae = torch.zeros_like(rewards[:, 0])
+    adv_reversed = []
+    for t in reversed(range(rewards.shape[1])):
+        m = mask[:, t]
+        delta = rewards[:, t] + inp.gamma * next_value - values[:, t]
+        new_gae = delta + inp.gamma * inp.lam * last_gae
+        next_value = values[:, t] * m + (1 - m) * next_value
+        last_gae = new_gae * m + (1 - m) * last_gae
+        adv_reversed.append(last_gae)
+    advantages = torch.stack(adv_reversed[::-1], dim=1)
+    returns = (advantages + values) * mask
+    return masked_whiten(advantages, mask) * mask, returns
+
+
+def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return seq_adv.unsqueeze(-1) * mask
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo")
+@torch.no_grad()
+def grpo(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
+
+    A_i = (s_i - mean_g(s)) / (std_g(s) + eps) on every valid token of sample i, where g
+    is i's group and std is unbiased. Identical rewards in a group -> A = 0 (no signal).
+    A group of size 1 uses mean 0, std 1 (verl), so A = s / (1 + eps), about the raw
+    score. Returns = advantages.
+    """
+    scores = _scores(inp)
+    mean, std, _ = _group_mean_std(scores, inp.group_index)
+    adv = _broadcast((scores - mean) / (std + inp.eps), inp.response_mask)
+    return adv, adv
+
+
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
+@torch.no_grad()
+def dr_grpo(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like Training", arXiv:2503.20783).
+
+    A_i = s_i - mean_g(s): GRPO without the division by the group std, which biases
+    updates towards too-easy/too-hard prompts. Pair with the ``seq-mean-token-sum-norm``
+    loss aggregation to also remove the length bias. Size-1 group -> raw score.
+    """
+    scores = _scores(inp)
+    mean, _, _ = _group_mean_std(scores, inp.group_index)
+    adv = _broadcast(scores - mean, inp.response_mask)
+    return adv, adv
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+@torch.no_grad()
+def rloo(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740; Kool et al. 2019).
+
+    A_i = s_i - (sum_{j in g, j != i} s_j) / (n - 1) = n/(n-1) * (s_i - mean_g(s)).
+    A group of size 1 has no other sample: A = raw score. Returns = advantages.
+    """
+    scores = _scores(inp)
+    mean, _, count = _group_mean_std(scores, inp.group_index)
+    scale = torch.where(count > 1, count / (count - 1).clamp(min=1), torch.ones_like(count))
+    adv = _broadcast((scores - mean) * scale, inp.response_mask)
+    return adv, adv
+
+
+def _discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = r_t + gamma * G_{t+1} over valid tokens (reset after the last one)."""
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    return returns * mask
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
+@torch.no_grad()
+def reinforce_plus_plus(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262).
+
+    G_t = sum_{k >= t} gamma^(k-t) r_k (returns-to-go of the token rewards, which include
+    any per-token KL penalty); advantages = masked_whiten(G) over all valid tokens of the
+    batch (global normalisation, no critic, no groups). Returns = G.
+    """
+    returns = _discounted_returns(inp.token_rewards, inp.response_mask, inp.gamma)
+    adv = masked_whiten(returns, inp.response_mask) * inp.response_mask
+    return adv, returns
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline")
+@torch.no_grad()
+def reinforce_plus_plus_baseline(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262, "REINFORCE++-baseline").
+
+    a_i = s_i - mean_g(s) broadcast over valid tokens, then whitened over all valid tokens
+    of the batch. Size-1 group -> baseline 0. Returns = advantages.
+    """
+    scores = _scores(inp)
+    mean, _, _ = _group_mean_std(scores, inp.group_index)
+    centred = _broadcast(scores - mean, inp.response_mask)
+    adv = masked_whiten(centred, inp.response_mask) * inp.response_mask
+    return adv, adv

@@ -1,0 +1,50 @@
+"""Config fingerprint and a readable diff, for the "config changed since the checkpoint"
+warning on resume."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+
+def config_hash(resolved_config: dict) -> str:
+    """First 16 hex digits of the sha256 of the canonical JSON of the resolved config."""
+    text = json.dumps(resolved_config, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return re.sub(r"e([+-])0+(\d)", r"e\1\2", repr(value)).replace("e+", "e")
+    return "null" if value is None else str(value)
+
+
+_MISSING = object()
+
+
+def diff_configs(old: dict, new: dict) -> list[str]:
+    """One line per changed leaf, dotted keys, sorted: ``"trainer.lr: 1e-5 -> 2e-5"``;
+    keys present on one side only show ``<unset>`` on the other."""
+    a, b = _flatten(old), _flatten(new)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, _MISSING), b.get(key, _MISSING)
+        if va == vb:
+            continue
+        sa = "<unset>" if va is _MISSING else _fmt(va)
+        sb = "<unset>" if vb is _MISSING else _fmt(vb)
+        lines.append(f"{key}: {sa} -> {sb}")
+    return lines

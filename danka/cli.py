@@ -1,0 +1,160 @@
+"""The ``danka`` command: ``danka train CONFIG [key=value ...]`` and the other subcommands.
+
+Bad input (config, data, reward code, checkpoint) prints one message and exits with 2;
+``--debug`` shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from danka import __version__
+from danka.errors import UserError
+
+COMMANDS: dict[str, tuple[str, Callable, Callable]] = {}
+
+
+def command(name: str, help: str, add_args: Callable[[argparse.ArgumentParser], None]):
+    """Register a subcommand: ``add_args(parser)`` declares its options, the decorated
+    ``run(args) -> int`` runs it."""
+
+    def deco(run: Callable) -> Callable:
+        if name in COMMANDS:
+            raise ValueError(f"subcommand {name!r} is registered twice")
+        COMMANDS[name] = (help, add_args, run)
+        return run
+
+    return deco
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="YAML config file")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.batch_size=8")
+    p.add_argument("--config_file", "--config-file", dest="config_file",
+                   help="the config file (alias of the positional CONFIG)")
+    p.add_argument("--output-dir", "--output_dir", dest="output_dir", help="where results go")
+    p.add_argument("--seed", type=int, help="random seed (trainer.seed)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config with defaults and exit (no model is loaded)")
+    p.add_argument("--resume", help="auto (newest complete checkpoint) or a checkpoint path")
+
+
+def _load_train_config(args):
+    from danka.config import load_config
+
+    path = args.config_file or args.config
+    overrides = list(args.overrides)
+    if args.config_file and args.config:
+        overrides.insert(0, args.config)  # `train --config_file X key=value`: positional is an override
+    if path and "=" in path and not os.path.exists(path):
+        raise UserError(f"{path!r} looks like an override, but no config file was given",
+                        where="command line", fix="danka train CONFIG.yaml key=value ...")
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.seed is not None:
+        overrides.append(f"trainer.seed={args.seed}")
+    if path is None:
+        raise UserError("no config file given", where="command line",
+                        fix="danka train examples/quickstart.yaml")
+    return load_config(path, overrides)
+
+
+@command("train", "train a policy with PPO/GRPO from a YAML config", _train_args)
+def _train(args) -> int:
+    import yaml
+
+    from danka.config import config_to_dict
+
+    cfg, base_dir = _load_train_config(args)
+    if args.print_config:
+        print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
+        return 0
+    from danka.trainer.train import train
+
+    train(cfg, base_dir, resume=args.resume)
+    return 0
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="data_command", required=True)
+    g = sub.add_parser("gsm8k", help="write GSM8K in verl's parquet layout and as jsonl")
+    g.add_argument("--input", help="a GSM8K jsonl file (question/answer rows)")
+    g.add_argument("--from-hub", action="store_true", help="download openai/gsm8k with datasets")
+    g.add_argument("--output", required=True, help="output folder")
+    g.add_argument("--limit", type=int, help="only the first N rows")
+    i = sub.add_parser("inspect", help="show the first batch exactly as the model will see it")
+    i.add_argument("config")
+    i.add_argument("overrides", nargs="*")
+    i.add_argument("-n", type=int, default=2, help="prompts to show")
+
+
+@command("data", "prepare and inspect data", _data_args)
+def _data(args) -> int:
+    from pathlib import Path
+
+    if args.data_command == "gsm8k":
+        from danka.data.gsm8k import convert_gsm8k
+
+        if not args.input and not args.from_hub:
+            raise UserError("give --input FILE or --from-hub", where="danka data gsm8k",
+                            fix="danka data gsm8k --input train.jsonl --output data/gsm8k")
+        info = convert_gsm8k(input_path=Path(args.input) if args.input else None,
+                             from_hub=args.from_hub, output_dir=Path(args.output),
+                             limit=args.limit)
+        print(info)
+        return 0
+    from danka.config import load_config
+    from danka.data.inspect import describe_first_batch
+    from danka.models.loading import load_tokenizer
+    from danka.data.template import encode_prompts
+    from danka.trainer.setup import load_rows
+
+    cfg, base_dir = load_config(args.config, args.overrides)
+    m = cfg.model
+    tok = load_tokenizer(m.actor_model_name_or_path, tokenizer_kwargs=vars(m.tokenizer_kwargs),
+                         trust_remote_code=m.trust_remote_code)
+    rows, _ = load_rows(cfg, base_dir, Path(cfg.output_dir))
+    enc = encode_prompts(tok, rows, max_prompt_length=cfg.data.max_prompt_length,
+                         policy=cfg.data.overlong_prompt, system_prompt=cfg.data.system_prompt,
+                         instruction=cfg.data.instruction)
+    print(describe_first_batch(tok, rows, enc, n=args.n))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    try:  # subcommands of the user tools register themselves on import
+        import danka.tools.commands  # noqa: F401
+    except ImportError:
+        pass
+    parser = argparse.ArgumentParser(prog="danka", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"danka {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, add_args, _) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks")
+        add_args(sp)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command][2](args) or 0
+    except UserError as err:
+        if args.debug:
+            raise
+        print(f"danka: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("danka: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

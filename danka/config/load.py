@@ -1,0 +1,237 @@
+"""YAML + ``key=value`` overrides -> a typed ``DankaConfig``, checked once at start-up.
+
+Errors name the file, the line and the key, and say what to write instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from danka.config.schema import DankaConfig
+from danka.errors import UserError
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Map dotted key paths to their 1-based line in the YAML text."""
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                path = f"{prefix}{key_node.value}"
+                lines[path] = key_node.start_mark.line + 1
+                walk(value_node, path + ".")
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, f"{prefix[:-1]}[{i}].")
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, "")
+    return lines
+
+
+class _Source:
+    """Where values came from, for error messages."""
+
+    def __init__(self, path: Path | None, text: str = ""):
+        self.path = path
+        self.lines = _key_lines(text) if text else {}
+        self.overridden: set[str] = set()
+
+    def where(self, key: str) -> str:
+        if key in self.overridden:
+            return f"command-line override {key}"
+        if self.path is None:
+            return f"config key {key}"
+        line = self.lines.get(key)
+        return f"{self.path}:{line}: key {key}" if line else f"{self.path}: key {key}"
+
+
+def read_yaml(path: Path) -> tuple[dict, str]:
+    if not path.is_file():
+        raise UserError(
+            "config file not found", where=str(path), fix="check the path (danka train CONFIG.yaml)"
+        )
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise UserError(f"invalid YAML ({getattr(err, 'problem', err)})", where=where,
+                        fix="fix the YAML syntax (indentation, colons, quotes)") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError("the config must be a mapping of sections", where=str(path),
+                        fix="start with sections like 'model:', 'trainer:', 'data:'")
+    return data, text
+
+
+def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
+    """Apply ``a.b.c=value`` overrides; values are parsed as YAML (lists, null, numbers)."""
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"override {item!r} has no '='", where="command line",
+                            fix="write overrides as section.key=value, e.g. trainer.batch_size=8")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise UserError(f"{part!r} is not a section", where=f"override {key}",
+                                fix="override a leaf key, e.g. trainer.lr=1e-5")
+            node = child
+        node[parts[-1]] = value
+        source.overridden.add(key)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str, source: _Source) -> Any:
+    """Check ``value`` against the annotation ``tp``; build nested dataclasses."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key, source)
+            except UserError as err:
+                errors.append(err)
+        raise _type_error(value, tp, key, source)
+    if tp is type(None):
+        if value is None:
+            return None
+        raise _type_error(value, tp, key, source)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _type_error(value, tp, key, source, section=True)
+        return build_dataclass(tp, value, source, prefix=key + ".")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise _type_error(value, tp, key, source)
+        return [_coerce(v, item_tp, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _type_error(value, tp, key, source)
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _type_error(value, tp, key, source)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _type_error(value, tp, key, source)
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-5 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise _type_error(value, tp, key, source)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _type_error(value, tp, key, source)
+    return value
+
+
+def _type_error(value: Any, tp: Any, key: str, source: _Source, section: bool = False):
+    if section:
+        return UserError(f"expected a section (mapping), got {value!r}", where=source.where(key),
+                         fix=f"write {key}: followed by indented keys")
+    return UserError(
+        f"expected {_type_name(tp)}, got {value!r} ({type(value).__name__})",
+        where=source.where(key),
+        fix=f"set {key} to a value of type {_type_name(tp)}",
+    )
+
+
+# Keys of the seed story that danka does not implement, with what to use instead.
+REJECTED_KEYS = {
+    "backend.vllm.enable_vllm": (
+        True,
+        "vLLM is not used by danka on one card",
+        "set backend.vllm.enable_vllm: false and use rollout.engine: fast (danka's own fast "
+        "rollout, live LoRA weights, no weight sync)",
+    ),
+    "backend.fsdp.enable_fsdp": (
+        True,
+        "FSDP is not used on one card",
+        "set backend.fsdp.enable_fsdp: false; for several GPUs run "
+        "torchrun --nproc-per-node N -m danka train CONFIG (see README, 'Several GPUs')",
+    ),
+}
+
+
+def build_dataclass(cls: type, data: dict, source: _Source, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            hint = f"did you mean {prefix}{close[0]}?" if close else (
+                f"valid keys here: {', '.join(names)}")
+            raise UserError(f"unknown key {full!r}", where=source.where(full), fix=hint)
+        if full in REJECTED_KEYS and value == REJECTED_KEYS[full][0]:
+            _, what, fix = REJECTED_KEYS[full]
+            raise UserError(what, where=source.where(full), fix=fix)
+        kwargs[key] = _coerce(value, hints[key], full, source)
+    return cls(**kwargs)
+
+
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None
+) -> tuple[DankaConfig, Path]:
+    """Read, override, type-check and validate. Returns the config and its base folder."""
+    from danka.config.validate import validate
+
+    if path is None:
+        data, text, cfg_path = {}, "", None
+    else:
+        cfg_path = Path(path)
+        data, text = read_yaml(cfg_path)
+    source = _Source(cfg_path, text)
+    apply_overrides(data, overrides or [], source)
+    config = build_dataclass(DankaConfig, data, source)
+    base_dir = cfg_path.parent.resolve() if cfg_path else Path.cwd()
+    validate(config, source)
+    return config, base_dir
+
+
+def config_to_dict(config: Any) -> dict:
+    return dataclasses.asdict(config)

@@ -1,0 +1,208 @@
+"""The typed config. Every section is a dataclass; every field has help text.
+
+The seed story's layout (``model``/``trainer``/``lora``/``backend``/``data``/``logging``)
+is accepted as written: its keys are the field names here. danka's own additions
+(``rollout``, ``reward``, and the extra ``trainer``/``data`` fields) have defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A field with help text (shown by ``--print-config`` and in errors)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class TokenizerKwargs:
+    model_max_length: int | None = _f(None, "override the tokenizer's maximum context length")
+    padding_side: str = _f("left", "left (needed for batched generation) or right")
+
+
+@dataclass
+class GradientCheckpointingKwargs:
+    use_reentrant: bool = _f(False, "torch.utils.checkpoint reentrant mode (False is recommended)")
+
+
+@dataclass
+class ModelConfig:
+    actor_model_name_or_path: str = _f("", "hub id, local folder or .gguf file of the policy")
+    critic_model_name_or_path: str | None = _f(
+        None, "critic base for PPO; null or the actor's = a LoRA critic on the actor's base"
+    )
+    reward_model_name_or_path: str | None = _f(
+        None, "reward model; the actor's own path = a judge sharing the actor's base weights"
+    )
+    reward_model_type: str = _f("auto", "auto | classifier (trained score head) | judge")
+    torch_dtype: str = _f("auto", "auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16")
+    use_flash_attention_2: bool = _f(False, "use flash-attention 2 (pip install danka[flash])")
+    attn_implementation: str | None = _f(None, "sdpa (default) | eager | flash_attention_2")
+    trust_remote_code: bool = _f(False, "run model code from the hub; off unless you trust it")
+    tokenizer_kwargs: TokenizerKwargs = field(default_factory=TokenizerKwargs)
+    use_gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+    gradient_checkpointing_kwargs: GradientCheckpointingKwargs = field(
+        default_factory=GradientCheckpointingKwargs
+    )
+    device: str = _f("auto", "auto (cuda if available) | cpu | cuda | cuda:N")
+
+
+@dataclass
+class KLConfig:
+    coef: float = _f(0.0, "KL coefficient (0 = no KL to the reference policy)")
+    estimator: str = _f("k3", "k1 | k2 | k3 | abs")
+    mode: str = _f("loss", "loss (added to the policy loss) | reward (subtracted from rewards)")
+    adaptive: bool = _f(False, "adapt the coefficient towards target_kl (Ziegler et al. 2019)")
+    target: float = _f(0.1, "target KL for the adaptive controller")
+    horizon: int = _f(10000, "horizon of the adaptive controller")
+
+
+@dataclass
+class TrainerConfig:
+    algorithm: str = _f("grpo", "ppo (critic + GAE) | grpo | dr_grpo | rloo | reinforce_plus_plus")
+    advantage_estimator: str | None = _f(None, "override the estimator the algorithm implies")
+    policy_loss: str = _f("vanilla", "vanilla (PPO clip) | gspo")
+    loss_agg_mode: str = _f("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm")
+    num_epochs: int = _f(1, "passes over the training prompts")
+    total_steps: int | None = _f(None, "stop after this many steps (overrides num_epochs)")
+    batch_size: int = _f(8, "prompts per step")
+    samples_per_prompt: int | None = _f(None, "responses per prompt (null: 1 for ppo, 8 otherwise)")
+    mini_batch_size: int | None = _f(None, "prompts per optimizer step (null = batch_size)")
+    micro_batch_size: int = _f(8, "sequences per forward/backward (gradient accumulation)")
+    ppo_epochs: int = _f(1, "passes over each step's samples")
+    max_length: int = _f(512, "prompt + response tokens")
+    max_new_tokens: int = _f(128, "response tokens")
+    lr: float = _f(1e-5, "actor learning rate")
+    critic_lr: float = _f(1e-5, "critic learning rate (ppo)")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    warmup_steps: int = _f(0, "linear warm-up steps")
+    lr_scheduler: str = _f("constant", "constant | cosine | linear")
+    max_grad_norm: float = _f(1.0, "gradient clipping (0 = off)")
+    clip_ratio_low: float = _f(0.2, "PPO clip range below 1")
+    clip_ratio_high: float = _f(0.2, "PPO clip range above 1 (clip-higher: raise it)")
+    dual_clip_c: float | None = _f(3.0, "dual-clip constant for negative advantages (null = off)")
+    value_clip: float = _f(0.2, "critic value clip range")
+    vf_coef: float = _f(0.5, "weight of the value loss (ppo)")
+    gamma: float = _f(1.0, "discount")
+    lam: float = _f(0.95, "GAE lambda")
+    kl: KLConfig = field(default_factory=KLConfig)
+    entropy_coef: float = _f(0.0, "entropy bonus")
+    temperature: float = _f(1.0, "sampling temperature for rollouts")
+    top_p: float = _f(1.0, "nucleus sampling")
+    top_k: int = _f(0, "top-k sampling (0 = off)")
+    save_steps: int = _f(0, "checkpoint every K steps (0 = only at the end)")
+    keep_last: int | None = _f(None, "keep only the newest N checkpoints")
+    eval_steps: int = _f(0, "held-out evaluation every K steps (0 = start and end only)")
+    eval_max_new_tokens: int | None = _f(None, "response tokens at evaluation (null = max_new_tokens)")
+    logprob_chunk_size: int = _f(1024, "tokens per chunk of the memory-lean log-prob head")
+    preflight: bool = _f(False, "run the worst-case shapes once before training")
+    max_bad_steps: int = _f(3, "non-finite steps in a row before the run stops")
+    seed: int = _f(42, "random seed")
+
+
+@dataclass
+class LoraConfig:
+    enable_lora: bool = _f(True, "train LoRA adapters on a frozen base")
+    lora_r: int = _f(8, "LoRA rank")
+    lora_alpha: float = _f(16, "LoRA alpha (scaling = alpha / r)")
+    lora_dropout: float = _f(0.0, "LoRA dropout")
+    target_modules: list[str] | str = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "module names to adapt, or all-linear",
+    )
+
+
+@dataclass
+class FsdpBackend:
+    enable_fsdp: bool = _f(False, "one card needs no FSDP; several GPUs: torchrun (see README)")
+
+
+@dataclass
+class VllmBackend:
+    enable_vllm: bool = _f(False, "not supported: use rollout.engine: fast")
+
+
+@dataclass
+class HFBackend:
+    enable_hf_transformers: bool = _f(True, "HF generate rollout (rollout.engine: hf)")
+
+
+@dataclass
+class BackendConfig:
+    fsdp: FsdpBackend = field(default_factory=FsdpBackend)
+    vllm: VllmBackend = field(default_factory=VllmBackend)
+    hf_transformers: HFBackend = field(default_factory=HFBackend)
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = _f("auto", "auto (fast on GPU, hf on CPU) | hf | fast")
+    generation_batch_size: int = _f(0, "sequences per generate call (0 = all at once)")
+
+
+@dataclass
+class DataConfig:
+    train_dataset: str = _f("", "jsonl/json/parquet file, saved dataset folder or hub name")
+    eval_dataset: str | None = _f(None, "held-out prompts (null: none, or eval_size split off)")
+    task: str | None = _f(None, "generate prompts offline instead: arithmetic")
+    task_train_size: int = _f(2000, "generated training problems (data.task)")
+    eval_size: int = _f(0, "held-out prompts to evaluate (0 = no evaluation)")
+    dataset_type: str | None = _f(None, "json | jsonl | parquet | hf (null = from the extension)")
+    format: str = _f("auto", "auto | seed | trl | verl | gsm8k")
+    prompt_key: str = _f("prompt", "column holding the prompt")
+    response_key: str = _f("response", "column holding a reference response (seed format)")
+    reward_key: str = _f("reward", "column holding a reward (seed format; unused by RL)")
+    answer_key: str | None = _f(None, "column holding the ground-truth answer")
+    system_prompt: str | None = _f(None, "system message added to every prompt")
+    instruction: str | None = _f(None, "text appended to every user prompt")
+    max_prompt_length: int | None = _f(None, "prompt tokens (null = max_length - max_new_tokens)")
+    overlong_prompt: str = _f("error", "error | drop | truncate_left")
+    on_bad_row: str = _f("error", "error | skip (bad rows go to OUTPUT/bad_rows.jsonl)")
+    shuffle: bool = _f(True, "shuffle the prompts every epoch")
+    limit: int | None = _f(None, "use only the first N rows")
+    packing: bool = _f(True, "pack sequences without padding in the update")
+    max_packed_length: int = _f(4096, "tokens per packed micro-batch")
+
+
+@dataclass
+class RewardFunction:
+    name: str = _f("", "builtin (gsm8k, math, format, length, last_number) or path.py:function")
+    weight: float = _f(1.0, "weight in the combined reward")
+    kwargs: dict[str, Any] = _f({}, "keyword arguments for the function")
+
+
+@dataclass
+class RewardConfig:
+    functions: list[RewardFunction] = _f([], "rule/custom rewards (empty: from the data source)")
+    model_weight: float = _f(1.0, "weight of model.reward_model_name_or_path's score")
+    judge_template: str | None = _f(None, "judge prompt with {prompt} and {completion}")
+    timeout_s: float = _f(30.0, "wall-clock limit per reward call")
+    on_error: str = _f("fail", "fail | zero | skip_sample")
+
+
+@dataclass
+class LoggingConfig:
+    log_interval: int = _f(1, "write a train.log line every N steps")
+    wandb_project: str | None = _f(None, "wandb project (null disables; pip install danka[wandb])")
+    mlflow_experiment: str | None = _f(None, "mlflow experiment (pip install danka[mlflow])")
+    tensorboard: bool = _f(True, "TensorBoard events under OUTPUT/tensorboard")
+    save_completions: int = _f(8, "sample completions written per step (0 = none)")
+    progress: bool = _f(True, "live progress display")
+    result_file: str = _f("result.json", "final held-out accuracy and timing, in OUTPUT")
+
+
+@dataclass
+class DankaConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    output_dir: str = _f("output", "where logs, metrics and checkpoints go")

@@ -1,0 +1,310 @@
+"""Row formats -> :class:`~danka.types.PromptRow`.
+
+Formats (``data.format``):
+
+- ``seed``: the seed story's ``{"prompt": str, "response": str, "reward": float}``, keys
+  configurable. For RL only the prompt and a ground truth are used: the ground truth is
+  the ``answer_key`` column if set, else the number after ``####`` in the response (then
+  ``data_source`` becomes ``openai/gsm8k``, so the GSM8K rule reward applies), else None.
+- ``trl``: TRL's prompt-only layout: ``prompt`` is a string or chat messages; every other
+  column goes to ``extra`` (TRL passes columns to reward functions as keyword arguments).
+  Ground truth from ``answer``, ``solution`` or ``ground_truth`` (the number after ``####``
+  if the value is a GSM8K answer).
+- ``verl``: ``data_source``, ``prompt`` (chat messages), ``ability``,
+  ``reward_model: {style, ground_truth}``, ``extra_info``.
+- ``gsm8k``: the official ``{"question", "answer"}`` files.
+- ``auto``: from the keys of the row, first match wins: ``reward_model`` -> verl;
+  ``question`` + ``answer`` without a prompt column -> gsm8k; prompt + response column ->
+  seed; prompt column -> trl. :func:`load_prompt_rows` detects once, from the first rows,
+  so that a later broken row gets a precise error instead of "unknown format".
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from danka.data.files import read_records
+from danka.data.gsm8k import GSM8K_SOURCE, find_gsm8k_answer
+from danka.errors import UserError
+from danka.types import PromptRow
+
+FORMATS = ("auto", "seed", "trl", "verl", "gsm8k")
+_TRL_ANSWER_KEYS = ("answer", "solution", "ground_truth")
+_DETECT_ROWS = 20  # rows looked at by load_prompt_rows' auto-detection
+
+
+class BadRow(ValueError):
+    """A row that cannot become a PromptRow; turned into UserError or skipped by the caller."""
+
+
+def detect_format(
+    record: dict[str, Any], *, prompt_key: str = "prompt", response_key: str = "response"
+) -> str | None:
+    """The format name for ``record``'s keys (rules in the module docstring), or None."""
+    if "reward_model" in record:
+        return "verl"
+    if "question" in record and "answer" in record and prompt_key not in record:
+        return "gsm8k"
+    if prompt_key in record and response_key in record:
+        return "seed"
+    if prompt_key in record:
+        return "trl"
+    return None
+
+
+def to_prompt_row(
+    record: dict[str, Any],
+    index: int,
+    location: str,
+    *,
+    fmt: str = "auto",
+    prompt_key: str = "prompt",
+    response_key: str = "response",
+    reward_key: str = "reward",
+    answer_key: str | None = None,
+) -> PromptRow:
+    """Convert one raw record; a bad row raises UserError naming ``location`` and its keys."""
+    try:
+        return _convert(record, index, fmt, prompt_key, response_key, reward_key, answer_key)
+    except BadRow as err:
+        raise _bad_row_error(err, record, location, fmt) from None
+
+
+def _bad_row_error(err: BadRow, record: dict, location: str, fmt: str) -> UserError:
+    return UserError(
+        f"bad row ({fmt} format): {err}; the row has keys {sorted(record)}",
+        location,
+        "fix or remove the row, set data.format / data.prompt_key to match the file, "
+        "or set data.on_bad_row: skip",
+    )
+
+
+def _convert(record, index, fmt, prompt_key, response_key, reward_key, answer_key) -> PromptRow:
+    if fmt == "auto":
+        fmt = detect_format(record, prompt_key=prompt_key, response_key=response_key) or ""
+        if not fmt:
+            raise BadRow(
+                f"cannot detect the format: no {prompt_key!r} (seed/trl/verl) or "
+                "'question'+'answer' (gsm8k) column"
+            )
+    if fmt not in _CONVERTERS:
+        raise UserError(
+            f"unknown data format {fmt!r}", "data.format", f"use one of {', '.join(FORMATS)}"
+        )
+    return _CONVERTERS[fmt](record, index, prompt_key, response_key, reward_key, answer_key)
+
+
+def _seed(record, index, prompt_key, response_key, reward_key, answer_key) -> PromptRow:
+    prompt = _prompt(record, prompt_key)
+    data_source = record.get("data_source", "unknown")
+    if answer_key is not None:
+        truth = _truth(_required(record, answer_key), answer_key)
+    else:
+        response = record.get(response_key)
+        if response is not None and not isinstance(response, str):
+            raise BadRow(f"{response_key!r} must be a string, got {type(response).__name__}")
+        truth = find_gsm8k_answer(response) if response else None
+        if truth is not None and "data_source" not in record:
+            data_source = GSM8K_SOURCE
+    reward = record.get(reward_key)
+    if reward is not None and not isinstance(reward, (int, float)):
+        raise BadRow(f"{reward_key!r} must be a number, got {type(reward).__name__}")
+    extra = {k: v for k, v in record.items() if k not in (prompt_key, "data_source")}
+    return PromptRow(index, prompt, truth, str(data_source), extra)
+
+
+def _trl(record, index, prompt_key, response_key, reward_key, answer_key) -> PromptRow:
+    prompt = _prompt(record, prompt_key)
+    keys = (answer_key,) if answer_key is not None else _TRL_ANSWER_KEYS
+    truth, data_source = None, record.get("data_source", "unknown")
+    for key in keys:
+        if record.get(key) is not None:
+            truth = _truth(record[key], key)
+            if isinstance(record[key], str) and "####" in record[key]:
+                truth = find_gsm8k_answer(record[key])
+                data_source = record.get("data_source", GSM8K_SOURCE)
+            break
+    else:
+        if answer_key is not None:
+            raise BadRow(f"missing answer column {answer_key!r} (data.answer_key)")
+    extra = {k: v for k, v in record.items() if k != prompt_key}
+    return PromptRow(index, prompt, truth, str(data_source), extra)
+
+
+def _verl(record, index, prompt_key, response_key, reward_key, answer_key) -> PromptRow:
+    prompt = _prompt(record, prompt_key)
+    reward_model = record.get("reward_model")
+    if answer_key is not None:
+        truth = _truth(_required(record, answer_key), answer_key)
+    elif reward_model is None:
+        truth = None
+    elif not isinstance(reward_model, dict):
+        raise BadRow(f"'reward_model' must be an object, got {type(reward_model).__name__}")
+    else:
+        value = reward_model.get("ground_truth")
+        truth = None if value is None else _truth(value, "reward_model.ground_truth")
+    extra = {k: v for k, v in record.items() if k not in (prompt_key, "data_source")}
+    return PromptRow(index, prompt, truth, str(record.get("data_source", "unknown")), extra)
+
+
+def _gsm8k(record, index, prompt_key, response_key, reward_key, answer_key) -> PromptRow:
+    question = _required(record, "question")
+    answer = _required(record, "answer")
+    if not isinstance(question, str) or not question.strip():
+        raise BadRow("'question' must be a non-empty string")
+    if not isinstance(answer, str):
+        raise BadRow(f"'answer' must be a string, got {type(answer).__name__}")
+    truth = find_gsm8k_answer(answer)
+    if truth is None:
+        raise BadRow("'answer' has no '#### <number>' final answer")
+    extra = {k: v for k, v in record.items() if k != "question"}
+    return PromptRow(index, question, truth, GSM8K_SOURCE, extra)
+
+
+_CONVERTERS = {"seed": _seed, "trl": _trl, "verl": _verl, "gsm8k": _gsm8k}
+
+
+def _required(record: dict, key: str) -> Any:
+    if key not in record or record[key] is None:
+        raise BadRow(f"missing {key!r}")
+    return record[key]
+
+
+def _truth(value: Any, key: str) -> str:
+    """Ground truths are strings; numbers are formatted, structures kept as JSON."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, float)):
+        return str(int(value)) if float(value).is_integer() else str(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)
+    raise BadRow(f"{key!r} must be a string or number, got {type(value).__name__}")
+
+
+def _prompt(record: dict, key: str) -> str | list[dict[str, str]]:
+    """The prompt column: a non-empty string or a list of {role, content} string messages."""
+    value = _required(record, key)
+    if isinstance(value, str):
+        if not value.strip():
+            raise BadRow(f"{key!r} is an empty string")
+        return value
+    if not isinstance(value, (list, tuple)):
+        raise BadRow(
+            f"{key!r} must be a string or a list of chat messages, got {type(value).__name__}"
+        )
+    if not value:
+        raise BadRow(f"{key!r} is an empty message list")
+    messages = []
+    for i, msg in enumerate(value):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise BadRow(f"{key}[{i}] must be an object with string 'role' and 'content'")
+        if not isinstance(msg.get("content"), str):
+            raise BadRow(
+                f"{key}[{i}] ({msg['role']}) needs a string 'content', "
+                f"got {type(msg.get('content')).__name__}"
+            )
+        messages.append({"role": msg["role"], "content": msg["content"]})
+    return messages
+
+
+@dataclass
+class LoadResult:
+    """What :func:`load_prompt_rows` read: the good rows and what was left out."""
+
+    rows: list[PromptRow]
+    format: str  # the format used (auto resolved to a concrete one)
+    n_bad: int = 0  # rows skipped with on_bad_row=skip
+    bad_rows_path: Path | None = None  # where the skipped rows were written
+
+
+def load_prompt_rows(
+    source: str,
+    *,
+    fmt: str = "auto",
+    prompt_key: str = "prompt",
+    response_key: str = "response",
+    reward_key: str = "reward",
+    answer_key: str | None = None,
+    on_bad_row: str = "error",
+    bad_rows_path: Path | None = None,
+    limit: int | None = None,
+    base_dir: Path | None = None,
+    split: str = "train",
+    dataset_type: str | None = None,
+) -> LoadResult:
+    """Read ``source`` (see :func:`danka.data.files.read_records`) and convert its rows.
+
+    ``on_bad_row="error"`` raises on the first bad row; ``"skip"`` appends each bad row to
+    ``bad_rows_path`` as ``{"location", "reason", "record"}`` JSON lines and goes on; all
+    rows bad -> UserError. ``limit`` stops after that many good rows. ``PromptRow.index``
+    is the row's position among the source's parsed records.
+    """
+    if fmt not in FORMATS:
+        raise UserError(
+            f"unknown data format {fmt!r}", "data.format", f"use one of {', '.join(FORMATS)}"
+        )
+    if on_bad_row not in ("error", "skip"):
+        raise UserError(
+            f"unknown on_bad_row {on_bad_row!r}", "data.on_bad_row", "use error or skip"
+        )
+    skip = on_bad_row == "skip"
+    bad: list[dict[str, Any]] = []
+    bad_lines: list[tuple[str, str]] | None = [] if skip else None
+    records = read_records(
+        source, base_dir=base_dir, split=split, dataset_type=dataset_type, bad_lines=bad_lines
+    )
+    bad += [{"location": w, "reason": r, "record": None} for w, r in bad_lines or []]
+    if fmt == "auto":
+        fmt = _detect_for_file(records, source, prompt_key, response_key)
+
+    rows: list[PromptRow] = []
+    for index, (where, record) in enumerate(records):
+        if limit is not None and len(rows) >= limit:
+            break
+        try:
+            rows.append(
+                _convert(record, index, fmt, prompt_key, response_key, reward_key, answer_key)
+            )
+        except BadRow as err:
+            if not skip:
+                raise _bad_row_error(err, record, where, fmt) from None
+            bad.append({"location": where, "reason": str(err), "record": record})
+
+    if bad and bad_rows_path is not None:
+        bad_rows_path = Path(bad_rows_path)
+        bad_rows_path.parent.mkdir(parents=True, exist_ok=True)
+        with bad_rows_path.open("a", encoding="utf-8") as f:
+            for item in bad:
+                f.write(json.dumps(item, ensure_ascii=False, default=str) + "\n")
+    if not rows:
+        raise UserError(
+            f"no usable rows: all {len(bad)} rows are bad"
+            + (f" (see {bad_rows_path})" if bad_rows_path and bad else ""),
+            source,
+            "check data.format and data.prompt_key against the file's columns",
+        )
+    return LoadResult(rows, fmt, len(bad), bad_rows_path if bad else None)
+
+
+def _detect_for_file(records: list, source: str, prompt_key: str, response_key: str) -> str:
+    """The most common detected format among the first rows (broken rows don't vote)."""
+    votes = Counter(
+        f
+        for _, r in records[:_DETECT_ROWS]
+        if (f := detect_format(r, prompt_key=prompt_key, response_key=response_key))
+    )
+    if votes:
+        return votes.most_common(1)[0][0]
+    where, first = records[0] if records else (source, {})
+    raise UserError(
+        f"cannot detect the data format: no {prompt_key!r} column (seed/trl/verl) and no "
+        f"'question'+'answer' (gsm8k); the first row has keys {sorted(first)}",
+        where,
+        "set data.prompt_key to the column holding the prompt, or data.format",
+    )

@@ -1,0 +1,149 @@
+"""Prompt text as the model sees it (chat template), its token ids, and left padding.
+
+A chat template already writes the special tokens (``<|im_start|>``, BOS, ...), so the
+rendered text is encoded with ``add_special_tokens=False``; without a template the raw
+text is encoded with the tokenizer's defaults (a BOS where the model wants one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from danka.errors import UserError
+from danka.types import PromptRow
+
+OVERLONG_POLICIES = ("error", "drop", "truncate_left")
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def build_messages(
+    prompt: str | list[dict[str, str]],
+    *,
+    system_prompt: str | None = None,
+    instruction: str | None = None,
+) -> list[dict[str, str]]:
+    """Chat messages for ``prompt``: a string becomes one user message; ``system_prompt``
+    is prepended unless the messages already have a system message; ``instruction`` is
+    appended (after a space) to the last user message unless it already ends with it.
+    """
+    messages = (
+        [{"role": "user", "content": prompt}]
+        if isinstance(prompt, str)
+        else [dict(m) for m in prompt]
+    )
+    if system_prompt and not any(m["role"] == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    if instruction:
+        for msg in reversed(messages):
+            if msg["role"] == "user":
+                if not msg["content"].rstrip().endswith(instruction.strip()):
+                    msg["content"] = f"{msg['content']} {instruction}"
+                break
+    return messages
+
+
+def render_prompt(
+    tokenizer: Any,
+    prompt: str | list[dict[str, str]],
+    *,
+    system_prompt: str | None = None,
+    instruction: str | None = None,
+) -> str:
+    """The exact prompt text: the chat template with ``add_generation_prompt=True`` when the
+    tokenizer has one, else the message contents joined by blank lines (a plain string
+    prompt with no system prompt or instruction comes back unchanged).
+    """
+    messages = build_messages(prompt, system_prompt=system_prompt, instruction=instruction)
+    if has_chat_template(tokenizer):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "\n\n".join(m["content"] for m in messages)
+
+
+@dataclass
+class EncodedPrompts:
+    """Prompts ready for generation; lists are aligned with ``rows`` (the kept rows)."""
+
+    input_ids: list[list[int]]  # per kept row, unpadded, at most max_prompt_length ids
+    rows: list[PromptRow]  # kept rows, in input order
+    texts: list[str]  # rendered text of each kept row (before any left truncation)
+    templated: bool  # True if the chat template was applied
+    n_dropped: int = 0  # over-long rows left out (policy drop)
+    n_truncated: int = 0  # over-long rows cut from the left (policy truncate_left)
+    dropped: list[str] = field(default_factory=list)  # "row INDEX (N tokens)" of dropped rows
+
+
+def encode_prompts(
+    tokenizer: Any,
+    rows: list[PromptRow],
+    *,
+    max_prompt_length: int,
+    policy: str = "error",
+    system_prompt: str | None = None,
+    instruction: str | None = None,
+    location: str = "data",
+) -> EncodedPrompts:
+    """Render and tokenize ``rows``; prompts longer than ``max_prompt_length`` tokens are
+    an error, dropped, or cut from the left (keeping the end, where the generation prompt
+    and the question sit), per ``policy``. ``location`` names the source in errors.
+    """
+    if policy not in OVERLONG_POLICIES:
+        raise UserError(
+            f"unknown overlong_prompt policy {policy!r}",
+            "data.overlong_prompt",
+            f"use one of {', '.join(OVERLONG_POLICIES)}",
+        )
+    templated = has_chat_template(tokenizer)
+    texts = [
+        render_prompt(tokenizer, r.prompt, system_prompt=system_prompt, instruction=instruction)
+        for r in rows
+    ]
+    all_ids = tokenizer(texts, add_special_tokens=not templated)["input_ids"] if texts else []
+    out = EncodedPrompts([], [], [], templated)
+    for row, text, ids in zip(rows, texts, all_ids):
+        ids = list(ids)
+        if len(ids) > max_prompt_length:
+            if policy == "error":
+                raise UserError(
+                    f"prompt is {len(ids)} tokens, longer than max_prompt_length "
+                    f"{max_prompt_length}",
+                    f"{location}: row {row.index}",
+                    "raise data.max_prompt_length, or set data.overlong_prompt to drop "
+                    "(leave such rows out) or truncate_left (keep the last tokens)",
+                )
+            if policy == "drop":
+                out.n_dropped += 1
+                out.dropped.append(f"row {row.index} ({len(ids)} tokens)")
+                continue
+            ids = ids[-max_prompt_length:]
+            out.n_truncated += 1
+        out.input_ids.append(ids)
+        out.rows.append(row)
+        out.texts.append(text)
+    if rows and not out.rows:
+        raise UserError(
+            f"all {len(rows)} prompts are longer than max_prompt_length {max_prompt_length}",
+            location,
+            "raise data.max_prompt_length or set data.overlong_prompt: truncate_left",
+        )
+    return out
+
+
+def left_pad(ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token id lists to ``(B, P)``, ``P = max length``; returns ``(ids, mask)``,
+    both long, mask 1 on real tokens. Left padding keeps every prompt's last token in the
+    last column, where generation continues.
+    """
+    width = max((len(x) for x in ids), default=0)
+    out = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, row in enumerate(ids):
+        if row:
+            out[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return out, mask

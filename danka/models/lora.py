@@ -1,0 +1,156 @@
+"""LoRA adapters through peft (Hu et al. 2021, https://arxiv.org/abs/2106.09685).
+
+One frozen base carries every role: the policy is the base + adapter ``"default"``, the PPO
+critic the base + a second adapter (plus a value head), and the reference policy is the base
+with adapters switched off (:func:`reference_mode`) -- no second copy of the weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from peft import LoraConfig, PeftModel, get_peft_model
+from torch import nn
+
+from danka.errors import UserError
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """Sorted short names (``q_proj``, ``down_proj``, ``lm_head``...) of the model's linear layers."""
+    return sorted({n.rsplit(".", 1)[-1] for n in _linear_paths(model)})
+
+
+def _linear_paths(model: nn.Module) -> list[str]:
+    """Dotted paths of linear layers; a LoRA-wrapped layer counts under its own path."""
+    paths = []
+    for full_name, module in model.named_modules():
+        if not (isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"):
+            continue
+        if ".lora_" in full_name:  # the adapters' own A/B matrices
+            continue
+        paths.append(full_name.removesuffix(".base_layer"))
+    return paths
+
+
+def _targets(model: nn.Module, target_modules: list[str] | str) -> list[str] | str:
+    """Validate LoRA targets: ``"all-linear"``, a comma-separated string, or a list of names."""
+    if isinstance(target_modules, str):
+        if target_modules == "all-linear":
+            return target_modules
+        target_modules = [t.strip() for t in target_modules.split(",") if t.strip()]
+    targets = list(target_modules)
+    available = linear_module_names(model)
+    full_names = _linear_paths(model)
+    missing = [
+        t
+        for t in targets
+        if t not in available and not any(n == t or n.endswith("." + t) for n in full_names)
+    ]
+    if not targets or missing:
+        raise UserError(
+            f"LoRA target modules {missing or targets} are not linear layers of this model",
+            where="lora.target_modules",
+            fix=f"use names from {available}, or 'all-linear'",
+        )
+    return targets
+
+
+def _config(r: int, alpha: float, dropout: float, targets: list[str] | str) -> LoraConfig:
+    return LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def apply_lora(
+    model: nn.Module,
+    *,
+    r: int,
+    alpha: float,
+    dropout: float,
+    target_modules: list[str] | str,
+    adapter_name: str = "default",
+) -> PeftModel:
+    """Wrap ``model`` in a PeftModel with one LoRA adapter; only adapter weights train.
+
+    Update rule of each targeted linear: ``y = W x + (alpha / r) * B A x``, ``B`` starts at 0.
+    """
+    targets = _targets(model, target_modules)
+    return get_peft_model(model, _config(r, alpha, dropout, targets), adapter_name=adapter_name)
+
+
+def add_adapter(
+    peft_model: PeftModel,
+    name: str,
+    *,
+    r: int,
+    alpha: float,
+    dropout: float,
+    target_modules: list[str] | str,
+) -> None:
+    """Add a second LoRA adapter (the PPO critic) on the same base; the active one is unchanged."""
+    if name in peft_model.peft_config:
+        raise ValueError(f"adapter {name!r} already exists: {list(peft_model.peft_config)}")
+    targets = _targets(peft_model.get_base_model(), target_modules)
+    active = peft_model.active_adapter
+    peft_model.add_adapter(name, _config(r, alpha, dropout, targets))
+    set_active(peft_model, active)
+    # peft freezes inactive adapters; every adapter's own optimiser needs its weights trainable.
+    for param in adapter_parameters(peft_model, name):
+        param.requires_grad_(True)
+
+
+def set_active(model: PeftModel, name: str) -> None:
+    """Route forwards through adapter ``name`` (others stay in memory, bypassed)."""
+    if name not in model.peft_config:
+        raise ValueError(f"no adapter {name!r}; adapters: {list(model.peft_config)}")
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad and "lora_" in n}
+    model.set_adapter(name)
+    # set_adapter also freezes the other adapters; keep what was trainable trainable.
+    for n, p in model.named_parameters():
+        if n in trainable:
+            p.requires_grad_(True)
+
+
+@contextmanager
+def reference_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block ``model`` computes the base model (all adapters off): pi_ref."""
+    if not isinstance(model, PeftModel):
+        raise ValueError(
+            "reference_mode needs a PeftModel (LoRA); a fully fine-tuned policy needs "
+            "a separate reference model"
+        )
+    with model.disable_adapter():
+        yield model
+
+
+def adapter_parameters(model: nn.Module, name: str) -> list[nn.Parameter]:
+    """The LoRA weights of adapter ``name`` (for a per-adapter optimiser)."""
+    return [
+        p
+        for n, p in model.named_parameters()
+        if "lora_" in n and (f".{name}." in n or n.endswith(f".{name}"))
+    ]
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters with ``requires_grad`` (what the optimiser gets)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """``(trainable, total)`` parameter counts (shared/tied tensors counted once)."""
+    seen: set[int] = set()
+    trainable = total = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        trainable += p.numel() if p.requires_grad else 0
+    return trainable, total

@@ -1,0 +1,210 @@
+"""Combining reward functions (and an optional reward model) into one score per sample.
+
+    score_i = sum_k w_k * r_k(completion_i, row_i) + w_rm * rm(prompt_i, completion_i)
+
+Each r_k is a builtin rule reward or a user function (``file.py:function``), called
+through guard.py (timeouts, on_error). Whatever the functions return (python numbers,
+numpy, CPU or CUDA tensors, bools) is converted to floats first, and the result tensors
+are built on the requested device and dtype, so device mismatches cannot happen here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from danka.errors import UserError
+from danka.rewards.builtin import REWARDS
+from danka.rewards.custom import CustomReward, is_custom_spec, load_reward_function
+from danka.rewards.guard import GuardedReward, RewardFunctionError
+from danka.types import PromptRow
+
+RewardModel = Callable[[Sequence[Any], Sequence[str]], Any]
+
+
+@dataclass
+class RewardSpec:
+    """One term of the reward sum (one entry of the config's ``rewards:`` list)."""
+
+    name: str  # builtin name (gsm8k, math, format, length, last_number) or "path.py:function"
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the function
+
+
+@dataclass
+class RewardOutput:
+    """Rewards of one batch. Shapes: B = number of completions."""
+
+    scores: torch.Tensor  # (B,) weighted sum, on the requested device/dtype
+    per_function: dict[str, torch.Tensor]  # name -> (B,) UNweighted scores, for logging
+    valid: torch.Tensor  # (B,) bool, False where on_error == "skip_sample" dropped a sample
+    num_errors: int  # (function, sample) pairs that errored (exception/timeout/None/NaN)
+    num_calls: int = 0  # (function, sample) pairs scored, the denominator of error_rate
+
+    @property
+    def error_rate(self) -> float:
+        """For ``reward/error_rate``: num_errors / num_calls."""
+        return self.num_errors / self.num_calls if self.num_calls else 0.0
+
+
+def _plausible_completion(row: PromptRow) -> str:
+    answer = row.ground_truth if row.ground_truth is not None else "42"
+    return f"The answer is {answer}.\n#### {answer}"
+
+
+def _text_prompt(row: PromptRow) -> str:
+    return row.prompt if isinstance(row.prompt, str) else str(row.prompt[-1].get("content", ""))
+
+
+class RewardComputer:
+    """Calls every reward term on a batch and sums them; build with
+    :func:`build_reward_computer`. Call :meth:`close` (or use ``with``) to stop workers."""
+
+    def __init__(
+        self,
+        terms: list[tuple[str, float, GuardedReward]],
+        reward_model: RewardModel | None = None,
+        reward_model_weight: float = 1.0,
+    ):
+        self.terms = terms
+        self.reward_model, self.reward_model_weight = reward_model, float(reward_model_weight)
+
+    @property
+    def names(self) -> list[str]:
+        """Keys of ``RewardOutput.per_function``, in order."""
+        return [n for n, _, _ in self.terms] + (["reward_model"] if self.reward_model else [])
+
+    def __call__(
+        self,
+        rows: Sequence[PromptRow],
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+        completion_ids: Sequence[Sequence[int]] | None = None,
+    ) -> RewardOutput:
+        """Rewards for B completions; ``rows[i]``/``prompts[i]`` belong to completion i
+        (rows repeat for the n samples of a prompt). ``prompts`` (the text the policy saw)
+        is used in error messages; ``completion_ids`` is passed to TRL-style functions."""
+        b = len(completions)
+        if not (len(rows) == len(prompts) == b):
+            raise ValueError(
+                f"rows ({len(rows)}), prompts ({len(prompts)}), completions ({b}) differ"
+            )
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        scores = torch.zeros(b, dtype=torch.float64)
+        valid = torch.ones(b, dtype=torch.bool)
+        per_function: dict[str, torch.Tensor] = {}
+        errors = 0
+        for name, weight, fn in self.terms:
+            got = fn(rows, prompts, completions, completion_ids)
+            values = torch.tensor(got.values, dtype=torch.float64)  # python floats only
+            scores += weight * values
+            valid &= torch.tensor(got.valid, dtype=torch.bool)
+            errors += got.num_errors
+            per_function[name] = values.to(device=device, dtype=dtype)
+        if self.reward_model is not None:
+            rm = self.reward_model([r.prompt for r in rows], list(completions))
+            rm = torch.as_tensor(rm).detach().to(device="cpu", dtype=torch.float64).reshape(-1)
+            if rm.numel() != b:
+                raise ValueError(f"reward model returned {rm.numel()} scores for {b} completions")
+            scores += self.reward_model_weight * rm
+            per_function["reward_model"] = rm.to(device=device, dtype=dtype)
+        return RewardOutput(
+            scores=scores.to(device=device, dtype=dtype),
+            per_function=per_function,
+            valid=valid.to(device),
+            num_errors=errors,
+            num_calls=b * len(self.terms),
+        )
+
+    def check(self, rows: Sequence[PromptRow], n: int = 2) -> None:
+        """Run every function on the first ``n`` rows with a plausible completion
+        ("The answer is X.\\n#### X", X = ground truth) before training; UserError on a
+        crash, a timeout or a wrong return type (None/NaN are judged at training time by
+        on_error, since they may depend on the completion)."""
+        rows = list(rows)[:n]
+        if not rows:
+            return
+        completions = [_plausible_completion(r) for r in rows]
+        prompts = [_text_prompt(r) for r in rows]
+        for name, _, fn in self.terms:
+            for i, (_value, error) in enumerate(fn.outcomes(rows, completions)):
+                if error is not None:
+                    err = fn.error(i, rows[i], prompts[i], completions[i], error)
+                    raise RewardFunctionError(
+                        f"checking reward {name!r} before training: {err.what}",
+                        where=err.where,
+                        fix="fix the function; it must accept the arguments shown in "
+                        "danka/rewards/custom.py's docstring and return a number "
+                        "(verl) or a list of numbers (TRL)",
+                    )
+
+    def close(self) -> None:
+        """Stop the worker processes of user functions."""
+        for _, _, fn in self.terms:
+            fn.close()
+
+    def __enter__(self) -> RewardComputer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    key, k = name, 2
+    while key in taken:
+        key, k = f"{name}_{k}", k + 1
+    taken.add(key)
+    return key
+
+
+def build_reward_computer(
+    specs: list[RewardSpec],
+    *,
+    base_dir: Path,
+    timeout_s: float = 30.0,
+    on_error: str = "fail",
+    reward_model: RewardModel | None = None,
+    reward_model_weight: float = 1.0,
+) -> RewardComputer:
+    """Resolve every spec (builtin name or ``file.py:function`` relative to ``base_dir``,
+    the config file's folder) and wrap it in a :class:`GuardedReward`. UserError for an
+    unknown builtin, a bad file/function, or nothing to compute."""
+    if not specs and reward_model is None:
+        raise UserError(
+            "no reward: the rewards list is empty and there is no reward model",
+            fix="add e.g. `rewards: [{name: gsm8k}]`, or a reward model",
+        )
+    terms: list[tuple[str, float, GuardedReward]] = []
+    taken: set[str] = {"reward_model"}
+    for k, spec in enumerate(specs):
+        fn: Callable[..., float] | CustomReward
+        if is_custom_spec(spec.name):
+            fn = load_reward_function(spec.name, base_dir)
+            short = fn.function
+        elif spec.name in REWARDS:
+            fn, short = REWARDS[spec.name], spec.name
+        else:
+            raise UserError(
+                f"unknown reward {spec.name!r}",
+                where=f"rewards[{k}].name",
+                fix=f"use a builtin ({', '.join(sorted(REWARDS))}) or your own function "
+                "as path/to/file.py:function_name (relative to the config file)",
+            )
+        try:
+            weight = float(spec.weight)
+        except (TypeError, ValueError):
+            raise UserError(
+                f"reward weight {spec.weight!r} is not a number", where=f"rewards[{k}].weight"
+            ) from None
+        if not isinstance(spec.kwargs, dict):
+            raise UserError("reward kwargs must be a mapping", where=f"rewards[{k}].kwargs")
+        guarded = GuardedReward(short, fn, spec.kwargs, timeout_s=timeout_s, on_error=on_error)
+        terms.append((_unique(short, taken), weight, guarded))
+    return RewardComputer(terms, reward_model, reward_model_weight)

@@ -1,0 +1,350 @@
+"""The fast rollout engine: own static-KV decode loop, one CUDA graph per batch bucket.
+
+Why: on one card the rollout dominates RL time, and HF ``generate`` for a small model is
+bound by Python and kernel launches. This engine runs Llama-family decoders (Llama,
+SmolLM2, Qwen2) with its own forward (:mod:`danka.rollout.fast_model`):
+
+1. read the effective weights LIVE from the model (LoRA folded in, q/k/v and gate/up
+   fused) into engine-owned buffers that keep their addresses across calls;
+2. prefill the left-padded prompts once per prompt, copy the keys/values ``n`` times into a
+   static cache ``(layers, B, Hkv, T, D)``, sample the first token;
+3. decode: one token per step for all sequences (embed -> layers -> sample -> bookkeeping,
+   all on the device); on CUDA the whole step is captured once per (batch bucket, T,
+   sampling mode) in a ``torch.cuda.CUDAGraph`` and replayed; on CPU it runs eagerly;
+4. finished sequences (EOS) are tracked on the device; the host checks "all finished"
+   every ``check_every`` steps only.
+
+Memory: with ``keep_cache=True`` (default) the KV cache, the fused weight buffers and the
+graphs are kept between calls; the KV cache is sized by the biggest (batch bucket,
+capacity) seen so far and only grows. ``keep_cache=False`` frees all of it after each call
+(graphs are then re-captured every call). ``release()`` frees it on demand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from danka.errors import UserError
+from danka.rollout.base import SamplingParams, finish_batch, register_engine
+from danka.rollout.fast_model import (
+    ModelSpec,
+    Weights,
+    decode_forward,
+    load_weights,
+    model_spec,
+    prefill,
+    rope_tables,
+    unwrap_causal_lm,
+)
+from danka.rollout.fast_sampling import sample_next
+from danka.types import RolloutBatch
+
+BUCKETS = (8, 16, 32, 64, 128, 256)
+MAX_EOS = 16
+
+
+def bucket_size(rows: int, graphs: bool) -> int:
+    """Batch rows actually run: exact without graphs, else the next bucket (multiples of 256
+    above the largest), so one captured graph serves every batch up to its size."""
+    if not graphs:
+        return rows
+    for b in BUCKETS:
+        if rows <= b:
+            return b
+    return -(-rows // BUCKETS[-1]) * BUCKETS[-1]
+
+
+@dataclass
+class _Slots:
+    """Static decode state for one (b, T); captured graphs read and write exactly these."""
+
+    tok: torch.Tensor  # (b,) long, token fed at the next step
+    pos: torch.Tensor  # (b,) long, its RoPE position
+    start: torch.Tensor  # (b,) long, first real cache slot of each row (left padding)
+    done: torch.Tensor  # (b,) bool, emitted an EOS (or is a padding row)
+    slot: torch.Tensor  # (1,) long, cache slot written at the next step
+    gen: torch.Tensor  # (1,) long, output column written at the next step
+    out_tok: torch.Tensor  # (b, T) long, sampled tokens (pad after EOS)
+    out_lp: torch.Tensor  # (b, T) float, their log-probs (0 after EOS)
+    eos: torch.Tensor  # (MAX_EOS,) long, EOS ids padded with -1
+    pad: torch.Tensor  # () long
+    temperature: torch.Tensor  # () float
+    top_p: torch.Tensor  # () float
+    graphs: dict = field(default_factory=dict)  # (greedy, top_k, top_p on) -> CUDAGraph
+
+    @classmethod
+    def new(cls, b: int, t: int, device: torch.device) -> _Slots:
+        def z(*shape, dtype=torch.long):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return cls(
+            tok=z(b), pos=z(b), start=z(b), done=z(b, dtype=torch.bool), slot=z(1), gen=z(1),
+            out_tok=z(b, t), out_lp=z(b, t, dtype=torch.float32), eos=z(MAX_EOS), pad=z(),
+            temperature=z(dtype=torch.float32), top_p=z(dtype=torch.float32),
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _rng_scope(device: torch.device, generator: torch.Generator | None):
+    """Draw a seed from ``generator`` and sample with the device's default generator
+    seeded with it (graph-safe), restoring the global RNG state afterwards. Without a
+    generator the global RNG is used as is."""
+    if generator is None:
+        yield
+        return
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    devices = []
+    if device.type == "cuda":
+        devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
+        if devices:
+            torch.cuda.default_generators[devices[0]].manual_seed(seed)
+        else:
+            torch.random.default_generator.manual_seed(seed)
+        yield
+
+
+def _left_pad(prompts: list[list[int]], plen: int, pad_id: int, device: torch.device):
+    ids = torch.full((len(prompts), plen), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, plen - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, plen - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+@register_engine("fast")
+class FastEngine:
+    """Static-KV decode engine for Llama/Qwen2 decoders; see the module docstring."""
+
+    name = "fast"
+
+    def __init__(
+        self,
+        max_batch: int = 256,
+        use_cuda_graph: bool | None = None,
+        keep_cache: bool = True,
+        check_every: int = 16,
+        prefill_batch: int = 32,
+        seq_round: int = 128,
+        **_ignored,
+    ):
+        # max_batch: sequences per decode batch (prompts are split to fit);
+        # use_cuda_graph: None = on for CUDA models; check_every: steps between host checks
+        # of "all finished"; prefill_batch: prompts per prefill forward; seq_round: the KV
+        # capacity is rounded up to this so graphs are re-used across prompt lengths.
+        self.max_batch = max(1, int(max_batch))
+        self.use_cuda_graph = use_cuda_graph
+        self.keep_cache = keep_cache
+        self.check_every = max(1, int(check_every))
+        self.prefill_batch = max(1, int(prefill_batch))
+        self.seq_round = max(8, int(seq_round))
+        self.stats: dict[str, float] = {}  # last call: graphs captured, capture_s, steps
+        self.release()
+
+    def release(self) -> None:
+        """Free the KV cache, weight buffers and CUDA graphs (the next call rebuilds them)."""
+        self._spec: ModelSpec | None = None
+        self._owned: Weights = {}
+        self._k = self._v = self._cos = self._sin = None
+        self._slots: dict[tuple[int, int], _Slots] = {}
+        self._pool = None
+        self._weight_ptrs: tuple[int, ...] = ()
+
+    @torch.no_grad()
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        *,
+        eos_ids: list[int],
+        pad_id: int,
+        generator: torch.Generator | None = None,
+    ) -> RolloutBatch:
+        """Sample ``params.n`` responses per prompt; sample ``i * n + j`` answers prompt ``i``.
+
+        ``rollout_logprobs`` holds log_softmax(logits / temperature) of each sampled token
+        (temperature 1 when greedy), before top-k/top-p filtering.
+        """
+        if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
+            raise UserError("a prompt has no tokens", where="rollout", fix="drop empty prompts")
+        if params.max_new_tokens < 1 or params.n < 1:
+            raise UserError(
+                f"max_new_tokens={params.max_new_tokens} and n={params.n} must be >= 1",
+                where="rollout",
+                fix="set rollout.max_new_tokens and rollout.n to positive values",
+            )
+        if len(eos_ids) > MAX_EOS:
+            raise UserError(f"{len(eos_ids)} EOS ids; the fast engine takes at most {MAX_EOS}")
+        root = unwrap_causal_lm(model)
+        spec = model_spec(root)  # raises UserError for unsupported models
+        if spec != self._spec:
+            self.release()
+            self._spec = spec
+        graphs = spec.device.type == "cuda" and self.use_cuda_graph is not False
+        w = load_weights(root, spec, self._owned)
+        ptrs = tuple(t.data_ptr() for t in w.values() if t is not None)
+        if ptrs != self._weight_ptrs:  # a live parameter moved: graphs point at the old one
+            for st in self._slots.values():
+                st.graphs.clear()
+            self._weight_ptrs = ptrs
+        self.stats = {"graphs_captured": 0, "capture_s": 0.0, "steps": 0}
+        per_batch = max(1, self.max_batch // params.n)
+        responses: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        try:
+            with _rng_scope(spec.device, generator):
+                for i in range(0, len(prompt_ids), per_batch):
+                    toks, lps = self._run(
+                        root, w, prompt_ids[i : i + per_batch], params, eos_ids, pad_id, graphs
+                    )
+                    responses += toks
+                    logprobs += lps
+        finally:
+            if not self.keep_cache:
+                self.release()
+        return finish_batch(
+            prompt_ids,
+            responses,
+            params.n,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            max_new_tokens=params.max_new_tokens,
+            logprobs=logprobs,
+        )
+
+    def _ensure_cache(self, root: torch.nn.Module, b: int, t: int) -> None:
+        """Grow the shared KV cache to at least (b, t); growing drops every graph."""
+        spec = self._spec
+        if self._k is not None and b <= self._k.shape[1] and t <= self._k.shape[3]:
+            return
+        if self._k is not None:
+            b, t = max(b, self._k.shape[1]), max(t, self._k.shape[3])
+        self._slots.clear()
+        self._k = self._v = None  # free before allocating the bigger one
+        shape = (spec.layers, b, spec.kv_heads, t, spec.head_dim)
+        self._k = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
+        self._v = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
+        self._cos, self._sin = rope_tables(root, spec, t)
+
+    def _run(self, root, w, prompts, params: SamplingParams, eos_ids, pad_id, graphs: bool):
+        """Generate for one decode batch -> (token lists, log-prob lists), one per sample."""
+        spec, n, new = self._spec, params.n, params.max_new_tokens
+        rows = len(prompts) * n
+        plen = max(len(p) for p in prompts)
+        t = -(-(plen + new) // self.seq_round) * self.seq_round
+        b = bucket_size(rows, graphs)
+        self._ensure_cache(root, b, t)
+        k, v = self._k[:, :b, :, :t], self._v[:, :b, :, :t]
+        st = self._slots.get((b, t))
+        if st is None:
+            st = self._slots[(b, t)] = _Slots.new(b, t, spec.device)
+        key = (params.greedy, 0 if params.greedy else params.top_k,
+               not params.greedy and params.top_p < 1.0)  # fmt: skip
+        st.temperature.fill_(max(params.temperature, 1e-6))
+        st.top_p.fill_(params.top_p)
+        st.pad.fill_(pad_id)
+        st.eos.fill_(-1)
+        st.eos[: len(eos_ids)] = torch.tensor(eos_ids, dtype=torch.long)
+
+        def step() -> None:
+            self._step(w, st, k, v, key)
+
+        if graphs and key not in st.graphs:
+            st.graphs[key] = self._capture(st, step, t)
+
+        # Prefill (writes cache slots [0, plen)) and the first sampled token.
+        lens = torch.tensor([len(p) for p in prompts], device=spec.device).repeat_interleave(n)
+        for j in range(0, len(prompts), self.prefill_batch):
+            part = prompts[j : j + self.prefill_batch]
+            ids, mask = _left_pad(part, plen, pad_id, spec.device)
+            r = slice(j * n, (j + len(part)) * n)
+            logits = prefill(w, spec, ids, mask, self._cos, self._sin, k, v, r, n)
+            tok0, lp0 = sample_next(
+                logits.repeat_interleave(n, dim=0),
+                greedy=key[0],
+                temperature=st.temperature,
+                top_k=key[1],
+                top_p=st.top_p if key[2] else None,
+            )
+            st.out_tok[r, 0] = tok0
+            st.out_lp[r, 0] = lp0
+        st.tok.fill_(pad_id)
+        st.tok[:rows] = st.out_tok[:rows, 0]
+        st.pos.zero_()
+        st.pos[:rows] = lens
+        st.start.zero_()
+        st.start[:rows] = plen - lens
+        st.done.fill_(True)
+        st.done[:rows] = (st.tok[:rows, None] == st.eos[None, :]).any(-1)
+        st.slot.fill_(plen)
+        st.gen.fill_(1)
+
+        graph = st.graphs.get(key) if graphs else None
+        ran = 0
+        while ran < new - 1:
+            graph.replay() if graph is not None else step()
+            ran += 1
+            if ran % self.check_every == 0 and bool(st.done.all()):
+                break
+        self.stats["steps"] += ran
+        return st.out_tok[:rows, : ran + 1].tolist(), st.out_lp[:rows, : ran + 1].tolist()
+
+    def _step(self, w: Weights, st: _Slots, k: torch.Tensor, v: torch.Tensor, key) -> None:
+        """One decode step, entirely on the device (this is what the CUDA graph holds)."""
+        # Masked decode attention: memory-efficient kernel (graph-safe, takes the mask);
+        # cuDNN attention is left out on purpose, its graph capture has had bugs.
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            logits = decode_forward(
+                w, self._spec, st.tok, st.pos, st.slot, st.start, self._cos, self._sin, k, v
+            )
+        tok, lp = sample_next(
+            logits,
+            greedy=key[0],
+            temperature=st.temperature,
+            top_k=key[1],
+            top_p=st.top_p if key[2] else None,
+        )
+        tok = torch.where(st.done, st.pad, tok)
+        lp = lp.masked_fill(st.done, 0.0)
+        st.out_tok.index_copy_(1, st.gen, tok[:, None])
+        st.out_lp.index_copy_(1, st.gen, lp[:, None])
+        st.done.logical_or_((tok[:, None] == st.eos[None, :]).any(-1))
+        st.tok.copy_(tok)
+        st.pos.add_(1)
+        st.slot.add_(1)
+        st.gen.add_(1)
+
+    def _capture(self, st: _Slots, step, t: int) -> torch.cuda.CUDAGraph:
+        """Warm the step up on a side stream, then capture it (before this call's prefill:
+        the warm-up writes cache slots t-3, t-2, which every call rewrites before reading)."""
+        t0 = time.perf_counter()
+        st.slot.fill_(t - 3)
+        st.gen.fill_(t - 3)
+        st.pos.zero_()
+        st.start.zero_()
+        st.done.zero_()
+        st.tok.zero_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # cuBLAS/SDPA workspaces and kernel choice happen here
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        if self._pool is None:
+            # One pool for all graphs: they never run concurrently and keep no live
+            # tensors (every result goes to a static buffer allocated outside capture).
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            step()
+        torch.cuda.synchronize()
+        self.stats["graphs_captured"] += 1
+        self.stats["capture_s"] += time.perf_counter() - t0
+        return graph

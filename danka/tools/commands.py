@@ -1,0 +1,261 @@
+"""CLI registration of the user tools: generate, chat, eval, plot, export, doctor, estimate.
+
+``danka.cli.build_parser`` imports this module; each ``@command`` adds a subcommand. Heavy
+imports (torch models, matplotlib) happen inside the run functions, so ``danka --help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from danka.cli import command
+from danka.errors import UserError
+
+
+def _model_args(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument(
+        "--model",
+        required=required,
+        help="base model: local folder, .gguf file or hub id (default: the adapter's base)",
+    )
+    p.add_argument("--adapter", help="LoRA adapter folder, e.g. OUTPUT/actor/checkpoint_N")
+    p.add_argument("--dtype", default="auto", help="auto | bf16 | fp16 | fp32")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+
+
+def _gen_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=256, help="answer tokens")
+    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--system", help="system message")
+
+
+def _generate_args(p: argparse.ArgumentParser) -> None:
+    _model_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt; the answer streams to the terminal")
+    src.add_argument("--file", help="prompts file (jsonl/json/parquet, any format danka reads)")
+    _gen_args(p)
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (--file)")
+    p.add_argument("--output", help="write JSON lines here instead of stdout")
+
+
+def _need_model(args) -> None:
+    if not args.model and not args.adapter:
+        raise UserError(
+            "no model given",
+            where="command line",
+            fix="pass --model M (a folder, .gguf or hub id) and/or --adapter DIR",
+        )
+
+
+@command("generate", "answer a prompt (streamed) or a file of prompts (JSON lines)", _generate_args)
+def _generate(args) -> int:
+    from danka.tools.generate import generate_file, generate_text, load_for_inference
+
+    _need_model(args)
+    if args.file and not Path(args.file).exists():
+        raise UserError("prompts file not found", where=args.file, fix="check the path")
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - keep stdout for answers
+    model, tok = load_for_inference(
+        args.model, args.adapter, dtype=args.dtype, device=args.device, log=log
+    )
+    gen = dict(
+        system=args.system,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    if args.prompt is not None:
+        answer = generate_text(model, tok, args.prompt, stream=args.output is None, **gen)
+        if args.output:
+            Path(args.output).write_text(
+                json.dumps({"prompt": args.prompt, "completion": answer}, ensure_ascii=False)
+                + "\n",
+                encoding="utf-8",
+            )
+        return 0
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.output, "w", encoding="utf-8") as f:
+            count = generate_file(model, tok, args.file, f, batch_size=args.batch_size, **gen)
+        log(f"wrote {count} answers to {args.output}")
+    else:
+        generate_file(model, tok, args.file, sys.stdout, batch_size=args.batch_size, **gen)
+    return 0
+
+
+def _chat_args(p: argparse.ArgumentParser) -> None:
+    _model_args(p)
+    _gen_args(p)
+
+
+@command("chat", "chat with a model in the terminal (/exit quits)", _chat_args)
+def _chat(args) -> int:
+    from danka.tools.generate import chat_loop, load_for_inference
+
+    _need_model(args)
+    model, tok = load_for_inference(
+        args.model,
+        args.adapter,
+        dtype=args.dtype,
+        device=args.device,
+        log=lambda msg: print(msg, file=sys.stderr),
+    )
+
+    def read_line(prompt: str) -> str:
+        if sys.stdin.isatty():
+            return input(prompt)
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line
+
+    chat_loop(
+        model,
+        tok,
+        system=args.system,
+        read_line=read_line,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    return 0
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="training config: model, data and reward come from it")
+    p.add_argument("overrides", nargs="*", help="dotted overrides for the config")
+    _model_args(p)
+    p.add_argument("--data", help="prompts file (without CONFIG)")
+    p.add_argument("--reward", help="builtin reward (gsm8k, math, ...) or path.py:function")
+    p.add_argument("--n", type=int, help="only the first N prompts")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        help="answers per prompt: 1 = greedy accuracy, K > 1 = pass@k at temperature 1",
+    )
+    p.add_argument("--max-new-tokens", type=int, help="answer tokens (default: config or 256)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", help="write the result JSON here")
+
+
+@command("eval", "accuracy / pass@k of a model (+ adapter) under a reward function", _eval_args)
+def _eval(args) -> int:
+    from danka.tools.evaluate import format_result, run_eval
+
+    if args.data and not Path(args.data).exists():
+        raise UserError("data file not found", where=args.data, fix="check the path")
+    result = run_eval(
+        config=args.config,
+        overrides=args.overrides,
+        model=args.model,
+        adapter=args.adapter,
+        data=args.data,
+        reward=args.reward,
+        n=args.n,
+        samples=args.samples,
+        max_new_tokens=args.max_new_tokens,
+        output=args.output,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        log=lambda msg: print(msg, file=sys.stderr),
+    )
+    print(format_result(result))
+    if args.output:
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _plot_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("output_dir", help="a run's output folder (works on a run in progress)")
+
+
+@command("plot", "plot a run's curves to OUTPUT/plots/ and report.html", _plot_args)
+def _plot(args) -> int:
+    from danka.tools.plot import plot_run
+
+    folder = Path(args.output_dir)
+    if not folder.is_dir():
+        raise UserError(
+            "run folder not found",
+            where=str(folder),
+            fix="give the output_dir of a danka train run",
+        )
+    if not (folder / "metrics.jsonl").exists():
+        raise UserError(
+            "no metrics.jsonl in this folder (is it a run's output_dir?)",
+            where=str(folder),
+            fix="give the output_dir of a danka train run",
+        )
+    for path in plot_run(folder):
+        print(path)
+    return 0
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--adapter", required=True, help="LoRA adapter folder")
+    p.add_argument("--output", required=True, help="new folder for the merged model")
+    p.add_argument("--model", help="base model (default: the adapter's base_model_name_or_path)")
+    p.add_argument("--dtype", default="bf16", help="bf16 | fp16 | fp32 (dtype of the saved model)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
+
+
+@command("export", "merge a LoRA adapter into its base model (HF safetensors folder)", _export_args)
+def _export(args) -> int:
+    from danka.tools.export import export_merged
+
+    export_merged(
+        args.adapter,
+        args.output,
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        overwrite=args.overwrite,
+    )
+    return 0
+
+
+@command("doctor", "check this machine: versions, GPU, optional packages, Hub", lambda p: None)
+def _doctor(args) -> int:
+    from danka.tools.doctor import run_doctor
+
+    return run_doctor()
+
+
+def _estimate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="training config (only the model's config.json is read)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides for the config")
+    p.add_argument("--gpu-memory", help="GPU memory, e.g. 24GB (default: this GPU's, else 24GB)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+@command("estimate", "GPU memory plan per phase, and whether the config fits", _estimate_args)
+def _estimate(args) -> int:
+    from danka.config import load_config
+    from danka.tools.estimate import estimate_memory, format_plan, parse_memory
+
+    cfg, base_dir = load_config(args.config, args.overrides)
+    if args.gpu_memory:
+        budget = parse_memory(args.gpu_memory)
+    else:
+        import torch
+
+        budget = (
+            torch.cuda.get_device_properties(0).total_memory
+            if torch.cuda.is_available()
+            else parse_memory("24GB")
+        )
+    result = estimate_memory(cfg, base_dir=base_dir, gpu_memory=budget)
+    print(json.dumps(result, indent=2, default=str) if args.json else format_plan(result))
+    return 0

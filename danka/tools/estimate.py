@@ -1,0 +1,414 @@
+"""``danka estimate CONFIG``: a GPU memory plan per phase, from the model config alone.
+
+No weights are read. The model is built on PyTorch's ``meta`` device (shapes, no storage)
+to count parameters and the LoRA matrices exactly for any architecture. Every term, in
+bytes (d = bytes per element of the model dtype; H hidden, I intermediate, L layers,
+q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro-batch):
+
+* weights           params x d
+* LoRA              lora_params x 16 (fp32 value 4 + grad 4 + Adam m, v 8); full
+                    fine-tuning: params x (d grad + 8 Adam)
+* KV cache          L x 2 x kv x (prompt + new tokens) x sequences x d
+* rollout logits    sequences x V x 4 x 3 (fp32 logits, probs, sampling work)
+* prefill           sequences x prompt tokens x d x (4H + 2I): one layer's transient tensors
+* activations       per layer and token, what autograd keeps for a Llama/Qwen block:
+                    d x (6H + 3q + 3kv + 4I)  (2 norms x 2H, q/k/v and their RoPE copies,
+                    attention output, residuals, gate/up/act/product of the MLP), x L x T.
+                    With gradient checkpointing only each layer's input is kept,
+                    L x T x H x d, plus one layer recomputed in the backward.
+                    (Korthikanti et al. 2022, https://arxiv.org/abs/2205.05198, give
+                    34 s b h for GPT blocks; this is the same count for SwiGLU blocks
+                    with SDPA, which stores no s x s attention matrix.)
+* logits            danka's chunked log-probs keep chunk x V x 4 x 4 bytes (fp32 logits,
+                    log-softmax, softmax for the entropy, their grad) instead of T x V x 4
+* fast engine       the fast rollout engine (``rollout.engine: fast``, auto on a GPU) keeps
+                    fused q|k|v and gate|up weight copies (+ o/down where LoRA adapts them)
+                    and its KV cache between calls, so both count in every phase
+* reference         0 with LoRA (adapters off); a frozen copy (params x d) in full mode
+* critic (PPO)      a second LoRA adapter + value head, or a separate model
+
+Phases: rollout = persistent + KV cache + rollout logits + prefill; prepare (log-probs and
+values, no grad) = persistent + one layer + logits; update = persistent + activations +
+logits. The peak is PyTorch's allocated memory (what ``torch.cuda.max_memory_allocated``
+reports); the verdict adds ``OVERHEAD_BYTES`` for the CUDA context and fragmentation.
+Estimates are approximate (about +-30 %).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from danka.config.schema import DankaConfig
+from danka.errors import UserError
+
+GIB = 2**30
+OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation
+LORA_BYTES_PER_PARAM = 16  # fp32 value + fp32 grad + Adam m and v
+ADAM_BYTES_PER_PARAM = 8  # fp32 m and v
+LOGIT_FACTOR_UPDATE = 4
+LOGIT_FACTOR_ROLLOUT = 3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _known_shapes() -> dict[str, Callable[[], Any]]:
+    from transformers import LlamaConfig
+
+    from danka.models.tiny import qwen2_0_5b_config, qwen2_7b_config
+
+    def smollm2_135m() -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=8192,
+            tie_word_embeddings=True,
+        )
+
+    shapes: dict[str, Callable[[], Any]] = {}
+    for family in ("qwen/qwen2", "qwen/qwen2.5"):
+        for suffix in ("", "-instruct"):
+            shapes[f"{family}-7b{suffix}"] = qwen2_7b_config
+            shapes[f"{family}-0.5b{suffix}"] = qwen2_0_5b_config
+    shapes["huggingfacetb/smollm2-135m-instruct"] = smollm2_135m
+    shapes["smollm2-135m-instruct"] = smollm2_135m
+    return shapes
+
+
+def load_model_config(name: str, base_dir: Path | None = None) -> Any:
+    """The transformers config of ``name`` without weights: a local folder, a ``.gguf``
+    file, the HF cache, danka's table of known shapes (Qwen2/2.5 0.5B and 7B, SmolLM2-135M),
+    then the Hub when it answers."""
+    from transformers import AutoConfig
+
+    for candidate in (Path(name).expanduser(), (base_dir or Path.cwd()) / name):
+        if candidate.is_dir() and (candidate / "config.json").is_file():
+            return AutoConfig.from_pretrained(str(candidate))
+        if candidate.is_file() and candidate.suffix == ".gguf":
+            return AutoConfig.from_pretrained(str(candidate.parent), gguf_file=candidate.name)
+    try:
+        return AutoConfig.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError):
+        pass
+    known = _known_shapes().get(name.lower())
+    if known is not None:
+        return known()
+    from danka.models.loading import hub_reachable
+
+    if hub_reachable(timeout=3.0):
+        try:
+            return AutoConfig.from_pretrained(name)
+        except (OSError, ValueError) as err:
+            raise UserError(
+                f"no model config for {name!r}: {err}",
+                where="model",
+                fix="check the model id or pass a local folder",
+            ) from err
+    raise UserError(
+        f"no model config for {name!r}: not a local folder, not in the HF cache, "
+        "not a known shape, and the Hub cannot be reached",
+        where="model.actor_model_name_or_path",
+        fix="pass a local model folder (only its config.json is read)",
+    )
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def count_parameters(config: Any, target_modules: list[str] | str, rank: int) -> tuple[int, int]:
+    """``(params, lora_params)`` of the model ``config`` describes, built on the meta device.
+
+    LoRA adds ``r x (in + out)`` per adapted linear layer (Hu et al. 2021); ``all-linear``
+    adapts every linear layer but the LM head, as peft does.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())  # tied weights counted once
+    if isinstance(target_modules, str) and target_modules != "all-linear":
+        target_modules = [t.strip() for t in target_modules.split(",") if t.strip()]
+    head = model.get_output_embeddings()
+    lora = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        short = name.rsplit(".", 1)[-1]
+        hit = module is not head if target_modules == "all-linear" else short in target_modules
+        if hit:
+            lora += rank * (module.in_features + module.out_features)
+    return params, lora
+
+
+def _targets(targets: list[str] | str, name: str) -> bool:
+    if targets == "all-linear":
+        return True
+    if isinstance(targets, str):
+        targets = [t.strip() for t in targets.split(",")]
+    return name in targets
+
+
+def _samples_per_prompt(cfg: DankaConfig) -> int:
+    n = cfg.trainer.samples_per_prompt
+    return n if n is not None else (1 if cfg.trainer.algorithm == "ppo" else 8)
+
+
+def _dtype_bytes(cfg: DankaConfig) -> tuple[str, int]:
+    name = cfg.model.torch_dtype
+    name = "bfloat16" if name == "auto" else name  # auto = bf16 on a GPU that has it
+    if name not in DTYPE_BYTES:
+        raise UserError(
+            f"unknown dtype {name!r}",
+            where="model.torch_dtype",
+            fix=f"use one of: auto, {', '.join(DTYPE_BYTES)}",
+        )
+    return name, DTYPE_BYTES[name]
+
+
+def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> dict[str, Any]:
+    """The byte counts of every term and phase (see the module docstring)."""
+    t, m = cfg.trainer, cfg.model
+    dtype, d = _dtype_bytes(cfg)
+    h, i, n_layers, v = shape["H"], shape["I"], shape["L"], shape["V"]
+    q, kv = shape["q"], shape["kv"]
+    n = _samples_per_prompt(cfg)
+    prompts_per_call = cfg.rollout.generation_batch_size or t.batch_size
+    seqs = min(prompts_per_call, t.batch_size) * n
+    prompt_len = cfg.data.max_prompt_length or max(1, t.max_length - t.max_new_tokens)
+    seq_len = min(t.max_length, prompt_len + t.max_new_tokens)
+    tokens = min(t.micro_batch_size, t.batch_size * n) * seq_len
+    chunk = min(t.logprob_chunk_size, tokens)
+    use_lora = cfg.lora.enable_lora
+    ppo = t.algorithm == "ppo"
+    need_ref = t.kl.coef > 0
+
+    c: dict[str, int] = {"weights": params * d}
+    if use_lora:
+        c["lora + Adam (fp32)"] = lora * LORA_BYTES_PER_PARAM
+    else:
+        c["grads + Adam (full)"] = params * (d + ADAM_BYTES_PER_PARAM)
+    if need_ref and not use_lora:
+        c["reference copy"] = params * d
+    if ppo:
+        separate = m.critic_model_name_or_path not in (None, "", m.actor_model_name_or_path)
+        head = (h + 1) * LORA_BYTES_PER_PARAM
+        if use_lora and not separate:
+            c["critic LoRA + value head"] = lora * LORA_BYTES_PER_PARAM + head
+        else:  # own model, same shape assumed (its config is not read)
+            c["critic model"] = (
+                params * d
+                + (lora * LORA_BYTES_PER_PARAM if use_lora else params * (d + ADAM_BYTES_PER_PARAM))
+                + head
+            )
+    persistent = sum(c.values())
+
+    c["KV cache (rollout)"] = n_layers * 2 * kv * seq_len * seqs * d
+    engine = cfg.rollout.engine
+    fast = engine in ("fast", "auto")  # auto picks the fast engine on a GPU
+    if fast:
+        # fused q|k|v and gate|up copies always; o/down copies where LoRA adapts them
+        targets = cfg.lora.target_modules if use_lora else []
+        copied = (q + 2 * kv) * h + 2 * i * h
+        copied += q * h if _targets(targets, "o_proj") else 0
+        copied += i * h if _targets(targets, "down_proj") else 0
+        c["fast engine weight buffers"] = n_layers * copied * d
+    # the fast engine keeps its buffers and KV cache between calls (keep_cache=True)
+    held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if fast else 0
+    c["logits (rollout)"] = seqs * v * 4 * LOGIT_FACTOR_ROLLOUT
+    c["prefill (rollout)"] = seqs * prompt_len * d * (4 * h + 2 * i)
+    per_layer = d * (6 * h + 3 * q + 3 * kv + 4 * i)  # bytes per token per layer
+    full_acts = n_layers * tokens * per_layer
+    ckpt_acts = n_layers * tokens * h * d + tokens * per_layer
+    c["activations (no checkpointing)"] = full_acts
+    c["activations (checkpointing)"] = ckpt_acts
+    c["logits (chunked, update)"] = chunk * v * 4 * LOGIT_FACTOR_UPDATE
+    acts = ckpt_acts if m.use_gradient_checkpointing else full_acts
+    phases = {
+        "rollout": persistent
+        + c["KV cache (rollout)"]
+        + c.get("fast engine weight buffers", 0)
+        + c["logits (rollout)"]
+        + c["prefill (rollout)"],
+        "prepare": persistent + held + tokens * per_layer + chunk * v * 4 * 2,
+        "update": persistent + held + acts + c["logits (chunked, update)"],
+    }
+    peak_phase = max(phases, key=phases.get)
+    return {
+        "dtype": dtype,
+        "params": params,
+        "lora_params": lora if use_lora else 0,
+        "components": c,
+        "persistent": persistent,
+        "phases": phases,
+        "peak_phase": peak_phase,
+        "peak": phases[peak_phase],
+        "overhead": OVERHEAD_BYTES,
+        "full_logits_would_be": tokens * v * 4,
+        "assumptions": {
+            "rollout_engine": "fast" if fast else engine,
+            "rollout_sequences": seqs,
+            "prompt_tokens": prompt_len,
+            "sequence_tokens": seq_len,
+            "update_tokens_per_micro_batch": tokens,
+            "gradient_checkpointing": m.use_gradient_checkpointing,
+            "lora": use_lora,
+        },
+    }
+
+
+def _shape(config: Any) -> dict[str, int]:
+    tc = _text_config(config)
+    heads = tc.num_attention_heads
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads
+    kv_heads = getattr(tc, "num_key_value_heads", None) or heads
+    return {
+        "H": tc.hidden_size,
+        "I": getattr(tc, "intermediate_size", 4 * tc.hidden_size),
+        "L": tc.num_hidden_layers,
+        "V": tc.vocab_size,
+        "q": heads * head_dim,
+        "kv": kv_heads * head_dim,
+    }
+
+
+def _set(cfg: DankaConfig, changes: dict[str, Any]) -> DankaConfig:
+    out = copy.deepcopy(cfg)
+    for dotted, value in changes.items():
+        section, key = dotted.split(".")
+        setattr(getattr(out, section), key, value)
+    return out
+
+
+def _candidates(c: DankaConfig) -> list[dict[str, Any]]:
+    """Single setting changes that lower memory, as ``{dotted key: new value}``."""
+    t, out = c.trainer, []
+    if not c.model.use_gradient_checkpointing:
+        out.append({"model.use_gradient_checkpointing": True})
+    if t.micro_batch_size > 1:
+        out.append({"trainer.micro_batch_size": max(1, t.micro_batch_size // 2)})
+    if not c.lora.enable_lora:
+        out.append({"lora.enable_lora": True})
+    prompts = min(c.rollout.generation_batch_size or t.batch_size, t.batch_size)
+    if prompts > 1:
+        out.append({"rollout.generation_batch_size": max(1, prompts // 2)})
+    if c.rollout.engine in ("fast", "auto"):
+        out.append({"rollout.engine": "hf"})
+    if t.max_new_tokens > 64:
+        new = t.max_new_tokens // 2
+        out.append({"trainer.max_new_tokens": new, "trainer.max_length": t.max_length - new})
+    return out
+
+
+def _label(changes: dict[str, Any]) -> str:
+    return " ".join(
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items()
+    )
+
+
+def _fixes(cfg: DankaConfig, budget: int, estimate: Callable[[DankaConfig], dict]) -> list[str]:
+    """Settings that bring the peak + overhead under ``budget``: every single change that
+    suffices; else changes applied greedily (the one that saves most first) until it fits."""
+    single = []
+    for change in _candidates(cfg):
+        peak = estimate(_set(cfg, change))["peak"]
+        if peak + OVERHEAD_BYTES <= budget:
+            single.append(f"{_label(change)}  (peak {peak / GIB:.1f} GiB)")
+    if single:
+        return single
+    applied: dict[str, Any] = {}
+    trial = cfg
+    for _ in range(16):
+        options = [
+            (estimate(_set(trial, ch))["peak"], i, ch) for i, ch in enumerate(_candidates(trial))
+        ]
+        if not options:
+            break
+        peak, _, change = min(options)
+        trial = _set(trial, change)
+        applied.update(change)
+        if peak + OVERHEAD_BYTES <= budget:
+            return [f"{_label(applied)}  (peak {peak / GIB:.1f} GiB)"]
+    return ["no combination of these settings fits: use a smaller model or a larger GPU"]
+
+
+def estimate_memory(
+    cfg: DankaConfig,
+    *,
+    base_dir: Path | None = None,
+    gpu_memory: int | None = None,
+    model_config: Any = None,
+) -> dict[str, Any]:
+    """Memory plan of ``cfg`` in bytes: ``components``, ``phases`` (rollout, prepare,
+    update), ``peak`` and ``peak_phase``; with ``gpu_memory`` (bytes) also ``fits`` and
+    ``suggestions``. ``model_config`` skips loading the config of the actor model."""
+    config = model_config or load_model_config(cfg.model.actor_model_name_or_path, base_dir)
+    targets = cfg.lora.target_modules
+    params, lora = count_parameters(config, targets, cfg.lora.lora_r)
+    shape = _shape(config)
+
+    def estimate(c: DankaConfig) -> dict[str, Any]:
+        return _plan(c, shape, params, lora)
+
+    result = estimate(cfg)
+    result["model"] = cfg.model.actor_model_name_or_path
+    result["shape"] = shape
+    if gpu_memory is not None:
+        result["gpu_memory"] = gpu_memory
+        result["fits"] = result["peak"] + OVERHEAD_BYTES <= gpu_memory
+        result["suggestions"] = [] if result["fits"] else _fixes(cfg, gpu_memory, estimate)
+    return result
+
+
+def parse_memory(text: str) -> int:
+    """``"24GB"``, ``"24GiB"``, ``"80G"``, ``"24"`` -> bytes. GPU makers' "GB" are GiB
+    (a 24 GB card holds 24 x 2^30 bytes), so both mean 2^30; MB/MiB likewise 2^20."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([gGmMtT]?)(i?[bB])?\s*", text)
+    if not match:
+        raise UserError(
+            f"cannot read memory size {text!r}",
+            where="--gpu-memory",
+            fix="write it like 24GB, 80GiB or 40",
+        )
+    unit = {"": GIB, "g": GIB, "m": 2**20, "t": 2**40}[match.group(2).lower()]
+    return int(float(match.group(1)) * unit)
+
+
+def format_plan(result: dict[str, Any]) -> str:
+    """The plan as aligned text: components, phases, verdict and fixes."""
+    gib = lambda b: f"{b / GIB:8.2f} GiB"  # noqa: E731
+    a = result["assumptions"]
+    lines = [
+        f"model {result['model']}: {result['params'] / 1e9:.3f}B parameters, "
+        f"{result['dtype']}; LoRA {result['lora_params'] / 1e6:.2f}M parameters",
+        f"rollout: {a['rollout_sequences']} sequences x {a['sequence_tokens']} tokens; "
+        f"update: {a['update_tokens_per_micro_batch']} tokens per micro-batch",
+        "",
+    ]
+    width = max(len(k) for k in result["components"])
+    lines += [f"  {k:<{width}}  {gib(v)}" for k, v in result["components"].items()]
+    lines.append(
+        f"  (full logits instead of chunks would be {result['full_logits_would_be'] / GIB:.2f} GiB)"
+    )
+    lines.append("")
+    for phase, value in result["phases"].items():
+        mark = "  <- peak" if phase == result["peak_phase"] else ""
+        lines.append(f"  phase {phase:<8} {gib(value)}{mark}")
+    lines.append(f"  + CUDA context and fragmentation ~{result['overhead'] / GIB:.1f} GiB")
+    if "fits" in result:
+        total = (result["peak"] + result["overhead"]) / GIB
+        verdict = "fits" if result["fits"] else "does not fit"
+        lines.append(
+            f"\nverdict: {verdict} in {result['gpu_memory'] / GIB:.1f} GiB (needs ~{total:.1f} GiB)"
+        )
+        for fix in result.get("suggestions", []):
+            lines.append(f"  try: {fix}")
+    return "\n".join(lines)

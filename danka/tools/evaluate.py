@@ -1,0 +1,295 @@
+"""``danka eval``: accuracy of a model (+ adapter) on prompts, judged by a reward function.
+
+K = 1: one greedy answer per prompt; accuracy = mean of ``correct``.
+K > 1: K answers per prompt sampled at temperature 1; pass@k for k = 1, 2, 4, ..., K with
+the unbiased estimator of Chen et al. 2021 (https://arxiv.org/abs/2107.03374, eq. 1)::
+
+    pass@k = mean over prompts of 1 - C(n - c, k) / C(n, k)
+
+(n samples, c of them correct). An answer is correct when the first reward function
+scores it at least ``threshold`` (1.0: the score of a right answer for every builtin rule
+reward), the same rule as the trainer's held-out evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from danka.errors import UserError
+from danka.types import PromptRow
+
+KEEP_SAMPLES = 16
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k answers drawn without replacement from n (c of
+    them correct) is correct: ``1 - C(n-c, k) / C(n, k)``, computed as the stable product
+    ``1 - prod_{i=n-c+1}^{n} (1 - k / i)`` (Chen et al. 2021)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def ks_for(samples: int) -> list[int]:
+    """k values to report: powers of two below ``samples``, and ``samples`` itself."""
+    ks, k = [], 1
+    while k < samples:
+        ks.append(k)
+        k *= 2
+    return [*ks, samples]
+
+
+def score_samples(
+    rows: list[PromptRow],
+    prompts: list[str],
+    completions: list[list[str]],
+    rewards: Any,
+    threshold: float = 1.0,
+) -> tuple[list[list[float]], list[list[bool]]]:
+    """Rewards and correctness of ``completions[i][j]`` (answer j to row i). ``rewards`` is
+    a :class:`danka.rewards.combine.RewardComputer`."""
+    flat_rows = [r for r, cs in zip(rows, completions) for _ in cs]
+    flat_prompts = [p for p, cs in zip(prompts, completions) for _ in cs]
+    flat = [c for cs in completions for c in cs]
+    out = rewards(flat_rows, flat_prompts, flat)
+    primary = next(iter(out.per_function.values())) if out.per_function else out.scores
+    scores, ok = out.scores.float().tolist(), (primary.float() >= threshold - 1e-6).tolist()
+    by_row_s, by_row_c, k = [], [], 0
+    for cs in completions:
+        by_row_s.append(scores[k : k + len(cs)])
+        by_row_c.append([bool(x) for x in ok[k : k + len(cs)]])
+        k += len(cs)
+    return by_row_s, by_row_c
+
+
+def summarize(
+    correct: list[list[bool]],
+    lengths: list[list[int]],
+    truncated: list[list[bool]],
+    scores: list[list[float]],
+) -> dict[str, Any]:
+    """Accuracy (greedy) or pass@k (sampled), mean reward, response length, truncation."""
+    n_samples = len(correct[0]) if correct else 0
+    flat = lambda xs: [x for row in xs for x in row]  # noqa: E731
+    total = max(1, len(flat(correct)))
+    result: dict[str, Any] = {
+        "n": len(correct),
+        "samples": n_samples,
+        "accuracy": sum(flat(correct)) / total,
+        "mean_reward": sum(flat(scores)) / total,
+        "response_length": sum(flat(lengths)) / total,
+        "truncation_rate": sum(flat(truncated)) / total,
+    }
+    if n_samples > 1:
+        result["pass@k"] = {
+            f"pass@{k}": sum(pass_at_k(len(c), sum(c), k) for c in correct) / len(correct)
+            for k in ks_for(n_samples)
+        }
+        result["accuracy"] = result["pass@k"]["pass@1"]  # equals the mean of correct
+    return result
+
+
+def evaluate_rows(
+    model: Any,
+    tokenizer: Any,
+    rows: list[PromptRow],
+    rewards: Any,
+    *,
+    samples: int = 1,
+    max_new_tokens: int = 256,
+    system: str | None = None,
+    instruction: str | None = None,
+    threshold: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 16,
+) -> dict[str, Any]:
+    """Generate ``samples`` answers per row (greedy for 1, temperature 1 otherwise), score
+    them, and summarize; ``completions`` holds the first rows' first answers."""
+    from danka.tools.generate import generate_batch
+
+    items = generate_batch(
+        model,
+        tokenizer,
+        rows,
+        system=system,
+        instruction=instruction,
+        max_new_tokens=max_new_tokens,
+        n=samples,
+        seed=seed,
+        temperature=0.0 if samples == 1 else 1.0,
+        top_p=1.0,
+        batch_size=max(1, batch_size // samples),
+    )
+    kept = [it["row"] for it in items]
+    scores, correct = score_samples(
+        kept,
+        [it["prompt"] for it in items],
+        [it["completions"] for it in items],
+        rewards,
+        threshold,
+    )
+    result = summarize(
+        correct, [it["response_tokens"] for it in items], [it["truncated"] for it in items], scores
+    )
+    result["completions"] = [
+        {
+            "index": it["index"],
+            "prompt": it["prompt"],
+            "completion": it["completions"][0],
+            "ground_truth": it["row"].ground_truth,
+            "reward": s[0],
+            "correct": c[0],
+        }
+        for it, s, c in list(zip(items, scores, correct))[:KEEP_SAMPLES]
+    ]
+    return result
+
+
+def _from_config(config: str, overrides: list[str]) -> dict[str, Any]:
+    from danka.config import load_config
+    from danka.trainer.setup import load_rows, reward_specs
+
+    cfg, base_dir = load_config(config, overrides)
+    train, held = load_rows(cfg, base_dir, Path(cfg.output_dir))
+    rows = held or train
+    t = cfg.trainer
+    return {
+        "model": cfg.model.actor_model_name_or_path,
+        "rows": rows,
+        "base_dir": base_dir,
+        "specs": reward_specs(cfg, rows),
+        "system": cfg.data.system_prompt,
+        "instruction": cfg.data.instruction,
+        "timeout_s": cfg.reward.timeout_s,
+        "max_new_tokens": t.eval_max_new_tokens or t.max_new_tokens,
+        "data": cfg.data.eval_dataset or cfg.data.task or cfg.data.train_dataset,
+        "trust_remote_code": cfg.model.trust_remote_code,
+    }
+
+
+def _from_args(
+    model: str | None, adapter: str | None, data: str | None, reward: str | None
+) -> dict[str, Any]:
+    from danka.data.formats import load_prompt_rows
+    from danka.rewards.combine import RewardSpec
+
+    if data is None:
+        raise UserError(
+            "no data given",
+            where="danka eval",
+            fix="danka eval --model M --data FILE --reward gsm8k (or danka eval CONFIG)",
+        )
+    if reward is None:
+        raise UserError(
+            "no reward function given",
+            where="danka eval",
+            fix="--reward gsm8k | math | last_number | path/to/file.py:function",
+        )
+    if model is None and adapter is None:
+        raise UserError("no model given", where="danka eval", fix="pass --model M (and --adapter)")
+    rows = load_prompt_rows(data).rows
+    return {
+        "model": model,
+        "rows": rows,
+        "base_dir": Path.cwd(),
+        "specs": [RewardSpec(name=reward)],
+        "system": None,
+        "instruction": None,
+        "timeout_s": 30.0,
+        "max_new_tokens": 256,
+        "data": data,
+        "trust_remote_code": False,
+    }
+
+
+def run_eval(
+    *,
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    model: str | None = None,
+    adapter: str | None = None,
+    data: str | None = None,
+    reward: str | None = None,
+    n: int | None = None,
+    samples: int = 1,
+    max_new_tokens: int | None = None,
+    output: str | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    seed: int = 0,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Everything ``danka eval`` does: resolve inputs (a config, or model/data/reward),
+    generate, score, write ``output`` (JSON) when given; returns the result dict."""
+    from danka.rewards.combine import build_reward_computer
+    from danka.tools.generate import load_for_inference, read_adapter_config
+
+    if samples < 1:
+        raise UserError(f"--samples must be >= 1, got {samples}", where="--samples")
+    if adapter is not None:
+        read_adapter_config(adapter)
+    src = (
+        _from_config(config, overrides or [])
+        if config
+        else _from_args(model, adapter, data, reward)
+    )
+    if config and model:
+        src["model"] = model
+    rows = src["rows"][:n] if n else src["rows"]
+    rewards = build_reward_computer(
+        src["specs"], base_dir=src["base_dir"], timeout_s=src["timeout_s"], on_error="fail"
+    )
+    try:
+        net, tokenizer = load_for_inference(
+            src["model"],
+            adapter,
+            dtype=dtype,
+            device=device,
+            trust_remote_code=src["trust_remote_code"],
+            log=log,
+        )
+        result = evaluate_rows(
+            net,
+            tokenizer,
+            rows,
+            rewards,
+            samples=samples,
+            max_new_tokens=max_new_tokens or src["max_new_tokens"],
+            system=src["system"],
+            instruction=src["instruction"],
+            seed=seed,
+        )
+    finally:
+        rewards.close()
+    result = {
+        "model": src["model"],
+        "adapter": adapter,
+        "data": str(src["data"]),
+        "reward": [s.name for s in src["specs"]],
+        **result,
+    }
+    if output:
+        path = Path(output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    return result
+
+
+def format_result(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['n']} prompts x {result['samples']} sample(s): "
+        f"accuracy {100 * result['accuracy']:.1f}%"
+    ]
+    for key, value in result.get("pass@k", {}).items():
+        lines.append(f"  {key}: {100 * value:.1f}%")
+    lines.append(
+        f"mean reward {result['mean_reward']:.4f}, response length "
+        f"{result['response_length']:.1f} tokens, truncated "
+        f"{100 * result['truncation_rate']:.1f}%"
+    )
+    return "\n".join(lines)

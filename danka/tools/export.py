@@ -1,0 +1,138 @@
+"""``danka export``: merge a LoRA adapter into its base and save a standard HF model folder.
+
+``W' = W + (alpha / r) B A`` for every adapted linear layer (peft's ``merge_and_unload``,
+Hu et al. 2021), then ``save_pretrained`` (safetensors) plus the tokenizer, so the folder
+loads with plain ``AutoModelForCausalLM.from_pretrained`` (or vLLM, llama.cpp converters).
+
+Before anything is written, the merged model's logits are compared with base + adapter
+(unmerged) on a few token sequences. The tolerance is relative to the largest logit,
+because merging rounds ``W + BA`` once in the model dtype where the unmerged model rounds
+``Wx`` and ``B(Ax)`` separately: ``max|diff| <= rtol[dtype] * max(1, max|logit|)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from danka.errors import UserError
+
+RTOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+CHECK_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Question: what is 12 * 7? Answer: 84",
+    "def add(a, b):\n    return a + b\n",
+)
+
+
+class MergeMismatch(UserError):
+    """The merged model does not reproduce base + adapter (exit code 2)."""
+
+
+def folder_size(path: Path) -> int:
+    """Bytes of every file under ``path`` (what ``du -sb`` counts)."""
+    path = Path(path)
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def human_size(n: float) -> str:
+    """``du -sh`` style: 1536 -> ``1.5K``, 15.2e9 -> ``14G``."""
+    for unit in ("B", "K", "M", "G", "T"):
+        if n < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "B" or n >= 10 else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}T"
+
+
+def check_ids(tokenizer: Any) -> list[torch.Tensor]:
+    """A few fixed texts as ``(1, T)`` id tensors (each its own forward: no padding)."""
+    return [torch.tensor([tokenizer(t)["input_ids"]]) for t in CHECK_TEXTS]
+
+
+@torch.no_grad()
+def logits_of(model: torch.nn.Module, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Float32 CPU logits ``(1, T, V)`` of each sequence."""
+    device = next(model.parameters()).device
+    return [model(input_ids=s.to(device)).logits.float().cpu() for s in seqs]
+
+
+def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def export_merged(
+    adapter: str | Path,
+    output: str | Path,
+    *,
+    model: str | None = None,
+    dtype: str = "bfloat16",
+    device: str = "auto",
+    overwrite: bool = False,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Merge ``adapter`` into its base (``model`` or the adapter's
+    ``base_model_name_or_path``), check the logits, save to ``output``. Returns sizes and
+    the check: ``{"max_abs_diff", "tolerance", "adapter_effect", "adapter_bytes",
+    "merged_bytes", "output", "base_model", "dtype"}``. MergeMismatch if the check fails
+    (nothing is written then)."""
+    from peft import PeftModel
+
+    from danka.models.loading import dtype_name, load_causal_lm, load_tokenizer, resolve_dtype
+    from danka.tools.generate import base_model_of, canonical_dtype, pick_device
+
+    adapter, output = Path(adapter).expanduser(), Path(output).expanduser()
+    base_name = base_model_of(adapter, model)  # also checks the adapter folder
+    if output.exists() and any(output.iterdir()) and not overwrite:
+        raise UserError(
+            "output folder exists and is not empty",
+            where=str(output),
+            fix="choose a new --output folder (or pass --overwrite)",
+        )
+    dev = pick_device(device)
+    torch_dtype = resolve_dtype(canonical_dtype(dtype), dev)
+    name = dtype_name(torch_dtype)
+    has_tok = (adapter / "tokenizer_config.json").is_file()
+    tokenizer = load_tokenizer(str(adapter) if has_tok else base_name, log=log)
+    base = load_causal_lm(base_name, dtype=name, device=dev, log=log)
+    peft_model = PeftModel.from_pretrained(base, str(adapter))
+    peft_model.eval()
+
+    seqs = check_ids(tokenizer)
+    with_adapter = logits_of(peft_model, seqs)
+    with peft_model.disable_adapter():
+        effect = max_abs_diff(logits_of(peft_model, seqs), with_adapter)
+    merged = peft_model.merge_and_unload()
+    diff = max_abs_diff(logits_of(merged, seqs), with_adapter)
+    scale = max(float(x.abs().max()) for x in with_adapter)
+    tol = RTOL.get(name, 5e-2) * max(1.0, scale)
+    log(
+        f"merge check: max |logits(merged) - logits(base + adapter)| = {diff:.3g} "
+        f"(tolerance {tol:.3g} for {name}; the adapter itself moves logits by up to {effect:.3g})"
+    )
+    if not diff <= tol:  # also catches NaN
+        raise MergeMismatch(
+            f"merged logits differ from base + adapter by {diff:.3g} > {tol:.3g}",
+            where=str(adapter),
+            fix="export in float32 (--dtype fp32), and check that --model is the base the "
+            "adapter was trained on",
+        )
+    output.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(str(output))
+    tokenizer.save_pretrained(str(output))
+    a_bytes, m_bytes = folder_size(adapter), folder_size(output)
+    log(
+        f"saved {output}: adapter {human_size(a_bytes)} on disk -> merged model "
+        f"{human_size(m_bytes)} ({name})"
+    )
+    return {
+        "output": str(output),
+        "base_model": base_name,
+        "dtype": name,
+        "max_abs_diff": diff,
+        "tolerance": tol,
+        "adapter_effect": effect,
+        "adapter_bytes": a_bytes,
+        "merged_bytes": m_bytes,
+    }

@@ -1,0 +1,322 @@
+"""``danka generate`` and ``danka chat``: answers from a model, optionally with a LoRA adapter.
+
+The prompt goes through the tokenizer's chat template exactly as in training
+(:func:`danka.data.template.render_prompt`). A single prompt streams its answer
+(``transformers.TextStreamer``); a file of prompts is generated in batches by the rollout
+engine and written as JSON lines. An adapter folder (``OUTPUT/actor/checkpoint_N``) is
+loaded with ``PeftModel.from_pretrained`` on top of its base model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from danka.errors import UserError
+from danka.types import PromptRow
+
+DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float": "float32",
+}
+_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
+EXIT_WORDS = ("/exit", "/quit")
+
+
+def canonical_dtype(name: str) -> str:
+    """``bf16`` -> ``bfloat16`` etc.; other names pass through to ``resolve_dtype``."""
+    return DTYPE_ALIASES.get(name.lower(), name.lower())
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(
+            "--device asks for CUDA but no GPU is visible",
+            where="--device",
+            fix="use --device cpu or auto (danka doctor shows what torch sees)",
+        )
+    return torch.device(name)
+
+
+def read_adapter_config(adapter: str | Path) -> dict[str, Any]:
+    """``adapter_config.json`` of a PEFT adapter folder (UserError if it is not one)."""
+    folder = Path(adapter).expanduser()
+    if not folder.is_dir():
+        raise UserError(
+            "adapter folder not found",
+            where=str(folder),
+            fix="give a PEFT adapter folder, e.g. OUTPUT/actor/checkpoint_N",
+        )
+    cfg_path = folder / "adapter_config.json"
+    if not cfg_path.is_file():
+        hint = (
+            " (it holds a full model: pass it as --model instead)"
+            if (folder / "config.json").is_file()
+            else ""
+        )
+        raise UserError(
+            f"not a PEFT adapter folder: no adapter_config.json{hint}",
+            where=str(folder),
+            fix="give OUTPUT/actor/checkpoint_N of a LoRA run",
+        )
+    try:
+        return json.loads(cfg_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise UserError(
+            f"adapter_config.json is not valid JSON ({err})",
+            where=str(cfg_path),
+            fix="re-save the adapter",
+        ) from None
+
+
+def base_model_of(adapter: str | Path, model: str | None) -> str:
+    """``model`` if given, else the adapter's ``base_model_name_or_path``."""
+    if model:
+        return model
+    base = read_adapter_config(adapter).get("base_model_name_or_path")
+    if not base:
+        raise UserError(
+            "the adapter does not name its base model",
+            where=str(adapter),
+            fix="pass --model with the base model it was trained on",
+        )
+    return base
+
+
+def load_for_inference(
+    model: str | None,
+    adapter: str | None = None,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    log: Callable[[str], Any] = print,
+) -> tuple[torch.nn.Module, Any]:
+    """``(model, tokenizer)`` in eval mode: the base model (``model``, or the adapter's base)
+    with the adapter applied (not merged). The tokenizer comes from the adapter folder when
+    it holds one, else from the base."""
+    from peft import PeftModel
+
+    from danka.models.loading import load_causal_lm, load_tokenizer, sync_special_tokens
+
+    if adapter is not None:
+        read_adapter_config(adapter)  # fail on a bad folder before loading any weights
+        model = base_model_of(adapter, model)
+    if not model:
+        raise UserError("no model given", where="command line", fix="pass --model M")
+    tok_source = (
+        adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else model
+    )
+    tokenizer = load_tokenizer(str(tok_source), trust_remote_code=trust_remote_code, log=log)
+    net = load_causal_lm(
+        model,
+        dtype=canonical_dtype(dtype),
+        device=pick_device(device),
+        trust_remote_code=trust_remote_code,
+        log=log,
+    )
+    if adapter is not None:
+        net = PeftModel.from_pretrained(net, str(adapter))
+        log(f"Loaded adapter {adapter}")
+    sync_special_tokens(net, tokenizer)
+    net.eval()
+    return net, tokenizer
+
+
+def stop_ids(tokenizer: Any) -> list[int]:
+    """Token ids that end an answer: eos plus the usual end-of-turn tokens it knows."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    vocab = tokenizer.get_vocab()
+    ids |= {vocab[t] for t in _END_TOKENS if t in vocab}
+    return sorted(ids)
+
+
+def _encode(tokenizer: Any, text: str, templated: bool) -> list[int]:
+    # a chat template already writes the special tokens
+    return list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
+
+
+def _sampling_kwargs(temperature: float, top_p: float) -> dict[str, Any]:
+    if temperature <= 0:
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": None}
+
+
+@torch.no_grad()
+def generate_text(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompt: str | list[dict[str, str]],
+    *,
+    system: str | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.7,
+    top_p: float = 0.95,
+    seed: int | None = 0,
+    stream: bool = True,
+) -> str:
+    """One answer to ``prompt`` (text or chat messages); streamed to stdout token by token
+    when ``stream``. ``temperature <= 0`` is greedy."""
+    from transformers import TextStreamer
+
+    from danka.data.template import has_chat_template, render_prompt
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    text = render_prompt(tokenizer, prompt, system_prompt=system)
+    ids = torch.tensor([_encode(tokenizer, text, has_chat_template(tokenizer))])
+    device = next(model.parameters()).device
+    streamer = (
+        TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
+    )
+    out = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=torch.ones_like(ids).to(device),
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stop_ids(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        streamer=streamer,
+        **_sampling_kwargs(temperature, top_p),
+    )
+    return tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
+
+
+@torch.no_grad()
+def generate_batch(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    rows: list[PromptRow],
+    *,
+    system: str | None = None,
+    instruction: str | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.7,
+    top_p: float = 0.95,
+    n: int = 1,
+    seed: int | None = 0,
+    batch_size: int = 16,
+    max_prompt_length: int = 1_000_000,
+) -> list[dict[str, Any]]:
+    """``n`` answers per row through the HF rollout engine. Returns one dict per row:
+    ``{"index", "row", "prompt", "completions": [n texts], "response_tokens": [n],
+    "truncated": [n]}`` (``prompt`` is the rendered text the model saw)."""
+    from danka.data.template import encode_prompts
+    from danka.rollout.base import SamplingParams, build_engine
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    enc = encode_prompts(
+        tokenizer,
+        rows,
+        max_prompt_length=max_prompt_length,
+        system_prompt=system,
+        instruction=instruction,
+    )
+    engine = build_engine("hf", batch_size=batch_size)
+    params = SamplingParams(
+        n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
+    )
+    out: list[dict[str, Any]] = []
+    for row, text in zip(enc.rows, enc.texts):
+        out.append(
+            {
+                "index": row.index,
+                "row": row,
+                "prompt": text,
+                "completions": [],
+                "response_tokens": [],
+                "truncated": [],
+            }
+        )
+    for start in range(0, len(enc.input_ids), batch_size):
+        batch = engine.generate(
+            model,
+            enc.input_ids[start : start + batch_size],
+            params,
+            eos_ids=stop_ids(tokenizer),
+            pad_id=tokenizer.pad_token_id,
+        )
+        for k in range(batch.size):
+            item = out[start + k // n]
+            mask = batch.response_mask[k].bool()
+            item["completions"].append(
+                tokenizer.decode(batch.response_ids[k][mask].tolist(), skip_special_tokens=True)
+            )
+            item["response_tokens"].append(int(mask.sum()))
+            item["truncated"].append(bool(batch.truncated[k]))
+    return out
+
+
+def generate_file(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    path: str,
+    output: TextIO,
+    **kwargs: Any,
+) -> int:
+    """Answer every prompt of ``path`` (any format danka reads); one JSON line per answer
+    on ``output``: ``{"index", "prompt", "completion", "response_tokens", "truncated"}``.
+    Returns the number of lines written."""
+    from danka.data.formats import load_prompt_rows
+
+    rows = load_prompt_rows(path).rows
+    written = 0
+    for item in generate_batch(model, tokenizer, rows, **kwargs):
+        line = {
+            "index": item["index"],
+            "prompt": item["prompt"],
+            "completion": item["completions"][0],
+            "response_tokens": item["response_tokens"][0],
+            "truncated": item["truncated"][0],
+        }
+        output.write(json.dumps(line, ensure_ascii=False) + "\n")
+        written += 1
+    output.flush()
+    return written
+
+
+def chat_loop(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    *,
+    system: str | None = None,
+    read_line: Callable[[str], str] = input,
+    out: TextIO | None = None,
+    **gen: Any,
+) -> list[dict[str, str]]:
+    """Interactive chat: each line read is a user turn; the whole conversation is the
+    prompt of the next answer. ``/exit`` (or end of input) quits; ``/reset`` starts over.
+    Returns the conversation."""
+    out = out or sys.stdout
+    messages: list[dict[str, str]] = []
+    out.write("danka chat: /exit quits, /reset clears the conversation\n")
+    while True:
+        try:
+            line = read_line("> ")
+        except EOFError:
+            break
+        text = line.strip()
+        if text in EXIT_WORDS:
+            break
+        if text == "/reset":
+            messages.clear()
+            continue
+        if not text:
+            continue
+        messages.append({"role": "user", "content": text})
+        answer = generate_text(model, tokenizer, list(messages), system=system, **gen)
+        if not gen.get("stream", True):
+            out.write(answer + "\n")
+        messages.append({"role": "assistant", "content": answer})
+        out.flush()
+    return messages

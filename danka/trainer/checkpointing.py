@@ -1,0 +1,133 @@
+"""What a danka checkpoint holds, and putting it back.
+
+``actor/checkpoint_N`` is a PEFT adapter (``PeftModel.from_pretrained`` loads it) or, in
+full-parameter mode, a full safetensors model; ``critic/checkpoint_N`` the critic adapter
+and ``value_head.safetensors``; ``state/checkpoint_N`` optimiser, schedulers, every RNG,
+the data position and the KL controller. The crash-safe writing is danka.checkpoint's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+
+from danka.checkpoint import (
+    capture_rng_state,
+    checkpoint_parts,
+    diff_configs,
+    load_checkpoint_config,
+    load_trainer_state,
+    restore_rng_state,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from danka.errors import UserError
+from danka.models.value_head import load_value_head, save_value_head
+
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+def _save_adapter(model, adapter: str, folder: Path) -> None:
+    state = get_peft_model_state_dict(model, adapter_name=adapter)
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, folder / ADAPTER_FILE)
+    model.peft_config[adapter].save_pretrained(str(folder))
+
+
+def _writers(run) -> dict:
+    models = run.models
+    if models.lora:
+        writers = {"actor": lambda d: _save_adapter(models.policy, "default", d)}
+    else:
+        writers = {"actor": lambda d: models.policy.save_pretrained(d, safe_serialization=True)}
+    if models.value_head is not None:
+        def critic(d: Path) -> None:
+            if models.lora:
+                _save_adapter(models.critic_model, "critic", d)
+            else:
+                models.critic_model.save_pretrained(d, safe_serialization=True)
+            save_value_head(models.value_head, d)
+
+        writers["critic"] = critic
+    return writers
+
+
+def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Path:
+    state = {
+        "step": step,
+        "actor_opt": run.actor_opt.state_dict(),
+        "actor_sched": run.actor_sched.state_dict(),
+        "critic_opt": run.critic_opt.state_dict() if run.critic_opt else None,
+        "critic_sched": run.critic_sched.state_dict() if run.critic_sched else None,
+        "rng": capture_rng_state(),
+        "update_generator": run.update_generator.get_state(),
+        "sampler": run.sampler.state_dict(),
+        "kl_ctl": run.kl_ctl.state_dict(),
+        "history": history,
+        "model": run.cfg.model.actor_model_name_or_path,
+    }
+    path = save_checkpoint(run.output_dir, step, _writers(run), trainer_state=state,
+                           config_hash=config_hash, config=resolved,
+                           keep_last=run.cfg.trainer.keep_last)
+    run.log.info(f"checkpoint saved: {run.output_dir / 'actor' / f'checkpoint_{step}'}")
+    return path
+
+
+def _load_adapter(model, adapter: str, folder: Path, where: Path) -> None:
+    file = folder / ADAPTER_FILE
+    if not file.is_file():
+        raise UserError("checkpoint has no adapter weights", where=str(folder),
+                        fix="resume from a checkpoint written by danka train")
+    state = load_file(str(file))
+    result = set_peft_model_state_dict(model, state, adapter_name=adapter)
+    unexpected = getattr(result, "unexpected_keys", []) or []
+    if unexpected:
+        raise UserError(
+            f"the adapter in {folder} does not fit this model ({len(unexpected)} unexpected "
+            f"weights, e.g. {unexpected[0]})", where=str(where),
+            fix="resume with the model and lora settings the checkpoint was trained with",
+        )
+
+
+def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
+    """Load every part of the checkpoint at ``state_dir`` into ``run``; returns (step, history)."""
+    verify_checkpoint(state_dir)
+    parts = checkpoint_parts(state_dir)
+    state = load_trainer_state(state_dir)
+    old_cfg = load_checkpoint_config(state_dir) or {}
+    changes = diff_configs(old_cfg, resolved) if old_cfg else []
+    if changes:
+        run.log.warning("resuming with a changed config: " + "; ".join(changes))
+    if state.get("model") != run.cfg.model.actor_model_name_or_path:
+        raise UserError(
+            f"checkpoint was trained on {state.get('model')!r}, this config uses "
+            f"{run.cfg.model.actor_model_name_or_path!r}", where=str(state_dir),
+            fix="set model.actor_model_name_or_path to the checkpoint's model",
+        )
+    models = run.models
+    if models.lora:
+        _load_adapter(models.policy, "default", parts["actor"], state_dir)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        loaded = AutoModelForCausalLM.from_pretrained(parts["actor"], dtype=run.dtype)
+        models.policy.load_state_dict(loaded.state_dict())
+    if models.value_head is not None:
+        if models.lora:
+            _load_adapter(models.critic_model, "critic", parts["critic"], state_dir)
+        head = load_value_head(parts["critic"], models.value_head.hidden_size
+                               if hasattr(models.value_head, "hidden_size") else None)
+        models.value_head.load_state_dict(head.state_dict())
+    run.actor_opt.load_state_dict(state["actor_opt"])
+    run.actor_sched.load_state_dict(state["actor_sched"])
+    if run.critic_opt is not None and state.get("critic_opt"):
+        run.critic_opt.load_state_dict(state["critic_opt"])
+        run.critic_sched.load_state_dict(state["critic_sched"])
+    restore_rng_state(state["rng"])
+    run.update_generator.set_state(state["update_generator"])
+    run.sampler.load_state_dict(state["sampler"])
+    run.kl_ctl.load_state_dict(state["kl_ctl"])
+    return int(state["step"]), state.get("history") or {"eval": []}
+
+

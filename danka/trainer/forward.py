@@ -1,0 +1,123 @@
+"""Forward passes over a RolloutBatch: log-probs (policy, reference) and values (critic).
+
+Sequences are laid out as ``[left-padded prompt | right-padded response]``, so every
+response starts at column P. Position ids come from the attention mask, as in generation,
+so training and sampling see the same positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from danka.models.logprobs import chunked_logprobs_entropy
+from danka.types import RolloutBatch
+
+
+def micro_batch_indices(lengths: torch.Tensor, micro_size: int) -> Iterator[torch.Tensor]:
+    """Split rows into micro-batches of similar length (less padding), in a fixed order."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    for start in range(0, len(order), micro_size):
+        yield order[start : start + micro_size]
+
+
+def trim(batch: RolloutBatch) -> RolloutBatch:
+    """Drop columns that are padding in every row (prompt on the left, response on the right)."""
+    p_keep = int(batch.prompt_mask.sum(1).max())
+    r_keep = max(1, int(batch.response_mask.sum(1).max()))
+    out = {}
+    for name in batch.__dataclass_fields__:
+        value = getattr(batch, name)
+        if name in ("prompt_ids", "prompt_mask"):
+            value = value[:, value.shape[1] - p_keep :]
+        elif isinstance(value, torch.Tensor) and value.dim() == 2:
+            value = value[:, :r_keep]
+        out[name] = value
+    return RolloutBatch(**out)
+
+
+def effective_token_ratio(batch: RolloutBatch, micro_size: int) -> float:
+    """Real tokens / tokens computed when micro-batches are length-grouped and trimmed."""
+    lengths = batch.prompt_mask.sum(1) + batch.response_mask.sum(1)
+    real, computed = 0.0, 0.0
+    for idx in micro_batch_indices(lengths, micro_size):
+        mb = trim(batch.select(idx))
+        real += float(mb.prompt_mask.sum() + mb.response_mask.sum())
+        computed += mb.size * (mb.prompt_ids.shape[1] + mb.response_ids.shape[1])
+    return real / max(computed, 1.0)
+
+
+def _inputs(mb: RolloutBatch, device: torch.device):
+    ids = torch.cat([mb.prompt_ids, mb.response_ids], dim=1).to(device)
+    mask = torch.cat([mb.prompt_mask, mb.response_mask.long()], dim=1).to(device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, pos
+
+
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformer body (no LM head) of a causal LM, through a PeftModel too."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder()
+
+
+def lm_head_of(model: torch.nn.Module) -> torch.nn.Module:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_output_embeddings()
+
+
+def response_hidden(model: torch.nn.Module, mb: RolloutBatch) -> torch.Tensor:
+    """Hidden states at the positions that predict response tokens: (b, R, H)."""
+    device = next(model.parameters()).device
+    ids, mask, pos = _inputs(mb, device)
+    out = decoder_of(model)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+    p, r = mb.prompt_ids.shape[1], mb.response_ids.shape[1]
+    # position t predicts token t + 1: response token j is predicted at column p - 1 + j
+    return out.last_hidden_state[:, p - 1 : p - 1 + r]
+
+
+def policy_logprobs(
+    model: torch.nn.Module,
+    mb: RolloutBatch,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(response token) under ``model`` (b, R), and the entropy (b, R) if asked.
+
+    The LM head runs chunk by chunk from hidden states, never materialising the full
+    (b, R, V) fp32 logits.
+    """
+    hidden = response_hidden(model, mb)
+    b, r, h = hidden.shape
+    targets = mb.response_ids.to(hidden.device).reshape(-1)
+    head = lm_head_of(model)
+    logprobs, entropy = chunked_logprobs_entropy(
+        hidden.reshape(b * r, h),
+        head,
+        targets,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        compute_entropy=with_entropy,
+    )
+    return logprobs.view(b, r), (entropy.view(b, r) if entropy is not None else None)
+
+
+def critic_values(model: torch.nn.Module, value_head: torch.nn.Module, mb: RolloutBatch):
+    """V(s_t) for each response position t: (b, R), fp32."""
+    hidden = response_hidden(model, mb)
+    return value_head(hidden).squeeze(-1).float()
+
+
+@torch.no_grad()
+def batched(fn, model, batch: RolloutBatch, micro_size: int, **kwargs) -> torch.Tensor:
+    """Run ``fn`` (no grad) over micro-batches and scatter results back to (B, R)."""
+    out = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
+    lengths = batch.prompt_mask.sum(1) + batch.response_mask.sum(1)
+    for idx in micro_batch_indices(lengths, micro_size):
+        mb = trim(batch.select(idx))
+        value = fn(model, mb, **kwargs)
+        value = value[0] if isinstance(value, tuple) else value
+        out[idx, : value.shape[1]] = value.float().cpu()
+    return out * batch.response_mask

@@ -1,0 +1,149 @@
+import math
+
+import pytest
+import torch
+
+from danka.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, sequence_rewards_to_tokens
+from danka.errors import UserError
+
+EPS = 1e-6
+
+
+def _whiten(xs: list[float]) -> list[float]:
+    # mean and unbiased variance over the valid entries, then (x - mean) / sqrt(var + 1e-8)
+    n = len(xs)
+    mean = sum(xs) / n
+    var = sum((x - mean) ** 2 for x in xs) / (n - 1)
+    return [(x - mean) / math.sqrt(var + 1e-8) for x in xs]
+
+
+def test_sequence_rewards_to_tokens_puts_score_on_last_valid_token():
+    scores = torch.tensor([1.0, 2.0, 3.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    out = sequence_rewards_to_tokens(scores, mask)
+    # row 2 has no valid token, so its score goes nowhere
+    assert torch.equal(out, torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0], [0.0, 0.0, 0.0]]))
+
+
+def test_gae_gamma_lam_below_one_three_tokens_and_padding():
+    gamma, lam = 0.9, 0.8  # gamma * lam = 0.72
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7], [1.0, 1.0, 9.0]])  # 9.0 sits on padding
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    inp = AdvantageInput(rewards, mask, torch.tensor([0, 1]), values, gamma=gamma, lam=lam)
+    adv, ret = ADVANTAGE_ESTIMATORS.get("gae")(inp)
+    # row 0: delta2 = 1 + 0.9*0 - 0.7 = 0.3                      A2 = 0.3
+    #        delta1 = 0 + 0.9*0.7 - 0.6 = 0.03                   A1 = 0.03 + 0.72*0.3 = 0.246
+    #        delta0 = 0 + 0.9*0.6 - 0.5 = 0.04                   A0 = 0.04 + 0.72*0.246 = 0.21712
+    # row 1: t=2 is padding: no bootstrap from V=9, A stays 0
+    #        delta1 = 2 + 0.9*0 - 1 = 1                          A1 = 1
+    #        delta0 = 0 + 0.9*1 - 1 = -0.1                       A0 = -0.1 + 0.72*1 = 0.62
+    raw = [0.21712, 0.246, 0.3, 0.62, 1.0]
+    # returns = A + V before whitening: [0.71712, 0.846, 1.0], [1.62, 2.0, 0 (pad)]
+    assert torch.allclose(ret, torch.tensor([[0.71712, 0.846, 1.0], [1.62, 2.0, 0.0]]), atol=1e-6)
+    w = _whiten(raw)  # whitened over the 5 valid tokens of the batch
+    expected = torch.tensor([[w[0], w[1], w[2]], [w[3], w[4], 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-5)
+
+
+def test_gae_needs_values():
+    inp = AdvantageInput(torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([0]))
+    with pytest.raises(UserError, match="needs critic values"):
+        ADVANTAGE_ESTIMATORS.get("gae")(inp)
+
+
+def _grouped_input() -> AdvantageInput:
+    # group 7: scores [1, 0, 0]; group 3: identical [1, 1]; group 5: one sample, score 0.5
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.5])
+    mask = torch.tensor(
+        [
+            [1.0, 1.0, 1.0],
+            [1.0, 0.0, 0.0],
+            [1.0, 1.0, 0.0],
+            [1.0, 1.0, 1.0],
+            [1.0, 0.0, 0.0],
+            [1.0, 1.0, 1.0],
+        ]
+    )
+    rewards = sequence_rewards_to_tokens(scores, mask)
+    # row 0 also carries a per-token KL penalty: +0.1 - 0.1 + 1.0 still sums to score 1.0
+    rewards[0] = torch.tensor([0.1, -0.1, 1.0])
+    return AdvantageInput(rewards, mask, torch.tensor([7, 7, 7, 3, 3, 5]))
+
+
+def _expected(per_seq: list[float], mask: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(per_seq).unsqueeze(-1) * mask
+
+
+def test_grpo_groups_identical_and_size_one():
+    inp = _grouped_input()
+    adv, ret = ADVANTAGE_ESTIMATORS.get("grpo")(inp)
+    # group 7: mean 1/3, deviations 2/3, -1/3, -1/3; sum of squares 4/9+1/9+1/9 = 2/3;
+    #          unbiased var = (2/3)/2 = 1/3, std = 0.57735 -> A = 1.1547, -0.57735, -0.57735
+    std = math.sqrt(1 / 3)
+    a7 = [(2 / 3) / (std + EPS), (-1 / 3) / (std + EPS), (-1 / 3) / (std + EPS)]
+    # group 3: identical rewards -> std 0 -> A = 0 / (0 + eps) = 0
+    # group 5: size 1 -> mean 0, std 1 (verl) -> A = 0.5 / (1 + eps)
+    per_seq = a7 + [0.0, 0.0, 0.5 / (1 + EPS)]
+    assert torch.allclose(adv, _expected(per_seq, inp.response_mask), atol=1e-5)
+    assert torch.equal(adv, ret)
+
+
+def test_dr_grpo_no_std_division():
+    inp = _grouped_input()
+    adv, _ = ADVANTAGE_ESTIMATORS.get("dr_grpo")(inp)
+    # group 7: s - 1/3 = 2/3, -1/3, -1/3; group 3: 0, 0; group 5 (size 1): raw 0.5
+    per_seq = [2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.5]
+    assert torch.allclose(adv, _expected(per_seq, inp.response_mask), atol=1e-6)
+
+
+def test_rloo_leave_one_out():
+    inp = _grouped_input()
+    adv, _ = ADVANTAGE_ESTIMATORS.get("rloo")(inp)
+    # group 7: 1 - (0+0)/2 = 1; 0 - (1+0)/2 = -0.5; 0 - (1+0)/2 = -0.5
+    # group 3: 1 - 1/1 = 0 twice; group 5 (size 1): raw score 0.5
+    per_seq = [1.0, -0.5, -0.5, 0.0, 0.0, 0.5]
+    assert torch.allclose(adv, _expected(per_seq, inp.response_mask), atol=1e-6)
+
+
+def test_reinforce_plus_plus_discounted_and_whitened():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 5.0]])  # 5.0 sits on padding
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    inp = AdvantageInput(rewards, mask, torch.tensor([0, 0]), gamma=0.5)
+    adv, ret = ADVANTAGE_ESTIMATORS.get("reinforce_plus_plus")(inp)
+    # row 0: G = [0.5*0.5*1, 0.5*1, 1] = [0.25, 0.5, 1]
+    # row 1: G2 (pad) masked, no carry-over; G1 = 2, G0 = 0 + 0.5*2 = 1
+    assert torch.allclose(ret, torch.tensor([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]]))
+    # whiten [0.25, 0.5, 1, 1, 2]: mean 4.75/5 = 0.95, deviations -0.7 -0.45 0.05 0.05 1.05,
+    # squares sum 0.49+0.2025+0.0025+0.0025+1.1025 = 1.8, unbiased var = 1.8/4 = 0.45
+    s = math.sqrt(0.45 + 1e-8)
+    expected = torch.tensor([[-0.7 / s, -0.45 / s, 0.05 / s], [0.05 / s, 1.05 / s, 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-5)
+
+
+def test_reinforce_plus_plus_baseline():
+    # group 0: scores [1, 0] -> centred [0.5, -0.5]; group 1: size 1, baseline 0 -> 2
+    scores = torch.tensor([1.0, 0.0, 2.0])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
+    inp = AdvantageInput(sequence_rewards_to_tokens(scores, mask), mask, torch.tensor([0, 0, 1]))
+    adv, ret = ADVANTAGE_ESTIMATORS.get("reinforce_plus_plus_baseline")(inp)
+    # valid tokens [0.5, 0.5, -0.5, 2]: mean 2.5/4 = 0.625, deviations -0.125 -0.125 -1.125 1.375,
+    # squares sum 0.015625*2 + 1.265625 + 1.890625 = 3.1875, unbiased var = 3.1875/3 = 1.0625
+    s = math.sqrt(1.0625 + 1e-8)
+    expected = torch.tensor([[-0.125 / s, -0.125 / s], [-1.125 / s, 0.0], [1.375 / s, 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-5)
+    assert torch.equal(adv, ret)
+
+
+def test_estimators_do_not_track_gradients():
+    values = torch.ones(2, 2, requires_grad=True)
+    rewards = torch.ones(2, 2, requires_grad=True)
+    inp = AdvantageInput(rewards, torch.ones(2, 2), torch.tensor([0, 0]), values)
+    for name in ADVANTAGE_ESTIMATORS.names():
+        adv, ret = ADVANTAGE_ESTIMATORS.get(name)(inp)
+        assert not adv.requires_grad and not ret.requires_grad, name
+
+
+def test_shape_mismatch_is_rejected():
+    with pytest.raises(ValueError, match="group_index"):
+        AdvantageInput(torch.zeros(2, 3), torch.ones(2, 3), torch.tensor([0, 1, 2]))

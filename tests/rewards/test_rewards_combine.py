@@ -1,0 +1,183 @@
+"""The weighted sum of reward terms: weights, return types, devices/dtypes, check()."""
+
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from danka.errors import UserError
+from danka.rewards.combine import RewardSpec, build_reward_computer
+from danka.types import PromptRow
+
+# torch is slow to import, so the one function returning a tensor has its own file
+# (each user function runs in its own worker process, which imports its file).
+TORCH_CODE = """
+import torch
+
+def as_tensor(data_source, solution_str, ground_truth, extra_info=None):
+    return torch.tensor(0.25)
+"""
+
+TYPES_CODE = """
+import numpy as np
+
+def as_numpy(data_source, solution_str, ground_truth, extra_info=None):
+    return np.float64(0.5)
+
+def as_int(data_source, solution_str, ground_truth, extra_info=None):
+    return 2
+
+def as_bool(data_source, solution_str, ground_truth, extra_info=None):
+    return solution_str.endswith(ground_truth)
+
+def trl_numpy(prompts, completions, **kwargs):
+    return np.arange(len(completions), dtype=np.float32)
+
+def not_a_number(data_source, solution_str, ground_truth, extra_info=None):
+    return "yes"
+
+def scalar_for_batch(prompts, completions, **kwargs):
+    return 1.0
+
+def crashes(data_source, solution_str, ground_truth, extra_info=None):
+    return {}["missing"]
+
+def uses_columns(prompts, completions, level, solution, **kwargs):
+    return [lv + float(c == s) for c, lv, s in zip(completions, level, solution)]
+"""
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cfg")
+    (d / "my_rewards.py").write_text(textwrap.dedent(TYPES_CODE))
+    (d / "torch_rewards.py").write_text(textwrap.dedent(TORCH_CODE))
+    return d
+
+
+def batch(gts=("7", "3")):
+    rows = [
+        PromptRow(index=i, prompt=f"q{i}", ground_truth=g, extra={"level": i})
+        for i, g in enumerate(gts)
+    ]
+    return rows, [r.prompt for r in rows]
+
+
+def test_weighted_sum_of_builtins(base):
+    specs = [
+        RewardSpec("gsm8k", weight=1.0, kwargs={"format_score": 0.1}),
+        RewardSpec("format", weight=0.5),
+        RewardSpec("length", weight=2.0, kwargs={"max_chars": 5}),
+    ]
+    rows, prompts = batch()
+    completions = ["#### 7", "so #### 4 right"]  # len 6 and 15
+    with build_reward_computer(specs, base_dir=base) as rc:
+        out = rc(rows, prompts, completions, dtype=torch.float64)
+    # sample 0: gsm8k 1.0; format 1.0; length -min(1, (6-5)/5) = -0.2
+    #   1.0*1.0 + 0.5*1.0 + 2.0*(-0.2) = 1.1
+    # sample 1: gsm8k format_score 0.1; format 0.0 (text after the number); length -min(1, 10/5) = -1
+    #   0.1 + 0 + 2.0*(-1.0) = -1.9
+    assert out.scores.tolist() == pytest.approx([1.1, -1.9])
+    assert out.per_function["gsm8k"].tolist() == pytest.approx([1.0, 0.1])  # unweighted
+    assert out.per_function["length"].tolist() == pytest.approx([-0.2, -1.0])
+    assert out.valid.tolist() == [True, True] and out.num_errors == 0
+
+
+def test_any_return_type_lands_on_requested_dtype(base):
+    names = ["my_rewards.py:as_numpy", "torch_rewards.py:as_tensor", "my_rewards.py:as_int"]
+    names += ["my_rewards.py:as_bool", "my_rewards.py:trl_numpy"]
+    rows, prompts = batch()
+    with build_reward_computer([RewardSpec(n) for n in names], base_dir=base) as rc:
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            out = rc(rows, prompts, ["#### 7", "#### 4"], device="cpu", dtype=dtype)
+            assert out.scores.dtype == dtype and out.scores.device.type == "cpu"
+            assert all(t.dtype == dtype for t in out.per_function.values())
+            # 0.5 + 0.25 + 2 + bool + arange: [0.5+0.25+2+1+0, 0.5+0.25+2+0+1]
+            assert out.scores.float().tolist() == pytest.approx([3.75, 3.75])
+    assert out.per_function["as_bool"].tolist() == [1.0, 0.0]
+    assert list(out.per_function) == ["as_numpy", "as_tensor", "as_int", "as_bool", "trl_numpy"]
+
+
+def test_reward_model_term_and_numpy_output(base):
+    def fake_rm(prompts, completions):  # returns numpy, as a careless RM might
+        assert prompts == ["q0", "q1"]
+        return np.array([0.5, -1.0])
+
+    rows, prompts = batch()
+    rc = build_reward_computer(
+        [RewardSpec("gsm8k")], base_dir=base, reward_model=fake_rm, reward_model_weight=2.0
+    )
+    out = rc(rows, prompts, ["#### 7", "#### 3"])
+    # [1 + 2*0.5, 1 + 2*(-1)] = [2, -1]
+    assert out.scores.tolist() == [2.0, -1.0]
+    assert out.per_function["reward_model"].tolist() == [0.5, -1.0]
+    assert rc.names == ["gsm8k", "reward_model"]
+
+
+def test_skip_sample_marks_invalid_and_counts_errors(base):
+    rows, prompts = batch()
+    with build_reward_computer(
+        [RewardSpec("gsm8k"), RewardSpec("my_rewards.py:not_a_number")],
+        base_dir=base,
+        on_error="skip_sample",
+    ) as rc:
+        out = rc(rows, prompts, ["#### 7", "#### 3"])
+    assert out.valid.tolist() == [False, False]
+    assert out.num_errors == 2 and out.error_rate == 0.5  # 2 errors / (2 samples x 2 functions)
+    assert out.scores.tolist() == [1.0, 1.0]  # the bad term contributes 0
+
+
+def test_trl_function_gets_columns(base):
+    rows, prompts = batch(("7", "3"))
+    with build_reward_computer([RewardSpec("my_rewards.py:uses_columns")], base_dir=base) as rc:
+        out = rc(rows, prompts, ["7", "4"])
+    # level + (completion == solution): [0 + 1, 1 + 0]
+    assert out.scores.tolist() == [1.0, 1.0]
+
+
+def test_duplicate_names_get_suffixes(base):
+    specs = [RewardSpec("gsm8k"), RewardSpec("gsm8k", kwargs={"method": "flexible"})]
+    rc = build_reward_computer(specs, base_dir=base)
+    assert rc.names == ["gsm8k", "gsm8k_2"]
+
+
+def test_unknown_builtin_lists_choices(base):
+    with pytest.raises(UserError) as err:
+        build_reward_computer([RewardSpec("gsm8K")], base_dir=base)
+    msg = str(err.value)
+    assert "rewards[0].name" in msg and "gsm8k, last_number, length, math" in msg
+    assert "file.py:function" in msg
+
+
+def test_empty_specs_refused(base):
+    with pytest.raises(UserError, match="no reward"):
+        build_reward_computer([], base_dir=base)
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("not_a_number", ["returned a str", "not_a_number"]),
+        ("scalar_for_batch", ["expected a list of 2 numbers"]),
+        ("crashes", ["KeyError", "missing"]),
+    ],
+)
+def test_check_catches_bad_functions_early(base, name, words):
+    rows, _ = batch()
+    with build_reward_computer(
+        [RewardSpec(f"my_rewards.py:{name}")], base_dir=base, on_error="zero"
+    ) as rc:
+        with pytest.raises(UserError) as err:
+            rc.check(rows)
+    msg = str(err.value)
+    assert "before training" in msg and "#### 7" in msg  # the plausible completion
+    for word in words:
+        assert word in msg
+
+
+def test_check_passes_good_functions(base):
+    rows, _ = batch()
+    specs = [RewardSpec("gsm8k"), RewardSpec("math"), RewardSpec("my_rewards.py:as_bool")]
+    with build_reward_computer(specs, base_dir=base) as rc:
+        rc.check(rows)

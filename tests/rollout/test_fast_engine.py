@@ -1,0 +1,264 @@
+"""The fast engine against HF generate/forward on tiny random Llama and Qwen2 models (CPU)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from danka.errors import UserError
+from danka.rollout.base import SamplingParams, build_engine
+from danka.rollout.fast import FastEngine, bucket_size
+from danka.rollout.fast_sampling import sample_next
+from danka.types import RolloutBatch
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33], [40]]
+DIMS = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.2,  # larger than default so greedy outputs are not one repeated token
+)
+
+
+def tiny(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**DIMS, rope_theta=500.0, rms_norm_eps=1e-5))
+    else:  # Qwen2: q/k/v biases, tied embeddings, its own rope_theta and eps
+        cfg = Qwen2Config(**DIMS, tie_word_embeddings=True, rope_theta=2000.0, rms_norm_eps=1e-6)
+        model = Qwen2ForCausalLM(cfg)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
+                    proj.bias.normal_(0.0, 0.5)
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    return model.eval()
+
+
+def hf_greedy(model, prompts, max_new=12, eos=(299,)) -> RolloutBatch:
+    # HF generate refuses greedy with num_return_sequences > 1, so n = 1 here.
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new)
+    return build_engine("hf").generate(model, prompts, params, eos_ids=list(eos), pad_id=0)
+
+
+def fast_run(model, params, engine=None, eos=(299,), **kw) -> RolloutBatch:
+    engine = engine or FastEngine()
+    return engine.generate(model, PROMPTS, params, eos_ids=list(eos), pad_id=0, **kw)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_greedy_equals_hf_generate_left_padded_n2(kind):
+    model = tiny(kind)
+    out = fast_run(model, SamplingParams(n=2, temperature=0.0, max_new_tokens=12))
+    ref = hf_greedy(model, PROMPTS)
+    assert len(set(ref.response_ids.flatten().tolist())) > 4  # a non-degenerate reference
+    # Sample i * n + j answers prompt i; both of a greedy pair equal HF's answer.
+    torch.testing.assert_close(out.response_ids, ref.response_ids.repeat_interleave(2, 0))
+    assert out.group_index.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    torch.testing.assert_close(out.prompt_ids, ref.prompt_ids.repeat_interleave(2, 0))
+
+
+def test_lora_live_weights_no_stale_copy():
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny("llama")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3)  # peft initialises B to zero; make the adapter matter
+    before = {k: v.clone() for k, v in base.state_dict().items() if "lora" not in k}
+    engine = FastEngine()
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
+    out1 = fast_run(model, greedy, engine)
+    ref1 = hf_greedy(model, PROMPTS, max_new=10)
+    torch.testing.assert_close(out1.response_ids, ref1.response_ids)
+    with model.disable_adapter():
+        plain = hf_greedy(model, PROMPTS, max_new=10)
+    assert not torch.equal(plain.response_ids, ref1.response_ids)  # the adapter changes tokens
+
+    # An "optimizer step" on the adapter: the next call must use the new weights.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    out2 = fast_run(model, greedy, engine)
+    ref2 = hf_greedy(model, PROMPTS, max_new=10)
+    torch.testing.assert_close(out2.response_ids, ref2.response_ids)
+    assert not torch.equal(out2.response_ids, out1.response_ids)
+    # Nothing merged into the base weights.
+    after = {k: v for k, v in base.state_dict().items() if "lora" not in k}
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_full_finetune_step_is_seen_by_the_next_call():
+    model = tiny("llama")
+    engine = FastEngine()
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+    out1 = fast_run(model, greedy, engine)
+    with torch.no_grad():  # in-place, like an optimizer step; touches a live (unfused) weight
+        model.model.layers[1].mlp.down_proj.weight.add_(0.5)
+        model.model.layers[0].self_attn.q_proj.weight.mul_(-1.0)
+    out2 = fast_run(model, greedy, engine)
+    torch.testing.assert_close(out2.response_ids, hf_greedy(model, PROMPTS, max_new=8).response_ids)
+    assert not torch.equal(out1.response_ids, out2.response_ids)
+
+
+def test_eos_stops_and_masks():
+    model = tiny("llama")
+    free = fast_run(model, SamplingParams(n=1, temperature=0.0, max_new_tokens=10), eos=[])
+    seq0 = free.response_ids[0].tolist()
+    eos = seq0[3]
+    first = seq0.index(eos)  # 3, or earlier if the token repeats
+    engine = FastEngine(check_every=1)
+    out = fast_run(
+        model, SamplingParams(n=1, temperature=0.0, max_new_tokens=10), engine, eos=[eos]
+    )
+    for k, row in enumerate(free.response_ids.tolist()):
+        cut = row.index(eos) + 1 if eos in row else len(row)
+        assert out.response_ids[k, :cut].tolist() == row[:cut]
+        assert out.response_mask[k].tolist() == [1.0] * cut + [0.0] * (
+            out.response_ids.shape[1] - cut
+        )
+        assert bool(out.truncated[k]) == (eos not in row)
+        assert (out.response_ids[k, cut:] == 0).all()  # right-padded with pad_id
+    assert out.response_mask[0].sum().item() == first + 1
+    assert not out.truncated[0]
+    ref = build_engine("hf").generate(
+        model,
+        PROMPTS,
+        SamplingParams(n=1, temperature=0.0, max_new_tokens=10),
+        eos_ids=[eos],
+        pad_id=0,
+    )
+    torch.testing.assert_close(out.response_mask, ref.response_mask)
+    torch.testing.assert_close(out.truncated, ref.truncated)
+
+
+def test_all_finished_stops_decoding_early():
+    model = tiny("llama")
+    free = fast_run(model, SamplingParams(n=1, temperature=0.0, max_new_tokens=4), eos=[])
+    eos = sorted({row[1] for row in free.response_ids.tolist()})  # every row ends by token 2
+    engine = FastEngine(check_every=2)
+    out = fast_run(model, SamplingParams(n=1, temperature=0.0, max_new_tokens=50), engine, eos=eos)
+    assert not out.truncated.any()
+    assert out.response_mask.sum(1).max().item() <= 2
+    assert engine.stats["steps"] == 2  # checked after step 2, all done: 2 of 49 steps ran
+
+
+def test_top_k_1_sampling_equals_greedy():
+    model = tiny("qwen2")
+    greedy = fast_run(model, SamplingParams(n=2, temperature=0.0, max_new_tokens=10))
+    gen = torch.Generator().manual_seed(1)
+    sampled = fast_run(
+        model, SamplingParams(n=2, temperature=1.0, top_k=1, max_new_tokens=10), generator=gen
+    )
+    torch.testing.assert_close(sampled.response_ids, greedy.response_ids)
+
+
+def test_generator_makes_sampling_reproducible():
+    model = tiny("llama")
+    params = SamplingParams(n=2, temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=10)
+    a = fast_run(model, params, generator=torch.Generator().manual_seed(7))
+    b = fast_run(model, params, generator=torch.Generator().manual_seed(7))
+    c = fast_run(model, params, generator=torch.Generator().manual_seed(8))
+    torch.testing.assert_close(a.response_ids, b.response_ids)
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+@pytest.mark.parametrize("kind,temperature", [("llama", 1.0), ("qwen2", 0.7), ("llama", 0.0)])
+def test_logprobs_match_hf_forward(kind, temperature):
+    model = tiny(kind)
+    params = SamplingParams(n=2, temperature=temperature, top_p=0.95, max_new_tokens=10)
+    out = fast_run(model, params, generator=torch.Generator().manual_seed(3))
+    ids = torch.cat([out.prompt_ids, out.response_ids], 1)
+    mask = torch.cat([out.prompt_mask, out.response_mask.long()], 1)
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    plen = out.prompt_ids.shape[1]
+    # Logits at position plen - 1 + t predict response token t; greedy reports temperature 1.
+    scale = temperature if temperature > 0 else 1.0
+    lp = torch.log_softmax(logits[:, plen - 1 : -1] / scale, -1)
+    ref = lp.gather(-1, out.response_ids[..., None])[..., 0] * out.response_mask
+    assert out.rollout_logprobs is not None
+    torch.testing.assert_close(out.rollout_logprobs, ref, atol=1e-4, rtol=0)
+
+
+def test_top_p_keeps_the_nucleus_only():
+    # p = [0.5, 0.3, 0.2], top_p = 0.6: mass before token 1 is 0.5 < 0.6 (kept), before
+    # token 2 is 0.8 >= 0.6 (dropped); renormalised: P(0) = 0.5 / 0.8 = 0.625.
+    logits = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.2)]]).repeat(4000, 1)
+    torch.manual_seed(0)
+    tok, lp = sample_next(
+        logits, greedy=False, temperature=torch.tensor(1.0), top_p=torch.tensor(0.6)
+    )
+    assert set(tok.tolist()) == {0, 1}
+    assert abs((tok == 0).float().mean().item() - 0.625) < 0.03  # 4000 draws: sd ~ 0.008
+    # Reported log-prob is before filtering: log 0.5 for token 0.
+    torch.testing.assert_close(lp[tok == 0], torch.full_like(lp[tok == 0], math.log(0.5)))
+
+
+def test_unsupported_model_type_names_it_and_the_fallback():
+    fake = torch.nn.Linear(2, 2)
+    fake.config = SimpleNamespace(model_type="gpt2")
+    with pytest.raises(UserError) as err:
+        FastEngine().generate(fake, [[1]], SamplingParams(), eos_ids=[0], pad_id=0)
+    assert "gpt2" in str(err.value) and "rollout.engine: hf" in str(err.value)
+
+
+def test_bucket_sizes_and_registry():
+    assert [bucket_size(r, True) for r in (1, 8, 9, 64, 65, 256, 300)] == [
+        8, 8, 16, 64, 128, 256, 512,
+    ]  # fmt: skip
+    assert bucket_size(5, False) == 5
+    engine = build_engine("fast", max_batch=4, unknown_option=1)
+    assert isinstance(engine, FastEngine) and engine.max_batch == 4
+
+
+def test_small_max_batch_splits_and_keep_cache_false():
+    model = tiny("llama")
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=6)
+    full = fast_run(model, params)
+    engine = FastEngine(max_batch=3, keep_cache=False)  # 1 prompt (2 samples) per batch
+    split = fast_run(model, params, engine)
+    torch.testing.assert_close(split.response_ids, full.response_ids)
+    assert engine._k is None and not engine._owned  # freed after the call
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_equals_eager():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = tiny("qwen2").cuda()
+    greedy = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
+    graph_engine = FastEngine(use_cuda_graph=True)
+    eager = fast_run(model, greedy, FastEngine(use_cuda_graph=False))
+    graphed = fast_run(model, greedy, graph_engine)
+    assert graph_engine.stats["graphs_captured"] == 1
+    torch.testing.assert_close(graphed.response_ids, eager.response_ids)
+    torch.testing.assert_close(graphed.rollout_logprobs, eager.rollout_logprobs)
+    again = fast_run(model, greedy, graph_engine)  # replays the captured graph
+    assert graph_engine.stats["graphs_captured"] == 0
+    torch.testing.assert_close(again.response_ids, eager.response_ids)
+    torch.testing.assert_close(
+        graphed.response_ids,
+        hf_greedy(model, PROMPTS, max_new=40).response_ids.repeat_interleave(3, 0),
+    )
+    sampled = SamplingParams(n=3, temperature=1.0, top_p=0.9, top_k=20, max_new_tokens=40)
+    s1 = fast_run(model, sampled, graph_engine, generator=torch.Generator("cuda").manual_seed(5))
+    s2 = fast_run(model, sampled, graph_engine, generator=torch.Generator("cuda").manual_seed(5))
+    torch.testing.assert_close(s1.response_ids, s2.response_ids)

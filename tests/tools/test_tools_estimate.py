@@ -1,0 +1,100 @@
+import pytest
+import yaml
+
+from danka.cli import main
+from danka.config import load_config
+from danka.models.tiny import qwen2_7b_config
+from danka.tools.estimate import GIB, count_parameters, estimate_memory, parse_memory
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _config(tmp_path, model="Qwen/Qwen2-7B-Instruct", **trainer):
+    cfg = {
+        "model": {"actor_model_name_or_path": model},
+        "trainer": {
+            "algorithm": "grpo",
+            "batch_size": 4,
+            "samples_per_prompt": 4,
+            "micro_batch_size": 4,
+            "max_length": 1024,
+            "max_new_tokens": 512,
+            **trainer,
+        },
+        "data": {"train_dataset": "x.jsonl"},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def counts_7b():
+    return count_parameters(qwen2_7b_config(), ALL, 8)
+
+
+def test_7b_parameter_count_by_hand(counts_7b):
+    params, lora = counts_7b
+    h, i, v, kv = 3584, 18944, 152064, 512  # kv = 4 heads x 128
+    layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * i + 2 * h  # qkv bias, 2 norms
+    assert params == 2 * v * h + 28 * layer + h  # untied embed + head, final norm
+    # LoRA r=8: r x (in + out) per adapted linear
+    per_layer = 8 * (2 * (h + h) + 2 * (h + kv) + 2 * (h + i) + (i + h))
+    assert lora == 28 * per_layer
+
+
+def test_7b_estimate_order_of_magnitude_and_verdict(tmp_path, counts_7b):
+    cfg, base = load_config(str(_config(tmp_path)), [])
+    plan = estimate_memory(
+        cfg, base_dir=base, gpu_memory=parse_memory("24GB"), model_config=qwen2_7b_config()
+    )
+    weights = plan["components"]["weights"]
+    assert weights == counts_7b[0] * 2 and 14e9 < weights < 16e9  # ~15 GB in bf16
+    # KV cache: 28 layers x 2 x 512 x (512 prompt + 512 new) tokens x 16 sequences x 2 bytes
+    assert plan["components"]["KV cache (rollout)"] == 28 * 2 * 512 * 1024 * 16 * 2
+    assert plan["components"]["lora + Adam (fp32)"] == counts_7b[1] * 16
+    assert plan["peak_phase"] == "update" and plan["fits"] is False
+    assert any("use_gradient_checkpointing=true" in s for s in plan["suggestions"])
+    # checkpointing keeps only layer inputs: far less than full activations
+    assert (
+        plan["components"]["activations (checkpointing)"]
+        < plan["components"]["activations (no checkpointing)"] / 10
+    )
+    big = estimate_memory(
+        cfg, base_dir=base, gpu_memory=parse_memory("141GB"), model_config=qwen2_7b_config()
+    )
+    assert big["fits"] is True and big["suggestions"] == []
+
+
+def test_tiny_model_count_matches_the_real_model(tiny_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    cfg, base = load_config(str(_config(tmp_path, model=str(tiny_dir))), [])
+    plan = estimate_memory(cfg, base_dir=base)
+    real = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(str(tiny_dir)).parameters())
+    assert plan["params"] == real
+    assert "fits" not in plan
+
+
+@pytest.mark.parametrize(
+    "text, n",
+    [
+        ("24GB", 24 * GIB),
+        ("80GiB", 80 * GIB),
+        ("40", 40 * GIB),
+        ("512MB", 512 * 2**20),
+        ("1.5T", int(1.5 * 2**40)),
+    ],
+)
+def test_parse_memory(text, n):
+    assert parse_memory(text) == n
+
+
+def test_cli_estimate_known_shape_offline(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = _config(tmp_path)
+    assert main(["estimate", str(path), "--gpu-memory", "24GB"]) == 0
+    out = capsys.readouterr().out
+    assert "7.616B parameters" in out and "verdict: does not fit in 24.0 GiB" in out
+    assert "try:" in out
+    assert main(["estimate", str(path), "--gpu-memory", "lots"]) == 2

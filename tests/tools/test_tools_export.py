@@ -1,0 +1,99 @@
+import pytest
+import torch
+
+from danka.cli import main
+from danka.tools.export import export_merged, human_size
+
+
+def test_export_merges_and_matches_base_plus_adapter(adapter_dir, tiny_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "merged"
+    info = export_merged(adapter_dir, out, dtype="fp32", device="cpu", log=lambda m: None)
+    assert info["base_model"] == str(tiny_dir)  # from adapter_config.json
+    assert info["adapter_effect"] > 1e-3  # non-zero lora_B: the adapter matters
+    assert info["max_abs_diff"] < 1e-4 <= info["tolerance"]
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert not (out / "adapter_config.json").exists()
+    assert (out / "tokenizer_config.json").is_file()
+    assert info["adapter_bytes"] > 0 and info["merged_bytes"] > info["adapter_bytes"]
+
+    # the saved folder alone reproduces base + adapter
+    ids = torch.tensor([[5, 17, 40, 2, 99, 120]])
+    merged = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
+    ref = PeftModel.from_pretrained(base, str(adapter_dir)).eval()
+    with torch.no_grad():
+        diff = (merged(input_ids=ids).logits - ref(input_ids=ids).logits).abs().max()
+    assert float(diff) < 1e-4
+    assert AutoTokenizer.from_pretrained(str(out)).eos_token == "<|im_end|>"
+
+
+def test_cli_export_bf16_prints_the_check_and_sizes(adapter_dir, tiny_dir, tmp_path, capsys):
+    out = tmp_path / "m16"
+    assert (
+        main(
+            [
+                "export",
+                "--adapter",
+                str(adapter_dir),
+                "--output",
+                str(out),
+                "--model",
+                str(tiny_dir),
+                "--dtype",
+                "bf16",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "max |logits(merged) - logits(base + adapter)|" in text
+    assert "adapter" in text and "merged model" in text and "bfloat16" in text
+    # a second export into the same (now non-empty) folder is refused
+    assert main(["export", "--adapter", str(adapter_dir), "--output", str(out)]) == 2
+
+
+def test_export_fails_with_exit_2_when_the_merge_is_wrong(
+    adapter_dir, tmp_path, monkeypatch, capsys
+):
+    from peft import PeftModel
+
+    # a "merge" that drops the adapter: logits move by the adapter's effect
+    monkeypatch.setattr(PeftModel, "merge_and_unload", lambda self: self.unload(), raising=False)
+    out = tmp_path / "bad"
+    assert (
+        main(
+            [
+                "export",
+                "--adapter",
+                str(adapter_dir),
+                "--output",
+                str(out),
+                "--dtype",
+                "fp32",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 2
+    )
+    assert "merged logits differ" in capsys.readouterr().err
+    assert not out.exists()  # nothing written
+
+
+def test_export_bad_adapter(tmp_path, capsys):
+    assert (
+        main(["export", "--adapter", str(tmp_path / "nope"), "--output", str(tmp_path / "o")]) == 2
+    )
+    assert "adapter folder not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "n, text", [(512, "512B"), (1536, "1.5K"), (15 * 2**30, "15G"), (3 * 2**20 + 2**19, "3.5M")]
+)
+def test_human_size(n, text):
+    assert human_size(n) == text

@@ -1,0 +1,57 @@
+"""Shared pieces for trainer tests: a tiny model folder, tiny data, a config writer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+REWARD_FILE = '''
+def reward(prompts, completions, **columns):
+    # TRL signature: varied, deterministic scores so groups have non-zero advantages
+    return [float(sum(map(ord, c)) % 7) / 6.0 for c in completions]
+'''
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from danka.models.tiny import save_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny_model")
+    save_tiny_model(path)
+    return path
+
+
+def write_rows(path: Path, n: int = 16) -> Path:
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n")
+    return path
+
+
+def make_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
+    """A small GRPO + LoRA config on the tiny model; ``sections`` update it key by key."""
+    (tmp_path / "reward.py").write_text(REWARD_FILE)
+    write_rows(tmp_path / "rows.jsonl")
+    cfg = {
+        "model": {"actor_model_name_or_path": str(model_dir), "device": "cpu"},
+        "trainer": {
+            "algorithm": "grpo", "total_steps": 2, "batch_size": 2, "samples_per_prompt": 4,
+            "micro_batch_size": 4, "max_length": 128, "max_new_tokens": 8, "lr": 1e-2,
+        },
+        "lora": {"lora_r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        "data": {"train_dataset": "rows.jsonl"},
+        "reward": {"functions": [{"name": "reward.py:reward"}]},
+        "logging": {"tensorboard": False, "progress": False},
+        "output_dir": str(tmp_path / "out"),
+    }
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            cfg.setdefault(section, {}).update(values)
+        else:
+            cfg[section] = values
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path

@@ -69,6 +69,7 @@ class TrainerConfig:
     loss_agg_mode: str = _f("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm")
     num_epochs: int = _f(1, "passes over the training prompts")
     total_steps: int | None = _f(None, "stop after this many steps (overrides num_epochs)")
+    max_train_minutes: float | None = _f(None, "end early (checkpoint + final eval) after this time")
     batch_size: int = _f(8, "prompts per step")
     samples_per_prompt: int | None = _f(None, "responses per prompt (null: 1 for ppo, 8 otherwise)")
     mini_batch_size: int | None = _f(None, "prompts per optimizer step (null = batch_size)")

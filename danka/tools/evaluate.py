@@ -50,9 +50,10 @@ def score_samples(
     completions: list[list[str]],
     rewards: Any,
     threshold: float = 1.0,
-) -> tuple[list[list[float]], list[list[bool]]]:
-    """Rewards and correctness of ``completions[i][j]`` (answer j to row i). ``rewards`` is
-    a :class:`danka.rewards.combine.RewardComputer`."""
+) -> tuple[list[list[float]], list[list[bool]], dict[str, float]]:
+    """Rewards and correctness of ``completions[i][j]`` (answer j to row i), and the
+    fraction of answers each reward function alone scores as correct. ``rewards`` is a
+    :class:`danka.rewards.combine.RewardComputer`."""
     flat_rows = [r for r, cs in zip(rows, completions) for _ in cs]
     flat_prompts = [p for p, cs in zip(prompts, completions) for _ in cs]
     flat = [c for cs in completions for c in cs]
@@ -64,7 +65,12 @@ def score_samples(
         by_row_s.append(scores[k : k + len(cs)])
         by_row_c.append([bool(x) for x in ok[k : k + len(cs)]])
         k += len(cs)
-    return by_row_s, by_row_c
+    # per function, like the trainer's eval/correct/<name> (a weight-0 function is a metric)
+    per_fn = {
+        name: float((v.float() >= threshold - 1e-6).float().mean())
+        for name, v in out.per_function.items()
+    }
+    return by_row_s, by_row_c, per_fn
 
 
 def summarize(
@@ -126,7 +132,7 @@ def evaluate_rows(
         batch_size=max(1, batch_size // samples),
     )
     kept = [it["row"] for it in items]
-    scores, correct = score_samples(
+    scores, correct, per_fn = score_samples(
         kept,
         [it["prompt"] for it in items],
         [it["completions"] for it in items],
@@ -136,6 +142,7 @@ def evaluate_rows(
     result = summarize(
         correct, [it["response_tokens"] for it in items], [it["truncated"] for it in items], scores
     )
+    result["correct_per_function"] = per_fn
     result["completions"] = [
         {
             "index": it["index"],

@@ -90,9 +90,59 @@ def _load_adapter(model, adapter: str, folder: Path, where: Path) -> None:
         )
 
 
+def _get(cfg: dict, dotted: str):
+    for key in dotted.split("."):
+        cfg = cfg.get(key) if isinstance(cfg, dict) else None
+    return cfg
+
+
+def _layout(cfg: dict) -> dict:
+    """The config values that fix which weights a checkpoint holds and their shapes."""
+    out = {"model.actor_model_name_or_path": _get(cfg, "model.actor_model_name_or_path"),
+           "lora.enable_lora": _get(cfg, "lora.enable_lora")}
+    if out["lora.enable_lora"]:
+        out["lora.lora_r"] = _get(cfg, "lora.lora_r")
+        out["lora.target_modules"] = _get(cfg, "lora.target_modules")
+    if _get(cfg, "trainer.advantage_estimator") == "gae":  # a critic exists
+        out["model.critic_model_name_or_path"] = (_get(cfg, "model.critic_model_name_or_path")
+                                                  or out["model.actor_model_name_or_path"])
+    return out
+
+
+def check_compatible(state_dir: Path, resolved: dict) -> None:
+    """UserError unless the checkpoint's weights fit the run ``resolved`` describes (same
+    model, LoRA layout, critic); cheap (reads config.json), so it runs before model loading.
+    Other config changes are allowed and only warned about by :func:`restore`."""
+    old = load_checkpoint_config(state_dir)
+    if not old:
+        return
+    was, now = _layout(old), _layout(resolved)
+    for key in ("model.actor_model_name_or_path", "lora.enable_lora", "lora.lora_r",
+                "lora.target_modules", "model.critic_model_name_or_path"):
+        if key not in was or key not in now:
+            if key == "model.critic_model_name_or_path" and key in now:
+                raise UserError(
+                    "the checkpoint has no critic, this config trains one "
+                    f"(trainer.advantage_estimator: {_get(resolved, 'trainer.advantage_estimator')})",
+                    where=str(state_dir),
+                    fix="resume with the checkpoint's algorithm, or start a new output_dir",
+                )
+            continue
+        if was[key] == now[key]:
+            continue
+        if key == "model.actor_model_name_or_path":
+            raise UserError(f"checkpoint was trained on {was[key]!r}, this config uses "
+                            f"{now[key]!r}", where=str(state_dir),
+                            fix="set model.actor_model_name_or_path to the checkpoint's model")
+        raise UserError(f"checkpoint was trained with {key}={was[key]!r}, this config has "
+                        f"{now[key]!r}", where=str(state_dir),
+                        fix=f"set {key} back to {was[key]!r} to resume, or start a new output_dir")
+
+
 def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
     """Load every part of the checkpoint at ``state_dir`` into ``run``; returns (step, history)."""
     verify_checkpoint(state_dir)
+    check_compatible(state_dir, resolved)
     parts = checkpoint_parts(state_dir)
     state = load_trainer_state(state_dir)
     old_cfg = load_checkpoint_config(state_dir) or {}
@@ -105,6 +155,20 @@ def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
             f"{run.cfg.model.actor_model_name_or_path!r}", where=str(state_dir),
             fix="set model.actor_model_name_or_path to the checkpoint's model",
         )
+    try:
+        _load_parts(run, parts, state, state_dir)
+    except (RuntimeError, ValueError, KeyError) as err:
+        # why: a checkpoint without config.json, or a layout check missed a case; torch's
+        # message (size mismatch, missing keys) is kept, its traceback is not
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"the checkpoint does not fit this model or config: {first}",
+                        where=str(state_dir),
+                        fix="resume with the model, lora and algorithm settings the checkpoint "
+                            "was trained with, or start a new output_dir") from err
+    return int(state["step"]), state.get("history") or {"eval": []}
+
+
+def _load_parts(run, parts: dict[str, Path], state: dict, state_dir: Path) -> None:
     models = run.models
     if models.lora:
         _load_adapter(models.policy, "default", parts["actor"], state_dir)
@@ -128,6 +192,5 @@ def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
     run.update_generator.set_state(state["update_generator"])
     run.sampler.load_state_dict(state["sampler"])
     run.kl_ctl.load_state_dict(state["kl_ctl"])
-    return int(state["step"]), state.get("history") or {"eval": []}
 
 

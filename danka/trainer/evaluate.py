@@ -13,7 +13,9 @@ def evaluate(run, rows: list[PromptRow], prompt_ids: list[list[int]], texts: lis
     """Greedy accuracy on held-out prompts.
 
     A sample counts as correct when the primary reward function (the first one) gives it
-    at least 1.0, the score of a correct answer for every builtin rule reward.
+    at least 1.0, the score of a correct answer for every builtin rule reward. The same is
+    reported per function (``eval/correct/<name>``): a weight-0 function is a pure metric,
+    e.g. GSM8K's flexible accuracy next to the strict one.
     """
     t = run.cfg.trainer
     params = SamplingParams(n=1, temperature=0.0,
@@ -31,7 +33,10 @@ def evaluate(run, rows: list[PromptRow], prompt_ids: list[list[int]], texts: lis
     out = run.rewards(rows, texts, completions)
     primary = next(iter(out.per_function.values())) if out.per_function else out.scores
     correct = (primary.float() >= 1.0 - 1e-6).float()
+    per_fn = {f"eval/correct/{name}": float((v.float() >= 1.0 - 1e-6).float().mean())
+              for name, v in out.per_function.items()}
     return {
+        **per_fn,
         "eval/accuracy": float(correct.mean()),
         "eval/reward": float(out.scores.float().mean()),
         "eval/response_length": sum(lengths) / max(1, len(lengths)),

@@ -68,8 +68,9 @@ def prepare(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     chunk = t.logprob_chunk_size
     kw = dict(temperature=run.temperature, chunk_size=chunk)
     on_policy = t.ppo_epochs == 1 and t.mini_batch_size == t.batch_size
-    if not on_policy or batch.rollout_logprobs is not None:
-        # on-policy the update's own (detached) log-probs are pi_old: one forward saved
+    if not on_policy:
+        # on-policy, the update's own detached log-probs are pi_old: one forward saved (the
+        # engine-vs-training log-prob gap is then measured inside the update)
         with run.models.actor() as policy:
             batch.old_logprobs = batched(policy_logprobs, policy, batch, micro, **kw)
         if batch.rollout_logprobs is not None:

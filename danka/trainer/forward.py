@@ -112,12 +112,18 @@ def critic_values(model: torch.nn.Module, value_head: torch.nn.Module, mb: Rollo
 
 @torch.no_grad()
 def batched(fn, model, batch: RolloutBatch, micro_size: int, **kwargs) -> torch.Tensor:
-    """Run ``fn`` (no grad) over micro-batches and scatter results back to (B, R)."""
+    """Run ``fn`` (no grad, eval mode: no dropout) over micro-batches and scatter results
+    back to (B, R)."""
     out = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
     lengths = batch.prompt_mask.sum(1) + batch.response_mask.sum(1)
-    for idx in micro_batch_indices(lengths, micro_size):
-        mb = trim(batch.select(idx))
-        value = fn(model, mb, **kwargs)
-        value = value[0] if isinstance(value, tuple) else value
-        out[idx, : value.shape[1]] = value.float().cpu()
+    was_training = model.training
+    model.eval()
+    try:
+        for idx in micro_batch_indices(lengths, micro_size):
+            mb = trim(batch.select(idx))
+            value = fn(model, mb, **kwargs)
+            value = value[0] if isinstance(value, tuple) else value
+            out[idx, : value.shape[1]] = value.float().cpu()
+    finally:
+        model.train(was_training)
     return out * batch.response_mask

@@ -63,6 +63,9 @@ def _lora_kwargs(cfg: DankaConfig) -> dict:
 
 
 def _enable_checkpointing(model: torch.nn.Module, cfg: DankaConfig) -> None:
+    # from_pretrained returns eval mode; HF layers only checkpoint (and LoRA dropout only
+    # drops) in train mode, so the trained models are switched to train mode here.
+    model.train()
     if not cfg.model.use_gradient_checkpointing:
         return
     reentrant = cfg.model.gradient_checkpointing_kwargs.use_reentrant

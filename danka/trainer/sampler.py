@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from danka.errors import UserError
+
 
 class PromptSampler:
     """Yields batches of prompt indices; ``state_dict`` pins the order and the position.
@@ -43,5 +45,10 @@ class PromptSampler:
 
     def load_state_dict(self, state: dict) -> None:
         if state["n"] != self.n:
-            raise ValueError(f"the checkpoint saw {state['n']} prompts, this run has {self.n}")
+            raise UserError(
+                f"the checkpoint was trained on {state['n']} prompts, this run has {self.n}",
+                where="data.train_dataset",
+                fix="resume with the checkpoint's training data (same file, data.limit and "
+                    "data.eval_size), or start a new output_dir",
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

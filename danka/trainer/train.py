@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from danka.checkpoint import config_hash, find_latest_checkpoint, verify_checkpoint
+from danka.checkpoint.store import MANIFEST_NAME, _delete_checkpoint, _state_dirs, _step_of
 from danka.config import config_to_dict
 from danka.config.schema import DankaConfig
 from danka.errors import UserError
@@ -20,25 +21,52 @@ from danka.logging.metrics import (
 from danka.logging.progress import TrainProgress
 from danka.logging.runlog import setup_run_logger
 from danka.logging.trackers import SafeTrackers, build_trackers
-from danka.trainer.checkpointing import restore, save
+from danka.trainer.checkpointing import check_compatible, restore, save
 from danka.trainer.evaluate import evaluate
 from danka.trainer.fit import is_finite_step, train_step
 from danka.trainer.setup import build_run
 
 
-def _resolve_resume(resume: str | None, output_dir: Path) -> Path | None:
+def _resolve_resume(resume: str | None, output_dir: Path, log) -> Path | None:
+    """The state dir to resume from. ``auto`` with nothing complete to resume is not an
+    error (a job script can always pass it): the run starts at step 0 and says so."""
     if resume is None:
+        done = [d for d in _state_dirs(output_dir) if (d / MANIFEST_NAME).exists()]
+        if done:  # why: a fresh run would mix its checkpoints with these (and truncate metrics)
+            raise UserError(
+                f"output_dir already holds checkpoints of an earlier run (newest: {done[0]})",
+                where=str(output_dir),
+                fix="continue that run with --resume auto, or set output_dir to a new folder "
+                    "(or delete this one)",
+            )
         return None
     if resume == "auto":
-        return find_latest_checkpoint(output_dir)
+        found = find_latest_checkpoint(output_dir)
+        if found is None:
+            log.info(f"--resume auto: no complete checkpoint in {output_dir}, "
+                     "starting from step 0")
+        return found
     path = Path(resume)
     if not path.exists():
         raise UserError("checkpoint not found", where=str(path),
                         fix="give OUTPUT/state/checkpoint_N or use --resume auto")
     if path.parent.name in ("actor", "critic"):  # accept OUTPUT/actor/checkpoint_N too
         path = path.parent.parent / "state" / path.name
+    if not path.name.startswith("checkpoint_") or not path.is_dir():
+        raise UserError("not a checkpoint folder", where=str(path),
+                        fix="give OUTPUT/state/checkpoint_N (or OUTPUT/actor/checkpoint_N), "
+                            "or use --resume auto to take the newest complete one")
     verify_checkpoint(path)
     return path
+
+
+def _drop_checkpoints_after(output_dir: Path, step: int, log) -> None:
+    """Checkpoints newer than the resume point belong to the abandoned continuation (its
+    metrics lines are dropped too); left in place, a later --resume auto would pick them."""
+    for state_dir in _state_dirs(output_dir):
+        if _step_of(state_dir) > step:
+            log.warning(f"removing {state_dir.name} (newer than the resumed step {step})")
+            _delete_checkpoint(output_dir, state_dir)
 
 
 def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
@@ -47,8 +75,10 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
     log = setup_run_logger(output_dir)
     t0 = time.perf_counter()
     resolved = config_to_dict(cfg)
+    ckpt = _resolve_resume(resume, output_dir, log)
+    if ckpt is not None:
+        check_compatible(ckpt, resolved)  # before minutes of model loading
     (output_dir / "config.json").write_text(json.dumps(resolved, indent=2))
-    ckpt = _resolve_resume(resume, output_dir)
 
     run = build_run(cfg, base_dir, output_dir, log)
     t = cfg.trainer
@@ -64,6 +94,7 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
     if ckpt is not None:
         start, history = restore(run, ckpt, resolved)
         log.info(f"Resumed from {ckpt} at step {start}")
+        _drop_checkpoints_after(output_dir, start, log)
     # steps after the checkpoint will be redone: their logged lines go
     truncate_metrics_after(output_dir, start)
     remove_completions_after(output_dir, start)
@@ -92,6 +123,7 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
         run_eval(0)
     bad_in_a_row = 0
     h = config_hash(resolved)
+    t_train = time.perf_counter()
     with TrainProgress(run.total_steps, start_step=start, enabled=cfg.logging.progress) as bar:
         for step in range(start + 1, run.total_steps + 1):
             metrics, batch, completions = train_step(run, step)
@@ -112,6 +144,11 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
             if step % cfg.logging.log_interval == 0 or step == run.total_steps:
                 log.info(format_step_line(step, metrics))
             bar.update(step, metrics)
+            out_of_time = t.max_train_minutes is not None and (
+                time.perf_counter() - t_train) / 60 >= t.max_train_minutes
+            if out_of_time and step < run.total_steps:
+                log.info(f"trainer.max_train_minutes ({t.max_train_minutes}) reached at step {step}")
+                run.total_steps = step
             is_last = step == run.total_steps
             if t.eval_steps and step % t.eval_steps == 0 and not is_last:
                 run_eval(step)
@@ -120,6 +157,8 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
                 if is_last:
                     run_eval(step)
                 save(run, step, history, resolved, h)
+            if is_last:  # also when max_train_minutes cut the run short
+                break
     trackers.close()
     metrics_out.close()
     run.rewards.close()

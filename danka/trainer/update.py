@@ -68,6 +68,9 @@ def actor_minibatch(run, mini: RolloutBatch, metrics: dict) -> None:
         # on-policy (one optimiser step per rollout) pi_old is the current policy: the
         # detached log-probs give ratio 1 with the right gradient, and save a forward pass
         old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+        if mb.old_logprobs is None and mb.rollout_logprobs is not None:
+            gap = ((mb.rollout_logprobs - logprobs.detach()).abs() * mb.response_mask).sum()
+            metrics["rollout/logprob_gap"] += float(gap) / norm.num_tokens
         loss, m = loss_fn(logprobs, old, mb.advantages, mb.response_mask, params, norm)
         ent = aggregate(entropy, mb.response_mask, t.loss_agg_mode, norm)
         if t.entropy_coef:
@@ -82,7 +85,7 @@ def actor_minibatch(run, mini: RolloutBatch, metrics: dict) -> None:
             raise NonFiniteError(f"policy loss is {float(loss)}")
         loss.backward()
         # the norm makes micro-batch values add up to the mini-batch value
-        metrics["actor/pg_loss"] += float(loss)
+        metrics["actor/pg_loss"] += float(loss.detach())
         metrics["actor/entropy"] += float(ent)
         share = float(mb.size) / mini.size
         for key, value in m.items():

@@ -104,6 +104,7 @@ def test_cli_eval_greedy_accuracy(tiny_dir, prompts_file, yes_reward, tmp_path, 
     # the reward says "correct" iff ground truth is yes: rows 0 and 2 of 4
     assert result["accuracy"] == 0.5 and result["n"] == 4 and result["samples"] == 1
     assert [c["correct"] for c in result["completions"]] == [True, False, True, False]
+    assert result["correct_per_function"] == {"compute_score": 0.5}
     assert 1 <= result["response_length"] <= 4
     assert "accuracy 50.0%" in capsys.readouterr().out
 

@@ -1,0 +1,71 @@
+"""bench/bench_train.py on CPU with tiny models: the sections run and report sane numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from danka.trainer.forward import effective_token_ratio
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "bench_train.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_sections_run_in_process(bench, tmp_path):
+    out = tmp_path / "bench.json"
+    report = bench.main([
+        "--tiny", "--device", "cpu", "--only", "update_05b,logprob_memory,packing",
+        "--update-variants", "mb4,mb2+gc", "--train-mode", "--out", str(out),
+    ])  # fmt: skip
+    assert json.loads(out.read_text())["sections"].keys() == report["sections"].keys()
+    secs = report["sections"]
+    assert [s["status"] for s in secs.values()] == ["ok", "ok", "ok"], secs
+
+    upd = secs["update_05b"]["results"]
+    assert upd["tokens_per_step"] == 4 * (16 + 48)  # tiny: 4 sequences x (16 + 48) tokens
+    for name, v in upd["variants"].items():
+        assert "error" not in v, v
+        assert v["tok_s"] > 0 and math.isfinite(v["mfu"]) and v["peak_gib"] is None  # CPU
+        assert v["gc_active"] == name.endswith("+gc")  # --train-mode: checkpointing really runs
+
+    lp = secs["logprob_memory"]["results"]
+    # fp32 on CPU: the chunked head must equal the full log-softmax, values and gradients
+    assert max(lp["max_abs_diff"].values()) < 1e-4
+
+    pk = secs["packing"]["results"]
+    assert 0 < pk["padded_ratio"] <= pk["danka_ratio"] <= 1
+
+
+def test_padded_batch_masks_give_the_hand_computed_ratio(bench):
+    # prompts of 2 and 1 tokens, responses of 1 and 3: one micro-batch pads to P=2, R=3,
+    # real 2+1+1+3 = 7 of 2 x (2+3) = 10 -> 0.7; micro-batches of 1 trim each row -> 1.0
+    batch = bench._padded_batch(torch.tensor([2, 1]), torch.tensor([1, 3]), n=1)
+    assert batch.prompt_mask.tolist() == [[1, 1], [0, 1]]
+    assert batch.response_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
+    assert effective_token_ratio(batch, 8) == pytest.approx(0.7)
+    assert effective_token_ratio(batch, 1) == pytest.approx(1.0)
+
+
+def test_phase_recorder_restores_fit_and_records_nested_phases(bench):
+    from danka.trainer import fit
+
+    original = fit.batched
+    rec = bench.PhaseRecorder(torch.device("cpu"))
+    with rec.patch():
+        assert fit.batched is not original
+        assert rec.call("step", lambda: rec.call("rollout", lambda: 42)) == 42
+    assert fit.batched is original  # the wrappers are gone after the block
+    assert 0 <= rec.time["rollout"] <= rec.time["step"]
+    assert rec.peaks() is None  # no CUDA: no memory numbers

@@ -61,8 +61,9 @@ def _setup(root: Path, model_dir: Path, *, rows: int = 8, **sections) -> Path:
     return path
 
 
-def _fails(capsys, argv: list[str], *words: str) -> str:
-    """Run ``danka`` in-process; assert exit 2, ``words`` in the message, no traceback."""
+def _fails(capsys, argv: list[str], *words: str, user_traceback: bool = False) -> str:
+    """Run ``danka`` in-process; assert exit 2, ``words`` in the message, no traceback
+    (``user_traceback``: the message may quote the traceback of the user's own code)."""
     try:
         code = main(argv)
     finally:
@@ -73,7 +74,8 @@ def _fails(capsys, argv: list[str], *words: str) -> str:
     for word in words:
         assert word in message, f"{word!r} not in:\n{message}"
     assert "fix:" in message
-    assert "Traceback" not in err
+    if not user_traceback:
+        assert "Traceback" not in err
     return err
 
 
@@ -237,6 +239,26 @@ def test_reward_file_that_fails_to_import(tmp_path, model_dir, capsys):
         "importing the reward file failed",
         "no_such_module_xyz",
     )
+    _nothing_partial(tmp_path / "out")
+
+
+def test_reward_function_that_raises_on_the_pre_flight_check(tmp_path, model_dir, capsys):
+    """The user's own traceback is shown (it is their bug), danka's is not."""
+    cfg = _setup(tmp_path, model_dir)
+    (tmp_path / "reward.py").write_text(
+        "def reward(prompts, completions, **columns):\n    return [1 / 0 for _ in completions]\n"
+    )
+    err = _fails(
+        capsys,
+        ["train", str(cfg)],
+        "reward.py:reward",
+        "before training",
+        "data row 0",
+        "ZeroDivisionError",
+        f'{tmp_path / "reward.py"}", line 2',
+        user_traceback=True,
+    )
+    assert "danka/trainer" not in err and "danka/cli.py" not in err
     _nothing_partial(tmp_path / "out")
 
 

@@ -22,7 +22,6 @@ capacity) seen so far and only grows. ``keep_cache=False`` frees all of it after
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -89,24 +88,12 @@ class _Slots:
         )  # fmt: skip
 
 
-@contextlib.contextmanager
-def _rng_scope(device: torch.device, generator: torch.Generator | None):
-    """Draw a seed from ``generator`` and sample with the device's default generator
-    seeded with it (graph-safe), restoring the global RNG state afterwards. Without a
-    generator the global RNG is used as is."""
+def _draw_seed(generator: torch.Generator | None) -> int:
+    """A sampling seed from ``generator``, or from the global CPU RNG (which danka's
+    checkpoints capture, so a resumed run samples the same tokens)."""
     if generator is None:
-        yield
-        return
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
-    devices = []
-    if device.type == "cuda":
-        devices = [device.index if device.index is not None else torch.cuda.current_device()]
-    with torch.random.fork_rng(devices=devices):
-        if devices:
-            torch.cuda.default_generators[devices[0]].manual_seed(seed)
-        else:
-            torch.random.default_generator.manual_seed(seed)
-        yield
+        return int(torch.randint(0, 2**62, (1,)))
+    return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
 
 
 def _left_pad(prompts: list[list[int]], plen: int, pad_id: int, device: torch.device):
@@ -155,6 +142,10 @@ class FastEngine:
         self._slots: dict[tuple[int, int], _Slots] = {}
         self._pool = None
         self._weight_ptrs: tuple[int, ...] = ()
+        # The engine samples with its own generator, registered with its CUDA graphs: code
+        # that saves/restores the default CUDA RNG (e.g. activation checkpointing) between
+        # replays then cannot corrupt a captured graph's RNG state.
+        self._gen: torch.Generator | None = None
 
     @torch.no_grad()
     def generate(
@@ -193,19 +184,22 @@ class FastEngine:
         if ptrs != self._weight_ptrs:  # a live parameter moved: graphs point at the old one
             for st in self._slots.values():
                 st.graphs.clear()
+            self._pool = None  # a pool whose graphs are all gone cannot take new captures
             self._weight_ptrs = ptrs
         self.stats = {"graphs_captured": 0, "capture_s": 0.0, "steps": 0}
         per_batch = max(1, self.max_batch // params.n)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
+        if self._gen is None:
+            self._gen = torch.Generator(device=spec.device)
+        self._gen.manual_seed(_draw_seed(generator))
         try:
-            with _rng_scope(spec.device, generator):
-                for i in range(0, len(prompt_ids), per_batch):
-                    toks, lps = self._run(
-                        root, w, prompt_ids[i : i + per_batch], params, eos_ids, pad_id, graphs
-                    )
-                    responses += toks
-                    logprobs += lps
+            for i in range(0, len(prompt_ids), per_batch):
+                toks, lps = self._run(
+                    root, w, prompt_ids[i : i + per_batch], params, eos_ids, pad_id, graphs
+                )
+                responses += toks
+                logprobs += lps
         finally:
             if not self.keep_cache:
                 self.release()
@@ -227,6 +221,7 @@ class FastEngine:
         if self._k is not None:
             b, t = max(b, self._k.shape[1]), max(t, self._k.shape[3])
         self._slots.clear()
+        self._pool = None  # a pool whose graphs are all gone cannot take new captures
         self._k = self._v = None  # free before allocating the bigger one
         shape = (spec.layers, b, spec.kv_heads, t, spec.head_dim)
         self._k = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
@@ -272,6 +267,7 @@ class FastEngine:
                 temperature=st.temperature,
                 top_k=key[1],
                 top_p=st.top_p if key[2] else None,
+                gen=self._gen,
             )
             st.out_tok[r, 0] = tok0
             st.out_lp[r, 0] = lp0
@@ -310,6 +306,7 @@ class FastEngine:
             temperature=st.temperature,
             top_k=key[1],
             top_p=st.top_p if key[2] else None,
+            gen=self._gen,
         )
         tok = torch.where(st.done, st.pad, tok)
         lp = lp.masked_fill(st.done, 0.0)
@@ -333,15 +330,20 @@ class FastEngine:
         st.tok.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        # Warm up with a scratch generator, so a call that captures samples the same
+        # tokens for a given seed as a call that replays.
+        real_gen, self._gen = self._gen, torch.Generator(device=self._gen.device)
         with torch.cuda.stream(side):
             for _ in range(2):  # cuBLAS/SDPA workspaces and kernel choice happen here
                 step()
+        self._gen = real_gen
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             # One pool for all graphs: they never run concurrently and keep no live
             # tensors (every result goes to a static buffer allocated outside capture).
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self._gen)
         with torch.cuda.graph(graph, pool=self._pool):
             step()
         torch.cuda.synchronize()

@@ -19,6 +19,7 @@ def sample_next(
     temperature: torch.Tensor,
     top_k: int = 0,
     top_p: torch.Tensor | None = None,
+    gen: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of ``logits`` (b, V) fp32 -> (tokens (b,) long, logprobs (b,)).
 
@@ -43,7 +44,7 @@ def sample_next(
         drop = (p.cumsum(dim=-1) - p) >= top_p
         z = torch.empty_like(z).scatter_(-1, idx, srt.masked_fill(drop, float("-inf")))
     probs = torch.softmax(z, dim=-1)
-    race = torch.empty_like(probs).exponential_().clamp_min_(1e-30)
+    race = torch.empty_like(probs).exponential_(generator=gen).clamp_min_(1e-30)
     tok = (probs / race).argmax(dim=-1)
     return tok, _logprob(z0, tok)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Callable
 
 from danka import __version__
@@ -33,12 +34,19 @@ def command(name: str, help: str, add_args: Callable[[argparse.ArgumentParser], 
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="YAML config file")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.batch_size=8")
-    p.add_argument("--config_file", "--config-file", dest="config_file",
-                   help="the config file (alias of the positional CONFIG)")
+    p.add_argument(
+        "--config_file",
+        "--config-file",
+        dest="config_file",
+        help="the config file (alias of the positional CONFIG)",
+    )
     p.add_argument("--output-dir", "--output_dir", dest="output_dir", help="where results go")
     p.add_argument("--seed", type=int, help="random seed (trainer.seed)")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved config with defaults and exit (no model is loaded)")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config with defaults and exit (no model is loaded)",
+    )
     p.add_argument("--resume", help="auto (newest complete checkpoint) or a checkpoint path")
 
 
@@ -48,17 +56,23 @@ def _load_train_config(args):
     path = args.config_file or args.config
     overrides = list(args.overrides)
     if args.config_file and args.config:
-        overrides.insert(0, args.config)  # `train --config_file X key=value`: positional is an override
+        overrides.insert(
+            0, args.config
+        )  # `train --config_file X key=value`: positional is an override
     if path and "=" in path and not os.path.exists(path):
-        raise UserError(f"{path!r} looks like an override, but no config file was given",
-                        where="command line", fix="danka train CONFIG.yaml key=value ...")
+        raise UserError(
+            f"{path!r} looks like an override, but no config file was given",
+            where="command line",
+            fix="danka train CONFIG.yaml key=value ...",
+        )
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
     if args.seed is not None:
         overrides.append(f"trainer.seed={args.seed}")
     if path is None:
-        raise UserError("no config file given", where="command line",
-                        fix="danka train examples/quickstart.yaml")
+        raise UserError(
+            "no config file given", where="command line", fix="danka train examples/quickstart.yaml"
+        )
     return load_config(path, overrides)
 
 
@@ -99,27 +113,41 @@ def _data(args) -> int:
         from danka.data.gsm8k import convert_gsm8k
 
         if not args.input and not args.from_hub:
-            raise UserError("give --input FILE or --from-hub", where="danka data gsm8k",
-                            fix="danka data gsm8k --input train.jsonl --output data/gsm8k")
-        info = convert_gsm8k(input_path=Path(args.input) if args.input else None,
-                             from_hub=args.from_hub, output_dir=Path(args.output),
-                             limit=args.limit)
+            raise UserError(
+                "give --input FILE or --from-hub",
+                where="danka data gsm8k",
+                fix="danka data gsm8k --input train.jsonl --output data/gsm8k",
+            )
+        info = convert_gsm8k(
+            input_path=Path(args.input) if args.input else None,
+            from_hub=args.from_hub,
+            output_dir=Path(args.output),
+            limit=args.limit,
+        )
         print(info)
         return 0
     from danka.config import load_config
     from danka.data.inspect import describe_first_batch
-    from danka.models.loading import load_tokenizer
     from danka.data.template import encode_prompts
+    from danka.models.loading import load_tokenizer
     from danka.trainer.setup import load_rows
 
     cfg, base_dir = load_config(args.config, args.overrides)
     m = cfg.model
-    tok = load_tokenizer(m.actor_model_name_or_path, tokenizer_kwargs=vars(m.tokenizer_kwargs),
-                         trust_remote_code=m.trust_remote_code)
+    tok = load_tokenizer(
+        m.actor_model_name_or_path,
+        tokenizer_kwargs=vars(m.tokenizer_kwargs),
+        trust_remote_code=m.trust_remote_code,
+    )
     rows, _ = load_rows(cfg, base_dir, Path(cfg.output_dir))
-    enc = encode_prompts(tok, rows, max_prompt_length=cfg.data.max_prompt_length,
-                         policy=cfg.data.overlong_prompt, system_prompt=cfg.data.system_prompt,
-                         instruction=cfg.data.instruction)
+    enc = encode_prompts(
+        tok,
+        rows,
+        max_prompt_length=cfg.data.max_prompt_length,
+        policy=cfg.data.overlong_prompt,
+        system_prompt=cfg.data.system_prompt,
+        instruction=cfg.data.instruction,
+    )
     print(describe_first_batch(tok, rows, enc, n=args.n))
     return 0
 
@@ -135,20 +163,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, add_args, _) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
-        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show tracebacks")
+        sp.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks"
+        )
         add_args(sp)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # `danka train C.yaml --resume auto key=value`: overrides may follow the options
+    stray = [x for x in extra if x.startswith("-") or "=" not in x]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
     try:
         return COMMANDS[args.command][2](args) or 0
     except UserError as err:
         if args.debug:
-            raise
+            traceback.print_exc()
         print(f"danka: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:

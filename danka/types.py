@@ -46,7 +46,7 @@ class RolloutBatch:
     def size(self) -> int:
         return int(self.prompt_ids.shape[0])
 
-    def select(self, idx: torch.Tensor) -> "RolloutBatch":
+    def select(self, idx: torch.Tensor) -> RolloutBatch:
         """Rows ``idx`` of every tensor field (for mini- and micro-batches)."""
         out = {}
         for name in self.__dataclass_fields__:
@@ -54,7 +54,7 @@ class RolloutBatch:
             out[name] = value[idx] if isinstance(value, torch.Tensor) else value
         return RolloutBatch(**out)
 
-    def to(self, device: torch.device | str) -> "RolloutBatch":
+    def to(self, device: torch.device | str) -> RolloutBatch:
         out = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)

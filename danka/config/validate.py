@@ -27,7 +27,10 @@ CHOICES = {
     "model.tokenizer_kwargs.padding_side": {"left", "right"},
     "trainer.policy_loss": {"vanilla", "gspo"},
     "trainer.loss_agg_mode": {
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
     },
     "trainer.lr_scheduler": {"constant", "cosine", "linear"},
     "trainer.kl.estimator": {"k1", "k2", "k3", "abs"},
@@ -65,17 +68,29 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
 
     m, t, d = cfg.model, cfg.trainer, cfg.data
     if not m.actor_model_name_or_path:
-        fail("model.actor_model_name_or_path", "no policy model given",
-             "set model.actor_model_name_or_path to a hub id, a local folder or a .gguf file")
+        fail(
+            "model.actor_model_name_or_path",
+            "no policy model given",
+            "set model.actor_model_name_or_path to a hub id, a local folder or a .gguf file",
+        )
     if not d.train_dataset and not d.task:
-        fail("data.train_dataset", "no training data given",
-             "set data.train_dataset to a .jsonl/.json/.parquet file (or data.task: arithmetic)")
+        fail(
+            "data.train_dataset",
+            "no training data given",
+            "set data.train_dataset to a .jsonl/.json/.parquet file (or data.task: arithmetic)",
+        )
     if t.algorithm not in ALGORITHMS:
-        fail("trainer.algorithm", f"unknown algorithm {t.algorithm!r}",
-             f"use one of: {', '.join(ALGORITHMS)}")
+        fail(
+            "trainer.algorithm",
+            f"unknown algorithm {t.algorithm!r}",
+            f"use one of: {', '.join(ALGORITHMS)}",
+        )
     if m.use_flash_attention_2 and m.attn_implementation not in (None, "flash_attention_2"):
-        fail("model.use_flash_attention_2", "conflicts with model.attn_implementation",
-             "set only one of them")
+        fail(
+            "model.use_flash_attention_2",
+            "conflicts with model.attn_implementation",
+            "set only one of them",
+        )
     if m.use_flash_attention_2:
         m.attn_implementation = "flash_attention_2"
 
@@ -91,42 +106,66 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
     if d.max_prompt_length is None:
         d.max_prompt_length = t.max_length - t.max_new_tokens
 
-    for key in ("batch_size", "micro_batch_size", "mini_batch_size", "samples_per_prompt",
-                "ppo_epochs", "num_epochs", "max_new_tokens", "max_length",
-                "logprob_chunk_size", "max_bad_steps"):
+    for key in (
+        "batch_size",
+        "micro_batch_size",
+        "mini_batch_size",
+        "samples_per_prompt",
+        "ppo_epochs",
+        "num_epochs",
+        "max_new_tokens",
+        "max_length",
+        "logprob_chunk_size",
+        "max_bad_steps",
+    ):
         if getattr(t, key) < 1:
             fail(f"trainer.{key}", f"must be >= 1, got {getattr(t, key)}", "use a positive number")
     if t.total_steps is not None and t.total_steps < 1:
         fail("trainer.total_steps", "must be >= 1", "use a positive number or null")
     if t.max_new_tokens >= t.max_length:
-        fail("trainer.max_new_tokens",
-             f"max_new_tokens ({t.max_new_tokens}) must be below max_length ({t.max_length})",
-             "raise trainer.max_length or lower trainer.max_new_tokens")
+        fail(
+            "trainer.max_new_tokens",
+            f"max_new_tokens ({t.max_new_tokens}) must be below max_length ({t.max_length})",
+            "raise trainer.max_length or lower trainer.max_new_tokens",
+        )
     if d.max_prompt_length < 1 or d.max_prompt_length + t.max_new_tokens > t.max_length:
-        fail("data.max_prompt_length",
-             f"max_prompt_length ({d.max_prompt_length}) + max_new_tokens ({t.max_new_tokens}) "
-             f"exceeds max_length ({t.max_length})",
-             "lower data.max_prompt_length or raise trainer.max_length")
+        fail(
+            "data.max_prompt_length",
+            f"max_prompt_length ({d.max_prompt_length}) + max_new_tokens ({t.max_new_tokens}) "
+            f"exceeds max_length ({t.max_length})",
+            "lower data.max_prompt_length or raise trainer.max_length",
+        )
     if t.batch_size % t.mini_batch_size:
-        fail("trainer.mini_batch_size",
-             f"batch_size ({t.batch_size}) is not a multiple of mini_batch_size "
-             f"({t.mini_batch_size})", "choose a mini_batch_size that divides batch_size")
+        fail(
+            "trainer.mini_batch_size",
+            f"batch_size ({t.batch_size}) is not a multiple of mini_batch_size "
+            f"({t.mini_batch_size})",
+            "choose a mini_batch_size that divides batch_size",
+        )
     seqs = t.mini_batch_size * t.samples_per_prompt
     if seqs % t.micro_batch_size:
-        fail("trainer.micro_batch_size",
-             f"a mini-batch has mini_batch_size x samples_per_prompt = {t.mini_batch_size} x "
-             f"{t.samples_per_prompt} = {seqs} sequences, not a multiple of micro_batch_size "
-             f"({t.micro_batch_size})", f"choose a micro_batch_size that divides {seqs}")
+        fail(
+            "trainer.micro_batch_size",
+            f"a mini-batch has mini_batch_size x samples_per_prompt = {t.mini_batch_size} x "
+            f"{t.samples_per_prompt} = {seqs} sequences, not a multiple of micro_batch_size "
+            f"({t.micro_batch_size})",
+            f"choose a micro_batch_size that divides {seqs}",
+        )
     if t.advantage_estimator in GROUP_ESTIMATORS and t.samples_per_prompt < 2:
-        fail("trainer.samples_per_prompt",
-             f"{t.advantage_estimator} compares answers to the same prompt and needs "
-             f"samples_per_prompt >= 2, got {t.samples_per_prompt}",
-             "set trainer.samples_per_prompt: 8 (or use trainer.algorithm: ppo)")
+        fail(
+            "trainer.samples_per_prompt",
+            f"{t.advantage_estimator} compares answers to the same prompt and needs "
+            f"samples_per_prompt >= 2, got {t.samples_per_prompt}",
+            "set trainer.samples_per_prompt: 8 (or use trainer.algorithm: ppo)",
+        )
     if t.advantage_estimator == "gae" and t.samples_per_prompt < 1:
         fail("trainer.samples_per_prompt", "must be >= 1", "use 1 for ppo")
     if not 0.0 < t.clip_ratio_low < 1.0 or t.clip_ratio_high <= 0.0:
-        fail("trainer.clip_ratio_low", "clip ranges must be in (0, 1) below and > 0 above",
-             "typical: clip_ratio_low 0.2, clip_ratio_high 0.2-0.28")
+        fail(
+            "trainer.clip_ratio_low",
+            "clip ranges must be in (0, 1) below and > 0 above",
+            "typical: clip_ratio_low 0.2, clip_ratio_high 0.2-0.28",
+        )
     if t.dual_clip_c is not None and t.dual_clip_c <= 1.0:
         fail("trainer.dual_clip_c", f"must be > 1, got {t.dual_clip_c}", "use 3.0 or null")
     if t.lr <= 0:
@@ -134,25 +173,37 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
     if not 0.0 <= t.gamma <= 1.0 or not 0.0 <= t.lam <= 1.0:
         fail("trainer.gamma", "gamma and lam must be in [0, 1]", "use gamma 1.0, lam 0.95")
     if t.temperature < 0 or not 0 < t.top_p <= 1 or t.top_k < 0:
-        fail("trainer.temperature", "sampling settings out of range",
-             "temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+        fail(
+            "trainer.temperature",
+            "sampling settings out of range",
+            "temperature >= 0, 0 < top_p <= 1, top_k >= 0",
+        )
     lora = cfg.lora
     if lora.enable_lora and (lora.lora_r < 1 or lora.lora_alpha <= 0):
         fail("lora.lora_r", "lora_r must be >= 1 and lora_alpha > 0", "typical: r 8-64, alpha 2r")
     if not 0.0 <= lora.lora_dropout < 1.0:
         fail("lora.lora_dropout", "must be in [0, 1)", "typical: 0.0-0.1")
     if isinstance(lora.target_modules, str) and lora.target_modules != "all-linear":
-        fail("lora.target_modules", f"{lora.target_modules!r} is not a list",
-             "give a list like [q_proj, v_proj] or the string all-linear")
+        fail(
+            "lora.target_modules",
+            f"{lora.target_modules!r} is not a list",
+            "give a list like [q_proj, v_proj] or the string all-linear",
+        )
     if cfg.reward.timeout_s <= 0:
         fail("reward.timeout_s", "must be > 0", "e.g. 30")
     for i, fn in enumerate(cfg.reward.functions):
         if not fn.name:
-            fail(f"reward.functions[{i}].name", "reward function without a name",
-                 "use a builtin name (gsm8k, math, format, length, last_number) or file.py:function")
+            fail(
+                f"reward.functions[{i}].name",
+                "reward function without a name",
+                "use a builtin name (gsm8k, math, format, length, last_number) or file.py:function",
+            )
     if cfg.backend.hf_transformers.enable_hf_transformers is False and cfg.rollout.engine == "hf":
-        fail("backend.hf_transformers.enable_hf_transformers",
-             "conflicts with rollout.engine: hf", "set only one of them")
+        fail(
+            "backend.hf_transformers.enable_hf_transformers",
+            "conflicts with rollout.engine: hf",
+            "set only one of them",
+        )
     if d.eval_size < 0 or d.task_train_size < 1:
         fail("data.eval_size", "sizes must be >= 0", "e.g. data.eval_size: 200")
     if cfg.logging.log_interval < 1:

@@ -32,9 +32,25 @@ def _console_handler() -> logging.Handler:
         )
         handler.setFormatter(logging.Formatter("%(message)s"))
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
     return handler
+
+
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record (it may have been
+    replaced since the logger was set up, e.g. by a test harness or a notebook)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; always follow sys.stderr
+        pass
 
 
 def setup_run_logger(

@@ -304,3 +304,28 @@ def load_causal_lm(
     log(f"Loaded model {name_or_path} with {dtype_name(torch_dtype)}")
     log(f"  model: {n_params / 1e6:.1f}M parameters, attn {attn}, device {device}, from {source}")
     return model
+
+
+# Tokens that end a turn in common chat templates, next to the tokenizer's eos.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids that end an answer: eos plus the end-of-turn tokens the vocabulary has."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    vocab = tokenizer.get_vocab()
+    ids |= {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
+    return sorted(ids)
+
+
+def pick_device(name: str = "auto", where: str = "model.device") -> torch.device:
+    """``auto`` = the GPU when torch sees one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(
+            f"{where} asks for CUDA but no GPU is visible",
+            where=where,
+            fix="use cpu or auto (danka doctor shows what torch sees)",
+        )
+    return torch.device(name)

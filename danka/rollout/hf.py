@@ -68,8 +68,9 @@ class HFGenerateEngine:
         if params.greedy:
             # greedy search refuses num_return_sequences > 1: repeat the prompts instead
             ids, mask = ids.repeat_interleave(params.n, 0), mask.repeat_interleave(params.n, 0)
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None,
-                          num_return_sequences=1)
+            kwargs.update(
+                do_sample=False, temperature=None, top_p=None, top_k=None, num_return_sequences=1
+            )
         else:
             kwargs.update(
                 do_sample=True,

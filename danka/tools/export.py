@@ -79,8 +79,14 @@ def export_merged(
     (nothing is written then)."""
     from peft import PeftModel
 
-    from danka.models.loading import dtype_name, load_causal_lm, load_tokenizer, resolve_dtype
-    from danka.tools.generate import base_model_of, canonical_dtype, pick_device
+    from danka.models.loading import (
+        dtype_name,
+        load_causal_lm,
+        load_tokenizer,
+        pick_device,
+        resolve_dtype,
+    )
+    from danka.tools.generate import base_model_of, canonical_dtype
 
     adapter, output = Path(adapter).expanduser(), Path(output).expanduser()
     base_name = base_model_of(adapter, model)  # also checks the adapter folder
@@ -90,7 +96,7 @@ def export_merged(
             where=str(output),
             fix="choose a new --output folder (or pass --overwrite)",
         )
-    dev = pick_device(device)
+    dev = pick_device(device, where="--device")
     torch_dtype = resolve_dtype(canonical_dtype(dtype), dev)
     name = dtype_name(torch_dtype)
     has_tok = (adapter / "tokenizer_config.json").is_file()

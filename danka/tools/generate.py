@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import torch
 
 from danka.errors import UserError
+from danka.models.loading import pick_device, stop_ids
 from danka.types import PromptRow
 
 DTYPE_ALIASES = {
@@ -27,25 +28,12 @@ DTYPE_ALIASES = {
     "fp32": "float32",
     "float": "float32",
 }
-_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
 EXIT_WORDS = ("/exit", "/quit")
 
 
 def canonical_dtype(name: str) -> str:
     """``bf16`` -> ``bfloat16`` etc.; other names pass through to ``resolve_dtype``."""
     return DTYPE_ALIASES.get(name.lower(), name.lower())
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(
-            "--device asks for CUDA but no GPU is visible",
-            where="--device",
-            fix="use --device cpu or auto (danka doctor shows what torch sees)",
-        )
-    return torch.device(name)
 
 
 def read_adapter_config(adapter: str | Path) -> dict[str, Any]:
@@ -121,7 +109,7 @@ def load_for_inference(
     net = load_causal_lm(
         model,
         dtype=canonical_dtype(dtype),
-        device=pick_device(device),
+        device=pick_device(device, where="--device"),
         trust_remote_code=trust_remote_code,
         log=log,
     )
@@ -131,14 +119,6 @@ def load_for_inference(
     sync_special_tokens(net, tokenizer)
     net.eval()
     return net, tokenizer
-
-
-def stop_ids(tokenizer: Any) -> list[int]:
-    """Token ids that end an answer: eos plus the usual end-of-turn tokens it knows."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    vocab = tokenizer.get_vocab()
-    ids |= {vocab[t] for t in _END_TOKENS if t in vocab}
-    return sorted(ids)
 
 
 def _encode(tokenizer: Any, text: str, templated: bool) -> list[int]:

@@ -42,6 +42,7 @@ def _writers(run) -> dict:
     else:
         writers = {"actor": lambda d: models.policy.save_pretrained(d, safe_serialization=True)}
     if models.value_head is not None:
+
         def critic(d: Path) -> None:
             if models.lora:
                 _save_adapter(models.critic_model, "critic", d)
@@ -67,9 +68,15 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
         "history": history,
         "model": run.cfg.model.actor_model_name_or_path,
     }
-    path = save_checkpoint(run.output_dir, step, _writers(run), trainer_state=state,
-                           config_hash=config_hash, config=resolved,
-                           keep_last=run.cfg.trainer.keep_last)
+    path = save_checkpoint(
+        run.output_dir,
+        step,
+        _writers(run),
+        trainer_state=state,
+        config_hash=config_hash,
+        config=resolved,
+        keep_last=run.cfg.trainer.keep_last,
+    )
     run.log.info(f"checkpoint saved: {run.output_dir / 'actor' / f'checkpoint_{step}'}")
     return path
 
@@ -77,15 +84,19 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
 def _load_adapter(model, adapter: str, folder: Path, where: Path) -> None:
     file = folder / ADAPTER_FILE
     if not file.is_file():
-        raise UserError("checkpoint has no adapter weights", where=str(folder),
-                        fix="resume from a checkpoint written by danka train")
+        raise UserError(
+            "checkpoint has no adapter weights",
+            where=str(folder),
+            fix="resume from a checkpoint written by danka train",
+        )
     state = load_file(str(file))
     result = set_peft_model_state_dict(model, state, adapter_name=adapter)
     unexpected = getattr(result, "unexpected_keys", []) or []
     if unexpected:
         raise UserError(
             f"the adapter in {folder} does not fit this model ({len(unexpected)} unexpected "
-            f"weights, e.g. {unexpected[0]})", where=str(where),
+            f"weights, e.g. {unexpected[0]})",
+            where=str(where),
             fix="resume with the model and lora settings the checkpoint was trained with",
         )
 
@@ -98,14 +109,17 @@ def _get(cfg: dict, dotted: str):
 
 def _layout(cfg: dict) -> dict:
     """The config values that fix which weights a checkpoint holds and their shapes."""
-    out = {"model.actor_model_name_or_path": _get(cfg, "model.actor_model_name_or_path"),
-           "lora.enable_lora": _get(cfg, "lora.enable_lora")}
+    out = {
+        "model.actor_model_name_or_path": _get(cfg, "model.actor_model_name_or_path"),
+        "lora.enable_lora": _get(cfg, "lora.enable_lora"),
+    }
     if out["lora.enable_lora"]:
         out["lora.lora_r"] = _get(cfg, "lora.lora_r")
         out["lora.target_modules"] = _get(cfg, "lora.target_modules")
     if _get(cfg, "trainer.advantage_estimator") == "gae":  # a critic exists
-        out["model.critic_model_name_or_path"] = (_get(cfg, "model.critic_model_name_or_path")
-                                                  or out["model.actor_model_name_or_path"])
+        out["model.critic_model_name_or_path"] = (
+            _get(cfg, "model.critic_model_name_or_path") or out["model.actor_model_name_or_path"]
+        )
     return out
 
 
@@ -117,8 +131,13 @@ def check_compatible(state_dir: Path, resolved: dict) -> None:
     if not old:
         return
     was, now = _layout(old), _layout(resolved)
-    for key in ("model.actor_model_name_or_path", "lora.enable_lora", "lora.lora_r",
-                "lora.target_modules", "model.critic_model_name_or_path"):
+    for key in (
+        "model.actor_model_name_or_path",
+        "lora.enable_lora",
+        "lora.lora_r",
+        "lora.target_modules",
+        "model.critic_model_name_or_path",
+    ):
         if key not in was or key not in now:
             if key == "model.critic_model_name_or_path" and key in now:
                 raise UserError(
@@ -131,12 +150,16 @@ def check_compatible(state_dir: Path, resolved: dict) -> None:
         if was[key] == now[key]:
             continue
         if key == "model.actor_model_name_or_path":
-            raise UserError(f"checkpoint was trained on {was[key]!r}, this config uses "
-                            f"{now[key]!r}", where=str(state_dir),
-                            fix="set model.actor_model_name_or_path to the checkpoint's model")
-        raise UserError(f"checkpoint was trained with {key}={was[key]!r}, this config has "
-                        f"{now[key]!r}", where=str(state_dir),
-                        fix=f"set {key} back to {was[key]!r} to resume, or start a new output_dir")
+            raise UserError(
+                f"checkpoint was trained on {was[key]!r}, this config uses {now[key]!r}",
+                where=str(state_dir),
+                fix="set model.actor_model_name_or_path to the checkpoint's model",
+            )
+        raise UserError(
+            f"checkpoint was trained with {key}={was[key]!r}, this config has {now[key]!r}",
+            where=str(state_dir),
+            fix=f"set {key} back to {was[key]!r} to resume, or start a new output_dir",
+        )
 
 
 def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
@@ -152,7 +175,8 @@ def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
     if state.get("model") != run.cfg.model.actor_model_name_or_path:
         raise UserError(
             f"checkpoint was trained on {state.get('model')!r}, this config uses "
-            f"{run.cfg.model.actor_model_name_or_path!r}", where=str(state_dir),
+            f"{run.cfg.model.actor_model_name_or_path!r}",
+            where=str(state_dir),
             fix="set model.actor_model_name_or_path to the checkpoint's model",
         )
     try:
@@ -161,10 +185,12 @@ def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
         # why: a checkpoint without config.json, or a layout check missed a case; torch's
         # message (size mismatch, missing keys) is kept, its traceback is not
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"the checkpoint does not fit this model or config: {first}",
-                        where=str(state_dir),
-                        fix="resume with the model, lora and algorithm settings the checkpoint "
-                            "was trained with, or start a new output_dir") from err
+        raise UserError(
+            f"the checkpoint does not fit this model or config: {first}",
+            where=str(state_dir),
+            fix="resume with the model, lora and algorithm settings the checkpoint "
+            "was trained with, or start a new output_dir",
+        ) from err
     return int(state["step"]), state.get("history") or {"eval": []}
 
 
@@ -180,8 +206,10 @@ def _load_parts(run, parts: dict[str, Path], state: dict, state_dir: Path) -> No
     if models.value_head is not None:
         if models.lora:
             _load_adapter(models.critic_model, "critic", parts["critic"], state_dir)
-        head = load_value_head(parts["critic"], models.value_head.hidden_size
-                               if hasattr(models.value_head, "hidden_size") else None)
+        head = load_value_head(
+            parts["critic"],
+            models.value_head.hidden_size if hasattr(models.value_head, "hidden_size") else None,
+        )
         models.value_head.load_state_dict(head.state_dict())
     run.actor_opt.load_state_dict(state["actor_opt"])
     run.actor_sched.load_state_dict(state["actor_sched"])
@@ -192,5 +220,3 @@ def _load_parts(run, parts: dict[str, Path], state: dict, state_dir: Path) -> No
     run.update_generator.set_state(state["update_generator"])
     run.sampler.load_state_dict(state["sampler"])
     run.kl_ctl.load_state_dict(state["kl_ctl"])
-
-

@@ -18,23 +18,31 @@ def evaluate(run, rows: list[PromptRow], prompt_ids: list[list[int]], texts: lis
     e.g. GSM8K's flexible accuracy next to the strict one.
     """
     t = run.cfg.trainer
-    params = SamplingParams(n=1, temperature=0.0,
-                            max_new_tokens=t.eval_max_new_tokens or t.max_new_tokens)
+    params = SamplingParams(
+        n=1, temperature=0.0, max_new_tokens=t.eval_max_new_tokens or t.max_new_tokens
+    )
     chunk = run.cfg.rollout.generation_batch_size or 256
     completions: list[str] = []
     lengths, truncated = [], []
     with run.models.actor():
         for start in range(0, len(prompt_ids), chunk):
-            batch = run.engine.generate(run.models.policy, prompt_ids[start : start + chunk],
-                                        params, eos_ids=run.eos_ids, pad_id=run.pad_id)
+            batch = run.engine.generate(
+                run.models.policy,
+                prompt_ids[start : start + chunk],
+                params,
+                eos_ids=run.eos_ids,
+                pad_id=run.pad_id,
+            )
             completions.extend(run.decode(batch))
             lengths.extend(batch.response_mask.sum(1).tolist())
             truncated.extend(batch.truncated.tolist())
     out = run.rewards(rows, texts, completions)
     primary = next(iter(out.per_function.values())) if out.per_function else out.scores
     correct = (primary.float() >= 1.0 - 1e-6).float()
-    per_fn = {f"eval/correct/{name}": float((v.float() >= 1.0 - 1e-6).float().mean())
-              for name, v in out.per_function.items()}
+    per_fn = {
+        f"eval/correct/{name}": float((v.float() >= 1.0 - 1e-6).float().mean())
+        for name, v in out.per_function.items()
+    }
     return {
         **per_fn,
         "eval/accuracy": float(correct.mean()),

@@ -22,6 +22,7 @@ from danka.algorithms.advantages import (
 from danka.algorithms.kl import apply_kl_in_reward
 from danka.rollout.base import SamplingParams
 from danka.trainer.forward import batched, critic_values, effective_token_ratio, policy_logprobs
+from danka.trainer.guards import OutOfMemory, oom_guard
 from danka.trainer.run import Run
 from danka.trainer.update import NonFiniteError, update
 from danka.types import RolloutBatch
@@ -29,11 +30,21 @@ from danka.types import RolloutBatch
 
 def rollout(run: Run, prompt_idx: list[int]) -> RolloutBatch:
     t = run.cfg.trainer
-    params = SamplingParams(n=t.samples_per_prompt, temperature=t.temperature, top_p=t.top_p,
-                            top_k=t.top_k, max_new_tokens=t.max_new_tokens)
+    params = SamplingParams(
+        n=t.samples_per_prompt,
+        temperature=t.temperature,
+        top_p=t.top_p,
+        top_k=t.top_k,
+        max_new_tokens=t.max_new_tokens,
+    )
     with run.models.actor():
-        return run.engine.generate(run.models.policy, [run.train.ids[i] for i in prompt_idx],
-                                   params, eos_ids=run.eos_ids, pad_id=run.pad_id)
+        return run.engine.generate(
+            run.models.policy,
+            [run.train.ids[i] for i in prompt_idx],
+            params,
+            eos_ids=run.eos_ids,
+            pad_id=run.pad_id,
+        )
 
 
 def score(run: Run, batch: RolloutBatch, prompt_idx: list[int], metrics: dict) -> list[str]:
@@ -75,7 +86,9 @@ def prepare(run: Run, batch: RolloutBatch, metrics: dict) -> None:
             batch.old_logprobs = batched(policy_logprobs, policy, batch, micro, **kw)
         if batch.rollout_logprobs is not None:
             gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * batch.response_mask
-            metrics["rollout/logprob_gap"] = float(gap.sum() / batch.response_mask.sum().clamp(min=1))
+            metrics["rollout/logprob_gap"] = float(
+                gap.sum() / batch.response_mask.sum().clamp(min=1)
+            )
     if t.kl.coef > 0:
         with run.models.reference() as ref:
             batch.ref_logprobs = batched(policy_logprobs, ref, batch, micro, **kw)
@@ -91,17 +104,45 @@ def prepare(run: Run, batch: RolloutBatch, metrics: dict) -> None:
             with run.models.actor() as policy:
                 old = batched(policy_logprobs, policy, batch, micro, **kw)
         token_rewards, mean_kl = apply_kl_in_reward(
-            token_rewards, old, batch.ref_logprobs, batch.response_mask, t.kl.estimator,
+            token_rewards,
+            old,
+            batch.ref_logprobs,
+            batch.response_mask,
+            t.kl.estimator,
             run.kl_ctl.value,
         )
         metrics["kl"] = mean_kl
         run.kl_ctl.update(mean_kl, n_steps=t.batch_size)
     adv_in = AdvantageInput(
-        token_rewards=token_rewards, response_mask=batch.response_mask,
-        group_index=batch.group_index, values=batch.values, gamma=t.gamma, lam=t.lam,
+        token_rewards=token_rewards,
+        response_mask=batch.response_mask,
+        group_index=batch.group_index,
+        values=batch.values,
+        gamma=t.gamma,
+        lam=t.lam,
     )
     estimator = ADVANTAGE_ESTIMATORS.get(t.advantage_estimator, where="trainer.advantage_estimator")
     batch.advantages, batch.returns = estimator(adv_in)
+
+
+def update_with_oom_retry(run: Run, batch: RolloutBatch) -> dict:
+    """The update; with ``trainer.auto_micro_batch`` an out-of-memory halves the micro-batch
+    and retries (no optimizer step has happened yet when the forward/backward runs out)."""
+    t = run.cfg.trainer
+    while True:
+        try:
+            with oom_guard("update", run):
+                return update(run, batch, run.update_generator)
+        except OutOfMemory:
+            if not t.auto_micro_batch or t.micro_batch_size == 1:
+                raise
+            run.actor_opt.zero_grad(set_to_none=True)
+            if run.critic_opt is not None:
+                run.critic_opt.zero_grad(set_to_none=True)
+            t.micro_batch_size = max(1, t.micro_batch_size // 2)
+            run.log.warning(
+                f"out of memory in the update: micro_batch_size -> {t.micro_batch_size}"
+            )
 
 
 def train_step(run: Run, step: int) -> tuple[dict, RolloutBatch, list[str]]:
@@ -112,7 +153,8 @@ def train_step(run: Run, step: int) -> tuple[dict, RolloutBatch, list[str]]:
     prompt_idx = run.sampler.next_batch()
     run.last_prompt_idx = prompt_idx
     # 2. rollout
-    batch = rollout(run, prompt_idx)
+    with oom_guard("rollout", run):
+        batch = rollout(run, prompt_idx)
     timings["rollout"] = time.perf_counter() - t0
     # 3. rewards
     t1 = time.perf_counter()
@@ -120,12 +162,13 @@ def train_step(run: Run, step: int) -> tuple[dict, RolloutBatch, list[str]]:
     timings["reward"] = time.perf_counter() - t1
     # 4-5. reference log-probs, values, advantages
     t2 = time.perf_counter()
-    prepare(run, batch, metrics)
+    with oom_guard("log-probs", run):
+        prepare(run, batch, metrics)
     timings["prepare"] = time.perf_counter() - t2
     # 6. update
     t3 = time.perf_counter()
     try:
-        metrics.update(update(run, batch, run.update_generator))
+        metrics.update(update_with_oom_retry(run, batch))
         metrics["skipped_step"] = 0.0
     except NonFiniteError as err:
         run.log.warning(f"step {step}: {err}; optimizer step skipped")
@@ -140,7 +183,8 @@ def train_step(run: Run, step: int) -> tuple[dict, RolloutBatch, list[str]]:
     if "actor/kl_loss" in metrics:
         metrics.setdefault("kl", metrics["actor/kl_loss"])
     metrics["packing/effective_token_ratio"] = effective_token_ratio(
-        batch, run.cfg.trainer.micro_batch_size)
+        batch, run.cfg.trainer.micro_batch_size
+    )
     total = time.perf_counter() - t0
     for key, value in timings.items():
         metrics[f"time/{key}"] = value

@@ -58,8 +58,9 @@ class ModelSet:
 
 def _lora_kwargs(cfg: DankaConfig) -> dict:
     lo = cfg.lora
-    return dict(r=lo.lora_r, alpha=lo.lora_alpha, dropout=lo.lora_dropout,
-                target_modules=lo.target_modules)
+    return dict(
+        r=lo.lora_r, alpha=lo.lora_alpha, dropout=lo.lora_dropout, target_modules=lo.target_modules
+    )
 
 
 def _enable_checkpointing(model: torch.nn.Module, cfg: DankaConfig) -> None:
@@ -97,8 +98,9 @@ def build_models(cfg: DankaConfig, base: torch.nn.Module, load_critic_base, log)
             else:
                 critic_base = load_critic_base()
                 _enable_checkpointing(critic_base, cfg)
-                models.critic_model = apply_lora(critic_base, adapter_name="critic",
-                                                 **_lora_kwargs(cfg))
+                models.critic_model = apply_lora(
+                    critic_base, adapter_name="critic", **_lora_kwargs(cfg)
+                )
                 hidden = critic_base.config.hidden_size
                 log(f"critic: LoRA on {critic_path} + value head")
         set_active(policy, "default")
@@ -125,7 +127,8 @@ def build_models(cfg: DankaConfig, base: torch.nn.Module, load_critic_base, log)
         critic = models.critic_model
         adapter_params = (
             [p for n, p in critic.named_parameters() if ".critic." in n]
-            if cfg.lora.enable_lora else list(critic.parameters())
+            if cfg.lora.enable_lora
+            else list(critic.parameters())
         )
         for p in adapter_params:
             p.requires_grad_(True)

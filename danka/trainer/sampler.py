@@ -49,6 +49,6 @@ class PromptSampler:
                 f"the checkpoint was trained on {state['n']} prompts, this run has {self.n}",
                 where="data.train_dataset",
                 fix="resume with the checkpoint's training data (same file, data.limit and "
-                    "data.eval_size), or start a new output_dir",
+                "data.eval_size), or start a new output_dir",
             )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -13,7 +13,13 @@ from danka.data.formats import load_prompt_rows
 from danka.data.tasks import arithmetic_rows
 from danka.data.template import encode_prompts, render_prompt
 from danka.errors import UserError
-from danka.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
+from danka.models.loading import (
+    load_causal_lm,
+    load_tokenizer,
+    pick_device,
+    resolve_dtype,
+    stop_ids,
+)
 from danka.rewards.combine import RewardSpec, build_reward_computer
 from danka.rollout.base import build_engine
 from danka.trainer.models import build_models
@@ -23,26 +29,24 @@ from danka.trainer.sampler import PromptSampler
 from danka.types import PromptRow
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("model.device asks for CUDA but no GPU is visible", where="model.device",
-                        fix="set model.device: auto or cpu (danka doctor shows what torch sees)")
-    return torch.device(name)
-
-
 def load_rows(cfg: DankaConfig, base_dir: Path, output_dir: Path) -> tuple[list, list]:
     """Training and held-out rows. A task generates both; files are read and split."""
     d = cfg.data
     if d.task == "arithmetic":
         train = arithmetic_rows(d.task_train_size, seed=cfg.trainer.seed, split="train")
-        held = arithmetic_rows(d.eval_size, seed=cfg.trainer.seed, split="test") if d.eval_size else []
+        held = (
+            arithmetic_rows(d.eval_size, seed=cfg.trainer.seed, split="test") if d.eval_size else []
+        )
         return train, held
     common = dict(
-        fmt=d.format, prompt_key=d.prompt_key, response_key=d.response_key,
-        reward_key=d.reward_key, answer_key=d.answer_key, on_bad_row=d.on_bad_row,
-        bad_rows_path=output_dir / "bad_rows.jsonl", base_dir=base_dir,
+        fmt=d.format,
+        prompt_key=d.prompt_key,
+        response_key=d.response_key,
+        reward_key=d.reward_key,
+        answer_key=d.answer_key,
+        on_bad_row=d.on_bad_row,
+        bad_rows_path=output_dir / "bad_rows.jsonl",
+        base_dir=base_dir,
         dataset_type=d.dataset_type,
     )
     train = load_prompt_rows(d.train_dataset, limit=d.limit, **common).rows
@@ -50,9 +54,12 @@ def load_rows(cfg: DankaConfig, base_dir: Path, output_dir: Path) -> tuple[list,
         held = load_prompt_rows(d.eval_dataset, limit=d.eval_size or None, **common).rows
     elif d.eval_size:
         if d.eval_size >= len(train):
-            raise UserError(f"data.eval_size ({d.eval_size}) leaves no training rows "
-                            f"(the file has {len(train)})", where="data.eval_size",
-                            fix="lower data.eval_size or give data.eval_dataset")
+            raise UserError(
+                f"data.eval_size ({d.eval_size}) leaves no training rows "
+                f"(the file has {len(train)})",
+                where="data.eval_size",
+                fix="lower data.eval_size or give data.eval_dataset",
+            )
         train, held = train[: -d.eval_size], train[-d.eval_size :]
     else:
         held = []
@@ -61,17 +68,25 @@ def load_rows(cfg: DankaConfig, base_dir: Path, output_dir: Path) -> tuple[list,
 
 def encode(cfg: DankaConfig, tokenizer, rows: list[PromptRow], location: str = "data") -> PromptSet:
     d = cfg.data
-    enc = encode_prompts(tokenizer, rows, max_prompt_length=d.max_prompt_length,
-                         policy=d.overlong_prompt, system_prompt=d.system_prompt,
-                         instruction=d.instruction, location=location)
+    enc = encode_prompts(
+        tokenizer,
+        rows,
+        max_prompt_length=d.max_prompt_length,
+        policy=d.overlong_prompt,
+        system_prompt=d.system_prompt,
+        instruction=d.instruction,
+        location=location,
+    )
     return PromptSet(rows=enc.rows, texts=enc.texts, ids=enc.input_ids)
 
 
 def reward_specs(cfg: DankaConfig, rows: list[PromptRow]) -> list[RewardSpec]:
     from danka.rewards.builtin import default_reward_for
 
-    specs = [RewardSpec(name=f.name, weight=f.weight, kwargs=dict(f.kwargs))
-             for f in cfg.reward.functions]
+    specs = [
+        RewardSpec(name=f.name, weight=f.weight, kwargs=dict(f.kwargs))
+        for f in cfg.reward.functions
+    ]
     if specs or cfg.model.reward_model_name_or_path:
         return specs
     source = rows[0].data_source if rows else "unknown"
@@ -81,7 +96,7 @@ def reward_specs(cfg: DankaConfig, rows: list[PromptRow]) -> list[RewardSpec]:
             f"no reward configured, and data source {source!r} has no builtin rule reward",
             where="reward.functions",
             fix="add reward.functions: [{name: gsm8k}] (or math, last_number, path.py:function), "
-                "or set model.reward_model_name_or_path",
+            "or set model.reward_model_name_or_path",
         )
     return [RewardSpec(name=default)]
 
@@ -103,29 +118,59 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
         log.info("Using danka fast rollout engine (static KV cache, CUDA graphs) for inference")
 
     log.info("Loading tokenizer...")
-    tokenizer = load_tokenizer(m.actor_model_name_or_path,
-                               tokenizer_kwargs=vars(m.tokenizer_kwargs),
-                               trust_remote_code=m.trust_remote_code, log=log.info)
-    load = dict(dtype=m.torch_dtype, device=device, attn_implementation=m.attn_implementation,
-                trust_remote_code=m.trust_remote_code, log=log.info)
+    tokenizer = load_tokenizer(
+        m.actor_model_name_or_path,
+        tokenizer_kwargs=vars(m.tokenizer_kwargs),
+        trust_remote_code=m.trust_remote_code,
+        log=log.info,
+    )
+    # prompts and rule rewards are checked before minutes of model loading
+    train = encode(cfg, tokenizer, train_rows, cfg.data.train_dataset or "data.task")
+    held = (
+        encode(
+            cfg,
+            tokenizer,
+            held_rows,
+            cfg.data.eval_dataset or cfg.data.train_dataset or "data.task",
+        )
+        if held_rows
+        else None
+    )
+    if len(train.rows) < t.batch_size:
+        raise UserError(
+            f"only {len(train.rows)} usable training prompts, fewer than "
+            f"trainer.batch_size ({t.batch_size})",
+            where="data.train_dataset",
+            fix="add rows or lower trainer.batch_size",
+        )
+    specs = reward_specs(cfg, train.rows)
+    reward_args = dict(
+        base_dir=base_dir,
+        timeout_s=cfg.reward.timeout_s,
+        on_error=cfg.reward.on_error,
+        reward_model_weight=cfg.reward.model_weight,
+    )
+    rewards = None
+    if not m.reward_model_name_or_path:
+        rewards = build_reward_computer(specs, **reward_args)
+        rewards.check(train.rows[:4])
+
+    load = dict(
+        dtype=m.torch_dtype,
+        device=device,
+        attn_implementation=m.attn_implementation,
+        trust_remote_code=m.trust_remote_code,
+        log=log.info,
+    )
     base = load_causal_lm(m.actor_model_name_or_path, **load)
     models = build_models(
         cfg, base, lambda: load_causal_lm(m.critic_model_name_or_path, **load), log.info
     )
-    train = encode(cfg, tokenizer, train_rows, cfg.data.train_dataset or "data.task")
-    held = encode(cfg, tokenizer, held_rows, cfg.data.eval_dataset or cfg.data.train_dataset
-                  or "data.task") if held_rows else None
-    if len(train.rows) < t.batch_size:
-        raise UserError(f"only {len(train.rows)} usable training prompts, fewer than "
-                        f"trainer.batch_size ({t.batch_size})", where="data.train_dataset",
-                        fix="add rows or lower trainer.batch_size")
-
-    rewards = build_reward_computer(
-        reward_specs(cfg, train.rows), base_dir=base_dir, timeout_s=cfg.reward.timeout_s,
-        on_error=cfg.reward.on_error, reward_model=_reward_model(cfg, models, tokenizer, load),
-        reward_model_weight=cfg.reward.model_weight,
-    )
-    rewards.check(train.rows[:4])
+    if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
+        rewards = build_reward_computer(
+            specs, reward_model=_reward_model(cfg, models, tokenizer, load), **reward_args
+        )
+        rewards.check(train.rows[:4])
 
     sampler = PromptSampler(len(train.rows), t.batch_size, seed=t.seed, shuffle=cfg.data.shuffle)
     total = t.total_steps or sampler.steps_per_epoch * t.num_epochs
@@ -133,31 +178,41 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     sched = dict(kind=t.lr_scheduler, warmup_steps=t.warmup_steps, total_steps=total)
     critic_opt = critic_sched = None
     if models.critic_params:
-        critic_opt = build_optimizer(models.critic_params, lr=t.critic_lr,
-                                     weight_decay=t.weight_decay)
+        critic_opt = build_optimizer(
+            models.critic_params, lr=t.critic_lr, weight_decay=t.weight_decay
+        )
         critic_sched = build_scheduler(critic_opt, **sched)
-    kl_ctl = (AdaptiveKLController(t.kl.coef, t.kl.target, t.kl.horizon) if t.kl.adaptive
-              else FixedKLController(t.kl.coef))
-    engine = build_engine(engine_name, batch_size=cfg.rollout.generation_batch_size)
-    eos_ids = sorted({tokenizer.eos_token_id} | set(_extra_eos(tokenizer)))
-    return Run(
-        cfg=cfg, base_dir=base_dir, output_dir=output_dir, device=device, dtype=dtype,
-        tokenizer=tokenizer, models=models, engine=engine, rewards=rewards, train=train,
-        eval=held, actor_opt=actor_opt, actor_sched=build_scheduler(actor_opt, **sched),
-        critic_opt=critic_opt, critic_sched=critic_sched, kl_ctl=kl_ctl, sampler=sampler,
-        log=log, total_steps=total, update_generator=torch.Generator().manual_seed(t.seed),
-        eos_ids=eos_ids, pad_id=tokenizer.pad_token_id,
+    kl_ctl = (
+        AdaptiveKLController(t.kl.coef, t.kl.target, t.kl.horizon)
+        if t.kl.adaptive
+        else FixedKLController(t.kl.coef)
     )
-
-
-def _extra_eos(tokenizer) -> list[int]:
-    """Token ids that also end a turn (e.g. <|endoftext|> next to <|im_end|>)."""
-    ids = []
-    for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"):
-        tid = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
-            ids.append(tid)
-    return ids
+    engine = build_engine(engine_name, batch_size=cfg.rollout.generation_batch_size)
+    eos_ids = stop_ids(tokenizer)
+    return Run(
+        cfg=cfg,
+        base_dir=base_dir,
+        output_dir=output_dir,
+        device=device,
+        dtype=dtype,
+        tokenizer=tokenizer,
+        models=models,
+        engine=engine,
+        rewards=rewards,
+        train=train,
+        eval=held,
+        actor_opt=actor_opt,
+        actor_sched=build_scheduler(actor_opt, **sched),
+        critic_opt=critic_opt,
+        critic_sched=critic_sched,
+        kl_ctl=kl_ctl,
+        sampler=sampler,
+        log=log,
+        total_steps=total,
+        update_generator=torch.Generator().manual_seed(t.seed),
+        eos_ids=eos_ids,
+        pad_id=tokenizer.pad_token_id,
+    )
 
 
 def _reward_model(cfg: DankaConfig, models, tokenizer, load: dict):
@@ -171,12 +226,17 @@ def _reward_model(cfg: DankaConfig, models, tokenizer, load: dict):
     if kind == "judge" or (kind == "auto" and same):
         if same:
             # the seed story's "reward model reuses the actor's weights": the base, adapters off
-            return JudgeReward(models.policy, tokenizer, template=cfg.reward.judge_template,
-                               disable_adapters=models.reference)
+            return JudgeReward(
+                models.policy,
+                tokenizer,
+                template=cfg.reward.judge_template,
+                disable_adapters=models.reference,
+            )
         judge = load_causal_lm(path, **load)
         return JudgeReward(judge, load_tokenizer(path), template=cfg.reward.judge_template)
-    return ClassifierReward.from_pretrained(path, device=load["device"],
-                                 trust_remote_code=cfg.model.trust_remote_code)
+    return ClassifierReward.from_pretrained(
+        path, device=load["device"], trust_remote_code=cfg.model.trust_remote_code
+    )
 
 
 __all__ = ["build_run", "render_prompt"]

@@ -24,6 +24,7 @@ from danka.logging.trackers import SafeTrackers, build_trackers
 from danka.trainer.checkpointing import check_compatible, restore, save
 from danka.trainer.evaluate import evaluate
 from danka.trainer.fit import is_finite_step, train_step
+from danka.trainer.preflight import preflight
 from danka.trainer.setup import build_run
 
 
@@ -37,25 +38,30 @@ def _resolve_resume(resume: str | None, output_dir: Path, log) -> Path | None:
                 f"output_dir already holds checkpoints of an earlier run (newest: {done[0]})",
                 where=str(output_dir),
                 fix="continue that run with --resume auto, or set output_dir to a new folder "
-                    "(or delete this one)",
+                "(or delete this one)",
             )
         return None
     if resume == "auto":
         found = find_latest_checkpoint(output_dir)
         if found is None:
-            log.info(f"--resume auto: no complete checkpoint in {output_dir}, "
-                     "starting from step 0")
+            log.info(f"--resume auto: no complete checkpoint in {output_dir}, starting from step 0")
         return found
     path = Path(resume)
     if not path.exists():
-        raise UserError("checkpoint not found", where=str(path),
-                        fix="give OUTPUT/state/checkpoint_N or use --resume auto")
+        raise UserError(
+            "checkpoint not found",
+            where=str(path),
+            fix="give OUTPUT/state/checkpoint_N or use --resume auto",
+        )
     if path.parent.name in ("actor", "critic"):  # accept OUTPUT/actor/checkpoint_N too
         path = path.parent.parent / "state" / path.name
     if not path.name.startswith("checkpoint_") or not path.is_dir():
-        raise UserError("not a checkpoint folder", where=str(path),
-                        fix="give OUTPUT/state/checkpoint_N (or OUTPUT/actor/checkpoint_N), "
-                            "or use --resume auto to take the newest complete one")
+        raise UserError(
+            "not a checkpoint folder",
+            where=str(path),
+            fix="give OUTPUT/state/checkpoint_N (or OUTPUT/actor/checkpoint_N), "
+            "or use --resume auto to take the newest complete one",
+        )
     verify_checkpoint(path)
     return path
 
@@ -89,6 +95,8 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
         f"{t.ppo_epochs} epoch(s); micro-batch {t.micro_batch_size} sequences; "
         f"{len(run.train.rows)} train prompts, {len(run.eval.rows) if run.eval else 0} held-out"
     )
+    if t.preflight:  # before a restore, which then sets every RNG as the checkpoint had it
+        preflight(run, log)
     start = 0
     history: dict = {"eval": []}
     if ckpt is not None:
@@ -100,11 +108,18 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
     remove_completions_after(output_dir, start)
     metrics_out = MetricsWriter(output_dir)
     completions_out = CompletionsWriter(output_dir)
-    trackers = SafeTrackers(build_trackers(
-        output_dir, tensorboard=cfg.logging.tensorboard, wandb_project=cfg.logging.wandb_project,
-        mlflow_experiment=cfg.logging.mlflow_experiment, run_name=output_dir.name,
-        config=resolved, log=log,
-    ), log)
+    trackers = SafeTrackers(
+        build_trackers(
+            output_dir,
+            tensorboard=cfg.logging.tensorboard,
+            wandb_project=cfg.logging.wandb_project,
+            mlflow_experiment=cfg.logging.mlflow_experiment,
+            run_name=output_dir.name,
+            config=resolved,
+            log=log,
+        ),
+        log,
+    )
 
     def run_eval(step: int) -> None:
         if run.eval is None:
@@ -114,10 +129,13 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
         history["eval"].append({"step": step, **result})
         (output_dir / "eval").mkdir(exist_ok=True)
         (output_dir / "eval" / f"step_{step}.json").write_text(
-            json.dumps({"step": step, **result, "samples": samples}, indent=2))
+            json.dumps({"step": step, **result, "samples": samples}, indent=2)
+        )
         trackers.log(result, step)
-        log.info(f"step {step} | held-out accuracy: {100 * result['eval/accuracy']:.1f}% "
-                 f"({int(result['eval/n'])} problems)")
+        log.info(
+            f"step {step} | held-out accuracy: {100 * result['eval/accuracy']:.1f}% "
+            f"({int(result['eval/n'])} problems)"
+        )
 
     if start == 0 and not history["eval"]:
         run_eval(0)
@@ -134,8 +152,8 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
                     f"(last: step {step})",
                     where="training",
                     fix="lower trainer.lr, set trainer.max_grad_norm, use bfloat16 instead of "
-                        "float16, or check the reward for inf values; resume with --resume auto "
-                        "from the last good checkpoint",
+                    "float16, or check the reward for inf values; resume with --resume auto "
+                    "from the last good checkpoint",
                 )
             metrics_out.write(step, metrics)
             trackers.log(metrics, step)
@@ -144,10 +162,14 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
             if step % cfg.logging.log_interval == 0 or step == run.total_steps:
                 log.info(format_step_line(step, metrics))
             bar.update(step, metrics)
-            out_of_time = t.max_train_minutes is not None and (
-                time.perf_counter() - t_train) / 60 >= t.max_train_minutes
+            out_of_time = (
+                t.max_train_minutes is not None
+                and (time.perf_counter() - t_train) / 60 >= t.max_train_minutes
+            )
             if out_of_time and step < run.total_steps:
-                log.info(f"trainer.max_train_minutes ({t.max_train_minutes}) reached at step {step}")
+                log.info(
+                    f"trainer.max_train_minutes ({t.max_train_minutes}) reached at step {step}"
+                )
                 run.total_steps = step
             is_last = step == run.total_steps
             if t.eval_steps and step % t.eval_steps == 0 and not is_last:
@@ -186,10 +208,13 @@ def finish(run, history: dict, seconds: float) -> dict:
     if len(evals) >= 2:
         before, after = evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]
         n = int(evals[-1]["eval/n"])
-        result.update(before=before, after=after, n=n,
-                      curve=[(e["step"], e["eval/accuracy"]) for e in evals])
-        line = (f"held-out accuracy: before {100 * before:.1f}% -> after {100 * after:.1f}% "
-                f"({100 * (after - before):+.1f} points, {n} problems)")
+        result.update(
+            before=before, after=after, n=n, curve=[(e["step"], e["eval/accuracy"]) for e in evals]
+        )
+        line = (
+            f"held-out accuracy: before {100 * before:.1f}% -> after {100 * after:.1f}% "
+            f"({100 * (after - before):+.1f} points, {n} problems)"
+        )
         run.log.info(line)
         print(line, flush=True)
     path = Path(cfg.output_dir) / cfg.logging.result_file

@@ -30,8 +30,9 @@ def _norm(mini: RolloutBatch, max_response_length: int) -> LossNorm:
     )
 
 
-def _step(optimizer, params, max_grad_norm: float) -> float:
-    """Clip and step; a non-finite gradient skips the step (and is reported)."""
+def _step(optimizer, params, max_grad_norm: float, dry_run: bool = False) -> float:
+    """Clip and step; a non-finite gradient skips the step (and is reported).
+    ``dry_run`` (the preflight) measures everything but leaves weights and optimizer alone."""
     if max_grad_norm > 0:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     else:
@@ -40,12 +41,13 @@ def _step(optimizer, params, max_grad_norm: float) -> float:
     if not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteError(f"gradient norm is {grad_norm}")
-    optimizer.step()
+    if not dry_run:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
 
 
-def actor_minibatch(run, mini: RolloutBatch, metrics: dict) -> None:
+def actor_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = False) -> None:
     t = run.cfg.trainer
     params = PolicyLossParams(
         clip_low=t.clip_ratio_low,
@@ -62,8 +64,11 @@ def actor_minibatch(run, mini: RolloutBatch, metrics: dict) -> None:
         mb = trim(mini.select(idx)).to(device)
         with run.models.actor():
             logprobs, entropy = policy_logprobs(
-                run.models.policy, mb, temperature=run.temperature,
-                chunk_size=t.logprob_chunk_size, with_entropy=True,
+                run.models.policy,
+                mb,
+                temperature=run.temperature,
+                chunk_size=t.logprob_chunk_size,
+                with_entropy=True,
             )
         # on-policy (one optimiser step per rollout) pi_old is the current policy: the
         # detached log-probs give ratio 1 with the right gradient, and save a forward pass
@@ -90,10 +95,12 @@ def actor_minibatch(run, mini: RolloutBatch, metrics: dict) -> None:
         share = float(mb.size) / mini.size
         for key, value in m.items():
             metrics[f"actor/{key}"] += float(value) * share
-    metrics["actor/grad_norm"] += _step(run.actor_opt, run.models.actor_params, t.max_grad_norm)
+    metrics["actor/grad_norm"] += _step(
+        run.actor_opt, run.models.actor_params, t.max_grad_norm, dry_run
+    )
 
 
-def critic_minibatch(run, mini: RolloutBatch, metrics: dict) -> None:
+def critic_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = False) -> None:
     t = run.cfg.trainer
     norm = _norm(mini, t.max_new_tokens)
     lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
@@ -111,10 +118,14 @@ def critic_minibatch(run, mini: RolloutBatch, metrics: dict) -> None:
         share = float(mb.size) / mini.size
         for key, value in m.items():
             metrics[f"critic/{key}"] += float(value) * share
-    metrics["critic/grad_norm"] += _step(run.critic_opt, run.models.critic_params, t.max_grad_norm)
+    metrics["critic/grad_norm"] += _step(
+        run.critic_opt, run.models.critic_params, t.max_grad_norm, dry_run
+    )
 
 
-def update(run, batch: RolloutBatch, generator: torch.Generator) -> dict[str, float]:
+def update(
+    run, batch: RolloutBatch, generator: torch.Generator, dry_run: bool = False
+) -> dict[str, float]:
     """``ppo_epochs`` passes over the batch in mini-batches; returns metrics averaged over
     the optimiser steps. Raises NonFiniteError (after skipping the step) on NaN/inf."""
     t = run.cfg.trainer
@@ -123,12 +134,15 @@ def update(run, batch: RolloutBatch, generator: torch.Generator) -> dict[str, fl
     metrics: dict[str, float] = defaultdict(float)
     steps = 0
     for _ in range(t.ppo_epochs):
-        order = torch.randperm(batch.size, generator=generator) if t.ppo_epochs > 1 or (
-            mini_seqs < batch.size) else torch.arange(batch.size)
+        order = (
+            torch.randperm(batch.size, generator=generator)
+            if t.ppo_epochs > 1 or (mini_seqs < batch.size)
+            else torch.arange(batch.size)
+        )
         for start in range(0, batch.size, mini_seqs):
             mini = batch.select(order[start : start + mini_seqs])
-            actor_minibatch(run, mini, metrics)
+            actor_minibatch(run, mini, metrics, dry_run)
             if run.models.value_head is not None:
-                critic_minibatch(run, mini, metrics)
+                critic_minibatch(run, mini, metrics, dry_run)
             steps += 1
     return {k: v / steps for k, v in metrics.items()}

@@ -40,8 +40,13 @@ def test_overrides_types_lists_and_null(tmp_path):
     path = write(tmp_path, BASE)
     cfg, base = load_config(
         path,
-        ["trainer.batch_size=4", "trainer.lr=3e-4", "lora.target_modules=[q_proj, v_proj]",
-         "trainer.dual_clip_c=null", "trainer.micro_batch_size=4"],
+        [
+            "trainer.batch_size=4",
+            "trainer.lr=3e-4",
+            "lora.target_modules=[q_proj, v_proj]",
+            "trainer.dual_clip_c=null",
+            "trainer.micro_batch_size=4",
+        ],
     )
     assert cfg.trainer.batch_size == 4 and cfg.trainer.lr == pytest.approx(3e-4)
     assert cfg.lora.target_modules == ["q_proj", "v_proj"]
@@ -54,7 +59,9 @@ def test_unknown_key_names_file_line_and_suggestion(tmp_path):
     with pytest.raises(UserError) as err:
         load_config(path)
     text = str(err.value)
-    assert f"{path}:7" in text and "batch_sise" in text and "did you mean trainer.batch_size" in text
+    assert (
+        f"{path}:7" in text and "batch_sise" in text and "did you mean trainer.batch_size" in text
+    )
 
 
 def test_wrong_type_says_expected_type(tmp_path):
@@ -64,16 +71,20 @@ def test_wrong_type_says_expected_type(tmp_path):
 
 
 def test_inconsistent_batch_sizes_show_the_numbers(tmp_path):
-    path = write(tmp_path, BASE + "trainer:\n  batch_size: 4\n  samples_per_prompt: 3\n"
-                 "  micro_batch_size: 5\n")
+    path = write(
+        tmp_path,
+        BASE + "trainer:\n  batch_size: 4\n  samples_per_prompt: 3\n  micro_batch_size: 5\n",
+    )
     with pytest.raises(UserError) as err:
         load_config(path)
     assert "4 x 3 = 12" in str(err.value) and "micro_batch_size (5)" in str(err.value)
 
 
 def test_grpo_needs_a_group(tmp_path):
-    path = write(tmp_path, BASE + "trainer:\n  algorithm: grpo\n  samples_per_prompt: 1\n"
-                 "  micro_batch_size: 1\n")
+    path = write(
+        tmp_path,
+        BASE + "trainer:\n  algorithm: grpo\n  samples_per_prompt: 1\n  micro_batch_size: 1\n",
+    )
     with pytest.raises(UserError, match="samples_per_prompt >= 2"):
         load_config(path)
 
@@ -113,8 +124,18 @@ def test_cli_print_config_and_typo_exit_2(tmp_path, capsys):
 
 
 def test_cli_seed_story_flags(capsys):
-    code = main(["train", "--config_file", str(EXAMPLES / "single_card_ppo.yaml"),
-                 "--output_dir", "./output_single", "--seed", "7", "--print-config"])
+    code = main(
+        [
+            "train",
+            "--config_file",
+            str(EXAMPLES / "single_card_ppo.yaml"),
+            "--output_dir",
+            "./output_single",
+            "--seed",
+            "7",
+            "--print-config",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "output_dir: ./output_single" in out and "seed: 7" in out

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-REWARD_FILE = '''
+REWARD_FILE = """
 def reward(prompts, completions, **columns):
     # TRL signature: varied, deterministic scores so groups have non-zero advantages
     return [float(sum(map(ord, c)) % 7) / 6.0 for c in completions]
-'''
+"""
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +27,9 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def write_rows(path: Path, n: int = 16) -> Path:
     with path.open("w") as f:
         for i in range(n):
-            f.write(json.dumps({"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n")
+            f.write(
+                json.dumps({"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n"
+            )
     return path
 
 
@@ -38,8 +40,14 @@ def make_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
     cfg = {
         "model": {"actor_model_name_or_path": str(model_dir), "device": "cpu"},
         "trainer": {
-            "algorithm": "grpo", "total_steps": 2, "batch_size": 2, "samples_per_prompt": 4,
-            "micro_batch_size": 4, "max_length": 128, "max_new_tokens": 8, "lr": 1e-2,
+            "algorithm": "grpo",
+            "total_steps": 2,
+            "batch_size": 2,
+            "samples_per_prompt": 4,
+            "micro_batch_size": 4,
+            "max_length": 128,
+            "max_new_tokens": 8,
+            "lr": 1e-2,
         },
         "lora": {"lora_r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
         "data": {"train_dataset": "rows.jsonl"},

@@ -18,8 +18,16 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_grpo_on_gpu_bf16(tmp_path, tiny_model_dir, engine):
-    path = make_config(tmp_path, tiny_model_dir, model={"actor_model_name_or_path": str(
-        tiny_model_dir), "device": "cuda", "torch_dtype": "bfloat16"}, rollout={"engine": engine})
+    path = make_config(
+        tmp_path,
+        tiny_model_dir,
+        model={
+            "actor_model_name_or_path": str(tiny_model_dir),
+            "device": "cuda",
+            "torch_dtype": "bfloat16",
+        },
+        rollout={"engine": engine},
+    )
     cfg, base = load_config(path)
     train(cfg, base)
     lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]

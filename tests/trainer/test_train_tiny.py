@@ -47,9 +47,17 @@ def test_grpo_lora_trains_and_writes_the_seed_layout(tmp_path, tiny_model_dir):
 
 
 def test_ppo_lora_trains_a_critic(tmp_path, tiny_model_dir):
-    run(tmp_path, tiny_model_dir,
-        trainer={"algorithm": "ppo", "samples_per_prompt": 1, "micro_batch_size": 1,
-                 "batch_size": 2, "total_steps": 2})
+    run(
+        tmp_path,
+        tiny_model_dir,
+        trainer={
+            "algorithm": "ppo",
+            "samples_per_prompt": 1,
+            "micro_batch_size": 1,
+            "batch_size": 2,
+            "total_steps": 2,
+        },
+    )
     out = tmp_path / "out"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("critic/vf_loss" in x for x in lines)
@@ -59,11 +67,54 @@ def test_ppo_lora_trains_a_critic(tmp_path, tiny_model_dir):
 
 
 def test_full_parameter_grpo_with_kl_reference(tmp_path, tiny_model_dir):
-    cfg, _ = run(tmp_path, tiny_model_dir, lora={"enable_lora": False},
-                 trainer={"lr": 1e-3, "kl": {"coef": 0.1, "estimator": "k3"}})
+    cfg, _ = run(
+        tmp_path,
+        tiny_model_dir,
+        lora={"enable_lora": False},
+        trainer={"lr": 1e-3, "kl": {"coef": 0.1, "estimator": "k3"}},
+    )
     out = tmp_path / "out"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     # step 1 starts at the reference: KL is 0; step 2 has moved away from it
     assert lines[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
     assert lines[1]["actor/kl_loss"] > 0
     assert (out / "actor" / "checkpoint_2" / "model.safetensors").exists()
+
+
+def test_preflight_and_oom_is_explained(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """Preflight runs the worst case without an optimizer step; an out-of-memory in the
+    update is reported with the phase and the settings to change (exit code 3)."""
+    import danka.trainer.update as upd
+    from danka.cli import main
+
+    cfg_path = make_config(tmp_path, tiny_model_dir, trainer={"preflight": True, "total_steps": 1})
+    cfg, base = load_config(cfg_path)
+    train(cfg, base)
+    log = (tmp_path / "out" / "logs" / "train.log").read_text()
+    assert "preflight passed at the worst-case shapes (2 x 4 sequences" in log
+
+    def boom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(upd, "actor_minibatch", boom)
+    code = main(["train", str(cfg_path), "output_dir=" + str(tmp_path / "oom")])
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "out of memory during update (2 prompts x 4 samples, micro-batch 4" in err
+    assert "micro_batch_size" in err and "use_gradient_checkpointing" in err
+
+
+def test_auto_micro_batch_halves_on_oom(tmp_path, tiny_model_dir, monkeypatch):
+    import danka.trainer.update as upd
+
+    real, calls = upd.actor_minibatch, []
+
+    def flaky(run, mini, metrics, dry_run=False):
+        calls.append(run.cfg.trainer.micro_batch_size)
+        if run.cfg.trainer.micro_batch_size > 2:
+            raise torch.OutOfMemoryError("out of memory")
+        return real(run, mini, metrics, dry_run)
+
+    monkeypatch.setattr(upd, "actor_minibatch", flaky)
+    cfg, _ = run(tmp_path, tiny_model_dir, trainer={"auto_micro_batch": True, "total_steps": 1})
+    assert calls[:2] == [4, 2] and cfg.trainer.micro_batch_size == 2

@@ -1,0 +1,55 @@
+"""``trainer.preflight``: run the worst-case shapes once, so a run that will not fit fails
+in its first minute rather than after hours."""
+
+from __future__ import annotations
+
+import torch
+
+from danka.rollout.base import SamplingParams, finish_batch
+from danka.trainer.fit import prepare
+from danka.trainer.guards import oom_guard
+from danka.trainer.update import update
+
+
+def preflight(run, log) -> None:
+    """One rollout of the longest prompts, then log-probs, values and an update (weights and
+    optimizer untouched) on a batch where every response has max_new_tokens tokens."""
+    t = run.cfg.trainer
+    order = sorted(range(len(run.train.ids)), key=lambda i: -len(run.train.ids[i]))
+    prompts = [run.train.ids[i] for i in order[: t.batch_size]]
+    params = SamplingParams(
+        n=t.samples_per_prompt,
+        temperature=t.temperature,
+        top_p=t.top_p,
+        top_k=t.top_k,
+        max_new_tokens=t.max_new_tokens,
+    )
+    with oom_guard("rollout", run), run.models.actor():
+        run.engine.generate(
+            run.models.policy, prompts, params, eos_ids=run.eos_ids, pad_id=run.pad_id
+        )
+    n, r = t.samples_per_prompt, t.max_new_tokens
+    filler = run.pad_id if run.pad_id not in run.eos_ids else 1 + max(run.eos_ids)
+    batch = finish_batch(
+        prompts,
+        [[filler] * r for _ in range(len(prompts) * n)],
+        n,
+        eos_ids=[],
+        pad_id=run.pad_id,
+        max_new_tokens=r,
+    )
+    batch.rewards = torch.randn(batch.size, generator=torch.Generator().manual_seed(0))
+    kl_state = run.kl_ctl.state_dict()  # prepare() may adapt the KL coefficient: undo it
+    with oom_guard("log-probs", run):
+        prepare(run, batch, {})
+    run.kl_ctl.load_state_dict(kl_state)
+    with oom_guard("update", run):
+        update(run, batch, torch.Generator().manual_seed(0), dry_run=True)
+    peak = ""
+    if run.device.type == "cuda":
+        peak = f": peak {torch.cuda.max_memory_allocated(run.device) / 2**30:.2f} GiB"
+        torch.cuda.reset_peak_memory_stats(run.device)
+    log.info(
+        f"preflight passed at the worst-case shapes ({len(prompts)} x {n} sequences, "
+        f"{max(map(len, prompts))} prompt + {r} response tokens){peak}"
+    )

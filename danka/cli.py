@@ -48,6 +48,23 @@ def _train_args(p: argparse.ArgumentParser) -> None:
         help="print the resolved config with defaults and exit (no model is loaded)",
     )
     p.add_argument("--resume", help="auto (newest complete checkpoint) or a checkpoint path")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        help="train with N processes on this machine (re-runs itself through torchrun)",
+    )
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
 
 
 def _load_train_config(args):
@@ -80,15 +97,24 @@ def _load_train_config(args):
 def _train(args) -> int:
     import yaml
 
+    from danka import distributed as dist
     from danka.config import config_to_dict
 
-    cfg, base_dir = _load_train_config(args)
+    cfg, base_dir = _load_train_config(args)  # bad input fails once, before any launch
+    if args.nproc and args.nproc > 1 and not dist.requested() and not args.print_config:
+        import subprocess
+
+        argv = dist.torchrun_argv(args.nproc, _without_nproc(args.raw_argv))
+        return subprocess.call(argv)
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
     from danka.trainer.train import train
 
-    train(cfg, base_dir, resume=args.resume)
+    try:
+        train(cfg, base_dir, resume=args.resume)
+    finally:
+        dist.destroy()
     return 0
 
 
@@ -179,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return COMMANDS[args.command][2](args) or 0
     except UserError as err:

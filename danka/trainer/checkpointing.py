@@ -13,6 +13,7 @@ from pathlib import Path
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
+from danka import distributed as dist
 from danka.checkpoint import (
     capture_rng_state,
     checkpoint_parts,
@@ -29,18 +30,23 @@ from danka.models.value_head import load_value_head, save_value_head
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
-def _save_adapter(model, adapter: str, folder: Path) -> None:
-    state = get_peft_model_state_dict(model, adapter_name=adapter)
+def _save_adapter(model, adapter: str, folder: Path, full: dict | None = None) -> None:
+    state = get_peft_model_state_dict(model, state_dict=full, adapter_name=adapter)
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, folder / ADAPTER_FILE)
     model.peft_config[adapter].save_pretrained(str(folder))
 
 
-def _writers(run) -> dict:
+def _writers(run, full: dict | None = None) -> dict:
+    """``full``: the policy's gathered state dict (several processes), else the live one."""
     models = run.models
     if models.lora:
-        writers = {"actor": lambda d: _save_adapter(models.policy, "default", d)}
+        writers = {"actor": lambda d: _save_adapter(models.policy, "default", d, full)}
     else:
-        writers = {"actor": lambda d: models.policy.save_pretrained(d, safe_serialization=True)}
+        writers = {
+            "actor": lambda d: models.policy.save_pretrained(
+                d, state_dict=full, safe_serialization=True
+            )
+        }
     if models.value_head is not None:
 
         def critic(d: Path) -> None:
@@ -54,10 +60,16 @@ def _writers(run) -> dict:
     return writers
 
 
-def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Path:
+def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Path | None:
+    full, actor_opt = None, run.actor_opt.state_dict()
+    if dist.is_active():  # gather on every rank (collective), write on rank 0 only
+        full = dist.full_state_dict(run.models.policy)
+        actor_opt = dist.full_optimizer_state(run.actor_opt)
+        if not dist.is_main():
+            return None
     state = {
         "step": step,
-        "actor_opt": run.actor_opt.state_dict(),
+        "actor_opt": actor_opt,
         "actor_sched": run.actor_sched.state_dict(),
         "critic_opt": run.critic_opt.state_dict() if run.critic_opt else None,
         "critic_sched": run.critic_sched.state_dict() if run.critic_sched else None,
@@ -71,7 +83,7 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
     path = save_checkpoint(
         run.output_dir,
         step,
-        _writers(run),
+        _writers(run, full),
         trainer_state=state,
         config_hash=config_hash,
         config=resolved,
@@ -90,8 +102,11 @@ def _load_adapter(model, adapter: str, folder: Path, where: Path) -> None:
             fix="resume from a checkpoint written by danka train",
         )
     state = load_file(str(file))
-    result = set_peft_model_state_dict(model, state, adapter_name=adapter)
-    unexpected = getattr(result, "unexpected_keys", []) or []
+    if dist.is_active():  # sharded model: load full tensors through torch.distributed
+        unexpected = dist.load_full_state_dict(model, _with_adapter_name(state, adapter))
+    else:
+        result = set_peft_model_state_dict(model, state, adapter_name=adapter)
+        unexpected = getattr(result, "unexpected_keys", []) or []
     if unexpected:
         raise UserError(
             f"the adapter in {folder} does not fit this model ({len(unexpected)} unexpected "
@@ -99,6 +114,17 @@ def _load_adapter(model, adapter: str, folder: Path, where: Path) -> None:
             where=str(where),
             fix="resume with the model and lora settings the checkpoint was trained with",
         )
+
+
+def _with_adapter_name(state: dict, adapter: str) -> dict:
+    """PEFT's saved keys (``...lora_A.weight``) as the model names them (``...lora_A.default.weight``)."""
+    out = {}
+    for key, value in state.items():
+        for part in (".lora_A.", ".lora_B."):
+            if part in key and not key.split(part, 1)[1].startswith(f"{adapter}."):
+                key = key.replace(part, f"{part}{adapter}.", 1)
+        out[key] = value
+    return out
 
 
 def _get(cfg: dict, dotted: str):
@@ -202,7 +228,10 @@ def _load_parts(run, parts: dict[str, Path], state: dict, state_dir: Path) -> No
         from transformers import AutoModelForCausalLM
 
         loaded = AutoModelForCausalLM.from_pretrained(parts["actor"], dtype=run.dtype)
-        models.policy.load_state_dict(loaded.state_dict())
+        if dist.is_active():
+            dist.load_full_state_dict(models.policy, loaded.state_dict())
+        else:
+            models.policy.load_state_dict(loaded.state_dict())
     if models.value_head is not None:
         if models.lora:
             _load_adapter(models.critic_model, "critic", parts["critic"], state_dir)
@@ -211,7 +240,10 @@ def _load_parts(run, parts: dict[str, Path], state: dict, state_dir: Path) -> No
             models.value_head.hidden_size if hasattr(models.value_head, "hidden_size") else None,
         )
         models.value_head.load_state_dict(head.state_dict())
-    run.actor_opt.load_state_dict(state["actor_opt"])
+    actor_opt = state["actor_opt"]
+    if dist.is_active():
+        actor_opt = dist.shard_optimizer_state(run.actor_opt, actor_opt)
+    run.actor_opt.load_state_dict(actor_opt)
     run.actor_sched.load_state_dict(state["actor_sched"])
     if run.critic_opt is not None and state.get("critic_opt"):
         run.critic_opt.load_state_dict(state["critic_opt"])

@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import torch
 
+from danka import distributed as dist
 from danka.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInput,
@@ -111,6 +112,8 @@ def prepare(run: Run, batch: RolloutBatch, metrics: dict) -> None:
             t.kl.estimator,
             run.kl_ctl.value,
         )
+        if dist.is_active():  # the adaptive controller must move the same way on every rank
+            mean_kl = dist.all_mean(mean_kl)
         metrics["kl"] = mean_kl
         run.kl_ctl.update(mean_kl, n_steps=t.batch_size)
     adv_in = AdvantageInput(
@@ -151,6 +154,8 @@ def train_step(run: Run, step: int) -> tuple[dict, RolloutBatch, list[str]]:
     t0 = time.perf_counter()
     # 1. pick prompts
     prompt_idx = run.sampler.next_batch()
+    if dist.is_active():  # this rank's prompts; a prompt's group stays on one rank
+        prompt_idx = dist.shard(prompt_idx)
     run.last_prompt_idx = prompt_idx
     # 2. rollout
     with oom_guard("rollout", run):
@@ -189,6 +194,8 @@ def train_step(run: Run, step: int) -> tuple[dict, RolloutBatch, list[str]]:
     for key, value in timings.items():
         metrics[f"time/{key}"] = value
     metrics["time/step"] = total
+    if dist.is_active():
+        metrics = dist.reduce_metrics(metrics)
     tokens = float(batch.response_mask.sum())
     metrics["throughput/gen_tokens_per_s"] = tokens / max(timings["rollout"], 1e-9)
     if torch.cuda.is_available() and run.device.type == "cuda":

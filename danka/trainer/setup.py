@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from danka import distributed as dist
 from danka.algorithms.kl import AdaptiveKLController, FixedKLController
 from danka.config.schema import DankaConfig
 from danka.data.formats import load_prompt_rows
@@ -103,7 +104,7 @@ def reward_specs(cfg: DankaConfig, rows: list[PromptRow]) -> list[RewardSpec]:
 
 def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logger) -> Run:
     t, m = cfg.trainer, cfg.model
-    device = pick_device(m.device)
+    device = dist.init(pick_device(m.device))  # cuda:LOCAL_RANK under torchrun
     dtype = resolve_dtype(m.torch_dtype, device)
     torch.manual_seed(t.seed)
 
@@ -112,6 +113,8 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     engine_name = cfg.rollout.engine
     if engine_name == "auto":
         engine_name = "fast" if device.type == "cuda" else "hf"
+    if dist.is_active():
+        dist.check_config(cfg, engine_name)
     if engine_name == "hf":
         log.info("Using HF Transformers backend for Actor/Critic inference")
     else:
@@ -166,6 +169,9 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     models = build_models(
         cfg, base, lambda: load_causal_lm(m.critic_model_name_or_path, **load), log.info
     )
+    if dist.is_active():  # before the optimiser: it must hold the sharded parameters
+        dist.shard_models(models)
+        log.info(f"FSDP2: policy sharded over {dist.world_size()} processes")
     if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
         rewards = build_reward_computer(
             specs, reward_model=_reward_model(cfg, models, tokenizer, load), **reward_args

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
+from danka import distributed as dist
 from danka.checkpoint import config_hash, find_latest_checkpoint, verify_checkpoint
 from danka.checkpoint.store import MANIFEST_NAME, _delete_checkpoint, _state_dirs, _step_of
 from danka.config import config_to_dict
@@ -78,13 +80,15 @@ def _drop_checkpoints_after(output_dir: Path, step: int, log) -> None:
 def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    log = setup_run_logger(output_dir)
+    main = not dist.requested() or os.environ.get("RANK", "0") == "0"
+    log = setup_run_logger(output_dir) if main else dist.quiet_logger()  # rank 0 writes
     t0 = time.perf_counter()
     resolved = config_to_dict(cfg)
     ckpt = _resolve_resume(resume, output_dir, log)
     if ckpt is not None:
         check_compatible(ckpt, resolved)  # before minutes of model loading
-    (output_dir / "config.json").write_text(json.dumps(resolved, indent=2))
+    if main:
+        (output_dir / "config.json").write_text(json.dumps(resolved, indent=2))
 
     run = build_run(cfg, base_dir, output_dir, log)
     t = cfg.trainer
@@ -102,23 +106,29 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
     if ckpt is not None:
         start, history = restore(run, ckpt, resolved)
         log.info(f"Resumed from {ckpt} at step {start}")
-        _drop_checkpoints_after(output_dir, start, log)
-    # steps after the checkpoint will be redone: their logged lines go
-    truncate_metrics_after(output_dir, start)
-    remove_completions_after(output_dir, start)
-    metrics_out = MetricsWriter(output_dir)
-    completions_out = CompletionsWriter(output_dir)
-    trackers = SafeTrackers(
-        build_trackers(
-            output_dir,
-            tensorboard=cfg.logging.tensorboard,
-            wandb_project=cfg.logging.wandb_project,
-            mlflow_experiment=cfg.logging.mlflow_experiment,
-            run_name=output_dir.name,
-            config=resolved,
-            log=log,
-        ),
-        log,
+        if main:
+            _drop_checkpoints_after(output_dir, start, log)
+    if main:  # steps after the checkpoint will be redone: their logged lines go
+        truncate_metrics_after(output_dir, start)
+        remove_completions_after(output_dir, start)
+    # every rank trains; rank 0 alone writes logs, metrics and files (dist.Null elsewhere)
+    metrics_out = MetricsWriter(output_dir) if main else dist.Null()
+    completions_out = CompletionsWriter(output_dir) if main else dist.Null()
+    trackers = (
+        dist.Null()
+        if not main
+        else SafeTrackers(
+            build_trackers(
+                output_dir,
+                tensorboard=cfg.logging.tensorboard,
+                wandb_project=cfg.logging.wandb_project,
+                mlflow_experiment=cfg.logging.mlflow_experiment,
+                run_name=output_dir.name,
+                config=resolved,
+                log=log,
+            ),
+            log,
+        )
     )
 
     def run_eval(step: int) -> None:
@@ -127,6 +137,8 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
         result = evaluate(run, run.eval.rows, run.eval.ids, run.eval.texts)
         samples = result.pop("_samples")
         history["eval"].append({"step": step, **result})
+        if not main:  # every rank evaluates the whole held-out set (in step), rank 0 writes
+            return
         (output_dir / "eval").mkdir(exist_ok=True)
         (output_dir / "eval" / f"step_{step}.json").write_text(
             json.dumps({"step": step, **result, "samples": samples}, indent=2)
@@ -142,7 +154,8 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
     bad_in_a_row = 0
     h = config_hash(resolved)
     t_train = time.perf_counter()
-    with TrainProgress(run.total_steps, start_step=start, enabled=cfg.logging.progress) as bar:
+    progress = cfg.logging.progress and main
+    with TrainProgress(run.total_steps, start_step=start, enabled=progress) as bar:
         for step in range(start + 1, run.total_steps + 1):
             metrics, batch, completions = train_step(run, step)
             bad_in_a_row = 0 if is_finite_step(metrics) else bad_in_a_row + 1
@@ -157,7 +170,7 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
                 )
             metrics_out.write(step, metrics)
             trackers.log(metrics, step)
-            if cfg.logging.save_completions:
+            if cfg.logging.save_completions and main:
                 write_completions(completions_out, run, step, batch, completions)
             if step % cfg.logging.log_interval == 0 or step == run.total_steps:
                 log.info(format_step_line(step, metrics))
@@ -166,6 +179,8 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
                 t.max_train_minutes is not None
                 and (time.perf_counter() - t_train) / 60 >= t.max_train_minutes
             )
+            if dist.is_active():  # stop together: one rank alone in a collective would hang
+                out_of_time = dist.all_sum(float(out_of_time)) > 0
             if out_of_time and step < run.total_steps:
                 log.info(
                     f"trainer.max_train_minutes ({t.max_train_minutes}) reached at step {step}"
@@ -184,6 +199,8 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
     trackers.close()
     metrics_out.close()
     run.rewards.close()
+    if not main:
+        return {"steps": run.total_steps}
     return finish(run, history, time.perf_counter() - t0)
 
 

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 import torch
 
+from danka import distributed as dist
 from danka.algorithms.kl import KL_ESTIMATORS
 from danka.algorithms.losses import POLICY_LOSSES, LossNorm, PolicyLossParams, aggregate, value_loss
 from danka.trainer.forward import critic_values, micro_batch_indices, policy_logprobs, trim
@@ -23,6 +24,12 @@ class NonFiniteError(RuntimeError):
 
 
 def _norm(mini: RolloutBatch, max_response_length: int) -> LossNorm:
+    if dist.is_active():  # global counts: each rank's loss is its share of the global loss
+        return LossNorm(
+            num_tokens=max(dist.all_sum(float(mini.response_mask.sum())), 1.0),
+            num_seqs=dist.all_sum(float(mini.size)),
+            max_response_length=max_response_length,
+        )
     return LossNorm(
         num_tokens=float(mini.response_mask.sum().clamp(min=1.0)),
         num_seqs=float(mini.size),
@@ -33,6 +40,8 @@ def _norm(mini: RolloutBatch, max_response_length: int) -> LossNorm:
 def _step(optimizer, params, max_grad_norm: float, dry_run: bool = False) -> float:
     """Clip and step; a non-finite gradient skips the step (and is reported).
     ``dry_run`` (the preflight) measures everything but leaves weights and optimizer alone."""
+    if dist.is_active():  # gradients become sums over ranks
+        dist.sync_grads(params)
     if max_grad_norm > 0:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     else:
@@ -130,7 +139,7 @@ def update(
     the optimiser steps. Raises NonFiniteError (after skipping the step) on NaN/inf."""
     t = run.cfg.trainer
     n = t.samples_per_prompt
-    mini_seqs = t.mini_batch_size * n
+    mini_seqs = t.mini_batch_size * n // dist.world_size()  # this rank's part
     metrics: dict[str, float] = defaultdict(float)
     steps = 0
     for _ in range(t.ppo_epochs):

@@ -61,8 +61,9 @@ def score(run: Run, batch: RolloutBatch, prompt_idx: list[int], metrics: dict) -
         batch.response_mask[invalid] = 0.0
         batch.rewards[invalid] = 0.0
     metrics["reward"] = float(batch.rewards[~invalid].mean()) if (~invalid).any() else 0.0
-    for name, value in out.per_function.items():
-        metrics[f"reward/{name}"] = float(value.float().cpu()[~invalid].mean())
+    run.last_reward_parts = {name: v.float().cpu() for name, v in out.per_function.items()}
+    for name, value in run.last_reward_parts.items():
+        metrics[f"reward/{name}"] = float(value[~invalid].mean())
     metrics["reward/error_rate"] = out.num_errors / max(1, len(completions))
     groups = batch.rewards.view(-1, n)
     if n > 1:

@@ -47,6 +47,7 @@ class Run:
     eos_ids: list[int] = field(default_factory=list)
     pad_id: int = 0
     last_prompt_idx: list[int] = field(default_factory=list)  # prompts of the current step
+    last_reward_parts: dict = field(default_factory=dict)  # name -> (B,) unweighted rewards
 
     @property
     def temperature(self) -> float:

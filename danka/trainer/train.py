@@ -213,6 +213,7 @@ def write_completions(writer, run, step: int, batch, completions: list[str]) -> 
         prompts=[run.train.texts[idx[g]] for g in groups],
         completions=completions[:k],
         rewards=batch.rewards[:k].tolist(),
+        reward_parts={name: v[:k].tolist() for name, v in run.last_reward_parts.items()},
         ground_truths=[run.train.rows[idx[g]].ground_truth for g in groups],
     )
 

@@ -93,14 +93,14 @@ def actor_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = Fals
             kl = KL_ESTIMATORS.get(t.kl.estimator)(logprobs, mb.ref_logprobs)
             kl_loss = aggregate(kl, mb.response_mask, t.loss_agg_mode, norm)
             loss = loss + run.kl_ctl.value * kl_loss
-            metrics["actor/kl_loss"] += float(kl_loss)
+            metrics["actor/kl_loss"] += float(kl_loss.detach())
         if not torch.isfinite(loss):
             run.actor_opt.zero_grad(set_to_none=True)
             raise NonFiniteError(f"policy loss is {float(loss)}")
         loss.backward()
         # the norm makes micro-batch values add up to the mini-batch value
         metrics["actor/pg_loss"] += float(loss.detach())
-        metrics["actor/entropy"] += float(ent)
+        metrics["actor/entropy"] += float(ent.detach())
         share = float(mb.size) / mini.size
         for key, value in m.items():
             metrics[f"actor/{key}"] += float(value) * share
@@ -123,7 +123,7 @@ def critic_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = Fal
             run.critic_opt.zero_grad(set_to_none=True)
             raise NonFiniteError(f"value loss is {float(loss)}")
         loss.backward()
-        metrics["critic/vf_loss"] += float(loss)
+        metrics["critic/vf_loss"] += float(loss.detach())
         share = float(mb.size) / mini.size
         for key, value in m.items():
             metrics[f"critic/{key}"] += float(value) * share

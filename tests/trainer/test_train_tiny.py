@@ -43,7 +43,8 @@ def test_grpo_lora_trains_and_writes_the_seed_layout(tmp_path, tiny_model_dir):
     merged = model.merge_and_unload()
     changed = [k for k, v in merged.state_dict().items() if not torch.equal(v, base_state[k])]
     assert changed and all("q_proj" in k or "v_proj" in k for k in changed)
-    assert (out / "completions" / "step_1.jsonl").exists()
+    first = json.loads((out / "completions" / "step_1.jsonl").read_text().splitlines()[0])
+    assert set(first["rewards"]) == {"reward"} and first["reward"] == first["rewards"]["reward"]
 
 
 def test_ppo_lora_trains_a_critic(tmp_path, tiny_model_dir):

@@ -29,7 +29,8 @@ from danka.trainer.update import NonFiniteError, update
 from danka.types import RolloutBatch
 
 
-def rollout(run: Run, prompt_idx: list[int]) -> RolloutBatch:
+def rollout(run: Run, prompts: list[list[int]]) -> RolloutBatch:
+    """Sample ``samples_per_prompt`` answers to each prompt (token ids) from the policy."""
     t = run.cfg.trainer
     params = SamplingParams(
         n=t.samples_per_prompt,
@@ -40,11 +41,7 @@ def rollout(run: Run, prompt_idx: list[int]) -> RolloutBatch:
     )
     with run.models.actor():
         return run.engine.generate(
-            run.models.policy,
-            [run.train.ids[i] for i in prompt_idx],
-            params,
-            eos_ids=run.eos_ids,
-            pad_id=run.pad_id,
+            run.models.policy, prompts, params, eos_ids=run.eos_ids, pad_id=run.pad_id
         )
 
 
@@ -160,7 +157,7 @@ def train_step(run: Run, step: int) -> tuple[dict, RolloutBatch, list[str]]:
     run.last_prompt_idx = prompt_idx
     # 2. rollout
     with oom_guard("rollout", run):
-        batch = rollout(run, prompt_idx)
+        batch = rollout(run, [run.train.ids[i] for i in prompt_idx])
     timings["rollout"] = time.perf_counter() - t0
     # 3. rewards
     t1 = time.perf_counter()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from danka.rollout.base import SamplingParams, finish_batch
-from danka.trainer.fit import prepare
+from danka.rollout.base import finish_batch
+from danka.trainer.fit import prepare, rollout
 from danka.trainer.guards import oom_guard
 from danka.trainer.update import update
 
@@ -17,17 +17,8 @@ def preflight(run, log) -> None:
     t = run.cfg.trainer
     order = sorted(range(len(run.train.ids)), key=lambda i: -len(run.train.ids[i]))
     prompts = [run.train.ids[i] for i in order[: t.batch_size]]
-    params = SamplingParams(
-        n=t.samples_per_prompt,
-        temperature=t.temperature,
-        top_p=t.top_p,
-        top_k=t.top_k,
-        max_new_tokens=t.max_new_tokens,
-    )
-    with oom_guard("rollout", run), run.models.actor():
-        run.engine.generate(
-            run.models.policy, prompts, params, eos_ids=run.eos_ids, pad_id=run.pad_id
-        )
+    with oom_guard("rollout", run):
+        rollout(run, prompts)
     n, r = t.samples_per_prompt, t.max_new_tokens
     filler = run.pad_id if run.pad_id not in run.eos_ids else 1 + max(run.eos_ids)
     batch = finish_batch(

@@ -18,10 +18,14 @@ FIXES = {
 }
 
 
-class OutOfMemory(UserError):
-    """The device ran out of memory in a named phase. Exit code 3: a fault, not bad input."""
+class TrainingFault(UserError):
+    """A fault during training (not bad input): printed without a traceback, exit code 3."""
 
     exit_code = 3
+
+
+class OutOfMemory(TrainingFault):
+    """The device ran out of memory in a named phase."""
 
 
 def _oom_types() -> tuple[type[BaseException], ...]:

@@ -26,6 +26,7 @@ from danka.logging.trackers import SafeTrackers, build_trackers
 from danka.trainer.checkpointing import check_compatible, restore, save
 from danka.trainer.evaluate import evaluate
 from danka.trainer.fit import is_finite_step, train_step
+from danka.trainer.guards import TrainingFault
 from danka.trainer.preflight import preflight
 from danka.trainer.setup import build_run
 
@@ -159,15 +160,6 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
         for step in range(start + 1, run.total_steps + 1):
             metrics, batch, completions = train_step(run, step)
             bad_in_a_row = 0 if is_finite_step(metrics) else bad_in_a_row + 1
-            if bad_in_a_row >= t.max_bad_steps:
-                raise UserError(
-                    f"{bad_in_a_row} steps in a row had a non-finite loss or gradient "
-                    f"(last: step {step})",
-                    where="training",
-                    fix="lower trainer.lr, set trainer.max_grad_norm, use bfloat16 instead of "
-                    "float16, or check the reward for inf values; resume with --resume auto "
-                    "from the last good checkpoint",
-                )
             metrics_out.write(step, metrics)
             trackers.log(metrics, step)
             if cfg.logging.save_completions and main:
@@ -175,6 +167,15 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
             if step % cfg.logging.log_interval == 0 or step == run.total_steps:
                 log.info(format_step_line(step, metrics))
             bar.update(step, metrics)
+            if bad_in_a_row >= t.max_bad_steps:
+                raise TrainingFault(
+                    f"{bad_in_a_row} steps in a row had a non-finite loss or gradient "
+                    f"(last: step {step})",
+                    where="training",
+                    fix="lower trainer.lr, set trainer.max_grad_norm, use bfloat16 instead of "
+                    "float16, or check the reward for inf values; resume with --resume auto "
+                    "from the last good checkpoint",
+                )
             out_of_time = (
                 t.max_train_minutes is not None
                 and (time.perf_counter() - t_train) / 60 >= t.max_train_minutes

@@ -119,3 +119,27 @@ def test_auto_micro_batch_halves_on_oom(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setattr(upd, "actor_minibatch", flaky)
     cfg, _ = run(tmp_path, tiny_model_dir, trainer={"auto_micro_batch": True, "total_steps": 1})
     assert calls[:2] == [4, 2] and cfg.trainer.micro_batch_size == 2
+
+
+def test_non_finite_steps_are_skipped_then_stop_with_an_explanation(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """A NaN loss skips the optimizer step (weights untouched); max_bad_steps in a row stop
+    the run with exit code 3 and the likely causes."""
+    import danka.trainer.update as upd
+    from danka.cli import main
+
+    real_get = upd.POLICY_LOSSES.get
+
+    def nan_loss(name, *a, **k):
+        fn = real_get(name, *a, **k)
+        return lambda *args, **kw: (fn(*args, **kw)[0] * float("nan"), {})
+
+    monkeypatch.setattr(upd.POLICY_LOSSES, "get", nan_loss)
+    cfg_path = make_config(tmp_path, tiny_model_dir, trainer={"max_bad_steps": 2, "total_steps": 4})
+    assert main(["train", str(cfg_path)]) == 3
+    err = capsys.readouterr().err
+    assert "2 steps in a row had a non-finite loss or gradient (last: step 2)" in err
+    assert "lower trainer.lr" in err
+    lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["skipped_step"] for x in lines] == [1.0, 1.0]

@@ -120,6 +120,18 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
     ):
         if getattr(t, key) < 1:
             fail(f"trainer.{key}", f"must be >= 1, got {getattr(t, key)}", "use a positive number")
+    if t.max_train_minutes is not None and t.max_train_minutes <= 0:
+        fail(
+            "trainer.max_train_minutes",
+            f"must be > 0, got {t.max_train_minutes}",
+            "give minutes of training, e.g. 6, or null for no limit",
+        )
+    if not cfg.logging.result_file or "/" in cfg.logging.result_file:
+        fail(
+            "logging.result_file",
+            f"{cfg.logging.result_file!r} is not a file name",
+            "a plain file name written inside output_dir, e.g. result.json",
+        )
     if t.total_steps is not None and t.total_steps < 1:
         fail("trainer.total_steps", "must be >= 1", "use a positive number or null")
     if t.max_new_tokens >= t.max_length:

@@ -139,3 +139,17 @@ def test_cli_seed_story_flags(capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "output_dir: ./output_single" in out and "seed: 7" in out
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("trainer.max_train_minutes=0", "trainer.max_train_minutes"),
+        ("logging.result_file=../x.json", "not a file name"),
+        ("trainer.eval_max_new_tokens=many", "expected int or null"),
+        ("trainer.auto_micro_batch=maybe", "expected bool"),
+    ],
+)
+def test_newer_options_are_checked(tmp_path, override, words):
+    with pytest.raises(UserError, match=words):
+        load_config(write(tmp_path, BASE), [override])

@@ -173,8 +173,8 @@ class DataConfig:
     on_bad_row: str = _f("error", "error | skip (bad rows go to OUTPUT/bad_rows.jsonl)")
     shuffle: bool = _f(True, "shuffle the prompts every epoch")
     limit: int | None = _f(None, "use only the first N rows")
-    packing: bool = _f(True, "pack sequences without padding in the update")
-    max_packed_length: int = _f(4096, "tokens per packed micro-batch")
+    packing: bool = _f(False, "pack a micro-batch's sequences into rows without padding")
+    max_packed_length: int = _f(4096, "tokens per packed row (data.packing)")
 
 
 @dataclass

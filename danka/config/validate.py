@@ -218,5 +218,12 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
         )
     if d.eval_size < 0 or d.task_train_size < 1:
         fail("data.eval_size", "sizes must be >= 0", "e.g. data.eval_size: 200")
+    if d.packing and d.max_packed_length < t.max_length:
+        fail(
+            "data.max_packed_length",
+            f"max_packed_length ({d.max_packed_length}) is below max_length ({t.max_length}): "
+            "a sequence must fit one packed row",
+            "raise data.max_packed_length",
+        )
     if cfg.logging.log_interval < 1:
         fail("logging.log_interval", "must be >= 1", "e.g. 1 or 10")

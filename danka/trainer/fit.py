@@ -76,7 +76,7 @@ def prepare(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     t = run.cfg.trainer
     micro = t.micro_batch_size
     chunk = t.logprob_chunk_size
-    kw = dict(temperature=run.temperature, chunk_size=chunk)
+    kw = dict(temperature=run.temperature, chunk_size=chunk, pack_len=run.pack_len)
     on_policy = t.ppo_epochs == 1 and t.mini_batch_size == t.batch_size
     if not on_policy:
         # on-policy, the update's own detached log-probs are pi_old: one forward saved (the
@@ -94,7 +94,10 @@ def prepare(run: Run, batch: RolloutBatch, metrics: dict) -> None:
     if run.models.value_head is not None:
         with run.models.critic() as critic:
             batch.values = batched(
-                lambda m, mb: critic_values(m, run.models.value_head, mb), critic, batch, micro
+                lambda m, mb: critic_values(m, run.models.value_head, mb, run.pack_len),
+                critic,
+                batch,
+                micro,
             )
     token_rewards = sequence_rewards_to_tokens(batch.rewards, batch.response_mask)
     if t.kl.coef > 0 and t.kl.mode == "reward":
@@ -186,7 +189,7 @@ def train_step(run: Run, step: int) -> tuple[dict, RolloutBatch, list[str]]:
     if "actor/kl_loss" in metrics:
         metrics.setdefault("kl", metrics["actor/kl_loss"])
     metrics["packing/effective_token_ratio"] = effective_token_ratio(
-        batch, run.cfg.trainer.micro_batch_size
+        batch, run.cfg.trainer.micro_batch_size, run.pack_len
     )
     total = time.perf_counter() - t0
     for key, value in timings.items():

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from danka.models.logprobs import chunked_logprobs_entropy
+from danka.trainer.packing import pack
 from danka.types import RolloutBatch
 
 
@@ -37,14 +38,20 @@ def trim(batch: RolloutBatch) -> RolloutBatch:
     return RolloutBatch(**out)
 
 
-def effective_token_ratio(batch: RolloutBatch, micro_size: int) -> float:
-    """Real tokens / tokens computed when micro-batches are length-grouped and trimmed."""
+def effective_token_ratio(
+    batch: RolloutBatch, micro_size: int, pack_len: int | None = None
+) -> float:
+    """Real tokens / tokens computed: micro-batches length-grouped and trimmed, or packed
+    into rows of ``pack_len`` tokens."""
     lengths = batch.prompt_mask.sum(1) + batch.response_mask.sum(1)
     real, computed = 0.0, 0.0
     for idx in micro_batch_indices(lengths, micro_size):
         mb = trim(batch.select(idx))
         real += float(mb.prompt_mask.sum() + mb.response_mask.sum())
-        computed += mb.size * (mb.prompt_ids.shape[1] + mb.response_ids.shape[1])
+        if pack_len:
+            computed += pack(mb, pack_len, pad_id=0).computed_tokens
+        else:
+            computed += mb.size * (mb.prompt_ids.shape[1] + mb.response_ids.shape[1])
     return real / max(computed, 1.0)
 
 
@@ -66,9 +73,24 @@ def lm_head_of(model: torch.nn.Module) -> torch.nn.Module:
     return base.get_output_embeddings()
 
 
-def response_hidden(model: torch.nn.Module, mb: RolloutBatch) -> torch.Tensor:
-    """Hidden states at the positions that predict response tokens: (b, R, H)."""
+def response_hidden(
+    model: torch.nn.Module, mb: RolloutBatch, pack_len: int | None = None
+) -> torch.Tensor:
+    """Hidden states at the positions that predict response tokens: (b, R, H).
+
+    With ``pack_len`` the sequences are packed into rows without padding (packing.py);
+    the result is the same up to floating-point rounding.
+    """
     device = next(model.parameters()).device
+    if pack_len:
+        packed = pack(mb, pack_len, pad_id=0)  # the tail is its own ignored sequence: any id
+        out = decoder_of(model)(
+            input_ids=packed.input_ids.to(device),
+            attention_mask=None,  # restarts in position_ids give a block-diagonal mask
+            position_ids=packed.position_ids.to(device),
+            use_cache=False,
+        )
+        return out.last_hidden_state[packed.row.to(device), packed.col.to(device)]
     ids, mask, pos = _inputs(mb, device)
     out = decoder_of(model)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
     p, r = mb.prompt_ids.shape[1], mb.response_ids.shape[1]
@@ -83,13 +105,14 @@ def policy_logprobs(
     temperature: float,
     chunk_size: int,
     with_entropy: bool = False,
+    pack_len: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response token) under ``model`` (b, R), and the entropy (b, R) if asked.
 
     The LM head runs chunk by chunk from hidden states, never materialising the full
     (b, R, V) fp32 logits.
     """
-    hidden = response_hidden(model, mb)
+    hidden = response_hidden(model, mb, pack_len)
     b, r, h = hidden.shape
     targets = mb.response_ids.to(hidden.device).reshape(-1)
     head = lm_head_of(model)
@@ -104,9 +127,14 @@ def policy_logprobs(
     return logprobs.view(b, r), (entropy.view(b, r) if entropy is not None else None)
 
 
-def critic_values(model: torch.nn.Module, value_head: torch.nn.Module, mb: RolloutBatch):
+def critic_values(
+    model: torch.nn.Module,
+    value_head: torch.nn.Module,
+    mb: RolloutBatch,
+    pack_len: int | None = None,
+):
     """V(s_t) for each response position t: (b, R), fp32."""
-    hidden = response_hidden(model, mb)
+    hidden = response_hidden(model, mb, pack_len)
     return value_head(hidden).squeeze(-1).float()
 
 

@@ -50,6 +50,11 @@ class Run:
     last_reward_parts: dict = field(default_factory=dict)  # name -> (B,) unweighted rewards
 
     @property
+    def pack_len(self) -> int | None:
+        """Tokens per packed row in the update, or None (length-grouped padded micro-batches)."""
+        return self.cfg.data.max_packed_length if self.cfg.data.packing else None
+
+    @property
     def temperature(self) -> float:
         t = self.cfg.trainer.temperature
         return t if t > 0 else 1.0

@@ -78,6 +78,7 @@ def actor_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = Fals
                 temperature=run.temperature,
                 chunk_size=t.logprob_chunk_size,
                 with_entropy=True,
+                pack_len=run.pack_len,
             )
         # on-policy (one optimiser step per rollout) pi_old is the current policy: the
         # detached log-probs give ratio 1 with the right gradient, and save a forward pass
@@ -116,7 +117,7 @@ def critic_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = Fal
     for idx in micro_batch_indices(lengths, t.micro_batch_size):
         mb = trim(mini.select(idx)).to(run.device)
         with run.models.critic():
-            values = critic_values(run.models.critic_model, run.models.value_head, mb)
+            values = critic_values(run.models.critic_model, run.models.value_head, mb, run.pack_len)
         loss, m = value_loss(values, mb.values, mb.returns, mb.response_mask, t.value_clip, norm)
         loss = t.vf_coef * loss
         if not torch.isfinite(loss):

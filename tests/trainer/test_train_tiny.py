@@ -143,3 +143,11 @@ def test_non_finite_steps_are_skipped_then_stop_with_an_explanation(
     assert "lower trainer.lr" in err
     lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [x["skipped_step"] for x in lines] == [1.0, 1.0]
+
+
+def test_grpo_with_packing_trains_without_padding(tmp_path, tiny_model_dir):
+    run(tmp_path, tiny_model_dir, data={"packing": True, "max_packed_length": 512})
+    lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    # 8 sequences of a step fit one 512-token row: only the real tokens are computed
+    assert [x["packing/effective_token_ratio"] for x in lines] == [1.0, 1.0]
+    assert all(x["loss"] is not None and x["actor/grad_norm"] > 0 for x in lines)

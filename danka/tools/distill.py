@@ -1,0 +1,167 @@
+"""``danka distill``: reward-model distillation (the seed story's section 5.3).
+
+A teacher (a rule reward, your ``file.py:function``, or a reward model / judge) scores
+prompt -> response pairs; a small student (any HF model loaded as a sequence classifier with
+one output) is trained by mean squared error to predict those scores. The student is saved
+as a standard HF folder with a TRAINED head, so ``model.reward_model_name_or_path: DIR``
+(``reward_model_type: classifier``) uses it in place of the big teacher.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from danka.errors import UserError
+from danka.types import PromptRow
+
+
+def _completion(row: PromptRow, response_key: str) -> str:
+    value = row.extra.get(response_key)
+    if not isinstance(value, str):
+        raise UserError(
+            f"row {row.index} has no {response_key!r} text to score",
+            where="--data",
+            fix=f"give rows with a prompt and a {response_key!r} column (the seed format), "
+            "or set --response-key",
+        )
+    return value
+
+
+def _resolve_student(name: str) -> str:
+    from danka.models import smollm2
+
+    return str(smollm2.ensure_converted()) if smollm2.is_smollm2_id(name) else name
+
+
+def teacher_scores(
+    rows: list[PromptRow],
+    completions: list[str],
+    teacher: str,
+    teacher_model: str | None,
+    base_dir: Path,
+) -> torch.Tensor:
+    """The teacher's score of each (prompt, completion): a RewardComputer's combined score."""
+    from danka.rewards.combine import RewardSpec, build_reward_computer
+    from danka.rewards.model import ClassifierReward
+
+    rm = ClassifierReward.from_pretrained(teacher_model) if teacher_model else None
+    specs = [RewardSpec(name=teacher)] if teacher else []
+    with build_reward_computer(specs, base_dir=base_dir, reward_model=rm) as computer:
+        out = computer(rows, [str(r.prompt) for r in rows], completions)
+    return out.scores.float().cpu()
+
+
+def distill(
+    *,
+    data: str,
+    teacher: str | None,
+    teacher_model: str | None,
+    student: str,
+    output: Path,
+    epochs: int = 3,
+    lr: float = 5e-5,
+    batch_size: int = 8,
+    max_length: int = 512,
+    limit: int | None = None,
+    response_key: str = "response",
+    answer_key: str | None = None,
+    holdout: float = 0.1,
+    seed: int = 0,
+    log=print,
+) -> dict:
+    """Score ``data`` with the teacher, train the student on the scores, save it."""
+    from transformers import AutoModelForSequenceClassification
+
+    from danka.data.formats import load_prompt_rows
+    from danka.models.loading import load_tokenizer
+    from danka.rewards.model import ClassifierReward
+
+    if not teacher and not teacher_model:
+        raise UserError(
+            "no teacher given",
+            where="danka distill",
+            fix="--teacher gsm8k (or path.py:function) and/or --teacher-model DIR",
+        )
+    if output.exists() and any(output.iterdir()):
+        raise UserError(
+            "output folder is not empty", where=str(output), fix="choose a new --output folder"
+        )
+    rows = load_prompt_rows(
+        data, limit=limit, base_dir=Path.cwd(), response_key=response_key, answer_key=answer_key
+    ).rows
+    if len(rows) < 4:
+        raise UserError(
+            f"{len(rows)} rows are too few to distil",
+            where=data,
+            fix="give at least a few dozen scored pairs",
+        )
+    completions = [_completion(r, response_key) for r in rows]
+    t0 = time.perf_counter()
+    scores = teacher_scores(rows, completions, teacher, teacher_model, Path.cwd())
+    log(
+        f"teacher scored {len(rows)} pairs in {time.perf_counter() - t0:.1f} s "
+        f"(mean {scores.mean():.3f}, std {scores.std():.3f})"
+    )
+
+    path = _resolve_student(student)
+    tokenizer = load_tokenizer(path, log=lambda *_: None)
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    scorer = ClassifierReward(model, tokenizer, batch_size=batch_size, max_length=max_length)
+    texts = [scorer._text(r.prompt, c) for r, c in zip(rows, completions)]
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    n_held = max(1, int(len(rows) * holdout))
+    held, train = order[:n_held], order[n_held:]
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+
+    def predict(idx: list[int]) -> torch.Tensor:
+        return scorer([rows[i].prompt for i in idx], [completions[i] for i in idx]).cpu()
+
+    def mse(idx: list[int]) -> float:
+        return float(((predict(idx) - scores[idx]) ** 2).mean())
+
+    before = mse(held)
+    model.train()
+    losses = []
+    for epoch in range(epochs):
+        random.Random(seed + epoch).shuffle(train)
+        for s in range(0, len(train), batch_size):
+            idx = train[s : s + batch_size]
+            enc = tokenizer(
+                [texts[i] for i in idx],
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                return_tensors="pt",
+            )
+            pred = model(**enc).logits[:, 0].float()
+            loss = torch.nn.functional.mse_loss(pred, scores[idx])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss))
+        log(f"epoch {epoch + 1}/{epochs}: train mse {sum(losses[-8:]) / len(losses[-8:]):.4f}")
+    after = mse(held)
+    pred = predict(held)
+    target = scores[held]
+    corr = float(torch.corrcoef(torch.stack([pred, target]))[0, 1]) if len(held) > 1 else math.nan
+    output.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output, safe_serialization=True)
+    tokenizer.save_pretrained(output)
+    result = {
+        "pairs": len(rows), "train": len(train), "held_out": len(held),
+        "teacher": teacher or teacher_model, "student": student, "epochs": epochs,
+        "held_out_mse_before": before, "held_out_mse_after": after,
+        "held_out_pearson": None if math.isnan(corr) else corr,
+        "first_loss": losses[0], "last_loss": losses[-1],
+    }  # fmt: skip
+    (output / "distill_result.json").write_text(json.dumps(result, indent=2))
+    log(f"held-out mse {before:.4f} -> {after:.4f}, pearson {corr:.3f}; saved to {output}")
+    return result

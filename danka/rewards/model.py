@@ -120,7 +120,7 @@ class ClassifierReward:
                 f"({', '.join(sorted(head_missing)[:4])}) are not in the checkpoint, so they "
                 "would be random and the rewards pure noise",
                 where=str(path),
-                fix="train a head first (distil one with danka's reward-model distillation "
+                fix="train a head first (distil one with `danka distill`, "
                 "command, or any reward-model trainer), or use a rule reward (rewards: gsm8k / "
                 "math / your file.py:function) or an LLM judge instead",
             )

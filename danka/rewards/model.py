@@ -120,8 +120,8 @@ class ClassifierReward:
                 f"({', '.join(sorted(head_missing)[:4])}) are not in the checkpoint, so they "
                 "would be random and the rewards pure noise",
                 where=str(path),
-                fix="train a head first (distil one with `danka distill`, "
-                "command, or any reward-model trainer), or use a rule reward (rewards: gsm8k / "
+                fix="train a head first (distil one with `danka distill`, or any "
+                "reward-model trainer), or use a rule reward (rewards: gsm8k / "
                 "math / your file.py:function) or an LLM judge instead",
             )
         tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)

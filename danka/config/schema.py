@@ -43,6 +43,8 @@ class ModelConfig:
     use_flash_attention_2: bool = _f(False, "use flash-attention 2 (pip install danka[flash])")
     attn_implementation: str | None = _f(None, "sdpa (default) | eager | flash_attention_2")
     trust_remote_code: bool = _f(False, "run model code from the hub; off unless you trust it")
+    load_in_4bit: bool = _f(False, "QLoRA: 4-bit NF4 frozen base (pip install danka[bnb]; GPU)")
+    load_in_8bit: bool = _f(False, "8-bit frozen base (pip install danka[bnb]; GPU)")
     tokenizer_kwargs: TokenizerKwargs = field(default_factory=TokenizerKwargs)
     use_gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
     gradient_checkpointing_kwargs: GradientCheckpointingKwargs = field(

@@ -93,6 +93,14 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
         )
     if m.use_flash_attention_2:
         m.attn_implementation = "flash_attention_2"
+    if m.load_in_4bit and m.load_in_8bit:
+        fail("model.load_in_4bit", "load_in_4bit and load_in_8bit are both set", "choose one")
+    if (m.load_in_4bit or m.load_in_8bit) and not cfg.lora.enable_lora:
+        fail(
+            "model.load_in_4bit",
+            "a quantised base cannot be trained in full",
+            "set lora.enable_lora: true (QLoRA) or turn quantisation off",
+        )
 
     # Derived values, printed by --print-config and at start-up.
     if t.advantage_estimator is None:

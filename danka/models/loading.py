@@ -279,9 +279,14 @@ def load_causal_lm(
     device: str | torch.device = "cpu",
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
+    quantize: str | None = None,
     log: Log = print,
 ) -> PreTrainedModel:
-    """Load a causal LM on ``device`` with ``dtype`` (see the module docstring for the order)."""
+    """Load a causal LM on ``device`` with ``dtype`` (see the module docstring for the order).
+
+    ``quantize`` = "4bit" (QLoRA: NF4 weights, compute in ``dtype``) or "8bit" loads the
+    frozen base through bitsandbytes (an optional extra that needs a CUDA GPU).
+    """
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device)
     attn = attn_implementation or "sdpa"
@@ -291,6 +296,8 @@ def load_causal_lm(
         "attn_implementation": attn,
         "trust_remote_code": trust_remote_code,
     }
+    if quantize:
+        kwargs["quantization_config"] = quantization_config(quantize, torch_dtype, device)
     # Straight onto the GPU (no full CPU copy of a 7B model) when accelerate is there.
     on_accel = device.type != "cpu" and importlib.util.find_spec("accelerate") is not None
     if on_accel:
@@ -304,6 +311,32 @@ def load_causal_lm(
     log(f"Loaded model {name_or_path} with {dtype_name(torch_dtype)}")
     log(f"  model: {n_params / 1e6:.1f}M parameters, attn {attn}, device {device}, from {source}")
     return model
+
+
+def quantization_config(kind: str, compute_dtype: torch.dtype, device: torch.device):
+    """bitsandbytes 4-bit (NF4, double quantisation: QLoRA, Dettmers et al. 2023) or 8-bit."""
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise UserError(
+            f"model.load_in_{kind} needs the bitsandbytes package, which is not installed",
+            where=f"model.load_in_{kind}",
+            fix="pip install 'danka[bnb]' (needs a CUDA GPU), or set it to false",
+        )
+    if device.type != "cuda":
+        raise UserError(
+            f"model.load_in_{kind} needs a CUDA GPU (bitsandbytes), the device is {device}",
+            where=f"model.load_in_{kind}",
+            fix=f"set model.load_in_{kind}: false on this machine",
+        )
+    from transformers import BitsAndBytesConfig
+
+    if kind == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute_dtype,
+    )
 
 
 # Tokens that end a turn in common chat templates, next to the tokenizer's eos.

@@ -112,7 +112,9 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     train_rows, held_rows = load_rows(cfg, base_dir, output_dir)
     engine_name = cfg.rollout.engine
     if engine_name == "auto":
-        engine_name = "fast" if device.type == "cuda" else "hf"
+        # the fast engine reads plain weights: a quantised (QLoRA) base generates with HF
+        quantised = m.load_in_4bit or m.load_in_8bit
+        engine_name = "fast" if device.type == "cuda" and not quantised else "hf"
     if dist.is_active():
         dist.check_config(cfg, engine_name)
     if engine_name == "hf":
@@ -158,6 +160,7 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
         rewards = build_reward_computer(specs, **reward_args)
         rewards.check(train.rows[:4])
 
+    quantize = "4bit" if m.load_in_4bit else "8bit" if m.load_in_8bit else None
     load = dict(
         dtype=m.torch_dtype,
         device=device,
@@ -165,7 +168,13 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
         trust_remote_code=m.trust_remote_code,
         log=log.info,
     )
-    base = load_causal_lm(m.actor_model_name_or_path, **load)
+    base = load_causal_lm(m.actor_model_name_or_path, quantize=quantize, **load)
+    if quantize:
+        from peft import prepare_model_for_kbit_training
+
+        base = prepare_model_for_kbit_training(
+            base, use_gradient_checkpointing=m.use_gradient_checkpointing
+        )
     models = build_models(
         cfg, base, lambda: load_causal_lm(m.critic_model_name_or_path, **load), log.info
     )

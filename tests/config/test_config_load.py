@@ -153,3 +153,17 @@ def test_cli_seed_story_flags(capsys):
 def test_newer_options_are_checked(tmp_path, override, words):
     with pytest.raises(UserError, match=words):
         load_config(write(tmp_path, BASE), [override])
+
+
+def test_qlora_options_checked_and_install_hint(tmp_path, capsys):
+    with pytest.raises(UserError, match="choose one"):
+        load_config(write(tmp_path, BASE), ["model.load_in_4bit=true", "model.load_in_8bit=true"])
+    with pytest.raises(UserError, match="cannot be trained in full"):
+        load_config(write(tmp_path, BASE), ["model.load_in_4bit=true", "lora.enable_lora=false"])
+    import importlib.util
+
+    from danka.models.loading import load_causal_lm
+
+    if importlib.util.find_spec("bitsandbytes") is None:  # the CPU machines: a clear hint
+        with pytest.raises(UserError, match=r"pip install 'danka\[bnb\]'"):
+            load_causal_lm("any/model", quantize="4bit")

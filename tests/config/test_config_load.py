@@ -167,3 +167,9 @@ def test_qlora_options_checked_and_install_hint(tmp_path, capsys):
     if importlib.util.find_spec("bitsandbytes") is None:  # the CPU machines: a clear hint
         with pytest.raises(UserError, match=r"pip install 'danka\[bnb\]'"):
             load_causal_lm("any/model", quantize="4bit")
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_validates(path):
+    cfg, _ = load_config(path)
+    assert cfg.model.actor_model_name_or_path and (cfg.data.train_dataset or cfg.data.task)

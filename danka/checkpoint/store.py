@@ -201,6 +201,7 @@ def save_checkpoint(
     _write_manifest(state_final, step, config_hash, parts)
     log.info("Saved checkpoint %d to %s", step, state_final)
 
+    _sweep_tmp(output_dir)  # leftovers of writes a crash interrupted
     if keep_last is not None:
         _prune(output_dir, keep_last, keep_step=step)
     return state_final
@@ -233,10 +234,32 @@ def _delete_checkpoint(output_dir: Path, state_dir: Path) -> None:
         shutil.rmtree(output_dir / part / name, ignore_errors=True)
 
 
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """State dirs whose manifest was written (the commit marker), newest first. Hashes are
+    not checked here: ``verify_checkpoint`` does that."""
+    return [d for d in _state_dirs(output_dir) if (d / MANIFEST_NAME).exists()]
+
+
+def delete_checkpoints_after(output_dir: Path, step: int) -> list[str]:
+    """Delete every checkpoint newer than ``step`` (manifest first); returns their names."""
+    newer = [d for d in _state_dirs(output_dir) if _step_of(d) > step]
+    for d in newer:
+        _delete_checkpoint(output_dir, d)
+    return [d.name for d in newer]
+
+
+def _sweep_tmp(output_dir: Path) -> None:
+    for part_root in Path(output_dir).iterdir():
+        if part_root.is_dir():
+            for pattern in (".tmp-checkpoint_*", ".tmp-old-checkpoint_*"):
+                for stale in part_root.glob(pattern):
+                    shutil.rmtree(stale, ignore_errors=True)
+
+
 def _prune(output_dir: Path, keep_last: int, keep_step: int) -> None:
-    """Keep the newest ``keep_last`` complete checkpoints (always ``keep_step``); drop stale
-    ``.tmp-*`` folders and incomplete checkpoints older than ``keep_step``."""
-    complete = [d for d in _state_dirs(output_dir) if (d / MANIFEST_NAME).exists()]
+    """Keep the newest ``keep_last`` complete checkpoints (always ``keep_step``); drop
+    incomplete checkpoints and orphaned parts older than ``keep_step``."""
+    complete = complete_checkpoints(output_dir)
     kept = 0
     for d in complete:  # newest first
         if _step_of(d) == keep_step or kept < max(keep_last, 1):
@@ -249,9 +272,6 @@ def _prune(output_dir: Path, keep_last: int, keep_step: int) -> None:
             _delete_checkpoint(output_dir, d)
     for part_root in Path(output_dir).iterdir():
         if part_root.is_dir():
-            for pattern in (".tmp-checkpoint_*", ".tmp-old-checkpoint_*"):
-                for stale in part_root.glob(pattern):
-                    shutil.rmtree(stale, ignore_errors=True)
             for orphan in part_root.glob("checkpoint_*"):  # a part whose state was deleted
                 step = _step_of(orphan)
                 state = output_dir / STATE_PART / orphan.name

@@ -235,10 +235,7 @@ def _load_parts(run, parts: dict[str, Path], state: dict, state_dir: Path) -> No
     if models.value_head is not None:
         if models.lora:
             _load_adapter(models.critic_model, "critic", parts["critic"], state_dir)
-        head = load_value_head(
-            parts["critic"],
-            models.value_head.hidden_size if hasattr(models.value_head, "hidden_size") else None,
-        )
+        head = load_value_head(parts["critic"], models.value_head.hidden_size)
         models.value_head.load_state_dict(head.state_dict())
     actor_opt = state["actor_opt"]
     if dist.is_active():

@@ -20,10 +20,9 @@ def preflight(run, log) -> None:
     with oom_guard("rollout", run):
         rollout(run, prompts)
     n, r = t.samples_per_prompt, t.max_new_tokens
-    filler = run.pad_id if run.pad_id not in run.eos_ids else 1 + max(run.eos_ids)
     batch = finish_batch(
         prompts,
-        [[filler] * r for _ in range(len(prompts) * n)],
+        [[run.pad_id] * r for _ in range(len(prompts) * n)],  # eos_ids=[]: never cut
         n,
         eos_ids=[],
         pad_id=run.pad_id,

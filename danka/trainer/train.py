@@ -8,8 +8,13 @@ import time
 from pathlib import Path
 
 from danka import distributed as dist
-from danka.checkpoint import config_hash, find_latest_checkpoint, verify_checkpoint
-from danka.checkpoint.store import MANIFEST_NAME, _delete_checkpoint, _state_dirs, _step_of
+from danka.checkpoint import (
+    complete_checkpoints,
+    config_hash,
+    delete_checkpoints_after,
+    find_latest_checkpoint,
+    verify_checkpoint,
+)
 from danka.config import config_to_dict
 from danka.config.schema import DankaConfig
 from danka.errors import UserError
@@ -35,7 +40,7 @@ def _resolve_resume(resume: str | None, output_dir: Path, log) -> Path | None:
     """The state dir to resume from. ``auto`` with nothing complete to resume is not an
     error (a job script can always pass it): the run starts at step 0 and says so."""
     if resume is None:
-        done = [d for d in _state_dirs(output_dir) if (d / MANIFEST_NAME).exists()]
+        done = complete_checkpoints(output_dir)
         if done:  # why: a fresh run would mix its checkpoints with these (and truncate metrics)
             raise UserError(
                 f"output_dir already holds checkpoints of an earlier run (newest: {done[0]})",
@@ -69,15 +74,6 @@ def _resolve_resume(resume: str | None, output_dir: Path, log) -> Path | None:
     return path
 
 
-def _drop_checkpoints_after(output_dir: Path, step: int, log) -> None:
-    """Checkpoints newer than the resume point belong to the abandoned continuation (its
-    metrics lines are dropped too); left in place, a later --resume auto would pick them."""
-    for state_dir in _state_dirs(output_dir):
-        if _step_of(state_dir) > step:
-            log.warning(f"removing {state_dir.name} (newer than the resumed step {step})")
-            _delete_checkpoint(output_dir, state_dir)
-
-
 def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -108,7 +104,10 @@ def train(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dic
         start, history = restore(run, ckpt, resolved)
         log.info(f"Resumed from {ckpt} at step {start}")
         if main:
-            _drop_checkpoints_after(output_dir, start, log)
+            # newer checkpoints belong to the abandoned continuation (its metrics lines go
+            # too); left in place, a later --resume auto would jump back onto them
+            for name in delete_checkpoints_after(output_dir, start):
+                log.warning(f"removing {name} (newer than the resumed step {start})")
     if main:  # steps after the checkpoint will be redone: their logged lines go
         truncate_metrics_after(output_dir, start)
         remove_completions_after(output_dir, start)

@@ -148,11 +148,12 @@ def test_cli_seed_story_flags(capsys):
         ("logging.result_file=../x.json", "not a file name"),
         ("trainer.eval_max_new_tokens=many", "expected int or null"),
         ("trainer.auto_micro_batch=maybe", "expected bool"),
+        ("data.packing=true data.max_packed_length=100", "a sequence must fit one packed row"),
     ],
 )
 def test_newer_options_are_checked(tmp_path, override, words):
     with pytest.raises(UserError, match=words):
-        load_config(write(tmp_path, BASE), [override])
+        load_config(write(tmp_path, BASE), override.split())
 
 
 def test_qlora_options_checked_and_install_hint(tmp_path, capsys):

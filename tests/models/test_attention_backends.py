@@ -62,7 +62,9 @@ def _nonfinite_grads(model: LlamaForCausalLM, length: int) -> int:
     lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
     # Padding positions get a zero upstream gradient, as in the training loss.
     (-(lp * mask[:, 1:]).sum() / mask.sum()).backward()
-    return sum(int((~torch.isfinite(p.grad)).sum()) for p in model.parameters() if p.grad is not None)
+    return sum(
+        int((~torch.isfinite(p.grad)).sum()) for p in model.parameters() if p.grad is not None
+    )
 
 
 @pytest.mark.gpu

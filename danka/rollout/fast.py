@@ -4,8 +4,8 @@ Why: on one card the rollout dominates RL time, and HF ``generate`` for a small 
 bound by Python and kernel launches. This engine runs Llama-family decoders (Llama,
 SmolLM2, Qwen2) with its own forward (:mod:`danka.rollout.fast_model`):
 
-1. read the effective weights LIVE from the model (LoRA folded in, q/k/v and gate/up
-   fused) into engine-owned buffers that keep their addresses across calls;
+1. read the weights LIVE from the model (q/k/v and gate/up fused into engine-owned buffers
+   that keep their addresses across calls; LoRA adapters applied unmerged);
 2. prefill the left-padded prompts once per prompt, copy the keys/values ``n`` times into a
    static cache ``(layers, B, Hkv, T, D)``, sample the first token;
 3. decode: one token per step for all sequences (embed -> layers -> sample -> bookkeeping,
@@ -30,17 +30,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from danka.errors import UserError
 from danka.rollout.base import SamplingParams, finish_batch, register_engine
-from danka.rollout.fast_model import (
+from danka.rollout.fast_model import decode_forward, prefill, rope_tables
+from danka.rollout.fast_sampling import sample_next
+from danka.rollout.fast_weights import (
     ModelSpec,
+    Owned,
     Weights,
-    decode_forward,
     load_weights,
     model_spec,
-    prefill,
-    rope_tables,
     unwrap_causal_lm,
 )
-from danka.rollout.fast_sampling import sample_next
 from danka.types import RolloutBatch
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
@@ -137,7 +136,7 @@ class FastEngine:
     def release(self) -> None:
         """Free the KV cache, weight buffers and CUDA graphs (the next call rebuilds them)."""
         self._spec: ModelSpec | None = None
-        self._owned: Weights = {}
+        self._owned = Owned()
         self._k = self._v = self._cos = self._sin = None
         self._slots: dict[tuple[int, int], _Slots] = {}
         self._pool = None

@@ -107,7 +107,7 @@ def sampling_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> 
 def _clean_generation_config(model: torch.nn.Module):
     """Hide the model's ``generation_config`` during ``generate``: HF fills every field our
     config leaves ``None`` (min_p, bad_words_ids, suppress_tokens, ...) from it."""
-    from danka.rollout.fast_model import unwrap_causal_lm
+    from danka.rollout.fast_weights import unwrap_causal_lm
 
     root = unwrap_causal_lm(model)
     saved = getattr(root, "generation_config", None)

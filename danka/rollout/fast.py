@@ -118,13 +118,14 @@ class FastEngine:
         check_every: int = 16,
         prefill_batch: int = 32,
         seq_round: int = 128,
-        **_ignored,
+        batch_size: int = 0,
     ):
         # max_batch: sequences per decode batch (prompts are split to fit);
         # use_cuda_graph: None = on for CUDA models; check_every: steps between host checks
         # of "all finished"; prefill_batch: prompts per prefill forward; seq_round: the KV
-        # capacity is rounded up to this so graphs are re-used across prompt lengths.
-        self.max_batch = max(1, int(max_batch))
+        # capacity is rounded up to this so graphs are re-used across prompt lengths;
+        # batch_size (rollout.generation_batch_size): sequences per decode batch, 0 = max_batch.
+        self.max_batch = max(1, int(batch_size or max_batch))
         self.use_cuda_graph = use_cuda_graph
         self.keep_cache = keep_cache
         self.check_every = max(1, int(check_every))

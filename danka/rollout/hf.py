@@ -19,9 +19,10 @@ from danka.types import RolloutBatch
 class HFGenerateEngine:
     name = "hf"
 
-    def __init__(self, batch_size: int = 0, **_ignored):
-        # batch_size 0 = all sequences at once; otherwise generate in chunks of prompts.
-        self.batch_size = batch_size
+    def __init__(self, batch_size: int = 0):
+        # batch_size (rollout.generation_batch_size): sequences per generate call, 0 = all
+        # at once; the prompts are chunked so a call holds batch_size // n of them (>= 1).
+        self.batch_size = max(0, int(batch_size))
 
     @torch.no_grad()
     def generate(
@@ -35,7 +36,7 @@ class HFGenerateEngine:
         generator: torch.Generator | None = None,
     ) -> RolloutBatch:
         device = next(model.parameters()).device
-        chunk = self.batch_size or len(prompt_ids)
+        chunk = max(1, self.batch_size // params.n) if self.batch_size else len(prompt_ids)
         responses: list[list[int]] = []
         was_training = model.training
         model.eval()

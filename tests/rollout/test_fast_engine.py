@@ -377,11 +377,14 @@ def test_lora_delta_changes_engine_logprobs_as_training_forward_cuda():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_lora_engine_logprobs_match_training_forward_with_graphs():
+    DEVICE = "cuda"
     """CUDA graphs + unmerged bf16/fp32 LoRA: the engine's sampled-token log-probs equal a
     training forward's to bf16 noise, and a small optimizer-like step on B is seen."""
     from peft import LoraConfig, get_peft_model
 
-    base = tiny("llama").to("cuda", torch.bfloat16)
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(**{**DIMS, "initializer_range": 0.02}))
+    base = base.to(DEVICE, torch.bfloat16)
     targets = ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=targets)).eval()
     with torch.no_grad():
@@ -389,19 +392,19 @@ def test_lora_engine_logprobs_match_training_forward_with_graphs():
             if "lora_B" in name:
                 p.normal_(0.0, 0.05)
     assert {p.dtype for n, p in model.named_parameters() if "lora" in n} == {torch.float32}
-    engine = FastEngine(use_cuda_graph=True)
+    engine = FastEngine(use_cuda_graph=DEVICE == "cuda")
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
-    gen = torch.Generator("cuda").manual_seed(0)
+    gen = torch.Generator(DEVICE).manual_seed(0)
     out = engine.generate(model, PROMPTS, params, eos_ids=[299], pad_id=0, generator=gen)
-    assert engine.stats["graphs_captured"] >= 1
-    ids = torch.cat([out.prompt_ids, out.response_ids], 1).cuda()
-    mask = torch.cat([out.prompt_mask, out.response_mask.long()], 1).cuda()
+    assert DEVICE == "cpu" or engine.stats["graphs_captured"] >= 1
+    ids = torch.cat([out.prompt_ids, out.response_ids], 1).to(DEVICE)
+    mask = torch.cat([out.prompt_mask, out.response_mask.long()], 1).to(DEVICE)
     pos = (mask.cumsum(1) - 1).clamp_min(0)
     plen = out.prompt_ids.shape[1]
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
     lp = torch.log_softmax(logits[:, plen - 1 : -1].float(), -1)
-    ref = lp.gather(-1, out.response_ids.cuda()[..., None])[..., 0].cpu()
+    ref = lp.gather(-1, out.response_ids.to(DEVICE)[..., None])[..., 0].cpu()
     m = out.response_mask.bool()
     gap = (out.rollout_logprobs[m] - ref[m]).abs().mean().item()
     assert gap < 0.05, f"mean |engine - training| log-prob gap {gap:.4f}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# danka's GPU suite (H200, ~5 min): GPU-marked tests of the rollout engines and the attention
+# danka's GPU suite (H200, ~6 min): GPU-marked tests of the rollout engines and the attention
 # setting, then the rollout benchmark with every side in its own fresh process.
 # Run from the repository root: bash bench/gpu_suite.sh   (writes to $OUT and bench/results)
 # Needs only the repository and the machine's torch/transformers/peft; .whl/*.whl (if any)
@@ -23,7 +23,7 @@ python3 -c "import torch, transformers, peft; print(torch.__version__, transform
 #    (issue 11 #2), CUDA-graph replay. ~1.5 min.
 stamp "GPU tests"
 timeout 180 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
-  tests/models/test_attention_backends.py tests/rollout \
+  tests/models/test_attention_backends.py tests/models/test_chunked_logprobs.py tests/rollout \
   --junitxml="$OUT/gpu_tests.xml" 2>&1 | tail -25
 
 # 2. Rollout, SmolLM2-135M shape (random weights), 64 x 256: fast (plain and LoRA live),
@@ -41,6 +41,12 @@ timeout 150 python3 bench/run.py --timeout 120 rollout --shape qwen2-0.5b \
 stamp "rollout smollm2-135m 256x256"
 timeout 90 python3 bench/run.py --timeout 80 rollout --shape smollm2-135m \
   --prompts 256 --new-tokens 256 --lora --sides fast 2>&1 | tail -4
+
+# 5. Update path: chunked bf16 log-prob head vs full logits, and the 0.5B-shape full update
+#    (16 x 512 tokens, micro 16, with/without checkpointing): tok/s, MFU, peak. ~1 min.
+stamp "train: logprob_memory, update_05b"
+timeout 200 python3 bench/run.py --timeout 180 train --only logprob_memory,update_05b \
+  --update-variants mb16,mb16+gc 2>&1 | tail -4
 
 stamp "done"
 ls -la "$OUT"

@@ -1,7 +1,7 @@
 """One entry point for danka's benchmarks; every result is JSON under bench/results/.
 
     python bench/run.py rollout --shape smollm2-135m --prompts 64 --new-tokens 256 --lora
-    python bench/run.py train --only update_05b,ppo_7b
+    python bench/run.py train --only update_05b,logprob_memory --update-variants mb16,mb16+gc
 
 ``rollout`` runs each side (danka's fast engine; HF generate with a dynamic cache; HF with
 a static cache + torch.compile) in its OWN fresh Python process, then writes one JSON with
@@ -114,6 +114,7 @@ def rollout(args) -> dict:
 
 def train(args) -> dict:
     tmp = Path(args.out_dir) / "_train.json"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "bench/bench_train.py", "--only", args.only, "--out", str(tmp)]
     cmd += args.extra
     status = _child(cmd, args.timeout)
@@ -142,8 +143,10 @@ def main(argv: list[str] | None = None) -> dict:
     r.add_argument("--sides", default="fast,hf-dynamic,hf-static")
     t = sub.add_parser("train", allow_abbrev=False)
     t.add_argument("--only", default="update_05b,ppo_7b,logprob_memory")
-    t.add_argument("extra", nargs=argparse.REMAINDER, help="more bench_train.py flags")
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)  # train: other flags go to bench_train.py
+    if extra and args.cmd != "train":
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
 
     env = environment()
     res = rollout(args) if args.cmd == "rollout" else train(args)

@@ -5,7 +5,9 @@ to count parameters and the LoRA matrices exactly for any architecture. Every te
 bytes (d = bytes per element of the model dtype; H hidden, I intermediate, L layers,
 q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro-batch):
 
-* weights           params x d
+* weights           params x d; a quantised base (``model.load_in_4bit``, QLoRA: NF4 with
+                    double quantisation, 0.516 bytes per parameter; ``load_in_8bit``: 1 byte)
+                    only for the decoder's linear layers, plus one dequantised weight
 * LoRA              lora_params x 16 (fp32 value 4 + grad 4 + Adam m, v 8); full
                     fine-tuning: params x (d grad + 8 Adam)
 * KV cache          L x 2 x kv x (prompt + new tokens) x sequences x d
@@ -58,6 +60,9 @@ ADAM_BYTES_PER_PARAM = 8  # fp32 m and v
 LOGIT_FACTOR_UPDATE = 4
 LOGIT_FACTOR_ROLLOUT = 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# bytes per quantised parameter: NF4 with double quantisation (QLoRA; 4 bits + an 8-bit
+# absmax per 64 + an fp32 constant per 256 blocks) and LLM.int8 (1 byte + fp32 row scales)
+QUANT_BYTES = {"4bit": 0.5 + 1 / 64 + 4 / (64 * 256), "8bit": 1.0}
 
 
 def _known_shapes() -> dict[str, Callable[[], Any]]:
@@ -230,6 +235,12 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     need_ref = t.kl.coef > 0
 
     c: dict[str, int] = {"weights": params * d}
+    quant = QUANT_BYTES.get("4bit" if m.load_in_4bit else "8bit" if m.load_in_8bit else "")
+    if quant:
+        # bitsandbytes quantises the decoder's linear layers; embeddings, lm_head and
+        # norms stay in the compute dtype; each matmul dequantises one weight transiently
+        lin = n_layers * ((q + 2 * kv) * h + q * h + 3 * i * h)
+        c["weights"] = int(lin * quant) + (params - lin) * d + i * h * d
     if use_lora:
         c["lora + Adam (fp32)"] = lora * LORA_BYTES_PER_PARAM
     else:
@@ -251,7 +262,9 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
 
     c["KV cache (rollout)"] = n_layers * 2 * kv * seq_len * seqs * d
     engine = cfg.rollout.engine
-    fast = engine in ("fast", "auto")  # auto picks the fast engine on a GPU
+    # auto picks the fast engine on a GPU unless the base is quantised (rollout.base.
+    # choose_engine also checks that the step fits; the estimate is what it checks with)
+    fast = engine == "fast" or (engine == "auto" and not quant)
     if fast:
         # fused q|k|v and gate|up copies always; o/down copies where LoRA adapts them
         targets = cfg.lora.target_modules if use_lora else []
@@ -292,7 +305,8 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
         "overhead": OVERHEAD_BYTES,
         "full_logits_would_be": tokens * v * 4,
         "assumptions": {
-            "rollout_engine": "fast" if fast else engine,
+            "rollout_engine": "fast" if fast else "hf",
+            "quantised_base": m.load_in_4bit and "4bit" or m.load_in_8bit and "8bit" or None,
             "rollout_sequences": seqs,
             "prompt_tokens": prompt_len,
             "sequence_tokens": seq_len,

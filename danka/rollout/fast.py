@@ -14,7 +14,8 @@ SmolLM2, Qwen2) with its own forward (:mod:`danka.rollout.fast_model`):
 4. finished sequences (EOS) are tracked on the device; the host checks "all finished"
    every ``check_every`` steps only.
 
-Memory: with ``keep_cache=True`` (default) the KV cache, the fused weight buffers and the
+Memory: fused weight copies are made only for small models (``fuse_weights``); with
+``keep_cache=True`` (default) the KV cache, the fused weight buffers and the
 graphs are kept between calls; the KV cache is sized by the biggest (batch bucket,
 capacity) seen so far and only grows. ``keep_cache=False`` frees all of it after each call
 (graphs are then re-captured every call). ``release()`` frees it on demand.
@@ -33,9 +34,11 @@ from danka.rollout.base import SamplingParams, finish_batch, register_engine
 from danka.rollout.fast_model import decode_forward, prefill, rope_tables
 from danka.rollout.fast_sampling import sample_next
 from danka.rollout.fast_weights import (
+    FUSE_LIMIT_BYTES,
     ModelSpec,
     Owned,
     Weights,
+    fused_copy_bytes,
     load_weights,
     model_spec,
     unwrap_causal_lm,
@@ -119,6 +122,7 @@ class FastEngine:
         prefill_batch: int = 32,
         seq_round: int = 128,
         batch_size: int = 0,
+        fuse_weights: bool | None = None,
     ):
         # max_batch: sequences per decode batch (prompts are split to fit);
         # use_cuda_graph: None = on for CUDA models; check_every: steps between host checks
@@ -126,6 +130,9 @@ class FastEngine:
         # capacity is rounded up to this so graphs are re-used across prompt lengths;
         # batch_size (rollout.generation_batch_size): sequences per decode batch, 0 = max_batch.
         self.max_batch = max(1, int(batch_size or max_batch))
+        # fuse_weights: q|k|v and gate|up in one GEMM each, from engine-owned copies; None =
+        # only when those copies take <= FUSE_LIMIT_BYTES (small models; a 7B reads live).
+        self.fuse_weights = fuse_weights
         self.use_cuda_graph = use_cuda_graph
         self.keep_cache = keep_cache
         self.check_every = max(1, int(check_every))
@@ -178,6 +185,10 @@ class FastEngine:
         if spec != self._spec:
             self.release()
             self._spec = spec
+            fuse = self.fuse_weights
+            self._owned.fuse = (
+                fused_copy_bytes(root, spec) <= FUSE_LIMIT_BYTES if fuse is None else fuse
+            )
         graphs = spec.device.type == "cuda" and self.use_cuda_graph is not False
         w = load_weights(root, spec, self._owned)
         ptrs = tuple(t.data_ptr() for t in w.values() if t is not None)

@@ -61,7 +61,13 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin_s: torch.Tensor) -> torch.Tens
 def _lin(w: Weights, key: str, x: torch.Tensor) -> torch.Tensor:
     """``x @ W.T + b``, plus the unmerged LoRA path ``(x @ A.T) @ B.T`` computed in the
     adapter's dtype and summed before one rounding, as peft's forward does."""
-    y = F.linear(x, w[key], w[key + ".b"])
+    if w[key] is None:  # unfused parts (no weight copies): one GEMM each
+        parts = [w[k] for k in (f"{key}.0", f"{key}.1", f"{key}.2") if k in w]
+        y = torch.cat([F.linear(x, p) for p in parts], dim=-1)
+        if w[key + ".b"] is not None:
+            y = y + w[key + ".b"]
+    else:
+        y = F.linear(x, w[key], w[key + ".b"])
     la = w[key + ".la"]
     if la is None:
         return y

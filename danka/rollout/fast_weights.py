@@ -14,6 +14,10 @@ step, i.e. most of an adapter's first updates (issue 11 #2). For a fused matrix 
 adapters' A matrices are stacked (``.la``: R x in, R = sum of ranks) and their scaled B
 matrices placed block-diagonally (``.lb``: out x R), one low-rank pair per fused linear.
 Embedding adapters use ``.la`` = stacked A.T (V x R), looked up like the embedding.
+With ``Owned.fuse`` False (the engine's default when the fused copies would exceed
+``FUSE_LIMIT_BYTES``, e.g. a 7B model) q/k/v and gate/up are not fused: ``out[key]`` is
+None and ``out[key + '.0'/'.1'/'.2']`` are the live weights, so the engine holds no weight
+copy at all.
 Nothing is merged into the model.
 """
 
@@ -171,6 +175,7 @@ class Owned:
 
     buf: dict[str, torch.Tensor] = field(default_factory=dict)
     seen: dict[str, tuple] = field(default_factory=dict)
+    fuse: bool = True  # False: q/k/v and gate/up stay separate live weights (no copies)
 
     def get(self, key: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
         b = self.buf.get(key)
@@ -225,8 +230,13 @@ def _fill(
     rows = sum(p[0].shape[0] for p in parts)
     cols = parts[0][0].shape[1]
     w0 = parts[0][0]
-    if len(parts) == 1 and w0.dtype == spec.dtype:
+    live = all(p[0].dtype == spec.dtype for p in parts)
+    if len(parts) == 1 and live:
         out[key] = w0  # live parameter, zero copy
+    elif live and not owned.fuse:
+        out[key] = None  # _lin runs the parts one by one: live parameters, zero copy
+        for j, p in enumerate(parts):
+            out[f"{key}.{j}"] = p[0]
     else:
         buf = owned.get(key, (rows, cols), spec.dtype, spec.device)
         if owned.stale(key, [p[0] for p in parts]):
@@ -287,6 +297,16 @@ def _fill_lora(owned: Owned, key, parts, spec: ModelSpec, rows: int, out) -> Non
         lb[starts[i] : starts[i + 1], c : c + r].mul_(lo.scale)
         c += r
     out[key + ".la"], out[key + ".lb"] = la, lb
+
+
+FUSE_LIMIT_BYTES = 2**30
+
+
+def fused_copy_bytes(root: nn.Module, spec: ModelSpec) -> int:
+    """Bytes of the fused q|k|v and gate|up copies (what ``fuse=False`` saves)."""
+    inter = _base(root.model.layers[0].mlp.gate_proj).weight.shape[0]
+    per_layer = (spec.q_dim + 2 * spec.kv_dim) * spec.hidden + 2 * inter * spec.hidden
+    return spec.layers * per_layer * torch.empty((), dtype=spec.dtype).element_size()
 
 
 def load_weights(root: nn.Module, spec: ModelSpec, owned: Owned) -> Weights:

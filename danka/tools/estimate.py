@@ -30,8 +30,9 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
 * logits            danka's chunked log-probs keep chunk x V x 4 x 4 bytes (fp32 logits,
                     log-softmax, softmax for the entropy, their grad) instead of T x V x 4
 * fast engine       the fast rollout engine (``rollout.engine: fast``, auto on a GPU) keeps
-                    fused q|k|v and gate|up weight copies (+ o/down where LoRA adapts them)
-                    and its KV cache between calls, so both count in every phase
+                    fused q|k|v and gate|up weight copies when they take <= 1 GiB (none for
+                    larger models), fp32 copies of the LoRA matrices, and its KV cache
+                    between calls, so they count in every phase
 * reference         0 with LoRA (adapters off); a frozen copy (params x d) in full mode
 * critic (PPO)      a second LoRA adapter + value head, or a separate model
 
@@ -54,6 +55,7 @@ from danka.config.schema import DankaConfig
 from danka.errors import UserError
 
 GIB = 2**30
+FUSE_LIMIT_BYTES = GIB  # = danka.rollout.fast_weights.FUSE_LIMIT_BYTES
 OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation
 LORA_BYTES_PER_PARAM = 16  # fp32 value + fp32 grad + Adam m and v
 ADAM_BYTES_PER_PARAM = 8  # fp32 m and v
@@ -266,12 +268,11 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     # choose_engine also checks that the step fits; the estimate is what it checks with)
     fast = engine == "fast" or (engine == "auto" and not quant)
     if fast:
-        # fused q|k|v and gate|up copies always; o/down copies where LoRA adapts them
-        targets = cfg.lora.target_modules if use_lora else []
-        copied = (q + 2 * kv) * h + 2 * i * h
-        copied += q * h if _targets(targets, "o_proj") else 0
-        copied += i * h if _targets(targets, "down_proj") else 0
-        c["fast engine weight buffers"] = n_layers * copied * d
+        # fused q|k|v and gate|up copies, made only when they take <= 1 GiB (small models;
+        # larger ones read the live weights); LoRA runs unmerged from stacked adapter copies
+        fused = n_layers * ((q + 2 * kv) * h + 2 * i * h) * d
+        fused = fused if fused <= FUSE_LIMIT_BYTES else 0
+        c["fast engine weight buffers"] = fused + (lora * 4 if use_lora else 0)
     # the fast engine keeps its buffers and KV cache between calls (keep_cache=True)
     held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if fast else 0
     c["logits (rollout)"] = seqs * v * 4 * LOGIT_FACTOR_ROLLOUT

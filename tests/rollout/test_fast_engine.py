@@ -408,3 +408,25 @@ def test_lora_engine_logprobs_match_training_forward_with_graphs():
     m = out.response_mask.bool()
     gap = (out.rollout_logprobs[m] - ref[m]).abs().mean().item()
     assert gap < 0.05, f"mean |engine - training| log-prob gap {gap:.4f}"
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_unfused_weights_no_copies_same_tokens(kind):
+    """fuse_weights=False (the default for big models): q/k/v and gate/up read live, no
+    weight buffer is owned, greedy tokens equal HF's (Qwen2: q/k/v biases; with LoRA)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny(kind)
+    model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj"])
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3)
+    model.eval()
+    engine = FastEngine(fuse_weights=False)
+    out = fast_run(model, SamplingParams(n=1, temperature=0.0, max_new_tokens=10), engine)
+    torch.testing.assert_close(out.response_ids, hf_greedy(model, PROMPTS, max_new=10).response_ids)
+    weights = [k for k in engine._owned.buf if not k.endswith((".la", ".lb", ".b"))]
+    assert weights == []  # only adapter stacks (and fused biases): no base weight copy

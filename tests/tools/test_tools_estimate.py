@@ -116,3 +116,11 @@ def test_qlora_4bit_base_weights_and_engine(tmp_path, counts_7b):
     )  # auto: the fast engine needs plain weights
     assert plan["assumptions"]["quantised_base"] == "4bit"
     assert "fast engine weight buffers" not in plan["components"]
+
+
+def test_fast_engine_holds_no_weight_copy_for_a_7b(tmp_path, counts_7b):
+    cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])
+    plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
+    # fused q|k|v + gate|up would be 28 x (5632 x 3584 + 2 x 18944 x 3584) x 2 B = 8.7 GB
+    # > 1 GiB: the engine reads live weights; only fp32 copies of the LoRA matrices remain
+    assert plan["components"]["fast engine weight buffers"] == counts_7b[1] * 4

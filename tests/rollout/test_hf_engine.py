@@ -4,25 +4,16 @@ says (issue 11 #7: Qwen2-Instruct ships repetition_penalty 1.05 and top_k 20).""
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from danka.models.tiny import tiny_causal_lm
 from danka.rollout.base import SamplingParams, build_engine
 
 PROMPTS = [[5, 6, 7, 8], [20, 21]]
+EOS = 3  # not produced by these runs (checked by the greedy reference)
 
 
-def tiny_with_opinions() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=0.2,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+def tiny_with_opinions():
+    model = tiny_causal_lm().eval()
     g = model.generation_config
     g.repetition_penalty, g.top_k, g.no_repeat_ngram_size, g.min_p = 50.0, 1, 1, 0.99
     g.temperature, g.do_sample = 0.3, True
@@ -42,7 +33,7 @@ def manual_greedy(model, prompt: list[int], steps: int) -> list[int]:
 def test_greedy_ignores_models_generation_config():
     model = tiny_with_opinions()
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
-    out = build_engine("hf").generate(model, PROMPTS, params, eos_ids=[299], pad_id=0)
+    out = build_engine("hf").generate(model, PROMPTS, params, eos_ids=[EOS], pad_id=0)
     for i, prompt in enumerate(PROMPTS):
         ref = manual_greedy(model, prompt, 10)
         # a tiny random model repeats tokens: the model's repetition penalty / n-gram ban
@@ -56,7 +47,7 @@ def test_sampling_does_not_inherit_top_k_or_min_p():
     model = tiny_with_opinions()
     params = SamplingParams(n=16, temperature=1.0, max_new_tokens=1)
     torch.manual_seed(1)
-    out = build_engine("hf").generate(model, [PROMPTS[0]], params, eos_ids=[299], pad_id=0)
+    out = build_engine("hf").generate(model, [PROMPTS[0]], params, eos_ids=[EOS], pad_id=0)
     greedy = manual_greedy(model, PROMPTS[0], 1)[0]
     # The model's top_k=1 or min_p=0.99 would make every sample the argmax; temperature 1 over a near
     # flat tiny-model distribution gives several distinct first tokens out of 16.

@@ -23,10 +23,12 @@ python3 -c "import torch, transformers, peft; print(torch.__version__, transform
 
 rollout_part() {
   # GPU tests: cuDNN SDPA NaN repro + fix (issue 11 #1), bf16 log-prob head without an
-  # fp32 copy, unmerged LoRA in the fast engine under CUDA graphs (issue 11 #2). ~1.5 min.
+  # fp32 copy, unmerged LoRA in the fast engine under CUDA graphs (issue 11 #2), the tiny
+  # trainer on the GPU (engines + update together). ~2 min.
   stamp "GPU tests"
-  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
+  timeout 180 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
     tests/models/test_attention_backends.py tests/models/test_chunked_logprobs.py tests/rollout \
+    tests/trainer/test_train_gpu.py \
     --junitxml="${OUT:-bench/results}/gpu_tests.xml" 2>&1 | tail -25
   # SmolLM2-135M shape (random weights), 64 x 256: fast (plain + LoRA live), HF dynamic
   # cache, HF static cache + torch.compile (~45 s first call); each side a fresh process.

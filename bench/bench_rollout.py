@@ -1,15 +1,12 @@
-"""Rollout throughput: HF ``generate`` (dynamic cache) vs danka's fast engine.
+"""One side of the rollout benchmark, in its own process (``bench/run.py rollout`` runs
+every side in a fresh process and merges them; timing HF after the engine ran in the same
+process understated HF by 3-4x).
 
-Run on the GPU machine, e.g.::
-
-    python bench/bench_rollout.py --model HuggingFaceTB/SmolLM2-135M-Instruct --out smol.json
-    python bench/bench_rollout.py --shape qwen2-0.5b --out qwen.json
-
-Measures, at ``--prompts`` x ``--new-tokens`` (EOS disabled, so every sequence generates
-all tokens and both engines do the same work): tokens/s of each engine after a warm-up,
-the fast engine's first-call time (weights + CUDA-graph capture), the greedy token
-agreement with HF, and the mean |log-prob diff| between the engine's reported log-probs and
-a training-style forward on sampled tokens. Prints one table and writes JSON to ``--out``.
+Sides, at ``--prompts`` x ``--new-tokens`` (EOS disabled, so every sequence generates all
+tokens and every side does the same work), each with its first-call time and a timed call:
+``fast`` (danka's engine; with ``--lora`` also with a live LoRA adapter, and the mean
+|log-prob diff| to a training forward), ``hf-dynamic`` (HF generate, dynamic cache) and
+``hf-static`` (static cache; transformers compiles the decode step with torch.compile).
 """
 
 from __future__ import annotations
@@ -38,6 +35,11 @@ SHAPES = {
         kind="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
         num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
         tie_word_embeddings=True, rope_theta=100_000.0, rms_norm_eps=1e-5,
+    ),
+    "tiny": dict(  # CPU smoke test of the bench itself; its timings mean nothing
+        kind="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, vocab_size=512,
+        tie_word_embeddings=True, rope_theta=10_000.0, rms_norm_eps=1e-5,
     ),
 }  # fmt: skip
 
@@ -78,8 +80,9 @@ def sync(device: str) -> None:
 
 
 @torch.no_grad()
-def hf_generate(model, prompts, new_tokens: int, greedy: bool) -> torch.Tensor:
-    """HF generate with its default dynamic cache; EOS suppressed via min_new_tokens."""
+def hf_generate(model, prompts, new_tokens: int, greedy: bool, static: bool = False):
+    """HF generate (dynamic cache, or static cache + transformers' automatic torch.compile);
+    EOS suppressed via min_new_tokens."""
     device = next(model.parameters()).device
     plen = max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), plen), dtype=torch.long)
@@ -95,6 +98,7 @@ def hf_generate(model, prompts, new_tokens: int, greedy: bool) -> torch.Tensor:
         min_new_tokens=new_tokens,
         pad_token_id=0,
         top_k=None,
+        cache_implementation="static" if static else None,
         **kw,
     )
     return out[:, plen:].cpu()
@@ -135,11 +139,70 @@ def prefix_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(same.sum(1).float().mean() / a.shape[1])
 
 
+def add_lora(model, rank: int = 16):
+    """peft LoRA on all seven linear types, B drawn small (a live adapter changes tokens)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 1e-3)
+    return model.eval()
+
+
+def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
+    """danka's engine: first call (weights + graph capture), then a timed call; plain model
+    and, with --lora, the same model with a live LoRA adapter (unmerged)."""
+    sample = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens)
+    variants = [("", model)] + ([("lora_", None)] if args.lora else [])
+    for prefix, m in variants:
+        if m is None:
+            m = add_lora(model)
+        engine = FastEngine(use_cuda_graph=not args.no_cuda_graph, max_batch=max(256, args.prompts))
+
+        def run(params, m=m, engine=engine):
+            return engine.generate(m, prompts, params, eos_ids=[], pad_id=0)
+
+        res[prefix + "first_call_s"], _ = timed(lambda: run(sample), args.device)
+        res[prefix + "capture_s"] = engine.stats.get("capture_s", 0.0)
+        res[prefix + "s"], batch = timed(lambda: run(sample), args.device)
+        res[prefix + "tok_s"] = tokens / res[prefix + "s"]
+        train_lp = training_logprobs(m, batch)
+        diff = (batch.rollout_logprobs - train_lp).abs() * batch.response_mask
+        res[prefix + "logprob_mean_abs_diff"] = float(diff.sum() / batch.response_mask.sum())
+        res[prefix + "logprob_max_abs_diff"] = float(diff.max())
+        if not prefix:
+            greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=args.agree_tokens)
+            res["greedy_tokens"] = run(greedy).response_ids.tolist()
+        engine.release()
+
+
+def side_hf(args, model, prompts, tokens: int, res: dict, static: bool) -> None:
+    """HF generate in this fresh process: dynamic cache, or static cache (transformers then
+    compiles the decode step with torch.compile itself); first call timed separately."""
+    res["first_call_s"], _ = timed(
+        lambda: hf_generate(model, prompts, args.new_tokens, greedy=False, static=static),
+        args.device,
+    )
+    res["s"], _ = timed(
+        lambda: hf_generate(model, prompts, args.new_tokens, greedy=False, static=static),
+        args.device,
+    )
+    res["tok_s"] = tokens / res["s"]
+    if not static:
+        ref = hf_generate(model, prompts, args.agree_tokens, greedy=True)
+        res["greedy_tokens"] = ref.tolist()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="hub id, local folder or .gguf (danka.models.loading)")
     src.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape")
+    ap.add_argument("--side", required=True, choices=["fast", "hf-dynamic", "hf-static"])
+    ap.add_argument("--lora", action="store_true", help="fast side: also with a live LoRA")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=160)
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -147,70 +210,24 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-cuda-graph", action="store_true")
-    ap.add_argument("--skip-hf", action="store_true", help="engine only (no HF timing)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench_rollout.json")
+    ap.add_argument("--out", required=True, help="JSON for this side")
     args = ap.parse_args()
 
     model = build_model(args)
     vocab = model.get_output_embeddings().weight.shape[0]
     prompts = make_prompts(args, vocab)
     tokens = args.prompts * args.new_tokens
-    res: dict = {"model": args.model or args.shape, "prompts": args.prompts,
-                 "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-                 "dtype": args.dtype, "device": args.device}  # fmt: skip
-    if args.device.startswith("cuda"):
-        res["gpu"] = torch.cuda.get_device_name()
-
-    engine = FastEngine(use_cuda_graph=not args.no_cuda_graph, max_batch=max(256, args.prompts))
-    sample = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens)
-
-    def run_engine(params):
-        return engine.generate(model, prompts, params, eos_ids=[], pad_id=0)
-
-    res["fast_first_call_s"], _ = timed(lambda: run_engine(sample), args.device)
-    res["fast_capture_s"] = engine.stats.get("capture_s", 0.0)
-    res["fast_s"], batch = timed(lambda: run_engine(sample), args.device)
-    res["fast_tok_s"] = tokens / res["fast_s"]
-
-    if not args.skip_hf:
-        timed(lambda: hf_generate(model, prompts[:4], 8, greedy=False), args.device)  # warm-up
-        res["hf_s"], _ = timed(
-            lambda: hf_generate(model, prompts, args.new_tokens, greedy=False), args.device
-        )
-        res["hf_tok_s"] = tokens / res["hf_s"]
-        res["speedup"] = res["fast_tok_s"] / res["hf_tok_s"]
-        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=args.agree_tokens)
-        ours = run_engine(greedy).response_ids
-        ref = hf_generate(model, prompts, args.agree_tokens, greedy=True)
-        res["greedy_token_agreement"] = float((ours == ref).float().mean())
-        res["greedy_prefix_agreement"] = prefix_agreement(ours, ref)
-
-    train_lp = training_logprobs(model, batch)
-    diff = (batch.rollout_logprobs - train_lp).abs() * batch.response_mask
-    res["logprob_mean_abs_diff"] = float(diff.sum() / batch.response_mask.sum())
-    res["logprob_max_abs_diff"] = float(diff.max())
+    res: dict = {"side": args.side, "model": args.model or args.shape, "tokens": tokens}
+    if args.side == "fast":
+        side_fast(args, model, prompts, tokens, res)
+    else:
+        side_hf(args, model, prompts, tokens, res, static=args.side == "hf-static")
     if args.device.startswith("cuda"):
         res["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-
-    print(f"\nrollout benchmark: {res['model']}  {args.prompts} x {args.new_tokens} new tokens, "
-          f"prompt ~{args.prompt_len}, {args.dtype}, {res.get('gpu', args.device)}")  # fmt: skip
-    rows = [
-        ("HF generate (dynamic cache)", res.get("hf_tok_s"), res.get("hf_s")),
-        ("fast engine", res["fast_tok_s"], res["fast_s"]),
-    ]
-    print(f"{'engine':<30}{'tok/s':>12}{'seconds':>10}")
-    for name, tps, sec in rows:
-        if tps is not None:
-            print(f"{name:<30}{tps:>12,.0f}{sec:>10.2f}")
-    for key in ("speedup", "fast_first_call_s", "fast_capture_s", "greedy_token_agreement",
-                "greedy_prefix_agreement", "logprob_mean_abs_diff", "logprob_max_abs_diff",
-                "peak_mem_gib"):  # fmt: skip
-        if key in res:
-            print(f"  {key:<28}{res[key]:.4g}")
     with open(args.out, "w") as f:
-        json.dump(res, f, indent=2)
-    print(f"wrote {args.out}")
+        json.dump(res, f)
+    print({k: v for k, v in res.items() if k != "greedy_tokens"})
 
 
 if __name__ == "__main__":

@@ -272,6 +272,23 @@ def _check_attn(attn: str, dtype: torch.dtype) -> None:
         )
 
 
+def configure_attention_backends() -> bool:
+    """Turn off the cuDNN backend of ``scaled_dot_product_attention`` (process-wide).
+
+    Why: with torch 2.11 on an H200, cuDNN SDPA returns non-finite gradients for fully
+    masked query rows (left padding) when the sequence length L has L % 128 == 64
+    (PyTorch issue 196678; danka issue 11 #1: ~3% of GSM8K steps were NaN). transformers'
+    SDPA mask keeps such rows fully masked on torch >= 2.5, so every left-padded training
+    forward can feed them. With cuDNN off, SDPA dispatches to FlashAttention-2 (no mask) or
+    the memory-efficient kernel, which return finite gradients. Called by
+    :func:`load_causal_lm` for every model; a no-op on machines without CUDA kernels.
+    Returns whether cuDNN SDPA was on before.
+    """
+    was_on = bool(torch.backends.cuda.cudnn_sdp_enabled())
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return was_on
+
+
 def load_causal_lm(
     name_or_path: str,
     *,
@@ -289,6 +306,7 @@ def load_causal_lm(
     """
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device)
+    configure_attention_backends()  # no cuDNN SDPA: NaN gradients on padded rows (issue 11)
     attn = attn_implementation or "sdpa"
     _check_attn(attn, torch_dtype)
     kwargs: dict[str, Any] = {

@@ -2,7 +2,8 @@
 
 For hidden states ``h`` (N, H), output embedding ``W`` (V, H) and temperature ``T``::
 
-    z = h W^T / T                       (N, V) logits, computed C rows at a time in float32
+    z = h W^T / T                       (N, V) logits, C rows at a time: the GEMM in W's
+                                        dtype (bf16 on a GPU), z and what follows float32
     logp_i = z_{i, y_i} - logsumexp(z_i)
     H_i = logsumexp(z_i) - sum_v p_iv z_iv          (entropy of softmax(z_i))
 
@@ -34,15 +35,46 @@ def _chunk_stats(z: torch.Tensor, targets: torch.Tensor, entropy: bool):
     return logp, lse - (p * z).sum(-1), lse, p
 
 
+def _logits32(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``h @ weight.T`` as float32 logits, without an fp32 copy of a bf16/fp16 ``weight``.
+
+    On CUDA the low-precision GEMM writes float32 directly (``out_dtype``: no rounding of
+    the logits to bf16); elsewhere a low-precision product is widened after the GEMM.
+    """
+    if weight.dtype == torch.float32:
+        return F.linear(h.float(), weight)
+    h = h.to(weight.dtype)
+    if h.is_cuda:
+        try:
+            return torch.mm(h, weight.T, out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):  # older torch: no out_dtype
+            pass
+    return F.linear(h, weight).float()
+
+
+def _grad_weight_add(acc: torch.Tensor, dz: torch.Tensor, h: torch.Tensor, dtype) -> None:
+    """``acc += dz.T @ h`` in float32; the GEMM in ``dtype`` (bf16) on CUDA when it can."""
+    if dtype != torch.float32 and dz.is_cuda:
+        try:
+            torch.addmm(acc, dz.T.to(dtype), h.to(dtype), out_dtype=torch.float32, out=acc)
+            return
+        except (TypeError, RuntimeError, NotImplementedError):
+            pass
+    acc.addmm_(dz.T, h.float())
+
+
 class _ChunkedLinearLogprobs(torch.autograd.Function):
+    """Forward and backward chunk by chunk (see the module docstring). The GEMMs run in the
+    head's dtype (bf16 on a GPU) with float32 logits; softmax statistics, log-probs,
+    entropies and dz are float32. No float32 copy of the (V, H) head is made."""
+
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_size, compute_entropy):
         n = hidden.shape[0]
-        w32 = weight.float()  # one float32 copy of W per call (2.2 GB for a 7B vocab)
         logps = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ents = torch.zeros(n if compute_entropy else 0, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk_size):
-            z = F.linear(hidden[s : s + chunk_size].float(), w32) / temperature
+            z = _logits32(hidden[s : s + chunk_size], weight) / temperature
             lp, ent, _, _ = _chunk_stats(z, targets[s : s + chunk_size], compute_entropy)
             logps[s : s + chunk_size] = lp
             if compute_entropy:
@@ -59,27 +91,30 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_ent):
         hidden, weight, targets = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        w32 = weight.float()
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(w32) if need_w else None
-        rows = torch.arange(min(ctx.chunk_size, hidden.shape[0]), device=hidden.device)
+        grad_w = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        )
+        use_ent = ctx.compute_entropy and grad_ent is not None and grad_ent.numel() > 0
         for s in range(0, hidden.shape[0], ctx.chunk_size):
-            h = hidden[s : s + ctx.chunk_size].float()
+            h = hidden[s : s + ctx.chunk_size]
             y = targets[s : s + ctx.chunk_size]
-            g_lp = grad_logp[s : s + ctx.chunk_size]
-            z = F.linear(h, w32) / ctx.temperature
-            use_ent = ctx.compute_entropy and grad_ent is not None and grad_ent.numel() > 0
+            g_lp = grad_logp[s : s + ctx.chunk_size].float()
+            z = _logits32(h, weight) / ctx.temperature
             _, ent, lse, p = _chunk_stats(z, y, entropy=True)
             dz = -p * g_lp[:, None]
-            dz[rows[: len(y)], y] += g_lp
+            dz.scatter_add_(1, y[:, None], g_lp[:, None])  # + g_lp at the target (no sync)
             if use_ent:
-                g_ent = grad_ent[s : s + ctx.chunk_size]
+                g_ent = grad_ent[s : s + ctx.chunk_size].float()
                 dz -= g_ent[:, None] * p * ((z - lse[:, None]) + ent[:, None])
             dz /= ctx.temperature
             if need_h:
-                grad_h[s : s + ctx.chunk_size] = (dz @ w32).to(hidden.dtype)
+                if weight.dtype == torch.float32:
+                    grad_h[s : s + ctx.chunk_size] = (dz @ weight).to(hidden.dtype)
+                else:
+                    grad_h[s : s + ctx.chunk_size] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_w:
-                grad_w.addmm_(dz.T, h)
+                _grad_weight_add(grad_w, dz, h, weight.dtype)
         if need_w:
             grad_w = grad_w.to(weight.dtype)
         return grad_h, grad_w, None, None, None, None

@@ -7,6 +7,8 @@ is the j-th answer to prompt ``i``; ``group_index`` records ``i``.
 
 from __future__ import annotations
 
+import copy
+import inspect
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,7 +62,9 @@ def register_engine(name: str):
     return deco
 
 
-def build_engine(name: str, **kwargs) -> RolloutEngine:
+def build_engine(name: str, **options) -> RolloutEngine:
+    """The engine ``name`` with typed ``options``; one it does not take is a UserError (exit 2
+    at start-up), never silently dropped."""
     # Import the engines so they register themselves.
     from danka.rollout import fast, hf  # noqa: F401
 
@@ -70,7 +74,55 @@ def build_engine(name: str, **kwargs) -> RolloutEngine:
             where="rollout.engine",
             fix=f"use one of: {', '.join(sorted(ROLLOUT_ENGINES))} (or auto)",
         )
-    return ROLLOUT_ENGINES[name](**kwargs)
+    cls = ROLLOUT_ENGINES[name]
+    accepted = inspect.signature(cls).parameters
+    for key in options:
+        if key not in accepted:
+            raise UserError(
+                f"the {name} rollout engine has no option {key!r}",
+                where="rollout",
+                fix=f"its options: {', '.join(accepted) or 'none'}; or choose another engine",
+            )
+    return cls(**options)
+
+
+def choose_engine(
+    cfg, device: torch.device, *, model_config=None, free_bytes: int | None = None
+) -> tuple[str, str]:
+    """``rollout.engine`` resolved to "hf" or "fast", with the reason to log.
+
+    Order: an explicit ``rollout.engine``; the seed's ``backend.hf_transformers.
+    enable_hf_transformers: true`` (HF); no CUDA device or a quantised base (HF); a model
+    type the fast engine does not run (HF); else fast only when ``danka estimate``'s whole
+    step with the fast engine fits the free GPU memory (``free_bytes``, default: now).
+    """
+    from danka.rollout.fast_weights import SUPPORTED_MODEL_TYPES
+    from danka.tools.estimate import GIB, OVERHEAD_BYTES, estimate_memory, load_model_config
+
+    r, m = cfg.rollout, cfg.model
+    if r.engine != "auto":
+        return r.engine, f"rollout.engine: {r.engine}"
+    if cfg.backend.hf_transformers.enable_hf_transformers:
+        return "hf", "backend.hf_transformers.enable_hf_transformers: true"
+    if device.type != "cuda":
+        return "hf", f"no CUDA device ({device}): HF generate"
+    if m.load_in_4bit or m.load_in_8bit:
+        return "hf", "quantised base: the fast engine reads plain bf16/fp32 weights"
+    config = model_config or load_model_config(m.actor_model_name_or_path)
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return "hf", f"the fast engine does not run model type {config.model_type!r}"
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    plans = {}
+    for name in ("fast", "hf"):
+        c = copy.deepcopy(cfg)
+        c.rollout.engine = name
+        plans[name] = estimate_memory(c, model_config=config)["peak"] + OVERHEAD_BYTES
+    need = f"{plans['fast'] / GIB:.1f} GiB (HF {plans['hf'] / GIB:.1f})"
+    free = f"{free_bytes / GIB:.1f} GiB free"
+    if plans["fast"] <= free_bytes:
+        return "fast", f"the whole step with the fast engine fits: {need} of {free}"
+    return "hf", f"the fast engine's step would need {need}, more than {free}"
 
 
 def finish_batch(

@@ -4,8 +4,8 @@ Why: on one card the rollout dominates RL time, and HF ``generate`` for a small 
 bound by Python and kernel launches. This engine runs Llama-family decoders (Llama,
 SmolLM2, Qwen2) with its own forward (:mod:`danka.rollout.fast_model`):
 
-1. read the effective weights LIVE from the model (LoRA folded in, q/k/v and gate/up
-   fused) into engine-owned buffers that keep their addresses across calls;
+1. read the weights LIVE from the model (q/k/v and gate/up fused into engine-owned buffers
+   that keep their addresses across calls; LoRA adapters applied unmerged);
 2. prefill the left-padded prompts once per prompt, copy the keys/values ``n`` times into a
    static cache ``(layers, B, Hkv, T, D)``, sample the first token;
 3. decode: one token per step for all sequences (embed -> layers -> sample -> bookkeeping,
@@ -14,7 +14,8 @@ SmolLM2, Qwen2) with its own forward (:mod:`danka.rollout.fast_model`):
 4. finished sequences (EOS) are tracked on the device; the host checks "all finished"
    every ``check_every`` steps only.
 
-Memory: with ``keep_cache=True`` (default) the KV cache, the fused weight buffers and the
+Memory: fused weight copies are made only for small models (``fuse_weights``); with
+``keep_cache=True`` (default) the KV cache, the fused weight buffers and the
 graphs are kept between calls; the KV cache is sized by the biggest (batch bucket,
 capacity) seen so far and only grows. ``keep_cache=False`` frees all of it after each call
 (graphs are then re-captured every call). ``release()`` frees it on demand.
@@ -30,17 +31,18 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from danka.errors import UserError
 from danka.rollout.base import SamplingParams, finish_batch, register_engine
-from danka.rollout.fast_model import (
+from danka.rollout.fast_model import decode_forward, prefill, rope_tables
+from danka.rollout.fast_sampling import sample_next
+from danka.rollout.fast_weights import (
+    FUSE_LIMIT_BYTES,
     ModelSpec,
+    Owned,
     Weights,
-    decode_forward,
+    fused_copy_bytes,
     load_weights,
     model_spec,
-    prefill,
-    rope_tables,
     unwrap_causal_lm,
 )
-from danka.rollout.fast_sampling import sample_next
 from danka.types import RolloutBatch
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
@@ -119,13 +121,18 @@ class FastEngine:
         check_every: int = 16,
         prefill_batch: int = 32,
         seq_round: int = 128,
-        **_ignored,
+        batch_size: int = 0,
+        fuse_weights: bool | None = None,
     ):
         # max_batch: sequences per decode batch (prompts are split to fit);
         # use_cuda_graph: None = on for CUDA models; check_every: steps between host checks
         # of "all finished"; prefill_batch: prompts per prefill forward; seq_round: the KV
-        # capacity is rounded up to this so graphs are re-used across prompt lengths.
-        self.max_batch = max(1, int(max_batch))
+        # capacity is rounded up to this so graphs are re-used across prompt lengths;
+        # batch_size (rollout.generation_batch_size): sequences per decode batch, 0 = max_batch.
+        self.max_batch = max(1, int(batch_size or max_batch))
+        # fuse_weights: q|k|v and gate|up in one GEMM each, from engine-owned copies; None =
+        # only when those copies take <= FUSE_LIMIT_BYTES (small models; a 7B reads live).
+        self.fuse_weights = fuse_weights
         self.use_cuda_graph = use_cuda_graph
         self.keep_cache = keep_cache
         self.check_every = max(1, int(check_every))
@@ -137,7 +144,7 @@ class FastEngine:
     def release(self) -> None:
         """Free the KV cache, weight buffers and CUDA graphs (the next call rebuilds them)."""
         self._spec: ModelSpec | None = None
-        self._owned: Weights = {}
+        self._owned = Owned()
         self._k = self._v = self._cos = self._sin = None
         self._slots: dict[tuple[int, int], _Slots] = {}
         self._pool = None
@@ -178,6 +185,10 @@ class FastEngine:
         if spec != self._spec:
             self.release()
             self._spec = spec
+            fuse = self.fuse_weights
+            self._owned.fuse = (
+                fused_copy_bytes(root, spec) <= FUSE_LIMIT_BYTES if fuse is None else fuse
+            )
         graphs = spec.device.type == "cuda" and self.use_cuda_graph is not False
         w = load_weights(root, spec, self._owned)
         ptrs = tuple(t.data_ptr() for t in w.values() if t is not None)

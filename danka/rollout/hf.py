@@ -6,7 +6,10 @@ transformers supports, which makes it the reference the fast engine is checked a
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+from transformers import GenerationConfig
 
 from danka.rollout.base import SamplingParams, finish_batch, register_engine
 from danka.types import RolloutBatch
@@ -16,9 +19,10 @@ from danka.types import RolloutBatch
 class HFGenerateEngine:
     name = "hf"
 
-    def __init__(self, batch_size: int = 0, **_ignored):
-        # batch_size 0 = all sequences at once; otherwise generate in chunks of prompts.
-        self.batch_size = batch_size
+    def __init__(self, batch_size: int = 0):
+        # batch_size (rollout.generation_batch_size): sequences per generate call, 0 = all
+        # at once; the prompts are chunked so a call holds batch_size // n of them (>= 1).
+        self.batch_size = max(0, int(batch_size))
 
     @torch.no_grad()
     def generate(
@@ -32,7 +36,7 @@ class HFGenerateEngine:
         generator: torch.Generator | None = None,
     ) -> RolloutBatch:
         device = next(model.parameters()).device
-        chunk = self.batch_size or len(prompt_ids)
+        chunk = max(1, self.batch_size // params.n) if self.batch_size else len(prompt_ids)
         responses: list[list[int]] = []
         was_training = model.training
         model.eval()
@@ -59,24 +63,72 @@ class HFGenerateEngine:
         for i, p in enumerate(prompts):
             ids[i, plen - len(p) :] = torch.tensor(p)
             mask[i, plen - len(p) :] = 1
-        kwargs = dict(
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=list(eos_ids),
-            pad_token_id=pad_id,
-            num_return_sequences=params.n,
-        )
+        gen_cfg = sampling_config(params, eos_ids, pad_id)
         if params.greedy:
             # greedy search refuses num_return_sequences > 1: repeat the prompts instead
             ids, mask = ids.repeat_interleave(params.n, 0), mask.repeat_interleave(params.n, 0)
-            kwargs.update(
-                do_sample=False, temperature=None, top_p=None, top_k=None, num_return_sequences=1
+        with _clean_generation_config(model):
+            out = model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen_cfg
             )
-        else:
-            kwargs.update(
-                do_sample=True,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k if params.top_k > 0 else None,
-            )
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
         return [row[plen:].tolist() for row in out.cpu()]
+
+
+def sampling_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> GenerationConfig:
+    """Exactly danka's sampling: temperature, top-p, top-k (0 = off), nothing else.
+
+    Every processor HF would otherwise add (repetition penalty, min-p, typical-p, n-gram
+    bans, suppressed tokens, ...) is set to its neutral value, so a model's own
+    ``generation_config.json`` (e.g. Qwen2-Instruct's repetition_penalty 1.05, top_k 20)
+    cannot change the distribution the policy is trained on (issue 11 #7).
+    """
+    return GenerationConfig(
+        max_new_tokens=params.max_new_tokens,
+        min_new_tokens=0,
+        min_length=0,
+        eos_token_id=list(eos_ids),
+        pad_token_id=pad_id,
+        do_sample=not params.greedy,
+        num_return_sequences=1 if params.greedy else params.n,
+        num_beams=1,
+        temperature=1.0 if params.greedy else params.temperature,
+        top_p=1.0 if params.greedy else params.top_p,
+        top_k=0 if params.greedy else params.top_k,  # 0 = off (HF's default would be 50)
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
+        renormalize_logits=False,
+        use_cache=True,
+    )
+
+
+@contextmanager
+def _clean_generation_config(model: torch.nn.Module):
+    """Hide the model's ``generation_config`` during ``generate``: HF fills every field our
+    config leaves ``None`` (min_p, bad_words_ids, suppress_tokens, ...) from it."""
+    from danka.rollout.fast_weights import unwrap_causal_lm
+
+    root = unwrap_causal_lm(model)
+    saved = getattr(root, "generation_config", None)
+    if saved is None:
+        yield
+        return
+    clean = GenerationConfig(
+        bos_token_id=saved.bos_token_id,
+        eos_token_id=saved.eos_token_id,
+        pad_token_id=saved.pad_token_id,
+    )
+    # the HF model and any wrapper (peft) that holds its own reference
+    owners = [
+        m for m in {id(m): m for m in (model, root)}.values() if "generation_config" in vars(m)
+    ]
+    old = [vars(m)["generation_config"] for m in owners]
+    for m in owners:
+        m.generation_config = clean
+    try:
+        yield
+    finally:
+        for m, cfg in zip(owners, old):
+            m.generation_config = cfg

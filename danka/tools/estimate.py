@@ -5,7 +5,9 @@ to count parameters and the LoRA matrices exactly for any architecture. Every te
 bytes (d = bytes per element of the model dtype; H hidden, I intermediate, L layers,
 q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro-batch):
 
-* weights           params x d
+* weights           params x d; a quantised base (``model.load_in_4bit``, QLoRA: NF4 with
+                    double quantisation, 0.516 bytes per parameter; ``load_in_8bit``: 1 byte)
+                    only for the decoder's linear layers, plus one dequantised weight
 * LoRA              lora_params x 16 (fp32 value 4 + grad 4 + Adam m, v 8); full
                     fine-tuning: params x (d grad + 8 Adam)
 * KV cache          L x 2 x kv x (prompt + new tokens) x sequences x d
@@ -28,8 +30,9 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
 * logits            danka's chunked log-probs keep chunk x V x 4 x 4 bytes (fp32 logits,
                     log-softmax, softmax for the entropy, their grad) instead of T x V x 4
 * fast engine       the fast rollout engine (``rollout.engine: fast``, auto on a GPU) keeps
-                    fused q|k|v and gate|up weight copies (+ o/down where LoRA adapts them)
-                    and its KV cache between calls, so both count in every phase
+                    fused q|k|v and gate|up weight copies when they take <= 1 GiB (none for
+                    larger models), fp32 copies of the LoRA matrices, and its KV cache
+                    between calls, so they count in every phase
 * reference         0 with LoRA (adapters off); a frozen copy (params x d) in full mode
 * critic (PPO)      a second LoRA adapter + value head, or a separate model
 
@@ -52,12 +55,16 @@ from danka.config.schema import DankaConfig
 from danka.errors import UserError
 
 GIB = 2**30
+FUSE_LIMIT_BYTES = GIB  # = danka.rollout.fast_weights.FUSE_LIMIT_BYTES
 OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation
 LORA_BYTES_PER_PARAM = 16  # fp32 value + fp32 grad + Adam m and v
 ADAM_BYTES_PER_PARAM = 8  # fp32 m and v
 LOGIT_FACTOR_UPDATE = 4
 LOGIT_FACTOR_ROLLOUT = 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# bytes per quantised parameter: NF4 with double quantisation (QLoRA; 4 bits + an 8-bit
+# absmax per 64 + an fp32 constant per 256 blocks) and LLM.int8 (1 byte + fp32 row scales)
+QUANT_BYTES = {"4bit": 0.5 + 1 / 64 + 4 / (64 * 256), "8bit": 1.0}
 
 
 def _known_shapes() -> dict[str, Callable[[], Any]]:
@@ -230,6 +237,12 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     need_ref = t.kl.coef > 0
 
     c: dict[str, int] = {"weights": params * d}
+    quant = QUANT_BYTES.get("4bit" if m.load_in_4bit else "8bit" if m.load_in_8bit else "")
+    if quant:
+        # bitsandbytes quantises the decoder's linear layers; embeddings, lm_head and
+        # norms stay in the compute dtype; each matmul dequantises one weight transiently
+        lin = n_layers * ((q + 2 * kv) * h + q * h + 3 * i * h)
+        c["weights"] = int(lin * quant) + (params - lin) * d + i * h * d
     if use_lora:
         c["lora + Adam (fp32)"] = lora * LORA_BYTES_PER_PARAM
     else:
@@ -251,14 +264,15 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
 
     c["KV cache (rollout)"] = n_layers * 2 * kv * seq_len * seqs * d
     engine = cfg.rollout.engine
-    fast = engine in ("fast", "auto")  # auto picks the fast engine on a GPU
+    # auto picks the fast engine on a GPU unless the base is quantised (rollout.base.
+    # choose_engine also checks that the step fits; the estimate is what it checks with)
+    fast = engine == "fast" or (engine == "auto" and not quant)
     if fast:
-        # fused q|k|v and gate|up copies always; o/down copies where LoRA adapts them
-        targets = cfg.lora.target_modules if use_lora else []
-        copied = (q + 2 * kv) * h + 2 * i * h
-        copied += q * h if _targets(targets, "o_proj") else 0
-        copied += i * h if _targets(targets, "down_proj") else 0
-        c["fast engine weight buffers"] = n_layers * copied * d
+        # fused q|k|v and gate|up copies, made only when they take <= 1 GiB (small models;
+        # larger ones read the live weights); LoRA runs unmerged from stacked adapter copies
+        fused = n_layers * ((q + 2 * kv) * h + 2 * i * h) * d
+        fused = fused if fused <= FUSE_LIMIT_BYTES else 0
+        c["fast engine weight buffers"] = fused + (lora * 4 if use_lora else 0)
     # the fast engine keeps its buffers and KV cache between calls (keep_cache=True)
     held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if fast else 0
     c["logits (rollout)"] = seqs * v * 4 * LOGIT_FACTOR_ROLLOUT
@@ -292,7 +306,8 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
         "overhead": OVERHEAD_BYTES,
         "full_logits_would_be": tokens * v * 4,
         "assumptions": {
-            "rollout_engine": "fast" if fast else engine,
+            "rollout_engine": "fast" if fast else "hf",
+            "quantised_base": m.load_in_4bit and "4bit" or m.load_in_8bit and "8bit" or None,
             "rollout_sequences": seqs,
             "prompt_tokens": prompt_len,
             "sequence_tokens": seq_len,

@@ -126,3 +126,52 @@ def test_sequence_logprobs_full_finetune_head_grad():
     _naive_sequence(model, ids, mask, start, 1.0)[0].sum().backward()
     torch.testing.assert_close(g_head, model.lm_head.weight.grad, atol=1e-5, rtol=0)
     torch.testing.assert_close(g_embed, model.model.embed_tokens.weight.grad, atol=1e-5, rtol=0)
+
+
+def _head_case(device, dtype, n=24, h=64, v=1000):
+    torch.manual_seed(0)
+    hidden = (torch.randn(n, h, device=device) * 0.5).to(dtype).requires_grad_(True)
+    weight = (torch.randn(v, h, device=device) * 0.5).to(dtype).requires_grad_(True)
+    targets = torch.randint(0, v, (n,), device=device)
+    return hidden, weight, targets
+
+
+def _check_low_precision_head(device):
+    """A bf16 head: values and both gradients match the float64 reference of the same bf16
+    numbers to bf16 accuracy (logits, softmax and entropy are float32 inside)."""
+    hidden, weight, targets = _head_case(device, torch.bfloat16)
+    lp, ent = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=7, temperature=0.8)
+    (lp.sum() + 0.5 * ent.sum()).backward()
+    h64 = hidden.detach().double().requires_grad_(True)
+    w64 = weight.detach().double().requires_grad_(True)
+    rlp, rent = _naive(h64, w64, targets, 0.8)
+    (rlp.sum() + 0.5 * rent.sum()).backward()
+    assert lp.dtype == torch.float32 and hidden.grad.dtype == weight.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(lp.double(), rlp.double(), atol=0.05, rtol=0.01)
+    torch.testing.assert_close(ent.double(), rent.double(), atol=0.05, rtol=0.01)
+    torch.testing.assert_close(hidden.grad.double(), h64.grad, atol=0.02, rtol=0.02)
+    torch.testing.assert_close(weight.grad.double(), w64.grad, atol=0.02, rtol=0.02)
+
+
+def test_bf16_head_values_and_grads_cpu():
+    _check_low_precision_head("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_head_values_grads_and_no_fp32_copy_cuda():
+    _check_low_precision_head("cuda")
+    # Qwen2.5 head: 151,936 x 896 bf16 (272 MB); an fp32 copy would add 545 MB.
+    hidden, weight, targets = _head_case("cuda", torch.bfloat16, n=2048, h=896, v=151936)
+    weight.requires_grad_(False)  # LoRA: a frozen head, only the hidden states need grads
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    lp, ent = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=64)
+    (lp.sum() + ent.sum()).backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    # per chunk of 64 rows: float32 logits, p, dz and a few temporaries, ~39 MB each; the
+    # old float32 copy of the head alone was 151936 x 896 x 4 = 545 MB
+    assert extra < 0.75 * 151936 * 896 * 4, f"{extra / 2**20:.0f} MiB extra"
+    assert torch.isfinite(hidden.grad).all()

@@ -225,8 +225,12 @@ def test_bucket_sizes_and_registry():
         8, 8, 16, 64, 128, 256, 512,
     ]  # fmt: skip
     assert bucket_size(5, False) == 5
-    engine = build_engine("fast", max_batch=4, unknown_option=1)
+    engine = build_engine("fast", max_batch=4)
     assert isinstance(engine, FastEngine) and engine.max_batch == 4
+    # rollout.generation_batch_size: sequences per decode batch
+    assert build_engine("fast", batch_size=24).max_batch == 24
+    with pytest.raises(UserError, match="no option 'unknown_option'"):
+        build_engine("fast", max_batch=4, unknown_option=1)  # was silently swallowed
 
 
 def test_small_max_batch_splits_and_keep_cache_false():
@@ -236,7 +240,7 @@ def test_small_max_batch_splits_and_keep_cache_false():
     engine = FastEngine(max_batch=3, keep_cache=False)  # 1 prompt (2 samples) per batch
     split = fast_run(model, params, engine)
     torch.testing.assert_close(split.response_ids, full.response_ids)
-    assert engine._k is None and not engine._owned  # freed after the call
+    assert engine._k is None and not engine._owned.buf  # freed after the call
 
 
 @pytest.mark.gpu
@@ -262,3 +266,167 @@ def test_cuda_graph_replay_equals_eager():
     s1 = fast_run(model, sampled, graph_engine, generator=torch.Generator("cuda").manual_seed(5))
     s2 = fast_run(model, sampled, graph_engine, generator=torch.Generator("cuda").manual_seed(5))
     torch.testing.assert_close(s1.response_ids, s2.response_ids)
+
+
+def _lora_layer(hidden=1024, out=64, d=0.0025):
+    """A peft LoRA linear: bf16 base with |W| in [1, 2) (bf16 step 2^-7, half-step 0.0039)
+    and an fp32 rank-1 adapter whose delta is ``d`` in every entry (below the half-step)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    lin = torch.nn.Sequential()
+    lin.add_module("proj", torch.nn.Linear(hidden, out, bias=False))
+    with torch.no_grad():
+        w = torch.rand(out, hidden) * 0.9 + 1.05  # away from 1 and 2 (other bf16 steps)
+        lin.proj.weight.copy_(w * torch.randint(0, 2, w.shape).mul(2).sub(1))
+    lin = lin.to(torch.bfloat16)
+    model = get_peft_model(lin, LoraConfig(r=1, lora_alpha=1, target_modules=["proj"]))
+    layer = model.base_model.model.proj
+    with torch.no_grad():
+        layer.lora_A["default"].weight.fill_(1.0)
+        layer.lora_B["default"].weight.fill_(d)  # delta = 1 * B @ A = d everywhere
+    return layer
+
+
+def test_tiny_lora_delta_is_kept_unmerged_as_in_the_training_forward():
+    from danka.rollout.fast_model import _lin
+    from danka.rollout.fast_weights import Owned, _fill
+
+    d, hidden = 0.0025, 1024
+    layer = _lora_layer(hidden, d=d)
+    base_w = layer.base_layer.weight
+    assert layer.lora_A["default"].weight.dtype == torch.float32  # peft keeps adapters fp32
+    # The old engine merged W + delta into bf16: every entry rounds back to W (all lost).
+    assert torch.equal((base_w.float() + d).to(torch.bfloat16), base_w)
+    spec = SimpleNamespace(dtype=torch.bfloat16, device=torch.device("cpu"))
+    w: dict = {}
+    _fill(Owned(), "proj", [layer], spec, False, w)
+    assert w["proj"] is base_w  # the live base weight, no copy
+    x = torch.ones(3, hidden, dtype=torch.bfloat16)  # the delta adds up coherently: H * d
+    with torch.no_grad():
+        engine, train = _lin(w, "proj", x), layer(x)
+        base = torch.nn.functional.linear(x, base_w)
+    torch.testing.assert_close(engine, train, atol=0, rtol=0)  # peft's op order exactly
+    shift = (engine.float() - base.float()).mean().item()
+    # H * d = 1024 * 0.0025 = 2.56; outputs ~ 48 have a bf16 step of 0.25, so within 0.2
+    assert abs(shift - hidden * d) < 0.2
+
+
+def _lora_delta_cosines(device: str) -> tuple[float, float]:
+    """bf16 model, fp32 adapters (peft's default): cosine of the change the adapter makes to
+    the next-token log-probs of (engine, HF training forward) with the fp32 change."""
+    from peft import LoraConfig, get_peft_model
+
+    from danka.rollout.fast_model import prefill, rope_tables
+    from danka.rollout.fast_weights import Owned, load_weights, model_spec, unwrap_causal_lm
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(**{**DIMS, "initializer_range": 0.02})).to(device)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=targets)).eval()
+    ids = torch.randint(1, 300, (64, 12), device=device)
+    mask = torch.ones_like(ids)
+
+    def engine_lp():
+        root = unwrap_causal_lm(model)
+        spec = model_spec(root)
+        w = load_weights(root, spec, Owned())
+        cos, sin = rope_tables(root, spec, 16)
+        k = torch.zeros(spec.layers, 64, spec.kv_heads, 16, spec.head_dim, dtype=spec.dtype)
+        k = k.to(device)
+        lp = prefill(w, spec, ids, mask, cos, sin, k, torch.zeros_like(k), slice(0, 64), 1)
+        return lp.log_softmax(-1)
+
+    def hf_lp():
+        return model(input_ids=ids, attention_mask=mask).logits[:, -1].float().log_softmax(-1)
+
+    with torch.no_grad():
+        with model.disable_adapter():
+            f0 = hf_lp()
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 3e-3)
+        f1 = hf_lp()  # fp32 reference
+        model.to(torch.bfloat16)
+        for name, p in model.named_parameters():
+            if "lora" in name:
+                p.data = p.data.float()  # peft's autocast_adapter_dtype: fp32 adapters
+        e1, h1 = engine_lp(), hf_lp()
+        with model.disable_adapter():
+            e0, h0 = engine_lp(), hf_lp()
+    ref = f1 - f0
+
+    def cos(a):
+        return float((a * ref).sum() / (a.norm() * ref.norm()))
+
+    return cos(e1 - e0), cos(h1 - h0)
+
+
+def test_lora_delta_changes_engine_logprobs_as_training_forward():
+    engine, train = _lora_delta_cosines("cpu")
+    assert engine > 0.95 and train > 0.95 and abs(engine - train) < 0.02
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_lora_delta_changes_engine_logprobs_as_training_forward_cuda():
+    engine, train = _lora_delta_cosines("cuda")
+    assert engine > 0.95 and train > 0.95 and abs(engine - train) < 0.02
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_lora_engine_logprobs_match_training_forward_with_graphs():
+    DEVICE = "cuda"
+    """CUDA graphs + unmerged bf16/fp32 LoRA: the engine's sampled-token log-probs equal a
+    training forward's to bf16 noise, and a small optimizer-like step on B is seen."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(**{**DIMS, "initializer_range": 0.02}))
+    base = base.to(DEVICE, torch.bfloat16)
+    targets = ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=targets)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.05)
+    assert {p.dtype for n, p in model.named_parameters() if "lora" in n} == {torch.float32}
+    engine = FastEngine(use_cuda_graph=DEVICE == "cuda")
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
+    gen = torch.Generator(DEVICE).manual_seed(0)
+    out = engine.generate(model, PROMPTS, params, eos_ids=[299], pad_id=0, generator=gen)
+    assert DEVICE == "cpu" or engine.stats["graphs_captured"] >= 1
+    ids = torch.cat([out.prompt_ids, out.response_ids], 1).to(DEVICE)
+    mask = torch.cat([out.prompt_mask, out.response_mask.long()], 1).to(DEVICE)
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    plen = out.prompt_ids.shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    lp = torch.log_softmax(logits[:, plen - 1 : -1].float(), -1)
+    ref = lp.gather(-1, out.response_ids.to(DEVICE)[..., None])[..., 0].cpu()
+    m = out.response_mask.bool()
+    gap = (out.rollout_logprobs[m] - ref[m]).abs().mean().item()
+    assert gap < 0.05, f"mean |engine - training| log-prob gap {gap:.4f}"
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_unfused_weights_no_copies_same_tokens(kind):
+    """fuse_weights=False (the default for big models): q/k/v and gate/up read live, no
+    weight buffer is owned, greedy tokens equal HF's (Qwen2: q/k/v biases; with LoRA)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny(kind)
+    model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj"])
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3)
+    model.eval()
+    engine = FastEngine(fuse_weights=False)
+    out = fast_run(model, SamplingParams(n=1, temperature=0.0, max_new_tokens=10), engine)
+    torch.testing.assert_close(out.response_ids, hf_greedy(model, PROMPTS, max_new=10).response_ids)
+    weights = [k for k in engine._owned.buf if not k.endswith((".la", ".lb", ".b"))]
+    assert weights == []  # only adapter stacks (and fused biases): no base weight copy

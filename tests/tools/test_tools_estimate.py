@@ -98,3 +98,29 @@ def test_cli_estimate_known_shape_offline(tmp_path, capsys, monkeypatch):
     assert "7.616B parameters" in out and "verdict: does not fit in 24.0 GiB" in out
     assert "try:" in out
     assert main(["estimate", str(path), "--gpu-memory", "lots"]) == 2
+
+
+def test_qlora_4bit_base_weights_and_engine(tmp_path, counts_7b):
+    cfg, base = load_config(str(_config(tmp_path)), ["model.load_in_4bit=true"])
+    plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
+    params = counts_7b[0]
+    h, i, kv, q = 3584, 18944, 512, 3584
+    lin = 28 * ((q + 2 * kv) * h + q * h + 3 * i * h)  # decoder linears, quantised
+    # NF4 + double quantisation: 0.5 + 1/64 + 4/16384 bytes; the rest (embeddings, head,
+    # biases, norms) bf16; plus one dequantised (I x H) bf16 weight in flight
+    expected = int(lin * (0.5 + 1 / 64 + 4 / 16384)) + (params - lin) * 2 + i * h * 2
+    assert plan["components"]["weights"] == expected
+    assert 5e9 < expected < 6e9  # vs ~15.2 GB in bf16
+    assert (
+        plan["assumptions"]["rollout_engine"] == "hf"
+    )  # auto: the fast engine needs plain weights
+    assert plan["assumptions"]["quantised_base"] == "4bit"
+    assert "fast engine weight buffers" not in plan["components"]
+
+
+def test_fast_engine_holds_no_weight_copy_for_a_7b(tmp_path, counts_7b):
+    cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])
+    plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
+    # fused q|k|v + gate|up would be 28 x (5632 x 3584 + 2 x 18944 x 3584) x 2 B = 8.7 GB
+    # > 1 GiB: the engine reads live weights; only fp32 copies of the LoRA matrices remain
+    assert plan["components"]["fast engine weight buffers"] == counts_7b[1] * 4

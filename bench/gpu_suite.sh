@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# danka's GPU suite for one H200. Run from the repository root:
+#   bash bench/gpu_suite.sh rollout   # GPU tests + rollout benchmarks       (~5 min, cap 560 s)
+#   bash bench/gpu_suite.sh train     # update path + 7B PPO-step memory     (~4 min, cap 560 s)
+#   bash bench/gpu_suite.sh all       # both (~9 min: more than one 10-minute device call allows)
+# Writes JSON to bench/results/ and copies it to $OUT. Needs only the repository and the
+# machine's torch/transformers/peft (no wheels); .whl/*.whl, if present, go to /tmp/site.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+PART=${1:-rollout}
+mkdir -p bench/results
+[ -n "${OUT:-}" ] && mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:.
+fi
+t0=$(date +%s)
+stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+
+stamp "environment"
+nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv
+python3 -c "import torch, transformers, peft; print(torch.__version__, transformers.__version__, peft.__version__)"
+
+rollout_part() {
+  # GPU tests: cuDNN SDPA NaN repro + fix (issue 11 #1), bf16 log-prob head without an
+  # fp32 copy, unmerged LoRA in the fast engine under CUDA graphs (issue 11 #2), the tiny
+  # trainer on the GPU (engines + update together). ~2 min.
+  stamp "GPU tests"
+  timeout 180 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
+    tests/models/test_attention_backends.py tests/models/test_chunked_logprobs.py tests/rollout \
+    tests/trainer/test_train_gpu.py \
+    --junitxml="${OUT:-bench/results}/gpu_tests.xml" 2>&1 | tail -25
+  # SmolLM2-135M shape (random weights), 64 x 256: fast (plain + LoRA live), HF dynamic
+  # cache, HF static cache + torch.compile (~45 s first call); each side a fresh process.
+  stamp "rollout smollm2-135m 64x256"
+  timeout 200 python3 bench/run.py --timeout 150 rollout --shape smollm2-135m \
+    --prompts 64 --new-tokens 256 --lora 2>&1 | tail -8
+  # Qwen2.5-0.5B shape, 64 x 256: fast (LoRA live) and HF dynamic. ~1 min.
+  stamp "rollout qwen2-0.5b 64x256"
+  timeout 120 python3 bench/run.py --timeout 100 rollout --shape qwen2-0.5b \
+    --prompts 64 --new-tokens 256 --lora --sides fast,hf-dynamic 2>&1 | tail -6
+  # SmolLM2 shape, 256 x 256: fast only. ~20 s.
+  stamp "rollout smollm2-135m 256x256"
+  timeout 60 python3 bench/run.py --timeout 55 rollout --shape smollm2-135m \
+    --prompts 256 --new-tokens 256 --lora --sides fast 2>&1 | tail -4
+}
+
+train_part() {
+  # Chunked bf16 log-prob head vs full logits; 0.5B-shape full update (16 x 512 tokens,
+  # micro 16, with/without checkpointing): tok/s, MFU, peak. ~1.5 min.
+  stamp "train: logprob_memory, update_05b"
+  timeout 200 python3 bench/run.py --timeout 190 train --only logprob_memory,update_05b \
+    --update-variants mb16,mb16+gc 2>&1 | tail -4
+  # Whole PPO step on the Qwen2-7B shape, fast engine (no fused copies, LoRA unmerged)
+  # and HF engine: peak GiB per phase. ~3 min.
+  stamp "train: ppo_7b"
+  timeout 340 python3 bench/run.py --timeout 330 train --only ppo_7b \
+    --ppo-engines fast,hf 2>&1 | tail -4
+}
+
+case "$PART" in
+  rollout) rollout_part ;;
+  train) train_part ;;
+  all) rollout_part; train_part ;;
+  *) echo "usage: bash bench/gpu_suite.sh rollout|train|all"; exit 2 ;;
+esac
+stamp "done"
+ls -la bench/results

@@ -1,0 +1,169 @@
+"""One entry point for danka's benchmarks; every result is JSON under bench/results/.
+
+    python bench/run.py rollout --shape smollm2-135m --prompts 64 --new-tokens 256 --lora
+    python bench/run.py train --only update_05b,logprob_memory --update-variants mb16,mb16+gc
+
+``rollout`` runs each side (danka's fast engine; HF generate with a dynamic cache; HF with
+a static cache + torch.compile) in its OWN fresh Python process, then writes one JSON with
+the environment (versions, GPU, commit), both sides of every ratio, and first-call times.
+``train`` runs ``bench/bench_train.py`` sections in a fresh process and wraps their JSON
+with the same environment record. ``--out-dir`` (default bench/results) and, when set,
+``$OUT`` receive a copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def environment() -> dict:
+    """Versions, GPU and commit, read in a child process (this one never imports CUDA)."""
+    code = (
+        "import json, torch, transformers, peft;"
+        "d = {'torch': torch.__version__, 'transformers': transformers.__version__,"
+        " 'peft': peft.__version__, 'cuda': torch.version.cuda,"
+        " 'gpu': torch.cuda.get_device_name() if torch.cuda.is_available() else None};"
+        "print(json.dumps(d))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    env = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    )
+    env.update(
+        python=platform.python_version(),
+        commit=commit.stdout.strip() or None,
+        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    return env
+
+
+def _child(cmd: list[str], timeout: int) -> dict:
+    """Run one benchmark side in a fresh process; its JSON, or the error it died with."""
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-5:], "rc": proc.returncode}
+    return {"wall_s": time.perf_counter() - t0}
+
+
+def rollout(args) -> dict:
+    sides = args.sides.split(",")
+    common = ["--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens)]
+    common += ["--prompt-len", str(args.prompt_len)]
+    common += ["--shape", args.shape] if args.shape else ["--model", args.model]
+    res: dict = {
+        "bench": "rollout",
+        "model": args.shape or args.model,
+        "prompts": args.prompts,
+        "new_tokens": args.new_tokens,
+        "prompt_len": args.prompt_len,
+        "settings": "bf16, sampling temperature 1, EOS off (every sequence generates "
+        "new_tokens), each side in its own fresh process; HF sides on the plain model",
+        "sides": {},
+    }
+    tmp = Path(args.out_dir) / "_sides"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for side in sides:
+        path = tmp / f"{side}.json"
+        path.unlink(missing_ok=True)
+        cmd = [sys.executable, "bench/bench_rollout.py", "--side", side, "--out", str(path)]
+        cmd += common + (["--lora"] if args.lora and side == "fast" else [])
+        status = _child(cmd, args.timeout)
+        side_res = json.loads(path.read_text()) if path.exists() else {}
+        side_res.update(status)
+        res["sides"][side] = side_res
+        print(side, {k: v for k, v in side_res.items() if k != "greedy_tokens"}, flush=True)
+    s = res["sides"]
+    fast = s.get("fast", {})
+    for hf in ("hf-dynamic", "hf-static"):
+        if "tok_s" in fast and "tok_s" in s.get(hf, {}):
+            key = hf.replace("-", "_")
+            res[f"fast_over_{key}"] = {
+                "fast_tok_s": fast["tok_s"],
+                f"{key}_tok_s": s[hf]["tok_s"],
+                "ratio": fast["tok_s"] / s[hf]["tok_s"],
+            }
+            if "lora_tok_s" in fast:
+                res[f"fast_lora_over_{key}"] = {
+                    "fast_lora_tok_s": fast["lora_tok_s"],
+                    f"{key}_tok_s": s[hf]["tok_s"],
+                    "ratio": fast["lora_tok_s"] / s[hf]["tok_s"],
+                }
+    a, b = fast.pop("greedy_tokens", None), s.get("hf-dynamic", {}).pop("greedy_tokens", None)
+    if a and b:
+        same = [[int(x == y) for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
+        res["greedy_token_agreement"] = sum(map(sum, same)) / sum(map(len, same))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return res
+
+
+def train(args) -> dict:
+    tmp = Path(args.out_dir) / "_train.json"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "bench/bench_train.py", "--only", args.only, "--out", str(tmp)]
+    cmd += args.extra
+    status = _child(cmd, args.timeout)
+    res = {"bench": "train", "sections": args.only}
+    if tmp.exists():
+        res["result"] = json.loads(tmp.read_text())
+        tmp.unlink()
+    res.update(status)
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    ap.add_argument("--out-dir", default=str(RESULTS))
+    ap.add_argument("--name", help="result file name (default: derived from the settings)")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per child process")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("rollout", allow_abbrev=False)
+    src = r.add_mutually_exclusive_group(required=True)
+    src.add_argument("--shape", help="random weights: smollm2-135m | qwen2-0.5b")
+    src.add_argument("--model", help="hub id, local folder or .gguf")
+    r.add_argument("--prompts", type=int, default=64)
+    r.add_argument("--new-tokens", type=int, default=256)
+    r.add_argument("--prompt-len", type=int, default=160)
+    r.add_argument("--lora", action="store_true", help="fast side also with a live LoRA")
+    r.add_argument("--sides", default="fast,hf-dynamic,hf-static")
+    t = sub.add_parser("train", allow_abbrev=False)
+    t.add_argument("--only", default="update_05b,ppo_7b,logprob_memory")
+    args, extra = ap.parse_known_args(argv)  # train: other flags go to bench_train.py
+    if extra and args.cmd != "train":
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
+
+    env = environment()
+    res = rollout(args) if args.cmd == "rollout" else train(args)
+    res["environment"] = env
+    if args.cmd == "rollout":
+        model = Path(str(res["model"])).stem
+        default = f"rollout_{model}_{args.prompts}x{args.new_tokens}"
+    else:
+        default = "train_" + args.only.replace(",", "_")
+    out = Path(args.out_dir) / f"{args.name or default}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    if os.environ.get("OUT"):
+        shutil.copy(out, Path(os.environ["OUT"]) / out.name)
+    print(f"wrote {out}")
+    return res
+
+
+if __name__ == "__main__":
+    main()

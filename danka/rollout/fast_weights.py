@@ -1,0 +1,345 @@
+"""Weights of the fast engine, read LIVE from the HF model at every ``generate()``.
+
+:func:`load_weights` returns, per layer, fused ``qkv`` (q|k|v rows) and ``gu`` (gate|up)
+matrices and every other weight in the compute dtype. A single module already in that dtype
+is used in place (zero copy, so an optimizer step is seen by the next call); fused or cast
+weights live in engine-owned buffers that are re-copied only when a source tensor changed
+(its ``data_ptr`` or in-place ``_version``), so a frozen LoRA base is copied once.
+
+Active LoRA adapters (Hu et al. 2021, https://arxiv.org/abs/2106.09685) are applied
+UNMERGED, as peft's training forward applies them: ``y = x @ W.T + (x @ A.T) @ (s * B).T``
+with the low-rank path in the adapter's dtype (fp32 when peft keeps adapters in fp32).
+Merging ``W + s * B @ A`` into bf16 weights would round away deltas smaller than W's bf16
+step, i.e. most of an adapter's first updates (issue 11 #2). For a fused matrix the
+adapters' A matrices are stacked (``.la``: R x in, R = sum of ranks) and their scaled B
+matrices placed block-diagonally (``.lb``: out x R), one low-rank pair per fused linear.
+Embedding adapters use ``.la`` = stacked A.T (V x R), looked up like the embedding.
+With ``Owned.fuse`` False (the engine's default when the fused copies would exceed
+``FUSE_LIMIT_BYTES``, e.g. a 7B model) q/k/v and gate/up are not fused: ``out[key]`` is
+None and ``out[key + '.0'/'.1'/'.2']`` are the live weights, so the engine holds no weight
+copy at all.
+Nothing is merged into the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from danka.errors import UserError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+_FALLBACK = "set rollout.engine: hf (HF generate runs every architecture transformers supports)"
+# RoPE variants whose frequencies do not depend on the sequence length.
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+
+Weights = dict[str, torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Dimensions of a supported decoder, read from its config."""
+
+    model_type: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    eps: float
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    tied: bool
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+def unwrap_causal_lm(model: nn.Module) -> nn.Module:
+    """The HF ``*ForCausalLM`` inside a peft ``PeftModel`` and/or ``torch.compile`` wrapper."""
+    for _ in range(4):
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif hasattr(model, "get_base_model") and not isinstance(model, PreTrainedModel):
+            model = model.get_base_model()
+        else:
+            break
+    return model
+
+
+def _unsupported(what: str, model_type: str) -> UserError:
+    return UserError(
+        f"the fast rollout engine cannot run this {model_type!r} model: {what}",
+        where="rollout.engine",
+        fix=_FALLBACK,
+    )
+
+
+def _active_module(mod: nn.Module) -> nn.Module:
+    """The module a peft ``ModulesToSaveWrapper`` currently forwards to (else ``mod``)."""
+    if hasattr(mod, "modules_to_save") and hasattr(mod, "original_module"):
+        active = list(getattr(mod, "active_adapters", []) or [])
+        if getattr(mod, "disable_adapters", False) or not active:
+            return mod.original_module
+        return mod.modules_to_save[active[0]]
+    return mod
+
+
+def _lora_adapters(mod: nn.Module) -> list[str]:
+    """Active, unmerged LoRA adapters of a peft LoRA layer ([] for a plain module)."""
+    if not hasattr(mod, "lora_A") or not hasattr(mod, "base_layer"):
+        return []
+    if getattr(mod, "disable_adapters", False) or getattr(mod, "merged", False):
+        return []  # disabled: base only; merged: the base weight already holds the delta
+    emb = getattr(mod, "lora_embedding_A", {})
+    names = [a for a in mod.active_adapters if a in mod.lora_A or a in emb]
+    for a in names:
+        if a in getattr(mod, "lora_variant", {}) or getattr(mod, "use_dora", {}).get(a, False):
+            raise _unsupported(f"adapter {a!r} is a LoRA variant (DoRA...)", "peft")
+    return names
+
+
+def _base(mod: nn.Module) -> nn.Module:
+    mod = _active_module(mod)
+    return mod.get_base_layer() if hasattr(mod, "base_layer") else mod
+
+
+def _has_bias(mod: nn.Module) -> bool:
+    """Base bias or a LoRA bias (``lora_bias=True``) on an active adapter."""
+    active = _active_module(mod)
+    lora_bias = getattr(active, "lora_bias", {})
+    return getattr(_base(mod), "bias", None) is not None or any(
+        lora_bias.get(a, False) for a in _lora_adapters(active)
+    )
+
+
+def model_spec(root: nn.Module) -> ModelSpec:
+    """Check that ``root`` (a HF causal LM) is supported and read its dimensions."""
+    cfg = getattr(root, "config", None)
+    model_type = getattr(cfg, "model_type", type(root).__name__)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UserError(
+            f"the fast rollout engine does not support model type {model_type!r} "
+            f"(it runs: {', '.join(SUPPORTED_MODEL_TYPES)})",
+            where="rollout.engine",
+            fix=_FALLBACK,
+        )
+    if getattr(cfg, "hidden_act", "silu") not in ("silu", "swish"):
+        raise _unsupported(f"activation {cfg.hidden_act!r} (only silu)", model_type)
+    if getattr(cfg, "use_sliding_window", False):
+        raise _unsupported("sliding-window attention", model_type)
+    rope_type = getattr(root.model.rotary_emb, "rope_type", "default")
+    if rope_type not in _STATIC_ROPE:
+        raise _unsupported(f"rope type {rope_type!r}", model_type)
+    layer = root.model.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    heads = cfg.num_attention_heads
+    emb = _base(root.model.embed_tokens).weight
+    head = _base(root.lm_head).weight
+    return ModelSpec(
+        model_type=model_type,
+        layers=len(root.model.layers),
+        hidden=cfg.hidden_size,
+        heads=heads,
+        kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        vocab=head.shape[0],
+        eps=cfg.rms_norm_eps,
+        qkv_bias=any(_has_bias(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)),
+        o_bias=_has_bias(attn.o_proj),
+        mlp_bias=any(_has_bias(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)),
+        tied=head is emb
+        and not _lora_adapters(_active_module(root.lm_head))
+        and not _lora_adapters(_active_module(root.model.embed_tokens)),
+        dtype=emb.dtype,
+        device=emb.device,
+    )
+
+
+@dataclass
+class Owned:
+    """Engine-owned buffers (stable addresses for captured CUDA graphs) and, per fused or
+    cast buffer, the (data_ptr, _version) of the sources it was last copied from."""
+
+    buf: dict[str, torch.Tensor] = field(default_factory=dict)
+    seen: dict[str, tuple] = field(default_factory=dict)
+    fuse: bool = True  # False: q/k/v and gate/up stay separate live weights (no copies)
+
+    def get(self, key: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+        b = self.buf.get(key)
+        if b is None or b.shape != shape or b.dtype != dtype:
+            self.seen.pop(key, None)
+            b = self.buf[key] = torch.empty(shape, dtype=dtype, device=device)
+        return b
+
+    def stale(self, key: str, sources: list[torch.Tensor | None]) -> bool:
+        """True (and remember the sources) when ``key`` must be re-copied from them."""
+        sig = tuple((t.data_ptr(), t._version) if t is not None else None for t in sources)
+        if self.seen.get(key) == sig:
+            return False
+        self.seen[key] = sig
+        return True
+
+
+@dataclass
+class _Lora:
+    """One active adapter of one module: ``delta(x) = (x @ a.T) @ (scale * b).T``."""
+
+    a: torch.Tensor  # (r, in); for an embedding (r, V)
+    b: torch.Tensor  # (out, r)
+    scale: float
+    bias: torch.Tensor | None  # lora_B bias (lora_bias=True), unscaled
+
+
+def _parts(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, list[_Lora]]:
+    """(base weight, base bias, active LoRA adapters) of a linear/embedding module."""
+    mod = _active_module(mod)
+    base = _base(mod)
+    if not isinstance(base, (nn.Linear, nn.Embedding)) or not base.weight.is_floating_point():
+        raise _unsupported(f"{type(base).__name__} layers (quantised?) are not handled", "model")
+    loras = []
+    for a in _lora_adapters(mod):
+        if a in getattr(mod, "lora_embedding_A", {}):
+            la, lb = mod.lora_embedding_A[a], mod.lora_embedding_B[a]
+            loras.append(_Lora(la, lb, float(mod.scaling[a]), None))
+            continue
+        bias = mod.lora_B[a].bias if getattr(mod, "lora_bias", {}).get(a, False) else None
+        loras.append(_Lora(mod.lora_A[a].weight, mod.lora_B[a].weight, float(mod.scaling[a]), bias))
+    return base.weight, getattr(base, "bias", None), loras
+
+
+@torch.no_grad()
+def _fill(
+    owned: Owned, key: str, mods: list[nn.Module], spec: ModelSpec, bias: bool, out: Weights
+) -> None:
+    """Set ``out[key]`` (row-stacked base weights), ``out[key + '.b']`` (bias or None) and
+    ``out[key + '.la'/'.lb']`` (the stacked low-rank adapter pair, or None)."""
+    parts = [_parts(m) for m in mods]
+    rows = sum(p[0].shape[0] for p in parts)
+    cols = parts[0][0].shape[1]
+    w0 = parts[0][0]
+    live = all(p[0].dtype == spec.dtype for p in parts)
+    if len(parts) == 1 and live:
+        out[key] = w0  # live parameter, zero copy
+    elif live and not owned.fuse:
+        out[key] = None  # _lin runs the parts one by one: live parameters, zero copy
+        for j, p in enumerate(parts):
+            out[f"{key}.{j}"] = p[0]
+    else:
+        buf = owned.get(key, (rows, cols), spec.dtype, spec.device)
+        if owned.stale(key, [p[0] for p in parts]):
+            r = 0
+            for w, _, _ in parts:
+                buf[r : r + w.shape[0]].copy_(w)
+                r += w.shape[0]
+        out[key] = buf
+    _fill_bias(owned, key, parts, spec, bias, rows, out)
+    _fill_lora(owned, key, parts, spec, rows, out)
+
+
+def _fill_bias(owned: Owned, key, parts, spec: ModelSpec, bias: bool, rows: int, out) -> None:
+    out[key + ".b"] = None
+    if not bias:
+        return
+    b0, has_lora_bias = parts[0][1], any(lo.bias is not None for p in parts for lo in p[2])
+    if len(parts) == 1 and not has_lora_bias and b0 is not None and b0.dtype == spec.dtype:
+        out[key + ".b"] = b0
+        return
+    bbuf = owned.get(key + ".b", (rows,), spec.dtype, spec.device)
+    r = 0
+    for w, b, loras in parts:
+        n = w.shape[0]
+        acc = b.float() if b is not None else torch.zeros(n, device=spec.device)
+        for lo in loras:
+            if lo.bias is not None:
+                acc = acc + lo.bias.float() * lo.scale
+        bbuf[r : r + n].copy_(acc)
+        r += n
+    out[key + ".b"] = bbuf
+
+
+def _fill_lora(owned: Owned, key, parts, spec: ModelSpec, rows: int, out) -> None:
+    """Stack the adapters' A rows and place their scaled B blocks block-diagonally."""
+    loras = [(i, lo) for i, p in enumerate(parts) for lo in p[2]]
+    out[key + ".la"] = out[key + ".lb"] = None
+    if not loras:
+        return
+    dtype = torch.promote_types(spec.dtype, loras[0][1].a.dtype)
+    rank = sum(lo.a.shape[0] for _, lo in loras)
+    embedding = key == "embed"
+    a_shape = (loras[0][1].a.shape[1], rank) if embedding else (rank, loras[0][1].a.shape[1])
+    la = owned.get(key + ".la", a_shape, dtype, spec.device)
+    lb = owned.get(key + ".lb", (rows, rank), dtype, spec.device)
+    lb.zero_()
+    starts = [0]
+    for w, _, _ in parts:
+        starts.append(starts[-1] + w.shape[0])
+    c = 0
+    for i, lo in loras:
+        r = lo.a.shape[0]
+        if embedding:
+            la[:, c : c + r].copy_(lo.a.T)
+        else:
+            la[c : c + r].copy_(lo.a)
+        lb[starts[i] : starts[i + 1], c : c + r].copy_(lo.b)
+        lb[starts[i] : starts[i + 1], c : c + r].mul_(lo.scale)
+        c += r
+    out[key + ".la"], out[key + ".lb"] = la, lb
+
+
+FUSE_LIMIT_BYTES = 2**30
+
+
+def fused_copy_bytes(root: nn.Module, spec: ModelSpec) -> int:
+    """Bytes of the fused q|k|v and gate|up copies (what ``fuse=False`` saves)."""
+    inter = _base(root.model.layers[0].mlp.gate_proj).weight.shape[0]
+    per_layer = (spec.q_dim + 2 * spec.kv_dim) * spec.hidden + 2 * inter * spec.hidden
+    return spec.layers * per_layer * torch.empty((), dtype=spec.dtype).element_size()
+
+
+def load_weights(root: nn.Module, spec: ModelSpec, owned: Owned) -> Weights:
+    """Effective weights of ``root`` now (see the module docstring for the keys).
+
+    ``owned`` holds the engine's buffers (filled in place, created when missing): reusing
+    them keeps their addresses, which captured CUDA graphs rely on.
+    """
+    out: Weights = {}
+    m = root.model
+    _fill(owned, "embed", [m.embed_tokens], spec, False, out)
+    out["norm"] = _vector(owned, "norm", m.norm.weight, spec)
+    if spec.tied:
+        out["lm_head"] = out["embed"]
+        out["lm_head.b"] = out["lm_head.la"] = out["lm_head.lb"] = None
+    else:
+        _fill(owned, "lm_head", [root.lm_head], spec, False, out)
+    for i, layer in enumerate(m.layers):
+        a, f = layer.self_attn, layer.mlp
+        out[f"{i}.ln1"] = _vector(owned, f"{i}.ln1", layer.input_layernorm.weight, spec)
+        out[f"{i}.ln2"] = _vector(owned, f"{i}.ln2", layer.post_attention_layernorm.weight, spec)
+        _fill(owned, f"{i}.qkv", [a.q_proj, a.k_proj, a.v_proj], spec, spec.qkv_bias, out)
+        _fill(owned, f"{i}.o", [a.o_proj], spec, spec.o_bias, out)
+        _fill(owned, f"{i}.gu", [f.gate_proj, f.up_proj], spec, spec.mlp_bias, out)
+        _fill(owned, f"{i}.down", [f.down_proj], spec, spec.mlp_bias, out)
+    return out
+
+
+def _vector(owned: Owned, key: str, w: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """A norm weight: the live parameter, or a cast copy in an owned buffer."""
+    if w.dtype == spec.dtype:
+        return w
+    buf = owned.get(key, tuple(w.shape), spec.dtype, spec.device)
+    if owned.stale(key, [w]):
+        buf.copy_(w)
+    return buf

@@ -24,6 +24,7 @@ _EXPORTS = {
     "RewardOutput": "combine",
     "RewardComputer": "combine",
     "build_reward_computer": "combine",
+    "check_reward_specs": "specs",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -3,14 +3,13 @@ MLflow, train.log).
 
 A value is masked when its key looks like a credential: the key, lower-cased, with ``-``
 and spaces read as ``_``, contains ``token``, ``secret``, ``password``, ``passwd``,
-``api_key``/``apikey``, ``access_key``, ``private_key``, ``credential`` or the word ``auth``, or its
-last ``_``-separated word is ``key`` (``key``, ``hf_key``, ``openai_key``). Keys that only
-mention tokens as text units are NOT secrets: ``max_new_tokens``, ``eos_token``,
-``pad_token_id``, ``tokenizer_kwargs``, ``answer_key`` (a column name), ``key_column``
-(see ``_NOT_SECRET``). Masking
-walks nested dicts, lists and tuples, and dataclasses (converted to dicts); the input is
-not modified. ``None`` and empty values stay as they are (nothing to hide, and "unset"
-stays visible).
+``api_key``/``apikey``, ``access_key``, ``private_key``, ``credential`` or the word
+``auth``, or its last ``_``-separated word is ``key`` (``key``, ``hf_key``,
+``openai_key``). Keys that only name text units or data columns are NOT secrets:
+``max_new_tokens``, ``eos_token``, ``pad_token_id``, ``tokenizer_kwargs``,
+``answer_key``, ``reward_key`` (see ``_NOT_SECRET``). Masking walks nested dicts, lists
+and tuples, and dataclasses (converted to dicts); the input is not modified. ``None`` and
+empty values stay as they are (nothing to hide, and "unset" stays visible).
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ _NOT_SECRET = re.compile(
     r"|^(bos|eos|pad|unk|sep|cls|mask)_token|tokeni[sz]er|_tokens$|^num_.*tokens?"
     r"|^tokens?_per_|^chat_template"
     r"|^(answer|prompt|label|response|text|input|output|image|query|chosen|rejected"
-    r"|solution|sort|group|column)_key$"
+    r"|solution|sort|group|column|reward|data|source|id|index|messages?|split|name)_key$"
 )
 
 

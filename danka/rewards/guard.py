@@ -32,8 +32,11 @@ The worker never outlives the trainer:
   thread polls ``os.getppid()`` and kills the worker's group when the parent is gone;
 * a worker whose pipe to the trainer is closed exits quietly (no BrokenPipe traceback).
 
-Processes started by user code survive a SIGKILLed trainer only when the worker died by
-the parent-death signal while they were running (the kernel does not signal the group).
+Limits: processes started by user code survive a SIGKILLed trainer when the worker died
+by the parent-death signal while they ran (the kernel signals the worker, not its
+group). The parent-death signal fires when the THREAD that started the worker exits; a
+worker found dead is restarted before the next batch, so calling from short-lived threads
+costs restarts, not scores.
 
 on_error applies to exceptions, timeouts, bad return types, NaN and +-inf; and to None
 from a per-sample (verl-style) function or a builtin, which must return a number:

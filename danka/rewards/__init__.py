@@ -1,4 +1,5 @@
-"""Rewards: rule rewards (builtin.py), user functions (custom.py), safe calling (guard.py),
+"""Rewards: rule rewards (builtin.py), user functions (custom.py), safe calling (guard.py,
+worker.py),
 reward models (model.py), their weighted sum (combine.py) and the start-up check of
 names and kwargs (specs.py).
 

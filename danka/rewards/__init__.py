@@ -1,5 +1,6 @@
-"""Rewards: rule rewards (builtin.py), user functions (custom.py), safe calling (guard.py),
-reward models (model.py) and their weighted sum (combine.py).
+"""Rewards: rule rewards (builtin.py), user functions (custom.py), safe calling (guard.py,
+in worker processes: worker.py), reward models (model.py), their weighted sum
+(combine.py) and the start-up check of names and kwargs (specs.py).
 
 Names are imported lazily (PEP 562): the reward worker process imports
 ``danka.rewards.guard``, which must not pull in torch/transformers through this file.
@@ -24,6 +25,7 @@ _EXPORTS = {
     "RewardOutput": "combine",
     "RewardComputer": "combine",
     "build_reward_computer": "combine",
+    "check_reward_specs": "specs",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -2,10 +2,12 @@
 
 Every builtin has that ONE signature, so the combiner calls ``REWARDS[name](c, row, **kw)``
 and never branches on the name. ``row.ground_truth`` holds the reference answer; extra
-keyword arguments come from the config (``rewards: [{name: gsm8k, kwargs: {...}}]``).
+keyword arguments come from the config (``reward.functions: [{name: gsm8k, kwargs: {...}}]``);
+a builtin takes no ``**kwargs``, so its signature is the list of valid kwargs that
+:func:`danka.rewards.specs.check_reward_specs` checks before training.
 
-Builtins run in the trainer's process (no worker, no timeout): they are ours and fast.
-This module imports no torch, so the reward worker process (see guard.py) stays light.
+Builtins run in the reward worker process under ``reward.timeout_s`` like user functions
+(see guard.py): a user's ``format`` pattern can backtrack for minutes. This module imports no torch, so the reward worker process (see guard.py) stays light.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import re
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:  # danka.types imports torch; the reward worker must not
     from danka.types import PromptRow
@@ -45,22 +47,34 @@ _NUMBER = r"\-?[0-9\.\,]+"
 # verl clips the text to its last 300 characters before searching (the answer sits at the
 # end; long regex scans are slow). We keep the clip so that scores match verl's.
 _SOLUTION_CLIP_CHARS = 300
+GSM8K_METHODS = ("strict", "flexible", "lenient")
 
 
 def extract_gsm8k_answer(text: str, method: str = "strict") -> str | None:
-    """The answer verl's gsm8k scorer would extract (verl/utils/reward_score/gsm8k.py).
+    """The answer verl's gsm8k scorer extracts (verl/utils/reward_score/gsm8k.py), on the
+    text's last 300 characters.
 
-    strict: the LAST ``#### N`` (N = ``-?[0-9.,]+``), with ``,`` and ``$`` removed; None
-    if there is none. One deliberate difference: ``#### $18`` is accepted (verl's
-    regex has no ``$`` and would find nothing).
+    strict: the LAST match of ``#### (-?[0-9.,]+)`` with ``,`` removed, exactly as verl;
+    None if there is none. So ``#### $18`` gives None (the regex needs a digit, ``-``,
+    ``.`` or ``,`` right after ``#### ``) and ``#### 18.`` gives ``"18."``.
     flexible: the last ``-?[0-9.,]+`` in the text that is not ``""`` or ``"."``, NOT
     cleaned (as in verl); None if the text has no such run.
+    lenient (danka's own, not verl's): the strict answer if there is one, else the last
+    number in the text; either one normalised (``,``/``$`` removed, trailing ``.``
+    dropped: ``"18."`` -> ``"18"``).
     """
-    if method not in ("strict", "flexible"):
-        raise ValueError(f"gsm8k method must be 'strict' or 'flexible', got {method!r}")
+    if method not in GSM8K_METHODS:
+        raise ValueError(f"gsm8k method must be one of {GSM8K_METHODS}, got {method!r}")
     text = text[-_SOLUTION_CLIP_CHARS:]
+    if method == "lenient":
+        found = re.findall(r"####\s*\$?\s*(" + _NUMBER + ")", text)
+        answer = found[-1] if found else last_number_in(text)
+        if answer is None:
+            return None
+        answer = answer.replace(",", "").replace("$", "").rstrip(".")
+        return answer or None
     if method == "strict":
-        found = re.findall(r"#### \$?(" + _NUMBER + ")", text)
+        found = re.findall("#### (" + _NUMBER + ")", text)
         if not found:
             return None
         return found[-1].replace(",", "").replace("$", "")
@@ -97,22 +111,28 @@ def gsm8k(
     method: str = "strict",
     format_score: float = 0.0,
     score: float = 1.0,
-    **_: Any,
 ) -> float:
-    """GSM8K answer reward, verl's ``gsm8k.compute_score`` semantics (ReFT, Trung et al.
-    2024, https://arxiv.org/abs/2401.08967).
+    """GSM8K answer reward, verl's ``gsm8k.compute_score`` (ReFT, Trung et al. 2024,
+    https://arxiv.org/abs/2401.08967).
 
     0.0 if no answer is extracted (see :func:`extract_gsm8k_answer`), ``score`` if it
     equals the ground truth, else ``format_score``.
 
-    Deliberate difference from verl, which compares strings exactly: the ground truth
-    is stripped (and ``,``/``$`` removed) and numerically equal values count as equal
-    ("18" vs "18.0"), see :func:`answers_equal`.
+    ``strict`` and ``flexible`` are verl's, comparison included: the extracted string
+    must equal the ground truth string exactly ("18." != "18", "18.0" != "18"), so
+    accuracies measured with them are comparable with verl's published tables.
+    ``lenient`` is danka's own and more generous (off by default): it also takes the last
+    number when there is no ``####``, accepts ``#### $18``, and compares numerically
+    (see :func:`answers_equal`); its accuracies are NOT comparable with verl's.
     """
     answer = extract_gsm8k_answer(completion, method)
     if answer is None or row.ground_truth is None:
         return 0.0
-    return float(score) if answers_equal(answer, row.ground_truth) else float(format_score)
+    if method == "lenient":
+        correct = answers_equal(answer, row.ground_truth)
+    else:
+        correct = answer == str(row.ground_truth)
+    return float(score) if correct else float(format_score)
 
 
 _LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
@@ -147,17 +167,40 @@ def _math_verify_timeout() -> int | None:
     return 5 if threading.current_thread() is threading.main_thread() else None
 
 
-def _as_math(text: str) -> str:
-    return text if ("$" in text or "\\boxed" in text or "\\(" in text) else f"${text}$"
+_DELIMITERS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
+
+
+def gold_as_latex(gold: str) -> str:
+    """The gold answer as text math-verify can parse: a gold that already has a
+    ``\\boxed{}``/``\\fbox{}`` is kept; otherwise its outer math delimiters (``$...$``,
+    ``$$...$$``, ``\\(...\\)``, ``\\[...\\]``) are removed and it is wrapped in
+    ``\\boxed{...}``, as verl's math-verify scorer does. math-verify finds nothing in
+    MATH's unwrapped dollar-sign golds (``\\$18.90``) but parses ``\\boxed{\\$18.90}``.
+    """
+    text = str(gold).strip()
+    if "\\boxed" in text or "\\fbox" in text:
+        return text
+    for left, right in _DELIMITERS:
+        inner = text[len(left) : len(text) - len(right)]
+        if (
+            len(text) > len(left) + len(right)
+            and text.startswith(left)
+            and text.endswith(right)
+            and not (right == "$" and inner.endswith("\\"))  # "$5\\$": an escaped dollar
+        ):
+            text = inner.strip()
+            break
+    return "\\boxed{" + text + "}"
 
 
 @register_reward("math")
-def math_reward(completion: str, row: PromptRow, **_: Any) -> float:
+def math_reward(completion: str, row: PromptRow) -> float:
     """1.0 if the completion's answer is mathematically equal to the ground truth, else 0.0.
 
     Checked with math-verify (``parse`` + ``verify``, sympy-based: "\\frac{1}{2}" equals
-    "0.5"). The gold is wrapped in ``$...$`` unless it already has LaTeX delimiters or a
-    box; the completion's answer is its last ``\\boxed{}``, else its last number.
+    "0.5"). The gold goes through :func:`gold_as_latex` (boxed, as in verl), so MATH golds
+    such as ``\\$18.90``, ``$4$`` and ``\\boxed{5}`` all parse; the completion's answer is
+    its last ``\\boxed{}``, else its last number.
     """
     from math_verify import parse, verify  # heavy (sympy); imported on first use
 
@@ -168,7 +211,7 @@ def math_reward(completion: str, row: PromptRow, **_: Any) -> float:
     if answer is None:
         return 0.0
     timeout = _math_verify_timeout()
-    gold = parse(_as_math(str(row.ground_truth)), parsing_timeout=timeout)
+    gold = parse(gold_as_latex(str(row.ground_truth)), parsing_timeout=timeout)
     pred = parse(f"${answer}$", parsing_timeout=timeout)
     if not gold or not pred:
         return 0.0
@@ -179,9 +222,7 @@ _DEFAULT_FORMAT = r"####\s*-?[\d,]*\.?\d+\s*$"
 
 
 @register_reward("format")
-def format_reward(
-    completion: str, row: PromptRow, pattern: str = _DEFAULT_FORMAT, **_: Any
-) -> float:
+def format_reward(completion: str, row: PromptRow, pattern: str = _DEFAULT_FORMAT) -> float:
     """1.0 if ``re.search(pattern, completion)`` matches, else 0.0. The default pattern
     asks for ``#### <number>`` at the very end (trailing whitespace allowed). Use
     ``^...$`` in your pattern to demand a full match; ``re.DOTALL`` is not set."""
@@ -194,7 +235,6 @@ def length_reward(
     row: PromptRow,
     target_chars: int | None = None,
     max_chars: int | None = None,
-    **_: Any,
 ) -> float:
     """A length penalty in [-1, 0], with L = len(completion) in characters.
 
@@ -215,7 +255,7 @@ def length_reward(
 
 
 @register_reward("last_number")
-def last_number(completion: str, row: PromptRow, only_number_bonus: float = 0.0, **_: Any) -> float:
+def last_number(completion: str, row: PromptRow, only_number_bonus: float = 0.0) -> float:
     """1.0 if the last number in the completion equals the ground truth (see
     :func:`answers_equal`), else 0.0; plus ``only_number_bonus`` when the stripped
     completion is nothing but that number (rewards terse answers in the quickstart)."""
@@ -243,3 +283,12 @@ def default_reward_for(data_source: str) -> str | None:
     "openai/gsm8k" -> "gsm8k"; "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
     "math" -> "math"."""
     return _DEFAULTS.get(str(data_source).strip().lower())
+
+
+def load_builtin(name: str) -> RewardFn:
+    """Builtin ``name``, with its heavy imports done now (the reward worker calls this
+    while loading, under the load timeout, so the first scored sample does not pay
+    sympy's import time under ``reward.timeout_s``)."""
+    if name == "math":
+        import math_verify  # noqa: F401
+    return REWARDS[name]

@@ -6,10 +6,17 @@ Each r_k is a builtin rule reward or a user function (``file.py:function``), cal
 through guard.py (timeouts, on_error). Whatever the functions return (python numbers,
 numpy, CPU or CUDA tensors, bools) is converted to floats first, and the result tensors
 are built on the requested device and dtype, so device mismatches cannot happen here.
+
+None from a TRL-style function means "does not apply to this sample" (TRL's GRPOTrainer
+semantics): that term is left out of the sample's sum, the others still count. When NO
+term applies to a sample (every function returned None, and there is no reward model)
+its score is 0.0 and a warning is logged, as TRL does (``nansum`` of an all-NaN row is 0,
+plus a warning). ``reward.on_error`` is not involved (see guard.py); ``valid`` stays True.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +28,10 @@ from danka.errors import UserError
 from danka.rewards.builtin import REWARDS
 from danka.rewards.custom import CustomReward, is_custom_spec, load_reward_function
 from danka.rewards.guard import GuardedReward, RewardFunctionError
+from danka.rewards.specs import check_reward_spec
 from danka.types import PromptRow
+
+log = logging.getLogger("danka.rewards")
 
 RewardModel = Callable[[Sequence[Any], Sequence[str]], Any]
 
@@ -44,6 +54,10 @@ class RewardOutput:
     valid: torch.Tensor  # (B,) bool, False where on_error == "skip_sample" dropped a sample
     num_errors: int  # (function, sample) pairs that errored (exception/timeout/None/NaN)
     num_calls: int = 0  # (function, sample) pairs scored, the denominator of error_rate
+    # name -> (B,) bool, False where a TRL-style function returned None (not applicable;
+    # per_function holds 0.0 there): average per_function over it for a TRL-like nanmean
+    applicable: dict[str, torch.Tensor] = field(default_factory=dict)
+    num_not_applicable: int = 0  # samples to which NO term applied (score 0, warned)
 
     @property
     def error_rate(self) -> float:
@@ -99,14 +113,19 @@ class RewardComputer:
         scores = torch.zeros(b, dtype=torch.float64)
         valid = torch.ones(b, dtype=torch.bool)
         per_function: dict[str, torch.Tensor] = {}
+        applicable: dict[str, torch.Tensor] = {}
+        any_applies = torch.zeros(b, dtype=torch.bool)
         errors = 0
         for name, weight, fn in self.terms:
             got = fn(rows, prompts, completions, completion_ids)
             values = torch.tensor(got.values, dtype=torch.float64)  # python floats only
-            scores += weight * values
+            applies = torch.tensor(got.applies or [True] * b, dtype=torch.bool)
+            scores += weight * torch.where(applies, values, 0.0)  # TRL's nansum
+            any_applies |= applies
             valid &= torch.tensor(got.valid, dtype=torch.bool)
             errors += got.num_errors
             per_function[name] = values.to(device=device, dtype=dtype)
+            applicable[name] = applies.to(device)
         if self.reward_model is not None:
             rm = self.reward_model([r.prompt for r in rows], list(completions))
             rm = torch.as_tensor(rm).detach().to(device="cpu", dtype=torch.float64).reshape(-1)
@@ -114,12 +133,23 @@ class RewardComputer:
                 raise ValueError(f"reward model returned {rm.numel()} scores for {b} completions")
             scores += self.reward_model_weight * rm
             per_function["reward_model"] = rm.to(device=device, dtype=dtype)
+            any_applies[:] = True
+        none_apply = ~any_applies
+        if self.terms and none_apply.any():
+            first = int(none_apply.nonzero()[0])
+            log.warning(
+                f"every reward function returned None for {int(none_apply.sum())} of {b} "
+                f"completions (e.g. completion {first}, data row {rows[first].index}): their "
+                "reward is 0; make sure at least one function returns a number for each sample"
+            )
         return RewardOutput(
             scores=scores.to(device=device, dtype=dtype),
             per_function=per_function,
             valid=valid.to(device),
             num_errors=errors,
             num_calls=b * len(self.terms),
+            applicable=applicable,
+            num_not_applicable=int(none_apply.sum()) if self.terms else 0,
         )
 
     def check(self, rows: Sequence[PromptRow], n: int = 2) -> None:
@@ -175,7 +205,8 @@ def build_reward_computer(
 ) -> RewardComputer:
     """Resolve every spec (builtin name or ``file.py:function`` relative to ``base_dir``,
     the config file's folder) and wrap it in a :class:`GuardedReward`. UserError for an
-    unknown builtin, a bad file/function, or nothing to compute."""
+    unknown builtin or builtin option (see specs.check_reward_specs), a bad
+    file/function, or nothing to compute."""
     if not specs and reward_model is None:
         raise UserError(
             "no reward: the rewards list is empty and there is no reward model",
@@ -184,27 +215,20 @@ def build_reward_computer(
     terms: list[tuple[str, float, GuardedReward]] = []
     taken: set[str] = {"reward_model"}
     for k, spec in enumerate(specs):
+        where = f"reward.functions[{k}]"
+        check_reward_spec(spec.name, spec.kwargs, where)
         fn: Callable[..., float] | CustomReward
         if is_custom_spec(spec.name):
             fn = load_reward_function(spec.name, base_dir)
             short = fn.function
-        elif spec.name in REWARDS:
-            fn, short = REWARDS[spec.name], spec.name
         else:
-            raise UserError(
-                f"unknown reward {spec.name!r}",
-                where=f"rewards[{k}].name",
-                fix=f"use a builtin ({', '.join(sorted(REWARDS))}) or your own function "
-                "as path/to/file.py:function_name (relative to the config file)",
-            )
+            fn, short = REWARDS[spec.name], spec.name
         try:
             weight = float(spec.weight)
         except (TypeError, ValueError):
             raise UserError(
-                f"reward weight {spec.weight!r} is not a number", where=f"rewards[{k}].weight"
+                f"reward weight {spec.weight!r} is not a number", where=f"{where}.weight"
             ) from None
-        if not isinstance(spec.kwargs, dict):
-            raise UserError("reward kwargs must be a mapping", where=f"rewards[{k}].kwargs")
         guarded = GuardedReward(short, fn, spec.kwargs, timeout_s=timeout_s, on_error=on_error)
         terms.append((_unique(short, taken), weight, guarded))
     return RewardComputer(terms, reward_model, reward_model_weight)

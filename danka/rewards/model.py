@@ -166,7 +166,9 @@ class JudgeReward:
     """A causal LM as a generative judge (LLM-as-a-judge, Zheng et al. 2023,
     https://arxiv.org/abs/2306.05685).
 
-    The judging prompt is ``template.format(prompt=..., completion=...)``, wrapped in the
+    The judging prompt is ``template.format(prompt=..., completion=...)`` (``template=None``,
+    the config's default, means :data:`DEFAULT_JUDGE_TEMPLATE`: "Question:\\n{prompt}\\n\\n
+    Answer:\\n{completion}\\n\\nIs this answer correct? Answer Yes or No."), wrapped in the
     tokenizer's chat template (user turn + generation prompt) when it has one. With
     p = softmax(next-token logits), the score is
 
@@ -184,7 +186,7 @@ class JudgeReward:
         model: torch.nn.Module,
         tokenizer: Any,
         *,
-        template: str = DEFAULT_JUDGE_TEMPLATE,
+        template: str | None = None,
         disable_adapters: Callable[[], AbstractContextManager[Any]] | None = None,
         yes_words: Sequence[str] = ("Yes", " Yes"),
         no_words: Sequence[str] = ("No", " No"),
@@ -192,6 +194,8 @@ class JudgeReward:
         max_length: int = 4096,
         use_chat_template: bool | None = None,
     ):
+        if template is None:  # reward.judge_template: null (the seed's config has no reward:)
+            template = DEFAULT_JUDGE_TEMPLATE
         for key in ("{prompt}", "{completion}"):
             if key not in template:
                 raise UserError(

@@ -6,6 +6,7 @@ from danka.rewards.builtin import (
     REWARDS,
     default_reward_for,
     extract_gsm8k_answer,
+    gold_as_latex,
     gsm8k,
     register_reward,
 )
@@ -19,23 +20,36 @@ def row(gt):
 # ---- gsm8k (verl/utils/reward_score/gsm8k.py) -------------------------------------------
 
 
+# Expected values are what verl's compute_score returns (verl/utils/reward_score/gsm8k.py,
+# read 2026-11-30): strict = LAST "#### (-?[0-9.,]+)" in the last 300 chars, commas
+# removed, then EXACT string equality with the ground truth.
 @pytest.mark.parametrize(
     "text, gt, expected",
     [
         ("She has 3 + 4 = 7 apples.\n#### 7", "7", 1.0),
         ("#### 1,000", "1000", 1.0),  # comma stripped
-        ("#### $18", "18", 1.0),  # $ accepted (deliberate difference: verl finds nothing)
+        ("#### $18", "18", 0.0),  # verl: "$" is not in [0-9.,-] -> nothing extracted -> 0
+        ("#### 18.", "18", 0.0),  # verl: extracts "18." != "18" -> format_score (0)
+        ("#### 18.0", "18", 0.0),  # verl compares strings: "18.0" != "18"
         ("#### 5 then I fixed it #### 7", "7", 1.0),  # the LAST #### counts
         ("#### 5 then I fixed it #### 7", "5", 0.0),  # well-formed but wrong -> format_score 0
         ("#### -3", "-3", 1.0),  # negative numbers
         ("The answer is 7", "7", 0.0),  # no #### -> 0
         ("####7", "7", 0.0),  # verl needs the space after ####
-        ("#### 18.0", "18", 1.0),  # numerically equal (deliberate difference from verl)
-        ("#### 7", " 7 ", 1.0),  # ground truth stripped
+        ("#### 7", " 7 ", 0.0),  # verl does not strip the ground truth
     ],
 )
-def test_gsm8k_strict(text, gt, expected):
+def test_gsm8k_strict_is_verls(text, gt, expected):
     assert gsm8k(text, row(gt)) == expected
+
+
+def test_gsm8k_strict_format_score_on_verl_edge_cases():
+    # "#### 18." is well-formed for verl's regex but not equal: format_score, not 0;
+    # "#### $18" extracts nothing: 0 even with a format_score
+    assert gsm8k("#### 18.", row("18"), format_score=0.1) == 0.1
+    assert gsm8k("#### $18", row("18"), format_score=0.1) == 0.0
+    assert extract_gsm8k_answer("#### 18.") == "18."
+    assert extract_gsm8k_answer("#### $18") is None
 
 
 def test_gsm8k_format_score_and_score():
@@ -58,11 +72,35 @@ def test_gsm8k_clips_to_last_300_chars_like_verl():
         ("3 apples, then 5, so 72", "5", 0.0),  # last number is 72 -> format_score 0
         ("so -4", "-4", 1.0),
         ("no digits at all", "4", 0.0),  # nothing extracted -> 0
-        ("The answer is 72.", "72", 1.0),  # "72." == 72 numerically (verl: "72." != "72")
+        ("The answer is 72.", "72", 0.0),  # verl: the run is "72." and "72." != "72"
+        ("It costs 1,000", "1000", 0.0),  # verl's flexible keeps the comma: "1,000" != "1000"
     ],
 )
-def test_gsm8k_flexible(text, gt, expected):
+def test_gsm8k_flexible_is_verls(text, gt, expected):
     assert gsm8k(text, row(gt), method="flexible") == expected
+
+
+@pytest.mark.parametrize(
+    "text, gt, expected",
+    [
+        ("The answer is 18.", "18", 1.0),  # last number, trailing "." dropped
+        ("#### $18", "18", 1.0),
+        ("#### 18.", "18", 1.0),
+        ("#### 18.0", "18", 1.0),  # numerically equal
+        ("#### 1,000", "1,000", 1.0),
+        ("#### 5, then 7 more", "5", 1.0),  # a #### answer wins over later numbers
+        ("no number", "5", 0.0),
+    ],
+)
+def test_gsm8k_lenient_is_a_separate_option(text, gt, expected):
+    assert gsm8k(text, row(gt), method="lenient") == expected
+
+
+def test_gsm8k_leniency_is_off_by_default():
+    # issue 11's examples: none of them is credited by the default (strict) or by flexible
+    for text in ("The answer is 18.", "#### $18", "#### 18."):
+        assert gsm8k(text, row("18")) == 0.0
+    assert gsm8k("The answer is 18.", row("18"), method="flexible") == 0.0
 
 
 def test_extract_gsm8k_answer_mirrors_verl():
@@ -95,6 +133,38 @@ def test_extract_gsm8k_answer_mirrors_verl():
 )
 def test_math_verify(completion, gt, expected):
     assert REWARDS["math"](completion, row(gt)) == expected
+
+
+# MATH golds as they appear in the dataset (hendrycks MATH / lighteval's solutions'
+# \boxed{} contents): dollar amounts with an escaped \$, golds in $...$, boxed golds.
+# math-verify parses none of the \$ ones unwrapped, so before the fix every sample scored 0.
+@pytest.mark.parametrize(
+    "completion, gt",
+    [
+        ("She pays \\boxed{\\$18.90} in total.", "\\$18.90"),
+        ("She pays \\boxed{18.90} in total.", "\\$18.90"),
+        ("So she pays 18.90 dollars", "\\$18.90"),  # no box: the last number
+        ("\\boxed{\\$1.50}", "\\$ 1.50"),
+        ("\\boxed{32000}", "\\$32{,}000"),
+        ("\\boxed{\\frac{1}{2}}", "\\$\\frac{1}{2}"),
+        ("\\boxed{4}", "$4$"),
+        ("\\boxed{\\frac{3}{4}}", "$\\frac{3}{4}$"),
+        ("\\boxed{5}", "\\boxed{5}"),  # an already boxed gold
+        ("\\boxed{10\\%}", "10\\%"),
+    ],
+)
+def test_math_golds_with_dollars_and_boxes(completion, gt):
+    assert REWARDS["math"](completion, row(gt)) == 1.0
+    assert REWARDS["math"]("\\boxed{7.25}", row(gt)) == 0.0  # and wrong answers still 0
+
+
+def test_gold_as_latex():
+    assert gold_as_latex("\\$18.90") == "\\boxed{\\$18.90}"
+    assert gold_as_latex("$4$") == "\\boxed{4}"
+    assert gold_as_latex("$$x^2$$") == "\\boxed{x^2}"
+    assert gold_as_latex("\\(x\\)") == "\\boxed{x}"
+    assert gold_as_latex("\\boxed{5}") == "\\boxed{5}"
+    assert gold_as_latex("$5\\$") == "\\boxed{$5\\$}"  # the last $ is escaped: kept
 
 
 def test_math_without_ground_truth_is_zero():

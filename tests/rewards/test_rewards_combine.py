@@ -146,8 +146,63 @@ def test_unknown_builtin_lists_choices(base):
     with pytest.raises(UserError) as err:
         build_reward_computer([RewardSpec("gsm8K")], base_dir=base)
     msg = str(err.value)
-    assert "rewards[0].name" in msg and "gsm8k, last_number, length, math" in msg
-    assert "file.py:function" in msg
+    # the real config key (was "rewards[0].name", a key that does not exist)
+    assert "reward.functions[0].name" in msg and "gsm8k, last_number, length, math" in msg
+    assert "did you mean 'gsm8k'" in msg and "file.py:function" in msg
+
+
+def test_unknown_builtin_kwarg_is_refused(base):
+    # a typo used to be swallowed by the builtins' **kwargs: strict scoring, silently
+    with pytest.raises(UserError) as err:
+        build_reward_computer(
+            [RewardSpec("format"), RewardSpec("gsm8k", kwargs={"methd": "flexible"})],
+            base_dir=base,
+        )
+    msg = str(err.value)
+    assert "reward.functions[1].kwargs.methd" in msg
+    assert "did you mean 'method'" in msg and "method, format_score, score" in msg
+    assert err.value.exit_code == 2
+
+
+TRL_NONE_CODE = """
+def only_long(prompts, completions, **kwargs):
+    # applies to long completions only (TRL: None = not applicable)
+    return [float(len(c)) if len(c) > 3 else None for c in completions]
+
+def never(prompts, completions, **kwargs):
+    return [None] * len(completions)
+"""
+
+
+def test_trl_none_is_left_out_of_the_sum(base):
+    (base / "trl_none.py").write_text(TRL_NONE_CODE)
+    specs = [
+        RewardSpec("trl_none.py:only_long", weight=2.0),
+        RewardSpec("trl_none.py:never", weight=5.0),
+        RewardSpec("last_number", weight=1.0),
+    ]
+    with build_reward_computer(specs, base_dir=base) as rc:  # default on_error: fail
+        rs, prompts = batch(("7", "7"))
+        out = rc(rs, prompts, ["7", "it is 7"])
+    # sample 0 ("7"): only_long None, never None, last_number 1 -> 1.0
+    # sample 1 ("it is 7", 7 chars): 2*7 + (never: left out) + 1*1 = 15.0
+    assert out.scores.tolist() == [1.0, 15.0]
+    assert out.valid.tolist() == [True, True] and out.num_errors == 0
+    assert out.applicable["only_long"].tolist() == [False, True]
+    assert out.applicable["never"].tolist() == [False, False]
+    assert out.num_not_applicable == 0
+
+
+def test_no_function_applies_scores_zero_with_a_warning(base, caplog):
+    (base / "trl_none.py").write_text(TRL_NONE_CODE)
+    specs = [RewardSpec("trl_none.py:only_long"), RewardSpec("trl_none.py:never")]
+    with build_reward_computer(specs, base_dir=base, on_error="fail") as rc:
+        rs, prompts = batch()
+        with caplog.at_level("WARNING", logger="danka.rewards"):
+            out = rc(rs, prompts, ["ab", "abcdef"])
+    assert out.scores.tolist() == [0.0, 6.0]  # sample 0: nothing applies -> 0
+    assert out.valid.tolist() == [True, True] and out.num_not_applicable == 1
+    assert "every reward function returned None for 1 of 2" in caplog.text
 
 
 def test_empty_specs_refused(base):

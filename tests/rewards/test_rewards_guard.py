@@ -113,20 +113,20 @@ def test_trl_batched_function(tmp_path):
     reward = load_reward_function(f"{path}:batched", tmp_path)
     g = GuardedReward("batched", reward, timeout_s=5.0, on_error="skip_sample")
     try:
+        # None = "does not apply to this sample" (TRL): not an error, not skipped
         got = score(g, ["1", "2", "none"])
-        assert got.values == [1.0, 0.0, 0.0] and got.valid == [True, True, False]
-        assert got.num_errors == 1
+        assert got.values == [1.0, 0.0, 0.0] and got.valid == [True, True, True]
+        assert got.applies == [True, True, False] and got.num_errors == 0
         # an exception in a batched call fails every sample of the batch
         got = score(g, ["1", "raise"])
         assert got.valid == [False, False] and got.num_errors == 2
-        g.on_error = "fail"
-        with pytest.raises(RewardFunctionError, match="on_error: zero does the same"):
-            score(g, ["none"])  # TRL's None hint
+        g.on_error = "fail"  # the default: None still does not stop the run
+        assert score(g, ["none", "1"]).applies == [False, True]
     finally:
         g.close()
 
 
-def test_builtin_runs_in_process_with_policy():
+def test_builtin_runs_in_the_worker_with_policy():
     # the length reward without kwargs raises ValueError: a crash, handled like any other
     g = GuardedReward("length", REWARDS["length"], {}, on_error="zero")
     got = score(g, ["abc"])

@@ -13,7 +13,7 @@ from transformers import (
 )
 
 from danka.errors import UserError
-from danka.rewards.model import ClassifierReward, JudgeReward
+from danka.rewards.model import DEFAULT_JUDGE_TEMPLATE, ClassifierReward, JudgeReward
 
 WORDS = "Question Answer Is this answer correct ? Yes or No . : what is 2 + 3 5 6 the".split()
 
@@ -147,3 +147,19 @@ def test_judge_template_and_tokens_are_checked():
 
     JudgeReward(model, tok, disable_adapters=off)(PROMPTS[:1], COMPLETIONS[:1])
     assert entered == [True]
+
+
+def test_judge_template_none_means_the_default_template():
+    # issue 12: the seed's config sets reward_model_name_or_path and no reward: section, so
+    # reward.judge_template is None; this was `TypeError: argument of type 'NoneType'`
+    model, tok = LlamaForCausalLM(tiny_config()), tiny_tokenizer()
+    judge = JudgeReward(model, tok, template=None, use_chat_template=False)
+    assert judge.template == DEFAULT_JUDGE_TEMPLATE
+    assert judge.render("what is 2 + 3", "5") == (
+        "Question:\nwhat is 2 + 3\n\nAnswer:\n5\n\nIs this answer correct? Answer Yes or No."
+    )
+    scores = judge(PROMPTS, COMPLETIONS)
+    assert scores.shape == (2,) and ((scores > 0) & (scores < 1)).all()
+    for i in range(2):
+        expected = judge_by_hand(model, tok, judge, PROMPTS[i], COMPLETIONS[i])
+        assert scores[i].item() == pytest.approx(expected, abs=1e-5)

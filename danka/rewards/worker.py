@@ -1,0 +1,274 @@
+"""The reward worker process: one per reward function, with timeouts that kill its group.
+
+Design choice: every reward function, builtin or user, runs in a separate **process**
+(one per function, started on first use and kept for the run), which loads the function
+itself (a builtin by name, a user function from its file path). A call that exceeds
+``timeout_s`` gets the worker's whole process group SIGKILLed (so a ``sleep 300`` the
+user's code started dies with it) and a fresh worker serves the remaining samples. Why a
+process and not a thread pool with abandoned threads:
+
+* a thread cannot be killed: an abandoned thread stuck in a busy loop (or in a regex
+  backtracking inside ``re``, which holds the GIL) keeps burning a CPU core for the rest
+  of training, and a non-daemon thread blocks interpreter exit;
+* a C extension that never releases the GIL would freeze the trainer thread too;
+* SIGALRM timeouts only work in the main thread.
+
+The process is a fresh interpreter (``subprocess`` + two OS pipes wrapped in
+``multiprocessing.connection.Connection``) rather than multiprocessing's "spawn", which
+re-imports the parent's ``__main__`` in the child (re-running a user script that lacks
+an ``if __name__ == "__main__"`` guard), or "fork", which is unsafe in a process holding
+CUDA contexts and threads. The worker imports only the standard library and danka's
+torch-free reward modules; arguments are plain dicts of strings. Builtins pay one pipe
+round trip per batch, not a process per call. POSIX only (``pass_fds``).
+
+The worker never outlives the trainer:
+
+* it runs in its own session and process group (``start_new_session``), so a terminal's
+  Ctrl-C or a scheduler's SIGTERM to the trainer's group does not reach it, and a
+  timeout kills the group (the worker and everything it started);
+* on Linux it asks the kernel for SIGKILL when its parent dies (``prctl
+  PR_SET_PDEATHSIG``): a SIGKILLed trainer cannot leave a worker spinning at 100% CPU,
+  even one stuck in C code holding the GIL. Elsewhere, and as a fallback, a watchdog
+  thread polls ``os.getppid()`` and kills the worker's group when the parent is gone;
+* a worker whose pipe to the trainer is closed exits quietly (no BrokenPipe traceback).
+
+Limits: processes started by user code survive a SIGKILLed trainer when the worker died
+by the parent-death signal while they ran (the kernel signals the worker, not its
+group). The parent-death signal fires when the THREAD that started the worker exits; a
+worker found dead is restarted before the next batch, so calling from short-lived threads
+costs restarts, not scores.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from danka.errors import UserError
+from danka.rewards.custom import call_custom, load_function_from_file, to_score
+
+_LOAD_TIMEOUT_S = 120.0  # importing the user's file (it may import torch, sympy, ...)
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies (Linux); then make sure the parent did
+    not die before we asked (the signal would never come)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog thread still covers it
+    if os.getppid() != parent_pid:
+        _kill_own_group()
+
+
+def _kill_own_group() -> None:
+    try:
+        os.killpg(os.getpgid(0), signal.SIGKILL)  # this worker and what user code started
+    finally:
+        os._exit(1)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    # If the trainer dies while we are stuck in a user call, nobody reads the pipe: exit.
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:
+            _kill_own_group()
+
+
+def _send(outbox: Connection, message: tuple[str, Any]) -> None:
+    try:
+        outbox.send(message)
+    except OSError:  # BrokenPipeError included: the trainer is gone, leave quietly
+        os._exit(0)
+
+
+def _load(path: str, function: str, kind: str) -> Callable[..., Any]:
+    if kind == "builtin":
+        from danka.rewards.builtin import load_builtin
+
+        return load_builtin(function)
+    return load_function_from_file(Path(path), function)
+
+
+def _call(fn: Callable[..., Any], kind: str, args: dict[str, Any], kw: dict[str, Any]) -> Any:
+    if kind == "builtin":
+        return to_score(fn(args["completion"], SimpleNamespace(**args["row"]), **kw))
+    return call_custom(fn, kind, args, kw)  # type: ignore[arg-type]
+
+
+def _worker_entry() -> None:
+    """Worker process, started as ``python -c _WORKER_CODE <read_fd> <write_fd> <path>
+    <function> <kind> <parent_pid>``: load the function, then answer each ("run", calls,
+    kwargs) message with one ("ok", value) or ("err", traceback) message per call."""
+    read_fd, write_fd, path, function, kind, parent_pid = sys.argv[1:7]
+    _die_with_parent(int(parent_pid))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    threading.Thread(target=_watch_parent, args=(int(parent_pid),), daemon=True).start()
+    inbox = Connection(int(read_fd), writable=False)
+    outbox = Connection(int(write_fd), readable=False)
+    try:
+        fn = _load(path, function, kind)
+    except BaseException as exc:  # noqa: BLE001
+        _send(outbox, ("load_error", str(exc)))
+        return
+    _send(outbox, ("ready", None))
+    while True:
+        try:
+            msg = inbox.recv()
+        except (EOFError, OSError):
+            return  # the trainer closed the pipe or died
+        if msg[0] == "stop":
+            return
+        _, calls, kwargs = msg
+        for args in calls:
+            try:
+                result = ("ok", _call(fn, kind, args, kwargs))
+            except BaseException:  # noqa: BLE001 - report everything, keep serving
+                result = ("err", traceback.format_exc())
+            _send(outbox, result)
+
+
+_WORKER_CODE = "from danka.rewards.worker import _worker_entry; _worker_entry()"
+_LIVE_WORKERS: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_live_workers() -> None:
+    # A worker stuck in user code would otherwise outlive the trainer by up to 1 s.
+    for worker in list(_LIVE_WORKERS):
+        worker.close()
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a worker loads: a builtin by name, or ``function`` from the file ``path``."""
+
+    path: str  # "" for a builtin
+    function: str
+    kind: str  # "builtin", "verl" or "trl"
+    where: str  # for error messages
+
+
+class Worker:
+    """One worker process serving one reward function; restarted after a timeout."""
+
+    def __init__(self, target: Target, timeout_s: float):
+        self.target, self.timeout_s = target, float(timeout_s)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._send: Connection | None = None  # to the worker
+        self._conn: Connection | None = None  # from the worker
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's pid (= its process group id), None when not running."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self) -> None:
+        t = self.target
+        to_child_r, to_child_w = os.pipe()
+        to_parent_r, to_parent_w = os.pipe()
+        env = dict(os.environ)
+        # the child must import this very danka, wherever the parent found it
+        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        argv = [sys.executable, "-c", _WORKER_CODE, str(to_child_r), str(to_parent_w)]
+        argv += [t.path, t.function, t.kind, str(os.getpid())]
+        try:
+            self._proc = subprocess.Popen(
+                argv, env=env, pass_fds=(to_child_r, to_parent_w), start_new_session=True
+            )
+        except BaseException:
+            os.close(to_child_w)
+            os.close(to_parent_r)
+            raise
+        finally:
+            os.close(to_child_r)
+            os.close(to_parent_w)
+        self._send = Connection(to_child_w, readable=False)
+        self._conn = Connection(to_parent_r, writable=False)
+        _LIVE_WORKERS.add(self)
+        if not self._conn.poll(_LOAD_TIMEOUT_S):
+            self.close()
+            raise UserError(
+                f"loading the reward function took over {_LOAD_TIMEOUT_S:.0f} s in the worker",
+                where=t.where,
+                fix="make the file's import-time code fast (no downloads or long setup)",
+            )
+        try:
+            status, detail = self._conn.recv()
+        except (EOFError, OSError):
+            status, detail = "load_error", f"worker exited with code {self._proc.wait()}"
+        if status != "ready":
+            self.close()
+            raise UserError(
+                f"the reward worker could not load the function: {detail}", where=t.where
+            )
+
+    def run(
+        self, calls: list[dict[str, Any]], kwargs: dict[str, Any]
+    ) -> list[tuple[Any, str | None]]:
+        """One (result, error) per call, in order. A call over the timeout, or a worker
+        death, yields an error for that call; a new worker serves the rest."""
+        out: list[tuple[Any, str | None]] = []
+        while len(out) < len(calls):
+            if self._proc is None or self._proc.poll() is not None:
+                self.close()
+                self._start()
+            assert self._send is not None and self._conn is not None and self._proc is not None
+            pending = calls[len(out) :]
+            self._send.send(("run", pending, kwargs))
+            for _ in pending:
+                error = None
+                if not self._conn.poll(self.timeout_s):
+                    error = (
+                        f"timed out after {self.timeout_s:g} s "
+                        "(the worker and its child processes were killed; a new one continues)"
+                    )
+                else:
+                    try:
+                        status, payload = self._conn.recv()
+                    except (EOFError, OSError):
+                        error = f"the reward worker process died (exit code {self._proc.wait()})"
+                if error is not None:
+                    self.close()
+                    out.append((None, error))
+                    break
+                out.append((payload, None) if status == "ok" else (None, payload))
+        return out
+
+    def close(self) -> None:
+        """Stop the worker and every process in its group (SIGKILL: it may be stuck in
+        user code)."""
+        if self._proc is not None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)  # the group id is the worker's pid
+            except (ProcessLookupError, PermissionError):
+                pass  # group already gone
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+        for conn in (self._send, self._conn):
+            if conn is not None:
+                conn.close()
+        self._send = self._conn = None
+        _LIVE_WORKERS.discard(self)

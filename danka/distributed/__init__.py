@@ -14,13 +14,29 @@ trainer runs its single-process path unchanged. With N processes:
 * metrics are reduced over ranks (mean, or sum for the losses that are partial sums);
 * checkpoints are gathered to rank 0 as full (unsharded) tensors and written in the
   single-process format, so they resume on any number of processes.
+
+Which group carries what (an NCCL group only takes CUDA tensors): the default group (NCCL on
+GPUs, gloo on CPU) carries device tensors only, i.e. FSDP2's own collectives and
+:func:`sync_grads`; every CPU-side value (counts, flags, metrics, statistics, object lists)
+goes through :func:`cpu_group`, a gloo group made at :func:`init` (the default group itself
+when that is gloo already).
+
+Failure on one rank (see :func:`destroy` and :mod:`danka.distributed.launch`): the failing
+rank leaves at once with its exit code, aborting its communicators instead of a graceful
+destroy that would wait for peers; torchrun's agent then stops the other ranks (SIGTERM)
+within its monitor interval, and ``danka train --nproc N`` exits with the failing rank's
+code (2 bad input, 3 training fault). A non-finite loss is not a failure of one rank: the
+ranks agree on it with :func:`all_finite` before any gradient collective, so all skip the
+same step and reach ``trainer.max_bad_steps`` together.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as td
@@ -29,11 +45,7 @@ from danka.errors import UserError
 
 # update() metrics normalised by the global counts: each rank holds a part of the sum
 SUMMED_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "rollout/logprob_gap")
-_NCCL_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
+_CPU_GROUP = None  # gloo group for CPU-side data (set by init)
 
 
 def requested() -> bool:
@@ -57,23 +69,55 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def init(device: torch.device) -> torch.device:
-    """Join the process group torchrun set up; returns this rank's device (``cuda:LOCAL_RANK``
-    on GPUs). Backend nccl on CUDA, gloo on CPU. No-op (returns ``device``) without torchrun."""
-    if not requested():
-        return device
+def backend_for(device: torch.device) -> str:
+    """The default group's backend for a compute device: nccl on CUDA, gloo otherwise."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def rank_device(device: torch.device) -> torch.device:
+    """This rank's compute device: ``cuda:LOCAL_RANK`` when ``device`` is CUDA, else ``device``."""
     if device.type == "cuda":
-        for key, value in _NCCL_ENV.items():  # before NCCL initialises (NVLink multicast off)
-            os.environ.setdefault(key, value)
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    if not td.is_initialized():
-        td.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return device
 
 
+def init(device: torch.device) -> torch.device:
+    """Join the process group torchrun set up; returns this rank's device (``cuda:LOCAL_RANK``
+    on GPUs). Default group: nccl on CUDA, gloo on CPU; plus the gloo :func:`cpu_group`.
+    No-op (returns ``device``) without torchrun. NCCL's own settings (e.g. NVLink multicast
+    off on a shared host) are the environment's business: nothing is forced here."""
+    global _CPU_GROUP
+    if not requested():
+        return device
+    device = rank_device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not td.is_initialized():
+        td.init_process_group(backend_for(device))
+    _CPU_GROUP = td.new_group(backend="gloo") if td.get_backend() != "gloo" else td.group.WORLD
+    return device
+
+
+def cpu_group():
+    """The group for CPU tensors and Python objects (gloo)."""
+    return _CPU_GROUP if _CPU_GROUP is not None else td.group.WORLD
+
+
 def destroy() -> None:
-    if td.is_available() and td.is_initialized():
+    """Leave the process group. Called while an exception propagates (a ``finally`` on the
+    way out of a failed run), the communicators are ABORTED instead: a graceful destroy
+    can wait for peers that are still blocked in a collective this rank will never join.
+    The process then exits with its code and torchrun stops the other ranks."""
+    global _CPU_GROUP
+    if not (td.is_available() and td.is_initialized()):
+        return
+    failing = sys.exc_info()[0] is not None and is_active()
+    _CPU_GROUP = None
+    if failing:
+        from torch.distributed.distributed_c10d import _abort_process_group
+
+        _abort_process_group()
+    else:
         td.destroy_process_group()
 
 
@@ -107,25 +151,66 @@ def shard(prompt_idx: list[int]) -> list[int]:
     return prompt_idx[rank() * k : (rank() + 1) * k]
 
 
+def all_sum_many(values: list[float]) -> list[float]:
+    """Element-wise sums over ranks (float64, one CPU collective); identity on one process."""
+    if not is_active():
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    td.all_reduce(t, group=cpu_group())
+    return t.tolist()
+
+
 def all_sum(x: float) -> float:
-    t = torch.tensor([float(x)], dtype=torch.float64)
-    td.all_reduce(t)
-    return float(t[0])
+    return all_sum_many([x])[0]
 
 
 def all_mean(x: float) -> float:
     return all_sum(x) / world_size()
 
 
+def all_finite(ok: bool | torch.Tensor) -> bool:
+    """True when ``ok`` holds on EVERY rank (``ok`` a bool, or a tensor checked with
+    ``torch.isfinite(...).all()``). Call it where a rank would otherwise skip work alone:
+    on the loss, BEFORE ``backward`` (FSDP2's backward reduce-scatters gradients, so a rank
+    that skips it leaves the others blocked), so every rank skips the same step."""
+    if isinstance(ok, torch.Tensor):
+        ok = bool(torch.isfinite(ok.detach()).all())
+    return all_sum(0.0 if ok else 1.0) == 0.0
+
+
+def global_masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """``masked_whiten`` with the mean and unbiased variance over the valid entries of ALL
+    ranks: values (B_r, R) and mask (B_r, R) are this rank's rows; returns (B_r, R).
+
+    One float64 all-reduce of (sum x, sum x^2, n), so the result equals whitening the
+    concatenated batch on one process (up to float rounding):
+      mean = S1 / n,  var = (S2 - n mean^2) / (n - 1)  (Bessel; 0 when n <= 1).
+    On one process it is ``danka.algorithms._masked.masked_whiten``."""
+    m = mask.to(values.dtype)
+    s1 = float((values * m).sum(dtype=torch.float64))
+    s2 = float((values * values * m).sum(dtype=torch.float64))
+    s1, s2, n = all_sum_many([s1, s2, float(m.sum(dtype=torch.float64))])
+    mean = s1 / max(n, 1e-8)
+    var = max(s2 - n * mean * mean, 0.0) / max(n, 1e-8)
+    if n > 1:
+        var = var * n / (n - 1)
+    whitened = (values - mean) * (var + eps) ** -0.5
+    return whitened + mean if not shift_mean else whitened
+
+
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """Mean over ranks (equal shards), sum for ``SUMMED_METRICS``; a key a rank lacks counts 0."""
+    """Mean over ranks (equal shards), sum for ``SUMMED_METRICS``; a key a rank lacks counts 0.
+    CPU collectives only (the :func:`cpu_group`)."""
+    if not is_active():
+        return dict(metrics)
     keys: list = [None] * world_size()
-    td.all_gather_object(keys, sorted(metrics))
+    td.all_gather_object(keys, sorted(metrics), group=cpu_group())
     names = sorted(set().union(*keys))
-    t = torch.tensor([float(metrics.get(k, 0.0)) for k in names], dtype=torch.float64)
-    td.all_reduce(t)
+    sums = all_sum_many([float(metrics.get(k, 0.0)) for k in names])
     n = world_size()
-    return {k: float(v) if k in SUMMED_METRICS else float(v) / n for k, v in zip(names, t)}
+    return {k: v if k in SUMMED_METRICS else v / n for k, v in zip(names, sums)}
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -174,16 +259,59 @@ def sync_grads(params: list[torch.nn.Parameter]) -> None:
             td.all_reduce(p.grad)
 
 
+def _renamed(
+    params: list, before: dict[int, tuple], after: dict[tuple, torch.nn.Parameter]
+) -> list:
+    """``params`` re-pointed, by name, at a sharded model's parameters; parameters outside
+    that model (the value head) stay as they are."""
+    return [after[before[id(p)]] if id(p) in before else p for p in params]
+
+
 def shard_models(models) -> None:
-    """FSDP2-shard the policy (and the full-parameter reference copy) in place and point
-    ``models.actor_params`` at the sharded (DTensor) parameters, by name."""
-    names = {id(p): n for n, p in models.policy.named_parameters()}
-    actor_names = [names[id(p)] for p in models.actor_params]
-    _fully_shard(models.policy)
-    if models.reference_copy is not None:
-        _fully_shard(models.reference_copy)
-    params = dict(models.policy.named_parameters())
-    models.actor_params = [params[n] for n in actor_names]
+    """FSDP2-shard the models of a run in place, then point ``models.actor_params`` and
+    ``models.critic_params`` at the sharded (DTensor) parameters, by name.
+
+    * policy (and its LoRA adapters, the PPO ``critic`` adapter included): sharded;
+    * full-parameter reference copy and a separate critic model: sharded the same way;
+    * value head: NOT sharded (a few KB): replicated on every rank, its gradient summed by
+      :func:`sync_grads` (plain tensors are all-reduced), so every rank keeps the same copy.
+    """
+    models_to_shard = [models.policy]
+    for extra in (models.reference_copy, models.critic_model):
+        if extra is not None and all(extra is not m for m in models_to_shard):
+            models_to_shard.append(extra)
+    before = {id(p): (i, n) for i, m in enumerate(models_to_shard) for n, p in m.named_parameters()}
+    for m in models_to_shard:
+        _fully_shard(m)
+    after = {(i, n): p for i, m in enumerate(models_to_shard) for n, p in m.named_parameters()}
+    models.actor_params = _renamed(models.actor_params, before, after)
+    models.critic_params = _renamed(models.critic_params, before, after)
+
+
+@contextlib.contextmanager
+def rollout_weights(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Full (unsharded) weights for generation with an engine that reads the parameters
+    directly (the fast engine), then sharded again. Inside, every FSDP2 module's
+    parameters are plain full tensors (``FSDPModule.unshard()``: one all-gather of the
+    model per rollout, all modules issued before waiting). Each rank then generates for its
+    own prompts with the whole model, as on one GPU; memory for the rollout is that of the
+    unsharded model (the one-GPU figure), the sharded savings return for the update.
+    No-op on one process. Collective: every rank must enter it."""
+    if not is_active():
+        yield model
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    handles = [m.unshard(async_op=True) for m in fsdp]
+    for h in handles:
+        if h is not None:
+            h.wait()
+    try:
+        yield model
+    finally:
+        for m in fsdp:
+            m.reshard()
 
 
 def _options():
@@ -246,7 +374,7 @@ def shard_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> dict:
 
 def barrier() -> None:
     if is_active():
-        td.barrier()
+        td.barrier(group=cpu_group())
 
 
 class Null:
@@ -270,12 +398,8 @@ def quiet_logger() -> logging.Logger:
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:
     """``danka train --nproc N ...`` re-executed as ``torchrun --nproc-per-node N -m danka ...``
-    (``argv`` without ``--nproc``), through ``python -m torch.distributed.run``."""
-    import sys
+    (``argv`` without ``--nproc``), through :mod:`danka.distributed.launch`, which exits
+    with the failing rank's own code (2, 3, ...) and no launcher traceback."""
+    from danka.distributed.launch import launcher_argv
 
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone"] + [
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "danka",
-        *argv,
-    ]
+    return launcher_argv(["--standalone", f"--nproc-per-node={nproc}", "-m", "danka", *argv])

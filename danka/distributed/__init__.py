@@ -202,7 +202,8 @@ def global_masked_whiten(
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Mean over ranks (equal shards), sum for ``SUMMED_METRICS``; a key a rank lacks counts 0.
-    CPU collectives only (the :func:`cpu_group`)."""
+    Each ``time/...`` key also gets ``time/..._max``, the slowest rank (mean vs max shows the
+    imbalance between ranks). CPU collectives only (the :func:`cpu_group`)."""
     if not is_active():
         return dict(metrics)
     keys: list = [None] * world_size()
@@ -210,7 +211,13 @@ def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     names = sorted(set().union(*keys))
     sums = all_sum_many([float(metrics.get(k, 0.0)) for k in names])
     n = world_size()
-    return {k: v if k in SUMMED_METRICS else v / n for k, v in zip(names, sums)}
+    out = {k: v if k in SUMMED_METRICS else v / n for k, v in zip(names, sums)}
+    timed = [k for k in names if k.startswith("time/")]
+    if timed:
+        t = torch.tensor([float(metrics.get(k, 0.0)) for k in timed], dtype=torch.float64)
+        td.all_reduce(t, op=td.ReduceOp.MAX, group=cpu_group())
+        out.update({f"{k}_max": v for k, v in zip(timed, t.tolist())})
+    return out
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -30,7 +30,8 @@ def nccl_like(monkeypatch):
         if group is not CPU_GROUP and t.device.type == "cpu":
             raise RuntimeError("No backend type associated with device type cpu")
         calls.append("all_reduce")
-        t.mul_(2)
+        if op != td.ReduceOp.MAX:  # the max of two equal values is the value
+            t.mul_(2)
 
     def all_gather_object(out, obj, group=None):
         if group is not CPU_GROUP:  # NCCL pickles into a CUDA tensor: not on this machine
@@ -69,10 +70,11 @@ def test_all_finite_agrees(nccl_like):
 
 
 def test_reduce_metrics_means_and_sums(nccl_like):
-    out = dist.reduce_metrics({"reward": 0.5, "actor/pg_loss": 0.25})
-    # reward: (0.5 + 0.5) / 2 ranks = 0.5; pg_loss is a partial sum: 0.25 + 0.25 = 0.5
-    assert out == {"actor/pg_loss": 0.5, "reward": 0.5}
-    assert nccl_like == ["all_gather_object", "all_reduce"]
+    out = dist.reduce_metrics({"reward": 0.5, "actor/pg_loss": 0.25, "time/step": 2.0})
+    # reward: (0.5 + 0.5) / 2 ranks = 0.5; pg_loss is a partial sum: 0.25 + 0.25 = 0.5;
+    # time/step: mean 2.0 and slowest rank 2.0
+    assert out == {"actor/pg_loss": 0.5, "reward": 0.5, "time/step": 2.0, "time/step_max": 2.0}
+    assert nccl_like == ["all_gather_object", "all_reduce", "all_reduce"]
 
 
 def test_global_whiten_equals_whitening_the_whole_batch(nccl_like):

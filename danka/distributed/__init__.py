@@ -122,7 +122,9 @@ def destroy() -> None:
 
 
 def check_config(cfg, engine_name: str) -> None:
-    """What the N-process path supports, checked before the models load."""
+    """What the N-process path needs, checked before the models load: batch sizes that
+    split over the ranks. Every rollout engine runs (the fast engine on weights gathered by
+    :func:`rollout_weights`) and PPO with a critic too (see :func:`shard_models`)."""
     n, t = world_size(), cfg.trainer
     for key, value in (("batch_size", t.batch_size), ("mini_batch_size", t.mini_batch_size)):
         if value % n:
@@ -131,18 +133,6 @@ def check_config(cfg, engine_name: str) -> None:
                 where=f"trainer.{key}",
                 fix=f"make trainer.{key} a multiple of --nproc-per-node ({n})",
             )
-    if engine_name != "hf":
-        raise UserError(
-            f"rollout.engine {engine_name!r} does not run on FSDP-sharded weights",
-            where="rollout.engine",
-            fix="set rollout.engine: hf for several processes",
-        )
-    if t.advantage_estimator == "gae":
-        raise UserError(
-            "PPO with a critic (advantage_estimator gae) runs on one process only for now",
-            where="trainer.advantage_estimator",
-            fix="use a critic-free estimator (grpo, rloo, ...) or run without torchrun",
-        )
 
 
 def shard(prompt_idx: list[int]) -> list[int]:

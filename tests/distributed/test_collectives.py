@@ -122,3 +122,14 @@ def test_init_forces_no_nccl_environment(monkeypatch):
     import os
 
     assert "NCCL_NVLS_ENABLE" not in os.environ
+
+
+def test_check_config_takes_the_critic_and_fast_engine_and_refuses_odd_batches(monkeypatch):
+    from danka.errors import UserError
+
+    monkeypatch.setattr(dist, "world_size", lambda: 2)
+    trainer = types.SimpleNamespace(batch_size=4, mini_batch_size=2, advantage_estimator="gae")
+    dist.check_config(types.SimpleNamespace(trainer=trainer), "fast")  # no refusal
+    trainer.mini_batch_size = 3
+    with pytest.raises(UserError, match=r"mini_batch_size \(3\) does not split over 2"):
+        dist.check_config(types.SimpleNamespace(trainer=trainer), "hf")

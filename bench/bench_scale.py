@@ -238,7 +238,7 @@ def scaling(paths, work: Path, steps: int, budget_end: float) -> list[dict]:
     common = [f"model.actor_model_name_or_path={paths['qwen05']}", f"trainer.total_steps={steps}",
               f"trainer.batch_size={prompts}", f"trainer.samples_per_prompt={n}",
               "trainer.micro_batch_size=16", f"trainer.max_new_tokens={new}",
-              "trainer.max_length=192", "model.torch_dtype=bfloat16", "trainer.lr=1e-5"]  # fmt: skip
+              "trainer.max_length=288", "model.torch_dtype=bfloat16", "trainer.lr=1e-5"]  # fmt: skip
     rows = []
     for engine in ("hf", "fast"):
         row: dict = {"engine": engine, "prompts": prompts, "samples": n, "new_tokens": new}
@@ -248,7 +248,8 @@ def scaling(paths, work: Path, steps: int, budget_end: float) -> list[dict]:
                 continue
             mem = GpuMemory()
             run = train(paths, work, f"scale_{engine}_{nproc}gpu", nproc,
-                        common + [f"rollout.engine={engine}"], gpus, 170)  # fmt: skip
+                        common + [f"rollout.engine={engine}"], gpus,
+                        max(30.0, min(170.0, budget_end + 30 - time.perf_counter())))  # fmt: skip
             run["peak_gib_per_gpu"] = mem.stop()
             lines = run.pop("lines")
             keys = ["time/step", "time/step_max", "time/rollout", "time/rollout_max",
@@ -302,14 +303,19 @@ def main() -> int:
         "setup_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
     end = t0 + args.budget_s
+
+    def write() -> None:  # after each section: a run cut short by a timeout keeps the rest
+        result["total_s"] = round(time.perf_counter() - t0, 1)
+        for out in args.out:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(json.dumps(result, indent=2))
+
     if "equivalence" in only:
         result["equivalence"] = equivalence(paths, work, args.steps, end - 150, args.cases)
+        write()
     if "scaling" in only:
         result["scaling"] = scaling(paths, work, args.scale_steps, end)
-    result["total_s"] = round(time.perf_counter() - t0, 1)
-    for out in args.out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2))
+        write()
     eq = result.get("equivalence", [])
     return 0 if eq and all(r.get("pass") for r in eq) else 1
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -254,6 +255,43 @@ def sync_grads(params: list[torch.nn.Parameter]) -> None:
             p.grad.mul_(world_size())
         else:
             td.all_reduce(p.grad)
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """The global L2 norm of the gradients of ``params`` and, when ``max_norm`` > 0, the
+    gradients scaled by min(1, max_norm / (norm + 1e-6)) (``clip_grad_norm_``'s rule).
+
+    Call after :func:`sync_grads`. ``params`` may mix FSDP-sharded (DTensor) and replicated
+    (plain) parameters, e.g. a sharded critic adapter and its value head, or the sharded
+    layers and the whole embeddings of a full-parameter policy, which torch's
+    ``clip_grad_norm_`` refuses. The sharded part's squared norm is summed over ranks (one
+    collective on the gradients' device); the replicated part is the same on every rank, so
+    every rank gets the same norm and the same scale."""
+    if not is_active():
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        return float(norm)
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    sharded = [g.to_local() for g in grads if isinstance(g, DTensor)]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    device = (sharded or plain)[0].device
+    sq_sharded = torch.zeros((), dtype=torch.float32, device=device)
+    for g in sharded:
+        sq_sharded += torch.linalg.vector_norm(g, dtype=torch.float32) ** 2
+    td.all_reduce(sq_sharded)  # device tensor on the default group
+    sq = sq_sharded + sum(
+        (torch.linalg.vector_norm(g, dtype=torch.float32).to(device) ** 2 for g in plain),
+        torch.zeros((), dtype=torch.float32, device=device),
+    )
+    norm = float(sq.sqrt())
+    if max_norm > 0 and math.isfinite(norm):
+        scale = min(1.0, max_norm / (norm + 1e-6))
+        for g in grads:
+            g.mul_(scale)
+    return norm
 
 
 def _renamed(

@@ -40,6 +40,13 @@ if dist.is_active():
     # each optimiser param must be a live parameter of the sharded model (not a stale copy)
     live = set(map(id, models.policy.parameters())) | head
     out["critic_params_live"] = all(id(p) in live for p in models.critic_params)
+# gradients on the critic's mixed parameters (sharded adapter + replicated value head):
+# g = 1 for every element; the norm is sqrt(#elements) whatever the sharding, clipped to 1
+for p in models.critic_params:
+    p.grad = torch.ones_like(p)
+out["critic_grad_norm"] = dist.clip_grad_norm(models.critic_params, 1.0)
+g = models.value_head.parameters().__next__().grad
+out["clipped_value_head_grad"] = float(g.flatten()[0].detach())
 # the fast engine reads the parameters directly: they must be full tensors during rollout
 with dist.rollout_weights(models.policy) as policy, models.actor():
     q = policy.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
@@ -96,6 +103,9 @@ def test_critic_fast_engine_and_whitening_on_two_ranks(tmp_path):
     assert two["actor_dtensor"] and two["critic_adapter_dtensor"]  # critic adapter: sharded
     assert two["value_head_plain"]  # value head: replicated
     assert two["critic_params_live"]
+    assert two["critic_grad_norm"] == pytest.approx(one["critic_grad_norm"], rel=1e-6)
+    assert one["critic_grad_norm"] > 1.0  # so the clip applied: g * 1 / norm
+    assert two["clipped_value_head_grad"] == pytest.approx(1 / one["critic_grad_norm"], rel=1e-5)
     assert two["q_full_in_rollout"] and one["q_full_in_rollout"]  # gathered, plain tensors
     assert two["responses"] == one["responses"]  # greedy: the same tokens as one process
     # rank 0 holds row 0; whitened over both ranks' tokens it matches the one-process row 0

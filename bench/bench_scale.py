@@ -137,7 +137,8 @@ def train(paths, work: Path, name: str, nproc: int, overrides: list[str], gpus: 
     out = work / "runs" / name
     cmd = [sys.executable, "-m", "danka", "train", str(paths["config"]), "--nproc", str(nproc),
            f"output_dir={out}", *overrides]  # fmt: skip
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus, PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus, PYTHONPATH=path)  # keeps carried wheels
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True,

@@ -70,11 +70,20 @@ def setup(work: Path, device: str, big_model: bool) -> dict[str, Path]:
     (work / "reward.py").write_text(REWARD)
     with (work / "rows.jsonl").open("w") as f:
         for i in range(256):
-            f.write(json.dumps({"prompt": f"What is {i} + {i + 3}?", "answer": str(2 * i + 3)}))
+            # fixed-width numbers: every prompt has the same length, no padding differences
+            row = {"prompt": f"What is {i:03d} + {i + 3:03d}?", "answer": str(2 * i + 3)}
+            f.write(json.dumps(row))
             f.write("\n")
     tiny_dir = work / "tiny"
     if not (tiny_dir / "config.json").exists():
-        tiny.save_tiny_model(tiny_dir, arch="qwen2", hidden=64, layers=2)
+        # a peaked LM head (x30): greedy choices have wide margins, so bf16 rounding that
+        # differs between batch shapes (16 rows on 1 GPU, 8 per rank on 2) picks the same tokens
+        tok = tiny.tiny_tokenizer()
+        model = tiny.tiny_causal_lm(tok, arch="qwen2", hidden=64, layers=2, seed=0)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(30.0)
+        model.save_pretrained(str(tiny_dir))
+        tok.save_pretrained(str(tiny_dir))
     big = work / "qwen05_shape"
     if big_model and not (big / "config.json").exists():
         tok = tiny.tiny_tokenizer()

@@ -40,6 +40,7 @@ def exit_code(failures: dict) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         run(args)
     except ChildFailedError as err:
         return exit_code(err.failures)
+    except SignalException as err:  # SIGTERM/SIGINT to the launcher: workers were stopped
+        return 128 + int(err.sigval)
     except KeyboardInterrupt:
         return 130
     return 0

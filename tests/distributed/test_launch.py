@@ -40,6 +40,9 @@ def body():
     if mode in ("user_error", "crash"):  # rank 0 goes on into a collective rank 1 never joins
         dist.all_sum(1.0)
         time.sleep(60)
+    if mode == "hang":  # both ranks wait: the launcher itself is stopped
+        print(f"rank {dist.rank()} ready", flush=True)
+        time.sleep(60)
     if mode == "nan":  # rank 1's loss is NaN from step 2 on: both ranks skip the same steps
         bad_in_a_row = 0
         for step in range(1, 10):
@@ -115,3 +118,22 @@ def test_nan_on_one_rank_is_skipped_by_all_then_fault_3(tmp_path):
         assert f"rank {r} step 3 ok False" in proc.stdout
         assert f"rank {r} step 4" not in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):
+    """What a forwarded Ctrl-C / scheduler SIGTERM does: exit 128 + 15, no rank left over."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    argv = launcher_argv(["--standalone", "--nproc-per-node=2", "worker.py", "hang"])
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    seen = 0
+    for line in proc.stdout:  # wait until both ranks are up
+        seen += "ready" in line
+        if seen == 2:
+            break
+    t0 = time.perf_counter()
+    proc.terminate()
+    assert proc.wait(timeout=60) == 128 + 15
+    assert time.perf_counter() - t0 < 40  # not the workers' 60 s sleep

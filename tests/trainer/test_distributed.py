@@ -125,3 +125,36 @@ def test_torchrun_training_writes_once_and_resumes_on_one_process(tmp_path, tiny
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3]
     assert "Resumed from" in (out / "logs" / "train.log").read_text()
+
+
+BAD_ON_RANK_1 = """
+import os
+
+
+def reward(prompts, completions, **columns):
+    # the preflight check (ground-truth answers with ####) passes; training fails on rank 1
+    if os.environ.get("RANK") == "1" and not all("####" in c for c in completions):
+        raise ValueError("cannot score this completion")
+    return [0.0] * len(completions)
+"""
+
+
+@pytest.mark.slow
+def test_bad_input_on_one_rank_exits_2_with_one_message(tmp_path, tiny_model_dir):
+    """A reward function that fails only on rank 1, after the process group is up: the
+    launcher exits 2 (not torchrun's 1) with the one-line message and no launcher traceback,
+    and the other rank does not hang."""
+    cfg_path = make_config(tmp_path, tiny_model_dir)
+    (tmp_path / "reward.py").write_text(BAD_ON_RANK_1)
+    proc = subprocess.run(
+        [sys.executable, "-m", "danka", "train", str(cfg_path), "--nproc", "2"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert proc.stderr.count("danka: error:") == 1
+    assert "cannot score this completion" in proc.stderr
+    assert "ChildFailedError" not in proc.stderr and "distributed/run.py" not in proc.stderr

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# 2 x H200 (device kind nvidia-h200-x2), from the repository root, < 6 minutes:
+#   (a) equivalence (GPU-marked test): GRPO LoRA / full-parameter (fp32 and bf16) and PPO
+#       with a critic (fp32), 3 steps through `danka train` on 1 GPU and with --nproc 2:
+#       same weights within 1e-3 (fp32) / 5e-2 (bf16) relative;
+#   (b) scaling: GRPO + LoRA step on the Qwen2.5-0.5B shape (random weights), 1 vs 2 GPUs
+#       at the same global batch, HF and fast rollout engines: step time, tokens/s,
+#       peak memory per GPU, update overhead and imbalance between ranks.
+# Writes bench/results/{equivalence_2x,scale_2x}.json and copies them to $OUT when set.
+# Exit status: that of the equivalence test (0 = every case within tolerance).
+set -uo pipefail
+# This machine's NCCL setting, not danka's: NVLink multicast must stay off on these shared
+# hosts (a program using it can put the host's GPUs out of service). Exported here, so
+# torchrun and every rank inherit it.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+if ls .whl/*.whl >/dev/null 2>&1; then  # carried wheels (datasets, math-verify, ...)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+nvidia-smi topo -m 2>/dev/null | head -3
+mkdir -p bench/results
+# (a) ~3 minutes: 5 one-GPU runs side by side, then the 2-GPU runs one after another
+DANKA_EQUIV_JSON=bench/results/equivalence_2x.json DANKA_EQUIV_BUDGET_S=280 \
+  timeout 210 python3 -m pytest -q -p no:cacheprovider -m gpu -rA \
+  tests/distributed/test_gpu_equivalence.py 2>&1 | tail -25
+equiv=${PIPESTATUS[0]}
+# (b) ~2 minutes: runs start only within the budget; the JSON is written either way
+timeout 140 python3 bench/bench_scale.py --only scaling --work /tmp/danka_scale \
+  --budget-s 100 --out bench/results/scale_2x.json
+if [ -n "${OUT:-}" ]; then
+  cp bench/results/equivalence_2x.json bench/results/scale_2x.json "$OUT/" 2>/dev/null
+fi
+exit $equiv

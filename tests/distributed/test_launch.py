@@ -1,0 +1,139 @@
+"""One rank fails: every rank ends promptly and the launcher exits with that rank's code.
+
+Two gloo processes started by ``python -m danka.distributed.launch`` (torchrun's agent),
+each running a small worker that handles errors the way ``danka``'s CLI does (UserError:
+one line on stderr, exit ``err.exit_code``; anything else: traceback, exit 1), with
+``dist.destroy()`` in a ``finally``. Every launch has a timeout: a hang fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from danka.distributed.launch import exit_code, launcher_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+WORKER = """
+import sys, time
+import torch
+from danka import distributed as dist
+from danka.errors import UserError
+from danka.trainer.guards import TrainingFault
+
+mode = sys.argv[1]
+
+
+def body():
+    dist.init(torch.device("cpu"))
+    assert dist.all_sum(1.0) == 2.0  # the group works
+    if mode == "user_error" and dist.rank() == 1:
+        raise UserError("row 7 has no answer", where="rows.jsonl:7", fix="add an answer")
+    if mode == "crash" and dist.rank() == 1:
+        raise RuntimeError("boom")
+    if mode in ("user_error", "crash"):  # rank 0 goes on into a collective rank 1 never joins
+        dist.all_sum(1.0)
+        time.sleep(60)
+    if mode == "hang":  # both ranks wait: the launcher itself is stopped
+        print(f"rank {dist.rank()} ready", flush=True)
+        time.sleep(60)
+    if mode == "nan":  # rank 1's loss is NaN from step 2 on: both ranks skip the same steps
+        bad_in_a_row = 0
+        for step in range(1, 10):
+            loss = torch.tensor(float("nan") if dist.rank() == 1 and step >= 2 else 0.5)
+            ok = dist.all_finite(loss)  # before backward / the gradient sync
+            bad_in_a_row = 0 if ok else bad_in_a_row + 1
+            print(f"rank {dist.rank()} step {step} ok {ok}", flush=True)
+            if bad_in_a_row >= 2:
+                raise TrainingFault(f"{bad_in_a_row} steps in a row had a non-finite loss")
+            dist.all_sum(1.0)  # stands in for the gradient sync
+
+
+try:
+    try:
+        body()
+    finally:
+        dist.destroy()
+except UserError as err:
+    print(f"danka: error: {err}", file=sys.stderr)
+    sys.exit(err.exit_code)
+"""
+
+
+def _launch(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess, float]:
+    (tmp_path / "worker.py").write_text(WORKER)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    argv = launcher_argv(["--standalone", "--nproc-per-node=2", "worker.py", mode])
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return proc, time.perf_counter() - t0
+
+
+def test_exit_code_prefers_the_rank_that_failed_by_itself():
+    f = lambda code, ts: SimpleNamespace(exitcode=code, timestamp=ts)  # noqa: E731
+    # rank 0 was stopped by the agent (SIGTERM = -15) in the same second rank 1 exited 2
+    assert exit_code({0: f(-15, 100), 1: f(2, 100)}) == 2
+    assert exit_code({0: f(3, 101), 1: f(2, 100)}) == 2  # the earlier one
+    # on gloo the waiting rank fails too ("connection closed by peer", exit 1), maybe first
+    assert exit_code({0: f(1, 99), 1: f(2, 100)}) == 2
+    assert exit_code({0: f(1, 100), 1: f(-15, 99)}) == 1
+    assert exit_code({0: f(-9, 100)}) == 128 + 9  # killed: shell convention
+    assert exit_code({}) == 0
+
+
+@pytest.mark.slow
+def test_user_error_on_one_rank_exits_2_with_one_line(tmp_path):
+    proc, seconds = _launch(tmp_path, "user_error")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("danka: error: rows.jsonl:7: row 7 has no answer") == 1
+    # no launcher traceback (rank 0 on gloo may show its own "closed by peer" error; under
+    # NCCL it waits in the collective and is stopped by the agent)
+    assert "ChildFailedError" not in proc.stderr and "distributed/run.py" not in proc.stderr
+    assert seconds < 40  # rank 0 was stopped, not left waiting (it sleeps 60 s otherwise)
+
+
+@pytest.mark.slow
+def test_crash_on_one_rank_ends_both(tmp_path):
+    proc, seconds = _launch(tmp_path, "crash")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "RuntimeError: boom" in proc.stderr  # a real bug keeps its traceback
+    assert "ChildFailedError" not in proc.stderr and "distributed/run.py" not in proc.stderr
+    assert seconds < 40
+
+
+def test_nan_on_one_rank_is_skipped_by_all_then_fault_3(tmp_path):
+    proc, _ = _launch(tmp_path, "nan")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    for r in (0, 1):  # the same decision on both ranks, step by step
+        assert f"rank {r} step 1 ok True" in proc.stdout
+        assert f"rank {r} step 2 ok False" in proc.stdout
+        assert f"rank {r} step 3 ok False" in proc.stdout
+        assert f"rank {r} step 4" not in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):
+    """What a forwarded Ctrl-C / scheduler SIGTERM does: exit 128 + 15, no rank left over."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    argv = launcher_argv(["--standalone", "--nproc-per-node=2", "worker.py", "hang"])
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    seen = 0
+    for line in proc.stdout:  # wait until both ranks are up
+        seen += "ready" in line
+        if seen == 2:
+            break
+    t0 = time.perf_counter()
+    proc.terminate()
+    assert proc.wait(timeout=60) == 128 + 15
+    assert time.perf_counter() - t0 < 40  # not the workers' 60 s sleep

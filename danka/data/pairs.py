@@ -92,13 +92,15 @@ def to_pair(
     chosen, rejected = _text(record, chosen_key), _text(record, rejected_key)
     if chosen == rejected:
         raise BadRow(f"{chosen_key!r} and {rejected_key!r} are identical")
-    if record.get(prompt_key) is not None:
-        prompt = _text(record, prompt_key)
-    else:
+    implicit = record.get(prompt_key) is None
+    if implicit:
         prompt, chosen, rejected = split_shared_prefix(chosen, rejected)
+    else:
+        prompt = _text(record, prompt_key)
     for key, value in ((chosen_key, chosen), (rejected_key, rejected)):
         if _empty(value):
-            raise BadRow(f"{key!r} is empty" + ("" if key in record else " after the prompt"))
+            after = " after the shared prefix (the implicit prompt)" if implicit else ""
+            raise BadRow(f"{key!r} is empty{after}")
     margin = record.get(margin_key)
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
         raise BadRow(f"{margin_key!r} must be a number, got {type(margin).__name__}")

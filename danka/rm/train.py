@@ -269,7 +269,7 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
             margin = train.margin[mi].to(device) if train.margin is not None else None
             loss = bradley_terry_loss(r_c, r_r, margin, cfg.rm.center_rewards_coefficient)
             (loss * len(mi) / t.batch_size).backward()
-            loss_sum += float(loss) * len(mi) / t.batch_size
+            loss_sum += float(loss.detach()) * len(mi) / t.batch_size
             rc_all.append(r_c.detach().cpu())
             rr_all.append(r_r.detach().cpu())
         if t.max_grad_norm > 0:

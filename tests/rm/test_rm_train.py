@@ -24,7 +24,7 @@ def tiny(tmp_path_factory):
 def _pairs(path, n, seed):
     rng = random.Random(seed)
     with path.open("w") as f:
-        for i in range(n):
+        for _ in range(n):
             prompt = f"Item {rng.randint(0, 999)}: rate it."
             # the answers differ only in a word from disjoint sets; answer order varies
             f.write(json.dumps({"prompt": prompt, "chosen": f"It is {rng.choice(GOOD)}.",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.data.files import read_records, write_text_atomic
+from danka.data.formats import to_prompt_row
 from danka.data.gsm8k import GSM8K_INSTRUCTION, find_gsm8k_answer
 from danka.errors import UserError
 
@@ -74,15 +75,9 @@ def build_gsm8k_pairs(
     records = read_records(str(input_path))[:limit] if limit else read_records(str(input_path))
     rng = random.Random(seed)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in PAIR_SETS}
-    for where, record in records:
-        question, solution = record.get("question"), record.get("answer")
-        if not isinstance(question, str) or not isinstance(solution, str):
-            raise UserError(
-                f"not an official GSM8K row: needs string 'question' and 'answer', has keys "
-                f"{sorted(record)}",
-                where,
-                "give the official GSM8K jsonl (one {question, answer} object per line)",
-            )
+    for index, (where, record) in enumerate(records):
+        row = to_prompt_row(record, index, where, fmt="gsm8k")  # UserError names file:line
+        question, solution = row.prompt, row.extra["answer"]
         try:
             wrong = with_wrong_final_number(solution, rng)
         except ValueError as err:

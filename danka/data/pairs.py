@@ -17,13 +17,11 @@ a UserError naming ``file:line``; ``skip`` appends it to ``bad_rows_path`` and g
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from danka.data.files import read_records
-from danka.data.formats import BadRow
+from danka.data.formats import BadRow, _prompt, write_bad_rows
 from danka.errors import UserError
 
 Text = str | list[dict[str, str]]
@@ -36,28 +34,6 @@ class PreferencePair:
     rejected: Text
     margin: float | None  # how much better chosen is (None: no margin)
     location: str  # file:line, for messages
-
-
-def _messages(value: Any, key: str) -> list[dict[str, str]]:
-    out = []
-    for i, msg in enumerate(value):
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise BadRow(f"{key}[{i}] must be an object with string 'role' and 'content'")
-        if not isinstance(msg.get("content"), str):
-            raise BadRow(f"{key}[{i}] needs a string 'content'")
-        out.append({"role": msg["role"], "content": msg["content"]})
-    return out
-
-
-def _text(record: dict, key: str) -> Text:
-    if key not in record or record[key] is None:
-        raise BadRow(f"missing {key!r}")
-    value = record[key]
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return _messages(value, key)
-    raise BadRow(f"{key!r} must be text or chat messages, got {type(value).__name__}")
 
 
 def _empty(value: Text) -> bool:
@@ -89,14 +65,14 @@ def to_pair(
     margin_key: str = "margin",
 ) -> PreferencePair:
     """One record as a pair; BadRow says what is wrong with it."""
-    chosen, rejected = _text(record, chosen_key), _text(record, rejected_key)
+    chosen, rejected = _prompt(record, chosen_key), _prompt(record, rejected_key)
     if chosen == rejected:
         raise BadRow(f"{chosen_key!r} and {rejected_key!r} are identical")
     implicit = record.get(prompt_key) is None
     if implicit:
         prompt, chosen, rejected = split_shared_prefix(chosen, rejected)
     else:
-        prompt = _text(record, prompt_key)
+        prompt = _prompt(record, prompt_key)
     for key, value in ((chosen_key, chosen), (rejected_key, rejected)):
         if _empty(value):
             after = " after the shared prefix (the implicit prompt)" if implicit else ""
@@ -149,9 +125,7 @@ def load_pairs(
                 ) from None
             bad.append({"location": where, "reason": str(err), "record": record})
     if bad and bad_rows_path is not None:
-        bad_rows_path.parent.mkdir(parents=True, exist_ok=True)
-        with bad_rows_path.open("a", encoding="utf-8") as f:
-            f.writelines(json.dumps(b, ensure_ascii=False, default=str) + "\n" for b in bad)
+        write_bad_rows(bad, bad_rows_path)
     if not pairs:
         raise UserError(
             f"no usable preference pairs: all {len(bad)} rows are bad",

@@ -50,10 +50,10 @@ def test_openrlhf_style_keys(tmp_path):
     [
         ({"prompt": "q", "chosen": "a"}, "missing 'rejected'"),
         ({"prompt": "q", "chosen": "same", "rejected": "same"}, "identical"),
-        ({"prompt": "q", "chosen": " ", "rejected": "b"}, "'chosen' is empty"),
+        ({"prompt": "q", "chosen": " ", "rejected": "b"}, "'chosen' is an empty string"),
         ({"chosen": "abc", "rejected": "abcd"}, "'chosen' is empty after the shared prefix"),
         ({"prompt": "q", "chosen": "a", "rejected": "b", "margin": "big"}, "must be a number"),
-        ({"prompt": "q", "chosen": 3, "rejected": "b"}, "text or chat messages"),
+        ({"prompt": "q", "chosen": 3, "rejected": "b"}, "a string or a list of chat messages"),
     ],
 )
 def test_bad_pair_names_file_and_line(tmp_path, row, reason):

@@ -35,8 +35,14 @@ def _pairs(path, n, seed):
 def _config(tmp_path, tiny, **over):
     cfg = {
         "model": {"actor_model_name_or_path": str(tiny), "device": "cpu"},
-        "trainer": {"num_epochs": 2, "batch_size": 8, "micro_batch_size": 4,
-                    "max_length": 64, "lr": 3.0e-3, "eval_steps": 5},  # fmt: skip
+        "trainer": {
+            "num_epochs": 2,
+            "batch_size": 8,
+            "micro_batch_size": 4,
+            "max_length": 64,
+            "lr": 3.0e-3,
+            "eval_steps": 5,
+        },  # fmt: skip
         "lora": {"lora_r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
         "data": {"train_dataset": "train.jsonl", "eval_dataset": "test.jsonl"},
         "rm": {"center_rewards_coefficient": 0.01},

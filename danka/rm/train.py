@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from danka.config.schema import DankaConfig
+from danka.data.files import write_text_atomic
 from danka.data.pairs import PreferencePair, load_pairs
 from danka.errors import UserError
 from danka.rm.loss import bradley_terry_loss, pair_stats
@@ -183,18 +184,65 @@ def evaluate_pairs(model, tokenizer, pairs: _Pairs, *, batch: int, max_length: i
     return stats
 
 
+def _build_model(cfg: DankaConfig, log):
+    """``(model, tokenizer, scorer, device)``: the classifier, LoRA-wrapped unless
+    ``lora.enable_lora`` is false; ``scorer`` renders texts as ClassifierReward does."""
+    from danka.models.classifier import load_score_model
+    from danka.models.loading import pick_device, resolve_dtype
+    from danka.rewards.model import ClassifierReward
+
+    m, lora = cfg.model, cfg.lora
+    device = pick_device(m.device)
+    model, tokenizer = load_score_model(
+        m.actor_model_name_or_path, dtype=resolve_dtype(m.torch_dtype, device), device=device,
+        attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
+        tokenizer_kwargs={k: v for k, v in vars(m.tokenizer_kwargs).items() if v is not None},
+        seed=cfg.trainer.seed, log=log,
+    )  # fmt: skip
+    scorer = ClassifierReward(model, tokenizer)
+    if m.use_gradient_checkpointing:
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs=vars(m.gradient_checkpointing_kwargs)
+        )
+    if lora.enable_lora:
+        from danka.models.lora import apply_lora
+
+        model = apply_lora(model, r=lora.lora_r, alpha=lora.lora_alpha, dropout=lora.lora_dropout,
+                           target_modules=lora.target_modules, task_type="SEQ_CLS")  # fmt: skip
+        if m.use_gradient_checkpointing:
+            model.enable_input_require_grads()
+    return model, tokenizer, scorer, device
+
+
+def _train_step(model, tokenizer, train: _Pairs, idx: list[int], cfg: DankaConfig, device):
+    """Gradients of one step's pairs ``idx``, accumulated over micro-batches (the caller
+    steps the optimizer); returns the step's metrics."""
+    t, ts = cfg.trainer, time.perf_counter()
+    loss_sum, rc_all, rr_all = 0.0, [], []
+    for s in range(0, len(idx), t.micro_batch_size):
+        mi = idx[s : s + t.micro_batch_size]
+        r_c, r_r = _rewards(model, tokenizer, train, mi, t.max_length, device)
+        margin = train.margin[mi].to(device) if train.margin is not None else None
+        loss = bradley_terry_loss(r_c, r_r, margin, cfg.rm.center_rewards_coefficient)
+        (loss * len(mi) / len(idx)).backward()
+        loss_sum += float(loss.detach()) * len(mi) / len(idx)
+        rc_all.append(r_c.detach().cpu())
+        rr_all.append(r_r.detach().cpu())
+    stats = pair_stats(torch.cat(rc_all), torch.cat(rr_all))
+    return {"loss": loss_sum, "reward": stats["mean"], "accuracy": stats["accuracy"],
+            "margin": stats["margin"], "time/step": time.perf_counter() - ts}  # fmt: skip
+
+
 def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     """Run steps 1-5 of the module docstring; returns the rm_result.json content."""
     from transformers import get_scheduler
 
     from danka.logging.metrics import MetricsWriter, format_step_line
     from danka.logging.runlog import close_run_logger, setup_run_logger
-    from danka.models.classifier import load_score_model, save_score_model
-    from danka.models.loading import pick_device, resolve_dtype
-    from danka.rewards.model import ClassifierReward
+    from danka.models.classifier import save_score_model
 
     check_rm_config(cfg)
-    t, m, lora = cfg.trainer, cfg.model, cfg.lora
+    t = cfg.trainer
     out = Path(cfg.output_dir)
     if (out / "model").exists() or (out / "rm_result.json").exists():
         raise UserError(
@@ -210,29 +258,11 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     log(f"{len(train_pairs)} training pairs, {len(held_pairs)} held out, {n_bad} bad rows")
 
     # 2. model
-    device = pick_device(m.device)
-    model, tokenizer = load_score_model(
-        m.actor_model_name_or_path, dtype=resolve_dtype(m.torch_dtype, device), device=device,
-        attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
-        tokenizer_kwargs={k: v for k, v in vars(m.tokenizer_kwargs).items() if v is not None},
-        seed=t.seed, log=log,
-    )  # fmt: skip
-    scorer = ClassifierReward(model, tokenizer)
+    model, tokenizer, scorer, device = _build_model(cfg, log)
     train, held = _Pairs(train_pairs, scorer), _Pairs(held_pairs, scorer)
-    if m.use_gradient_checkpointing:
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs=vars(m.gradient_checkpointing_kwargs)
-        )
-    if lora.enable_lora:
-        from danka.models.lora import apply_lora
-
-        model = apply_lora(model, r=lora.lora_r, alpha=lora.lora_alpha, dropout=lora.lora_dropout,
-                           target_modules=lora.target_modules, task_type="SEQ_CLS")  # fmt: skip
-        if m.use_gradient_checkpointing:
-            model.enable_input_require_grads()
     params = [p for p in model.parameters() if p.requires_grad]
     log(f"training {sum(p.numel() for p in params) / 1e6:.2f}M parameters "
-        f"({'LoRA + score head' if lora.enable_lora else 'full'})")  # fmt: skip
+        f"({'LoRA + score head' if cfg.lora.enable_lora else 'full'})")  # fmt: skip
 
     # 3./4. optimisation with periodic held-out evaluation
     steps_per_epoch = len(train) // t.batch_size
@@ -261,33 +291,20 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
             if cfg.data.shuffle:
                 random.Random(t.seed + epoch).shuffle(order)
         idx, order = order[: t.batch_size], order[t.batch_size :]
-        ts = time.perf_counter()
-        loss_sum, rc_all, rr_all = 0.0, [], []
-        for s in range(0, t.batch_size, t.micro_batch_size):
-            mi = idx[s : s + t.micro_batch_size]
-            r_c, r_r = _rewards(model, tokenizer, train, mi, t.max_length, device)
-            margin = train.margin[mi].to(device) if train.margin is not None else None
-            loss = bradley_terry_loss(r_c, r_r, margin, cfg.rm.center_rewards_coefficient)
-            (loss * len(mi) / t.batch_size).backward()
-            loss_sum += float(loss.detach()) * len(mi) / t.batch_size
-            rc_all.append(r_c.detach().cpu())
-            rr_all.append(r_r.detach().cpu())
+        row = _train_step(model, tokenizer, train, idx, cfg, device)
+        if not math.isfinite(row["loss"]):
+            raise UserError(
+                f"the loss is {row['loss']} at step {step + 1}; no update was made",
+                where="trainer.lr",
+                fix="lower trainer.lr (or use model.torch_dtype: float32)",
+            )
         if t.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        batch_stats = pair_stats(torch.cat(rc_all), torch.cat(rr_all))
-        row = {"loss": loss_sum, "reward": batch_stats["mean"], "accuracy": batch_stats["accuracy"],
-               "margin": batch_stats["margin"], "lr": sched.get_last_lr()[0],
-               "time/step": time.perf_counter() - ts}  # fmt: skip
-        if not math.isfinite(loss_sum):
-            raise UserError(
-                f"the loss is {loss_sum} at step {step}",
-                where="trainer.lr",
-                fix="lower trainer.lr (or use model.torch_dtype: float32)",
-            )
+        row["lr"] = sched.get_last_lr()[0]
         metrics.write(step, row)
         if step % cfg.logging.log_interval == 0:
             log(format_step_line(step, row))
@@ -305,8 +322,6 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
               "accuracy_before": before["accuracy"], "steps": step,
               "train_pairs": len(train), "bad_rows": n_bad,
               "minutes": (time.perf_counter() - t0) / 60, "model": str(out / "model")}  # fmt: skip
-    from danka.data.files import write_text_atomic
-
     write_text_atomic(out / "rm_result.json", json.dumps(result, indent=2))
     log(f"held-out accuracy {before['accuracy']:.3f} -> {final['accuracy']:.3f} on "
         f"{final['n']} pairs; reward mean {final['mean']:.3f} std {final['std']:.3f}; "

@@ -119,3 +119,15 @@ def test_no_held_out_pairs_is_refused(tmp_path, tiny, capsys):
     path = _config(tmp_path, tiny)
     assert main(["rm", str(path), "data.eval_dataset=null"]) == 2
     assert "needs held-out pairs" in capsys.readouterr().err
+
+
+def test_the_example_config_is_a_valid_rm_config():
+    from pathlib import Path
+
+    from danka.config import load_config
+    from danka.rm.train import check_rm_config
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "rm_gsm8k.yaml"
+    cfg, _ = load_config(example, ["trainer.max_new_tokens=1"])  # as `danka rm` loads it
+    check_rm_config(cfg)
+    assert cfg.rm.center_rewards_coefficient == 0.01 and cfg.data.eval_dataset

@@ -4,7 +4,8 @@ distill`` and ``danka rm`` train and :class:`~danka.rewards.model.ClassifierRewa
 The head (``score``) of a fresh ``AutoModelForSequenceClassification`` is random; training
 it is the whole point. A saved folder holds the backbone and the TRAINED head as
 safetensors (a LoRA adapter is merged first), the tokenizer, and in ``config.json`` the
-reward mean/std measured on held-out data (``reward_mean`` / ``reward_std``) when given.
+reward mean/std measured on held-out data (``reward_mean`` / ``reward_std``) when given;
+the tokenizer keeps ``truncation_side: left``.
 """
 
 from __future__ import annotations
@@ -107,5 +108,7 @@ def save_score_model(
         model.config.reward_std = float(reward_std if reward_std is not None else 1.0)
     output.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output, safe_serialization=True)
+    # saved with the tokenizer, so a loaded reward model also keeps a long text's end
+    tokenizer.init_kwargs["truncation_side"] = tokenizer.truncation_side
     tokenizer.save_pretrained(output)
     return model

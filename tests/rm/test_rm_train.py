@@ -75,6 +75,7 @@ def test_tiny_rm_learns_to_rank_held_out_pairs_and_loads_as_classifier(tmp_path,
     assert config["reward_mean"] == pytest.approx(result["mean"])
     assert config["reward_std"] == pytest.approx(result["std"])
     rm = ClassifierReward.from_pretrained(out / "model")  # refuses an untrained head
+    assert rm.tokenizer.truncation_side == "left"  # as trained: a long text keeps its end
     scores = rm(["Item 5: rate it."] * 2, ["It is correct.", "It is wrong."])
     assert bool(scores[0] > scores[1])
 

@@ -93,6 +93,12 @@ def check_rm_config(cfg: DankaConfig) -> None:
             where="trainer.micro_batch_size",
             fix="danka rm counts both in pairs: choose a micro_batch_size that divides batch_size",
         )
+    if cfg.data.eval_dataset and cfg.data.eval_size:
+        raise UserError(
+            "both data.eval_dataset and data.eval_size are set; danka rm would use only one",
+            where="data.eval_size",
+            fix="keep data.eval_dataset (a held-out pairs file) or data.eval_size, not both",
+        )
     if not cfg.data.eval_dataset and cfg.data.eval_size < 1:
         raise UserError(
             "danka rm needs held-out pairs to measure accuracy",

@@ -109,6 +109,7 @@ def test_bad_pair_exits_2_with_file_line_and_writes_nothing(tmp_path, tiny, caps
         ("trainer.micro_batch_size=3", "not a multiple of micro_batch_size"),
         ("rm.center_rewards_coefficient=-1", "must be >= 0"),
         ("rm.rejected_key=chosen", "same column"),
+        ("data.eval_size=4", "would use only one"),
     ],
 )
 def test_settings_rm_would_ignore_or_cannot_use_exit_2(tmp_path, tiny, capsys, override, message):

@@ -125,6 +125,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--from-hub", action="store_true", help="download openai/gsm8k with datasets")
     g.add_argument("--output", required=True, help="output folder")
     g.add_argument("--limit", type=int, help="only the first N rows")
+    _gsm8k_pairs_args(sub)
     i = sub.add_parser("inspect", help="show the first batch exactly as the model will see it")
     i.add_argument("config")
     i.add_argument("overrides", nargs="*")
@@ -152,6 +153,8 @@ def _data(args) -> int:
         )
         print(info)
         return 0
+    if args.data_command == "gsm8k-pairs":
+        return _gsm8k_pairs(args)
     from danka.config import load_config
     from danka.data.inspect import describe_first_batch
     from danka.data.template import encode_prompts
@@ -175,6 +178,46 @@ def _data(args) -> int:
         instruction=cfg.data.instruction,
     )
     print(describe_first_batch(tok, rows, enc, n=args.n))
+    return 0
+
+
+# rm: `danka data gsm8k-pairs` (hooked into `danka data` above) and `danka rm`
+def _gsm8k_pairs_args(sub) -> None:
+    g = sub.add_parser("gsm8k-pairs", help="preference pairs from GSM8K (for danka rm)")
+    g.add_argument("--input", required=True, help="a GSM8K jsonl file (question/answer rows)")
+    g.add_argument("--output", required=True, help="output folder")
+    g.add_argument("--test-fraction", type=float, default=0.1, help="questions held out")
+    g.add_argument("--limit", type=int, help="only the first N rows")
+    g.add_argument("--seed", type=int, default=0, help="split and wrong-number seed")
+
+
+def _gsm8k_pairs(args) -> int:
+    from pathlib import Path
+
+    from danka.data.gsm8k_pairs import build_gsm8k_pairs
+
+    info = build_gsm8k_pairs(input_path=Path(args.input), output_dir=Path(args.output),
+                             test_fraction=args.test_fraction, limit=args.limit, seed=args.seed)  # fmt: skip
+    print(info)
+    return 0
+
+
+def _rm_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="YAML config file (same sections as danka train)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-4")
+    p.add_argument("--config_file", "--config-file", dest="config_file", help="the config file")
+    p.add_argument("--output-dir", "--output_dir", dest="output_dir", help="where results go")
+    p.add_argument("--seed", type=int, help="random seed (trainer.seed)")
+
+
+@command("rm", "train a reward model on preference pairs (Bradley-Terry)", _rm_args)
+def _rm(args) -> int:
+    from danka.rm.train import train_reward_model
+
+    # nothing is generated: max_new_tokens must not hold max_length up (validate checks it)
+    args.overrides = ["trainer.max_new_tokens=1", *args.overrides]
+    cfg, base_dir = _load_train_config(args)
+    train_reward_model(cfg, base_dir)
     return 0
 
 

@@ -113,6 +113,20 @@ class TrainerConfig:
     auto_micro_batch: bool = _f(False, "on out-of-memory in the update, halve micro_batch_size")
     max_bad_steps: int = _f(3, "non-finite steps in a row before the run stops")
     seed: int = _f(42, "random seed")
+    # rm:
+    dynamic_sampling: bool = _f(
+        False,
+        "DAPO dynamic sampling (verl filter_groups): drop groups whose rewards are all equal "
+        "and sample more prompts until the step has batch_size informative groups",
+    )
+    max_sampling_rounds: int = _f(
+        3,
+        "dynamic_sampling: generation rounds per step at most (1 = no extra round); at the "
+        "cap the step trains on the informative groups it has",
+    )
+    mask_truncated: bool = _f(
+        False, "samples that hit max_new_tokens get no loss (TRL mask_truncated_completions)"
+    )
 
 
 @dataclass
@@ -186,6 +200,15 @@ class RewardFunction:
     kwargs: dict[str, Any] = _f({}, "keyword arguments for the function")
 
 
+# rm:
+@dataclass
+class OverlongBufferConfig:
+    length: int = _f(
+        0, "DAPO soft overlong penalty over the last N tokens before max_new_tokens (0 = off)"
+    )
+    penalty: float = _f(1.0, "penalty at max_new_tokens; it grows linearly from 0 in the buffer")
+
+
 @dataclass
 class RewardConfig:
     functions: list[RewardFunction] = _f([], "rule/custom rewards (empty: from the data source)")
@@ -193,6 +216,8 @@ class RewardConfig:
     judge_template: str | None = _f(None, "judge prompt with {prompt} and {completion}")
     timeout_s: float = _f(30.0, "wall-clock limit per reward call")
     on_error: str = _f("fail", "fail | zero | skip_sample")
+    # rm:
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass
@@ -206,6 +231,17 @@ class LoggingConfig:
     result_file: str = _f("result.json", "final held-out accuracy and timing, in OUTPUT")
 
 
+# rm:
+@dataclass
+class RMConfig:
+    chosen_key: str = _f("chosen", "danka rm: column of the preferred answer (text or messages)")
+    rejected_key: str = _f("rejected", "danka rm: column of the worse answer")
+    margin_key: str = _f("margin", "danka rm: optional column with a per-pair margin (number)")
+    center_rewards_coefficient: float | None = _f(
+        None, "danka rm: weight of mean((r_c + r_r)^2), pulling rewards to mean 0 (TRL; 0.01)"
+    )
+
+
 @dataclass
 class DankaConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -217,3 +253,5 @@ class DankaConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     output_dir: str = _f("output", "where logs, metrics and checkpoints go")
+    # rm:
+    rm: RMConfig = field(default_factory=RMConfig)

@@ -277,11 +277,7 @@ def load_prompt_rows(
             bad.append({"location": where, "reason": str(err), "record": record})
 
     if bad and bad_rows_path is not None:
-        bad_rows_path = Path(bad_rows_path)
-        bad_rows_path.parent.mkdir(parents=True, exist_ok=True)
-        with bad_rows_path.open("a", encoding="utf-8") as f:
-            for item in bad:
-                f.write(json.dumps(item, ensure_ascii=False, default=str) + "\n")
+        write_bad_rows(bad, Path(bad_rows_path))
     if not rows:
         raise UserError(
             f"no usable rows: all {len(bad)} rows are bad"
@@ -290,6 +286,14 @@ def load_prompt_rows(
             "check data.format and data.prompt_key against the file's columns",
         )
     return LoadResult(rows, fmt, len(bad), bad_rows_path if bad else None)
+
+
+def write_bad_rows(bad: list[dict[str, Any]], path: Path) -> None:
+    """Append ``{"location", "reason", "record"}`` items to ``path`` as JSON lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        for item in bad:
+            f.write(json.dumps(item, ensure_ascii=False, default=str) + "\n")
 
 
 def _detect_for_file(records: list, source: str, prompt_key: str, response_key: str) -> str:

@@ -56,14 +56,16 @@ def _targets(model: nn.Module, target_modules: list[str] | str) -> list[str] | s
     return targets
 
 
-def _config(r: int, alpha: float, dropout: float, targets: list[str] | str) -> LoraConfig:
+def _config(
+    r: int, alpha: float, dropout: float, targets: list[str] | str, task_type: str = "CAUSAL_LM"
+) -> LoraConfig:
     return LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
         target_modules=targets,
         bias="none",
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
 
 
@@ -75,13 +77,16 @@ def apply_lora(
     dropout: float,
     target_modules: list[str] | str,
     adapter_name: str = "default",
+    task_type: str = "CAUSAL_LM",
 ) -> PeftModel:
     """Wrap ``model`` in a PeftModel with one LoRA adapter; only adapter weights train.
 
     Update rule of each targeted linear: ``y = W x + (alpha / r) * B A x``, ``B`` starts at 0.
+    ``task_type="SEQ_CLS"`` (a sequence classifier) also trains its score head in full.
     """
     targets = _targets(model, target_modules)
-    return get_peft_model(model, _config(r, alpha, dropout, targets), adapter_name=adapter_name)
+    config = _config(r, alpha, dropout, targets, task_type)
+    return get_peft_model(model, config, adapter_name=adapter_name)
 
 
 def add_adapter(

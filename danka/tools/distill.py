@@ -33,12 +33,6 @@ def _completion(row: PromptRow, response_key: str) -> str:
     return value
 
 
-def _resolve_student(name: str) -> str:
-    from danka.models import smollm2
-
-    return str(smollm2.ensure_converted()) if smollm2.is_smollm2_id(name) else name
-
-
 def teacher_scores(
     rows: list[PromptRow],
     completions: list[str],
@@ -76,10 +70,8 @@ def distill(
     log=print,
 ) -> dict:
     """Score ``data`` with the teacher, train the student on the scores, save it."""
-    from transformers import AutoModelForSequenceClassification
-
     from danka.data.formats import load_prompt_rows
-    from danka.models.loading import load_tokenizer
+    from danka.models.classifier import encode, load_score_model, save_score_model, score
     from danka.rewards.model import ClassifierReward
 
     if not teacher and not teacher_model:
@@ -109,10 +101,7 @@ def distill(
         f"(mean {scores.mean():.3f}, std {scores.std():.3f})"
     )
 
-    path = _resolve_student(student)
-    tokenizer = load_tokenizer(path, log=lambda *_: None)
-    torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    model, tokenizer = load_score_model(student, seed=seed)
     scorer = ClassifierReward(model, tokenizer, batch_size=batch_size, max_length=max_length)
     texts = [scorer._text(r.prompt, c) for r, c in zip(rows, completions)]
     order = list(range(len(rows)))
@@ -134,14 +123,7 @@ def distill(
         random.Random(seed + epoch).shuffle(train)
         for s in range(0, len(train), batch_size):
             idx = train[s : s + batch_size]
-            enc = tokenizer(
-                [texts[i] for i in idx],
-                padding=True,
-                truncation=True,
-                max_length=max_length,
-                return_tensors="pt",
-            )
-            pred = model(**enc).logits[:, 0].float()
+            pred = score(model, encode(tokenizer, [texts[i] for i in idx], max_length, "cpu"))
             loss = torch.nn.functional.mse_loss(pred, scores[idx])
             loss.backward()
             opt.step()
@@ -152,9 +134,7 @@ def distill(
     pred = predict(held)
     target = scores[held]
     corr = float(torch.corrcoef(torch.stack([pred, target]))[0, 1]) if len(held) > 1 else math.nan
-    output.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output, safe_serialization=True)
-    tokenizer.save_pretrained(output)
+    save_score_model(model, tokenizer, output)
     result = {
         "pairs": len(rows), "train": len(train), "held_out": len(held),
         "teacher": teacher or teacher_model, "student": student, "epochs": epochs,

@@ -1,0 +1,135 @@
+"""Preference pairs (a chosen and a rejected answer to one prompt) for reward-model training.
+
+Layouts (column names configurable, as OpenRLHF's ``--chosen_key/--rejected_key/--prompt_key``):
+
+- TRL, explicit prompt: ``{"prompt": P, "chosen": C, "rejected": R}``; ``P`` is text or chat
+  messages, ``C``/``R`` text or the assistant message(s).
+- TRL, implicit prompt: ``{"chosen": C, "rejected": R}`` where both hold the whole text or
+  conversation; the prompt is their longest shared prefix (TRL's ``extract_prompt``: per
+  character for text, per message for conversations), the answers are the rest.
+- an optional ``margin`` column (a number): the pair's loss becomes
+  ``-log sigmoid(r_c - r_r - margin)``.
+
+A bad pair (a missing or wrongly typed column, an empty answer, chosen == rejected, a
+margin that is not a number) follows ``on_bad_row`` like prompt rows do: ``error`` raises
+a UserError naming ``file:line``; ``skip`` appends it to ``bad_rows_path`` and goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from danka.data.files import read_records
+from danka.data.formats import BadRow, _prompt, write_bad_rows
+from danka.errors import UserError
+
+Text = str | list[dict[str, str]]
+
+
+@dataclass
+class PreferencePair:
+    prompt: Text  # "" when an implicit-prompt pair shares no prefix
+    chosen: Text  # the preferred answer: text, or assistant message(s)
+    rejected: Text
+    margin: float | None  # how much better chosen is (None: no margin)
+    location: str  # file:line, for messages
+
+
+def _empty(value: Text) -> bool:
+    if isinstance(value, str):
+        return not value.strip()
+    return not value or all(not m["content"].strip() for m in value)
+
+
+def split_shared_prefix(chosen: Text, rejected: Text) -> tuple[Text, Text, Text]:
+    """``(prompt, chosen_rest, rejected_rest)``: the longest shared prefix of two texts (by
+    character) or two conversations (by message), as TRL's ``extract_prompt``; a space just
+    before the split stays with the answers."""
+    if type(chosen) is not type(rejected):
+        raise BadRow("chosen and rejected must both be text or both be chat messages")
+    n = min(len(chosen), len(rejected))
+    idx = next((i for i in range(n) if chosen[i] != rejected[i]), n)
+    if isinstance(chosen, str) and 0 < idx and chosen[idx - 1] == " ":
+        idx -= 1
+    return chosen[:idx], chosen[idx:], rejected[idx:]
+
+
+def to_pair(
+    record: dict,
+    location: str,
+    *,
+    chosen_key: str = "chosen",
+    rejected_key: str = "rejected",
+    prompt_key: str = "prompt",
+    margin_key: str = "margin",
+) -> PreferencePair:
+    """One record as a pair; BadRow says what is wrong with it."""
+    chosen, rejected = _prompt(record, chosen_key), _prompt(record, rejected_key)
+    if chosen == rejected:
+        raise BadRow(f"{chosen_key!r} and {rejected_key!r} are identical")
+    implicit = record.get(prompt_key) is None
+    if implicit:
+        prompt, chosen, rejected = split_shared_prefix(chosen, rejected)
+    else:
+        prompt = _prompt(record, prompt_key)
+    for key, value in ((chosen_key, chosen), (rejected_key, rejected)):
+        if _empty(value):
+            after = " after the shared prefix (the implicit prompt)" if implicit else ""
+            raise BadRow(f"{key!r} is empty{after}")
+    margin = record.get(margin_key)
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
+        raise BadRow(f"{margin_key!r} must be a number, got {type(margin).__name__}")
+    return PreferencePair(prompt, chosen, rejected, None if margin is None else float(margin),
+                          location)  # fmt: skip
+
+
+def load_pairs(
+    source: str,
+    *,
+    chosen_key: str = "chosen",
+    rejected_key: str = "rejected",
+    prompt_key: str = "prompt",
+    margin_key: str = "margin",
+    on_bad_row: str = "error",
+    bad_rows_path: Path | None = None,
+    limit: int | None = None,
+    base_dir: Path | None = None,
+    split: str = "train",
+    dataset_type: str | None = None,
+) -> tuple[list[PreferencePair], int]:
+    """``(pairs, n_bad)`` from ``source`` (any file :func:`~danka.data.files.read_records`
+    reads). ``limit`` stops after that many good pairs; all pairs bad -> UserError."""
+    skip = on_bad_row == "skip"
+    bad_lines: list[tuple[str, str]] | None = [] if skip else None
+    records = read_records(
+        source, base_dir=base_dir, split=split, dataset_type=dataset_type, bad_lines=bad_lines
+    )
+    bad = [{"location": w, "reason": r, "record": None} for w, r in bad_lines or []]
+    pairs: list[PreferencePair] = []
+    keys = dict(chosen_key=chosen_key, rejected_key=rejected_key, prompt_key=prompt_key,
+                margin_key=margin_key)  # fmt: skip
+    for where, record in records:
+        if limit is not None and len(pairs) >= limit:
+            break
+        try:
+            pairs.append(to_pair(record, where, **keys))
+        except BadRow as err:
+            if not skip:
+                raise UserError(
+                    f"bad preference pair: {err}; the row has keys {sorted(record)}",
+                    where,
+                    f"fix or remove the row, set rm.chosen_key / rm.rejected_key / "
+                    f"data.prompt_key to the file's columns (now {chosen_key!r}, "
+                    f"{rejected_key!r}, {prompt_key!r}), or set data.on_bad_row: skip",
+                ) from None
+            bad.append({"location": where, "reason": str(err), "record": record})
+    if bad and bad_rows_path is not None:
+        write_bad_rows(bad, bad_rows_path)
+    if not pairs:
+        raise UserError(
+            f"no usable preference pairs: all {len(bad)} rows are bad",
+            source,
+            f"each row needs {chosen_key!r} and {rejected_key!r} (rm.chosen_key/rejected_key)",
+        )
+    return pairs, len(bad)

@@ -1,0 +1,1 @@
+"""Reward-model training from preference pairs (``danka rm``)."""

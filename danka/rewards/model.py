@@ -57,8 +57,9 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 class ClassifierReward:
     """Score = the classifier's output on (prompt, completion).
 
-    ``num_labels == 1``: the raw logit (a Bradley-Terry reward, Ouyang et al. 2022,
-    https://arxiv.org/abs/2203.02155). ``num_labels >= 2``: the PROBABILITY (softmax,
+    ``num_labels == 1``: the logit (a Bradley-Terry reward, Ouyang et al. 2022,
+    https://arxiv.org/abs/2203.02155), normalised as ``(logit - reward_mean) / reward_std``
+    when the model's config records them (``danka rm`` does), else raw. ``num_labels >= 2``: the PROBABILITY (softmax,
     in [0, 1]) of ``positive_label`` (an index, or a name looked up in
     ``config.label2id``). The text is the tokenizer's chat template over
     [user: prompt, assistant: completion] when it has one, else ``prompt + completion``.
@@ -87,6 +88,9 @@ class ClassifierReward:
         if num_labels >= 2 and not 0 <= positive_label < num_labels:
             raise UserError(f"positive_label {positive_label} out of range for {num_labels} labels")
         self.positive_label = int(positive_label)
+        std = float(getattr(model.config, "reward_std", None) or 1.0)
+        self.reward_mean = float(getattr(model.config, "reward_mean", None) or 0.0)
+        self.reward_std = std if std > 0 else 1.0
         if tokenizer.pad_token_id is None:  # batching needs a pad token
             tokenizer.pad_token = tokenizer.eos_token
         if getattr(model.config, "pad_token_id", None) is None:
@@ -151,7 +155,7 @@ class ClassifierReward:
                     input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]
                 ).logits.float()
                 if logits.shape[-1] == 1:
-                    out.append(logits[:, 0])
+                    out.append((logits[:, 0] - self.reward_mean) / self.reward_std)
                 else:
                     out.append(logits.softmax(-1)[:, self.positive_label])
         return torch.cat(out) if out else torch.zeros(0, device=device)

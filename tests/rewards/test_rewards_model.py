@@ -77,6 +77,17 @@ def test_classifier_two_labels_gives_positive_probability():
     assert scores.item() == pytest.approx(expected.item(), abs=1e-6)
 
 
+def test_classifier_normalises_with_recorded_mean_and_std():
+    # danka rm records the held-out reward mean/std in the config; the score is then
+    # (logit - mean) / std, e.g. logit l, mean 0.5, std 2 -> (l - 0.5) / 2
+    model = LlamaForSequenceClassification(tiny_config(num_labels=1))
+    tok = tiny_tokenizer()
+    raw = ClassifierReward(model, tok)(PROMPTS[:2], COMPLETIONS[:2])
+    model.config.reward_mean, model.config.reward_std = 0.5, 2.0
+    normalised = ClassifierReward(model, tok)(PROMPTS[:2], COMPLETIONS[:2])
+    assert torch.allclose(normalised, (raw - 0.5) / 2.0, atol=1e-6)
+
+
 def test_classifier_without_head_is_refused(tmp_path):
     # a causal LM checkpoint has no `score.*` weights: transformers would init them randomly
     LlamaForCausalLM(tiny_config()).save_pretrained(tmp_path)

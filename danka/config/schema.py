@@ -102,7 +102,9 @@ class TrainerConfig:
     temperature: float = _f(1.0, "sampling temperature for rollouts")
     top_p: float = _f(1.0, "nucleus sampling")
     top_k: int = _f(0, "top-k sampling (0 = off)")
-    save_steps: int = _f(0, "checkpoint every K steps (0 = only at the end)")
+    save_steps: int | None = _f(
+        None, "checkpoint every K steps (null = every 10% of the run; 0 = only at the end)"
+    )
     keep_last: int | None = _f(None, "keep only the newest N checkpoints")
     eval_steps: int = _f(0, "held-out evaluation every K steps (0 = start and end only)")
     eval_max_new_tokens: int | None = _f(
@@ -113,6 +115,14 @@ class TrainerConfig:
     auto_micro_batch: bool = _f(False, "on out-of-memory in the update, halve micro_batch_size")
     max_bad_steps: int = _f(3, "non-finite steps in a row before the run stops")
     seed: int = _f(42, "random seed")
+    # seed:
+    save_minutes: float | None = _f(
+        None, "also checkpoint when this many minutes passed since the last save (null = off)"
+    )
+    tf32: bool = _f(
+        False, "TF32 matmuls on Ampere+ GPUs (torch.set_float32_matmul_precision('high'))"
+    )
+    compile: bool = _f(False, "torch.compile the training forward (CUDA; refused elsewhere)")
 
 
 @dataclass

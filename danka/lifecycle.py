@@ -2,7 +2,8 @@
 
 - :class:`RunLock` makes a run the only one writing into its output dir. The lock is an
   ``flock`` on ``OUTPUT/.danka.lock`` (the kernel drops it when the process dies, so a
-  killed run never blocks the next one); the file holds the owner's pid. A second live run
+  killed run never blocks the next one); the file holds the owner's pid and is removed
+  when the run ends. A second live run
   gets a UserError (exit 2) naming that pid; a lock file left by a dead run is taken over
   with a warning.
 - :class:`StopRequest` turns SIGTERM/SIGINT into a flag the loop polls at a safe point (after
@@ -77,19 +78,27 @@ class RunLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                pid = self._read_pid()
+                who = f"pid {pid}" if pid else "another process"
+                raise UserError(
+                    f"another danka run ({who}) is using this output_dir",
+                    where=str(self.path.parent),
+                    fix=f"wait for it to finish or stop it (kill {pid or 'PID'}), or use a "
+                    "different --output_dir",
+                ) from None
+            try:  # the holder may have removed the file between our open and flock
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
             os.close(fd)
-            pid = self._read_pid()
-            who = f"pid {pid}" if pid else "another process"
-            raise UserError(
-                f"another danka run ({who}) is using this output_dir",
-                where=str(self.path.parent),
-                fix=f"wait for it to finish or stop it (kill {pid or 'PID'}), or use a "
-                "different --output_dir",
-            ) from None
         old = self._read_pid()
         if old and old != os.getpid():
             self.took_over = old
@@ -102,12 +111,13 @@ class RunLock:
         return self
 
     def release(self) -> None:
+        """Remove the lock file, then unlock (a waiting ``acquire`` re-checks the inode)."""
         if self._fd is None:
             return
         import fcntl
 
         try:
-            os.ftruncate(self._fd, 0)  # an empty file = nobody's lock (no stale warning)
+            self.path.unlink(missing_ok=True)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)

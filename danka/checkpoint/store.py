@@ -18,6 +18,7 @@ the previous checkpoint usable and the new one either complete or visibly incomp
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -44,6 +45,15 @@ TRAINER_STATE_NAME = "trainer_state.pt"
 CONFIG_NAME = "config.json"
 _CKPT_RE = re.compile(r"^checkpoint_(\d+)$")
 _RESUME_FIX = "resume from another checkpoint (--resume PATH) or use `--resume auto`"
+_TMP_RE = re.compile(r"^\.tmp-(old-)?checkpoint_\d+-[0-9a-f]{8}$")
+PARTS_NAME = "parts.json"  # in state/checkpoint_<step>: the parts this save wrote (ours)
+
+
+class CheckpointDiskFull(UserError):
+    """The disk filled up while a checkpoint was written: a training fault (exit code 3);
+    the temporary files are removed and the previous checkpoint is untouched."""
+
+    exit_code = 3
 
 
 @dataclass
@@ -105,11 +115,15 @@ def _hash_tree(root: Path) -> dict[str, dict[str, Any]]:
 
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
@@ -144,9 +158,11 @@ def save_checkpoint(
 
     ``writers[part](folder)`` writes that part's files (e.g. ``model.save_pretrained``) into
     ``folder``; ``trainer_state`` (tensors, numbers, strings, lists, dicts only) goes to
-    ``state/checkpoint_<step>/trainer_state.pt``; ``config`` (the resolved config) to
-    ``config.json`` next to it. An older ``checkpoint_<step>`` (a crashed attempt) is
-    replaced; ``keep_last=N`` then deletes complete checkpoints older than the newest N.
+    ``state/checkpoint_<step>/trainer_state.pt``; ``config`` (the resolved config, secrets
+    masked) to ``config.json`` next to it. An older ``checkpoint_<step>`` (a crashed attempt)
+    is replaced; ``keep_last=N`` then deletes danka's complete checkpoints older than the
+    newest N. A full disk raises :class:`CheckpointDiskFull` (exit 3) with the space needed,
+    after removing every temporary file.
     """
     output_dir = Path(output_dir)
     if STATE_PART in writers:
@@ -156,55 +172,105 @@ def save_checkpoint(
 
     def write_state(folder: Path) -> None:
         torch.save(trainer_state, folder / TRAINER_STATE_NAME)
+        (folder / PARTS_NAME).write_text(json.dumps(sorted(all_writers)), encoding="utf-8")
         if config is not None:
+            from danka.config.secrets import mask_secrets
+
             (folder / CONFIG_NAME).write_text(
-                json.dumps(config, indent=2, sort_keys=True, default=str), encoding="utf-8"
+                json.dumps(mask_secrets(config), indent=2, sort_keys=True, default=str),
+                encoding="utf-8",
             )
 
     all_writers = {**writers, STATE_PART: write_state}
-    # 1. write every part into its temporary folder and fsync it
     tmp_dirs: dict[str, Path] = {}
     try:
+        # 1. write every part into its temporary folder and fsync it
         for part, writer in all_writers.items():
             part_root = output_dir / part
-            part_root.mkdir(parents=True, exist_ok=True)
+            if not part_root.is_dir():
+                part_root.mkdir(parents=True, exist_ok=True)
+                _fsync_dir(output_dir)
             tmp = part_root / f".tmp-{name}-{suffix}"
             tmp.mkdir()
             tmp_dirs[part] = tmp
             writer(tmp)
             _fsync_tree(tmp)
+        parts = {
+            part: {"dir": f"{part}/{name}", "files": _hash_tree(tmp)}
+            for part, tmp in tmp_dirs.items()
+        }
+        # 2. an older attempt at this step loses its manifest first, so it is never
+        #    "complete" while its parts are being swapped
+        state_final = output_dir / STATE_PART / name
+        old_manifest = state_final / MANIFEST_NAME
+        if old_manifest.exists():
+            old_manifest.unlink()
+            _fsync_dir(state_final)
+        for part, tmp in tmp_dirs.items():
+            final = output_dir / part / name
+            if final.exists():
+                trash = final.with_name(f".tmp-old-{name}-{suffix}")
+                os.replace(final, trash)
+                _fsync_dir(final.parent)
+                shutil.rmtree(trash, ignore_errors=True)
+            os.replace(tmp, final)
+            _fsync_dir(final.parent)
+        # 3. the manifest, last and atomically
+        _write_manifest(state_final, step, config_hash, parts)
+    except OSError as err:
+        for tmp in tmp_dirs.values():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_full(output_dir, step, parts_written=tmp_dirs) from err
+        raise
     except BaseException:
         for tmp in tmp_dirs.values():
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    parts = {
-        part: {"dir": f"{part}/{name}", "files": _hash_tree(tmp)} for part, tmp in tmp_dirs.items()
-    }
-
-    # 2. an older attempt at this step loses its manifest first, so it is never "complete"
-    #    while its parts are being swapped
-    state_final = output_dir / STATE_PART / name
-    old_manifest = state_final / MANIFEST_NAME
-    if old_manifest.exists():
-        old_manifest.unlink()
-        _fsync_dir(state_final)
-    for part, tmp in tmp_dirs.items():
-        final = output_dir / part / name
-        if final.exists():
-            trash = final.with_name(f".tmp-old-{name}-{suffix}")
-            os.replace(final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
-
-    # 3. the manifest, last and atomically
-    _write_manifest(state_final, step, config_hash, parts)
-    log.info("Saved checkpoint %d to %s", step, state_final)
+    size = checkpoint_size(state_final)
+    log.info("Saved checkpoint %d to %s (%s)", step, state_final, format_size(size))
 
     _sweep_tmp(output_dir)  # leftovers of writes a crash interrupted
     if keep_last is not None:
         _prune(output_dir, keep_last, keep_step=step)
     return state_final
+
+
+def format_size(n_bytes: int) -> str:
+    """``1536`` -> ``"1.5 KB"`` (powers of 1024, like ``du -h``)."""
+    size = float(n_bytes)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"  # pragma: no cover
+
+
+def checkpoint_size(state_dir: Path) -> int:
+    """Bytes of every file the manifest of ``state_dir`` lists (all parts): what ``du``
+    would show for the checkpoint, e.g. ~150 MB for a 7B LoRA adapter."""
+    manifest = _read_manifest(state_dir)
+    return sum(meta["size"] for info in manifest.parts.values() for meta in info["files"].values())
+
+
+def _disk_full(output_dir: Path, step: int, parts_written: dict) -> CheckpointDiskFull:
+    """The message for a full disk: how much a checkpoint needs and how much is free."""
+    done = complete_checkpoints(output_dir)
+    need = 0
+    if done:
+        try:
+            need = checkpoint_size(done[0])
+        except UserError:
+            need = 0
+    free = shutil.disk_usage(output_dir).free
+    needed = f"about {format_size(need)} free" if need else "more free space"
+    return CheckpointDiskFull(
+        f"no space left on the device while saving checkpoint {step}: a checkpoint needs "
+        f"{needed}, {format_size(free)} is free; the partial save was removed",
+        where=str(output_dir),
+        fix="free disk space (or lower trainer.keep_last, or move output_dir), then "
+        "continue with --resume auto",
+    )
 
 
 def _write_manifest(state_dir: Path, step: int, config_hash: str, parts: dict) -> None:
@@ -218,20 +284,42 @@ def _write_manifest(state_dir: Path, step: int, config_hash: str, parts: dict) -
     _atomic_write_text(state_dir / MANIFEST_NAME, json.dumps(manifest, indent=2))
 
 
-def _delete_checkpoint(output_dir: Path, state_dir: Path) -> None:
-    """Remove the manifest first (so a crash mid-delete leaves an incomplete checkpoint)."""
+def _own_parts(state_dir: Path) -> set[str] | None:
+    """The part names danka wrote for this checkpoint (from its manifest, else from
+    ``parts.json``); None if neither names them: then the folder is not danka's."""
+    for reader in (
+        lambda: set(_read_manifest(state_dir).parts),
+        lambda: set(json.loads((state_dir / PARTS_NAME).read_text(encoding="utf-8"))),
+    ):
+        try:
+            parts = reader()
+        except (UserError, OSError, ValueError, TypeError):
+            continue
+        if all(isinstance(p, str) and _safe_name(p) for p in parts):
+            return parts | {STATE_PART}
+    return None
+
+
+def _safe_name(part: str) -> bool:
+    return bool(part) and "/" not in part and "\\" not in part and part not in (".", "..")
+
+
+def _delete_checkpoint(output_dir: Path, state_dir: Path) -> bool:
+    """Remove danka's checkpoint ``state_dir`` and its parts (manifest first, so a crash
+    mid-delete leaves an incomplete checkpoint, state last). A folder danka did not write
+    (no manifest, no parts.json) is left alone; returns whether it was deleted."""
+    parts = _own_parts(state_dir)
+    if parts is None:
+        return False
     name = state_dir.name
-    parts = {STATE_PART}
     manifest = state_dir / MANIFEST_NAME
     if manifest.exists():
-        try:
-            parts |= set(json.loads(manifest.read_text(encoding="utf-8"))["parts"])
-        except (ValueError, KeyError):
-            pass
         manifest.unlink()
         _fsync_dir(state_dir)
     for part in sorted(parts - {STATE_PART}) + [STATE_PART]:
         shutil.rmtree(output_dir / part / name, ignore_errors=True)
+    _fsync_dir(output_dir / STATE_PART)
+    return True
 
 
 def complete_checkpoints(output_dir: Path) -> list[Path]:
@@ -240,43 +328,46 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
     return [d for d in _state_dirs(output_dir) if (d / MANIFEST_NAME).exists()]
 
 
-def delete_checkpoints_after(output_dir: Path, step: int) -> list[str]:
-    """Delete every checkpoint newer than ``step`` (manifest first); returns their names."""
+def newer_checkpoints(output_dir: Path, step: int) -> list[str]:
+    """Names of danka's checkpoints newer than ``step`` (complete or not), oldest first."""
     newer = [d for d in _state_dirs(output_dir) if _step_of(d) > step]
-    for d in newer:
-        _delete_checkpoint(output_dir, d)
-    return [d.name for d in newer]
+    return [d.name for d in reversed(newer) if _own_parts(d) is not None]
+
+
+def delete_checkpoints_after(output_dir: Path, step: int) -> list[str]:
+    """Delete every danka checkpoint newer than ``step`` (manifest first); returns their
+    names."""
+    newer = [d for d in _state_dirs(output_dir) if _step_of(d) > step]
+    return [d.name for d in newer if _delete_checkpoint(output_dir, d)]
 
 
 def _sweep_tmp(output_dir: Path) -> None:
+    """Remove temporary folders a crashed save left: only danka's exact temporary names
+    (``.tmp-checkpoint_<N>-<8 hex>``, ``.tmp-old-...``) one level below the output dir.
+    (Another run's save in progress cannot be hit: RunLock allows one run per dir.)"""
     for part_root in Path(output_dir).iterdir():
-        if part_root.is_dir():
-            for pattern in (".tmp-checkpoint_*", ".tmp-old-checkpoint_*"):
-                for stale in part_root.glob(pattern):
-                    shutil.rmtree(stale, ignore_errors=True)
+        if not part_root.is_dir():
+            continue
+        for stale in part_root.iterdir():
+            if _TMP_RE.match(stale.name) and stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
 
 
 def _prune(output_dir: Path, keep_last: int, keep_step: int) -> None:
     """Keep the newest ``keep_last`` complete checkpoints (always ``keep_step``); drop
-    incomplete checkpoints and orphaned parts older than ``keep_step``."""
+    danka's incomplete checkpoints older than ``keep_step``. Folders danka did not write
+    (a ``checkpoint_<N>`` without manifest or parts.json) are never touched."""
     complete = complete_checkpoints(output_dir)
     kept = 0
     for d in complete:  # newest first
         if _step_of(d) == keep_step or kept < max(keep_last, 1):
             kept += 1
             continue
-        log.info("Deleting old checkpoint %s (keep_last=%d)", d.name, keep_last)
-        _delete_checkpoint(output_dir, d)
+        if _delete_checkpoint(output_dir, d):
+            log.info("Deleted old checkpoint %s (keep_last=%d)", d.name, keep_last)
     for d in _state_dirs(output_dir):
         if not (d / MANIFEST_NAME).exists() and _step_of(d) < keep_step:
             _delete_checkpoint(output_dir, d)
-    for part_root in Path(output_dir).iterdir():
-        if part_root.is_dir():
-            for orphan in part_root.glob("checkpoint_*"):  # a part whose state was deleted
-                step = _step_of(orphan)
-                state = output_dir / STATE_PART / orphan.name
-                if step is not None and step < keep_step and not state.exists():
-                    shutil.rmtree(orphan, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- find / verify / load
@@ -294,7 +385,7 @@ def _read_manifest(state_dir: Path) -> Manifest:
         )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        return Manifest(
+        manifest = Manifest(
             step=int(raw["step"]),
             config_hash=str(raw["config_hash"]),
             parts=dict(raw["parts"]),
@@ -302,12 +393,39 @@ def _read_manifest(state_dir: Path) -> Manifest:
             time=str(raw.get("time", "?")),
             state_dir=state_dir.resolve(),
         )
-    except (ValueError, KeyError, TypeError) as err:
+        _check_parts(manifest, state_dir.name)
+        return manifest
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        detail = f"missing {err}" if isinstance(err, KeyError) else str(err)
         raise UserError(
-            f"checkpoint {state_dir} is incomplete or corrupted ({MANIFEST_NAME} unreadable: {err})",
+            f"checkpoint {state_dir} is incomplete or corrupted ({MANIFEST_NAME} "
+            f"malformed: {detail})",
             where=str(path),
             fix=_RESUME_FIX,
         ) from err
+
+
+def _check_parts(manifest: Manifest, name: str) -> None:
+    """ValueError unless every part is ``<part>/<name>`` and every file name is relative and
+    stays inside its part (why: the manifest decides what resume reads and what pruning
+    deletes; an absolute or ``..`` name would reach outside the output dir)."""
+    if manifest.step != _step_of(Path(name)):
+        raise ValueError(f"step {manifest.step} does not match the folder {name}")
+    if STATE_PART not in manifest.parts:
+        raise ValueError(f"no {STATE_PART!r} part")
+    for part, info in manifest.parts.items():
+        if not _safe_name(part):
+            raise ValueError(f"part name {part!r} is not a plain folder name")
+        if info["dir"] != f"{part}/{name}":
+            raise ValueError(f"part {part!r} points to {info['dir']!r}, not {part}/{name}")
+        files = info["files"]
+        if not isinstance(files, dict):
+            raise ValueError(f"part {part!r}: 'files' is not a mapping")
+        for rel, meta in files.items():
+            p = Path(rel)
+            if p.is_absolute() or ".." in p.parts or not rel or rel.startswith(("/", "\\")):
+                raise ValueError(f"part {part!r}: file name {rel!r} leaves the checkpoint")
+            int(meta["size"]), str(meta["sha256"])
 
 
 def verify_checkpoint(state_dir: Path) -> Manifest:

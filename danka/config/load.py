@@ -236,6 +236,7 @@ def load_config(
     path: str | Path | None, overrides: list[str] | None = None
 ) -> tuple[DankaConfig, Path]:
     """Read, override, type-check and validate. Returns the config and its base folder."""
+    from danka.config.compat import apply_fallbacks
     from danka.config.validate import validate
 
     if path is None:
@@ -248,6 +249,7 @@ def load_config(
     config = build_dataclass(DankaConfig, data, source)
     base_dir = cfg_path.parent.resolve() if cfg_path else Path.cwd()
     validate(config, source)
+    apply_fallbacks(config)  # seed keys that cannot work here: one warning each, see compat
     return config, base_dir
 
 

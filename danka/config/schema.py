@@ -102,7 +102,9 @@ class TrainerConfig:
     temperature: float = _f(1.0, "sampling temperature for rollouts")
     top_p: float = _f(1.0, "nucleus sampling")
     top_k: int = _f(0, "top-k sampling (0 = off)")
-    save_steps: int = _f(0, "checkpoint every K steps (0 = only at the end)")
+    save_steps: int | None = _f(
+        None, "checkpoint every K steps (null = every 10% of the run; 0 = only at the end)"
+    )
     keep_last: int | None = _f(None, "keep only the newest N checkpoints")
     eval_steps: int = _f(0, "held-out evaluation every K steps (0 = start and end only)")
     eval_max_new_tokens: int | None = _f(
@@ -127,6 +129,14 @@ class TrainerConfig:
     mask_truncated: bool = _f(
         False, "samples that hit max_new_tokens get no loss (TRL mask_truncated_completions)"
     )
+    # seed:
+    save_minutes: float | None = _f(
+        None, "also checkpoint when this many minutes passed since the last save (null = off)"
+    )
+    tf32: bool = _f(
+        False, "TF32 matmuls on Ampere+ GPUs (torch.set_float32_matmul_precision('high'))"
+    )
+    compile: bool = _f(False, "torch.compile the training forward (CUDA; refused elsewhere)")
 
 
 @dataclass

@@ -31,7 +31,7 @@ _NOT_SECRET = re.compile(
     r"|^(bos|eos|pad|unk|sep|cls|mask)_token|tokeni[sz]er|_tokens$|^num_.*tokens?"
     r"|^tokens?_per_|^chat_template"
     r"|^(answer|prompt|label|response|text|input|output|image|query|chosen|rejected"
-    r"|solution|sort|group|column|reward|data|source|id|index|messages?|split|name)_key$"
+    r"|solution|sort|group|column|reward|data|source|id|index|messages?|split|name|margin)_key$"
 )
 
 

@@ -21,6 +21,22 @@ ALGORITHMS = {
     "gspo": "grpo",
 }
 GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"}
+# short dtype names accepted everywhere a dtype is named (config, --dtype of the tools)
+DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float": "float32",
+}
+
+
+def canonical_dtype(name: str) -> str:
+    """``bf16`` -> ``bfloat16``, ``fp16`` -> ``float16``, ``fp32`` -> ``float32``; other
+    names pass through (lower-cased)."""
+    return DTYPE_ALIASES.get(name.lower(), name.lower())
+
+
 CHOICES = {
     "model.torch_dtype": {"auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"},
     "model.reward_model_type": {"auto", "classifier", "judge"},
@@ -62,11 +78,14 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
 
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
+        if key == "model.torch_dtype" and isinstance(value, str):
+            value = canonical_dtype(value)
         if value not in allowed:
             shown = ", ".join(sorted(str(a) for a in allowed if a is not None))
             fail(key, f"{value!r} is not a valid value", f"use one of: {shown}")
 
     m, t, d = cfg.model, cfg.trainer, cfg.data
+    m.torch_dtype = canonical_dtype(m.torch_dtype)  # the loaders know the long names only
     if not m.actor_model_name_or_path:
         fail(
             "model.actor_model_name_or_path",
@@ -233,6 +252,12 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
             "a sequence must fit one packed row",
             "raise data.max_packed_length",
         )
+    if t.save_steps is not None and t.save_steps < 0:
+        fail("trainer.save_steps", "must be >= 0 or null", "null = every 10% of the run")
+    if t.save_minutes is not None and t.save_minutes <= 0:
+        fail("trainer.save_minutes", "must be > 0 or null", "e.g. 30")
+    if t.keep_last is not None and t.keep_last < 1:
+        fail("trainer.keep_last", "must be >= 1 or null", "e.g. 3 (null keeps every checkpoint)")
     if cfg.logging.log_interval < 1:
         fail("logging.log_interval", "must be >= 1", "e.g. 1 or 10")
     # rm: dynamic sampling, overlong shaping, truncated-sample masking, reward-model training

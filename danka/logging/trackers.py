@@ -174,7 +174,12 @@ def build_trackers(
     log: logging.Logger,
 ) -> list[Tracker]:
     """The trackers the config asks for. Missing packages are checked first, so a
-    UserError comes before any tracker starts; failing services only warn."""
+    UserError comes before any tracker starts; failing services only warn. Secrets in
+    ``config`` (keys named like token/key/secret/password) are masked before any tracker
+    sees it."""
+    from danka.config.secrets import mask_secrets
+
+    config = mask_secrets(config)
     if wandb_project:
         _import_extra("wandb", "wandb", "wandb_project")
     if mlflow_experiment:

@@ -38,6 +38,9 @@ _SENTINEL = "DANKA_SENTINEL_REPLY"
 
 def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
     """``"auto"`` -> bfloat16 on a CUDA GPU that supports it, else float32; or the named dtype."""
+    from danka.config.validate import canonical_dtype
+
+    name = canonical_dtype(name)
     if name == "auto":
         dev = torch.device(device)
         if dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
@@ -46,8 +49,8 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
     if name not in DTYPES:
         raise UserError(
             f"unknown dtype {name!r}",
-            where="model.dtype",
-            fix=f"use one of: auto, {', '.join(DTYPES)}",
+            where="model.torch_dtype",
+            fix=f"use one of: auto, {', '.join(DTYPES)} (or bf16, fp16, fp32)",
         )
     return DTYPES[name]
 
@@ -267,8 +270,8 @@ def _check_attn(attn: str, dtype: torch.dtype) -> None:
     if dtype not in (torch.bfloat16, torch.float16):
         raise UserError(
             f"flash_attention_2 needs bfloat16 or float16, not {dtype_name(dtype)}",
-            where="model.dtype",
-            fix="set model.dtype=bfloat16 or use attn_implementation=sdpa",
+            where="model.torch_dtype",
+            fix="set model.torch_dtype: bfloat16 or use model.attn_implementation: sdpa",
         )
 
 

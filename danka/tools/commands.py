@@ -206,7 +206,12 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter", required=True, help="LoRA adapter folder")
     p.add_argument("--output", required=True, help="new folder for the merged model")
     p.add_argument("--model", help="base model (default: the adapter's base_model_name_or_path)")
-    p.add_argument("--dtype", default="bf16", help="bf16 | fp16 | fp32 (dtype of the saved model)")
+    p.add_argument(
+        "--dtype",
+        default="trained",
+        help="trained (default: the dtype the adapter was trained in, fp32 for a CPU run) | "
+        "bf16 | fp16 | fp32 | auto",
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
 

@@ -120,6 +120,59 @@ def _importable(module: str) -> tuple[bool, str]:
     return True, "available"
 
 
+FLASH_REINSTALL = (
+    "reinstall it for this torch/CUDA: pip uninstall -y flash-attn && "
+    "pip install flash-attn --no-build-isolation"
+)
+
+
+def flash_attention_check() -> Check:
+    """FlashAttention-2 (the seed story's failure 2: a broken build "falls back to slow
+    kernels"): not installed, installed but broken (a wheel for another torch/CUDA), a GPU
+    older than Ampere, or a kernel call that fails. danka uses sdpa whenever it cannot."""
+    import torch
+
+    name = "FlashAttention-2"
+    if importlib.util.find_spec("flash_attn") is None:
+        return Check(
+            name,
+            "info",
+            "flash-attn not installed: danka uses sdpa attention",
+            "optional; pip install danka[flash] (needs a CUDA GPU, Ampere or newer)",
+        )
+    ok, detail = _importable("flash_attn")
+    if not ok:
+        return Check(name, "fail", f"flash-attn {detail}", FLASH_REINSTALL)
+    version = _version("flash-attn") or "?"
+    if not torch.cuda.is_available():
+        return Check(
+            name,
+            "info",
+            f"flash-attn {version}, but no CUDA GPU: sdpa is used",
+            "FlashAttention-2 runs on CUDA GPUs only",
+        )
+    major, minor = torch.cuda.get_device_capability(0)
+    if major < 8:
+        return Check(
+            name,
+            "warn",
+            f"flash-attn {version}, but this GPU is compute capability {major}.{minor}; "
+            "FlashAttention-2 needs 8.0+ (Ampere, Ada, Hopper)",
+            "set model.use_flash_attention_2: false (danka then uses sdpa)",
+        )
+    try:  # one tiny kernel call: a build for another architecture fails here
+        from flash_attn import flash_attn_func
+
+        q = torch.zeros(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+        flash_attn_func(q, q, q, causal=True)
+        torch.cuda.synchronize()
+    except Exception as err:  # noqa: BLE001 - a broken kernel raises anything
+        return Check(
+            name, "fail", f"flash-attn {version} kernel call failed: {err}"[:200], FLASH_REINSTALL
+        )
+    return Check(name, "ok", f"flash-attn {version}, kernel runs on GPU 0 ({major}.{minor})")
+
+
 def _optional_checks() -> list[Check]:
     import torch
 
@@ -132,8 +185,8 @@ def _optional_checks() -> list[Check]:
             "" if sdpa else "upgrade torch to >= 2.4",
         )
     ]
+    checks.append(flash_attention_check())
     optional = (
-        ("flash_attn", "flash-attn", "optional; pip install danka[flash]"),
         ("liger_kernel", "liger-kernel", "optional; pip install danka[liger]"),
         ("bitsandbytes", "bitsandbytes", "optional (4/8-bit base weights); pip install danka[bnb]"),
         (

@@ -46,6 +46,34 @@ def human_size(n: float) -> str:
     return f"{n:.1f}T"
 
 
+def trained_dtype(adapter: str | Path) -> str | None:
+    """The dtype the base ran in while ``adapter`` (``OUTPUT/actor/checkpoint_N``) was
+    trained: the run's ``Loaded model ... with DTYPE`` log line (it says what ``auto``
+    became), else the checkpoint's ``model.torch_dtype`` unless it is ``auto``; None for an
+    adapter danka did not train."""
+    import json
+    import re
+
+    from danka.config.validate import canonical_dtype
+
+    adapter = Path(adapter).expanduser().resolve()
+    run_dir = adapter.parent.parent
+    log = run_dir / "logs" / "train.log"
+    if adapter.parent.name == "actor" and log.is_file():
+        found = re.findall(r"^\[INFO\] Loaded model .* with (\w+)$", log.read_text(), re.M)
+        if found:
+            return canonical_dtype(found[0])
+    config = run_dir / "state" / adapter.name / "config.json"
+    if config.is_file():
+        try:
+            name = json.loads(config.read_text())["model"]["torch_dtype"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        if isinstance(name, str) and canonical_dtype(name) != "auto":
+            return canonical_dtype(name)
+    return None
+
+
 def check_ids(tokenizer: Any) -> list[torch.Tensor]:
     """A few fixed texts as ``(1, T)`` id tensors (each its own forward: no padding)."""
     return [torch.tensor([tokenizer(t)["input_ids"]]) for t in CHECK_TEXTS]
@@ -67,7 +95,7 @@ def export_merged(
     output: str | Path,
     *,
     model: str | None = None,
-    dtype: str = "bfloat16",
+    dtype: str = "trained",
     device: str = "auto",
     overwrite: bool = False,
     log: Any = print,
@@ -97,6 +125,8 @@ def export_merged(
             fix="choose a new --output folder (or pass --overwrite)",
         )
     dev = pick_device(device, where="--device")
+    if dtype == "trained":  # the dtype the adapter was trained in (fp32 for a CPU run)
+        dtype = trained_dtype(adapter) or "auto"
     torch_dtype = resolve_dtype(canonical_dtype(dtype), dev)
     name = dtype_name(torch_dtype)
     has_tok = (adapter / "tokenizer_config.json").is_file()

@@ -17,23 +17,12 @@ from typing import Any, TextIO
 
 import torch
 
+from danka.config.validate import canonical_dtype
 from danka.errors import UserError
 from danka.models.loading import pick_device, stop_ids
 from danka.types import PromptRow
 
-DTYPE_ALIASES = {
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-    "fp32": "float32",
-    "float": "float32",
-}
 EXIT_WORDS = ("/exit", "/quit")
-
-
-def canonical_dtype(name: str) -> str:
-    """``bf16`` -> ``bfloat16`` etc.; other names pass through to ``resolve_dtype``."""
-    return DTYPE_ALIASES.get(name.lower(), name.lower())
 
 
 def read_adapter_config(adapter: str | Path) -> dict[str, Any]:

@@ -132,7 +132,7 @@ def test_keep_last(tmp_path):
         names = sorted(p.name for p in (tmp_path / part).iterdir())
         assert names == ["checkpoint_3", "checkpoint_4"], part
     # a stale temporary folder from a crash is removed by the next save
-    (tmp_path / "actor" / ".tmp-checkpoint_5-dead").mkdir()
+    (tmp_path / "actor" / ".tmp-checkpoint_5-deadbeef").mkdir()
     _save(tmp_path, 5, keep_last=2)
     assert sorted(p.name for p in (tmp_path / "actor").iterdir()) == [
         "checkpoint_4",

@@ -97,3 +97,26 @@ def test_export_bad_adapter(tmp_path, capsys):
 )
 def test_human_size(n, text):
     assert human_size(n) == text
+
+
+def test_export_default_dtype_is_the_one_the_adapter_was_trained_in(tmp_path):
+    """Old default bf16 refused a CPU-trained (fp32) adapter: merged logits off by 2.44."""
+    import json
+
+    from danka.tools.export import trained_dtype
+
+    run = tmp_path / "run"
+    adapter = run / "actor" / "checkpoint_2"
+    adapter.mkdir(parents=True)
+    assert trained_dtype(adapter) is None  # not known: export falls back to auto
+    (run / "state" / "checkpoint_2").mkdir(parents=True)
+    (run / "state" / "checkpoint_2" / "config.json").write_text(
+        json.dumps({"model": {"torch_dtype": "bf16"}})
+    )
+    assert trained_dtype(adapter) == "bfloat16"  # the config named it
+    (run / "logs").mkdir()
+    (run / "logs" / "train.log").write_text(
+        "[INFO] Using HF Transformers backend for Actor/Critic inference\n"
+        "[INFO] Loaded model HuggingFaceTB/SmolLM2-135M-Instruct with float32\n"
+    )
+    assert trained_dtype(adapter) == "float32"  # what the run actually loaded wins

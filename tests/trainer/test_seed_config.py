@@ -38,6 +38,7 @@ def test_seed_ppo_config_runs_three_steps(tmp_path, monkeypatch):
     code = main([
         "train", "--config_file", str(SEED), "--output_dir", "./output_single", "--seed", "42",
         f"model.actor_model_name_or_path={SMOL}", f"model.critic_model_name_or_path={SMOL}",
+        f"model.reward_model_name_or_path={SMOL}",  # the seed file's judge = the actor's base
         "model.torch_dtype=float32", "trainer.max_new_tokens=16", "trainer.max_length=192",
         "trainer.total_steps=3", "logging.log_interval=1", "logging.progress=false",
     ])  # fmt: skip

@@ -109,13 +109,30 @@ def _train(args) -> int:
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
-    from danka.trainer.train import train
+    from danka.trainer.fit import fit
 
     try:
-        train(cfg, base_dir, resume=args.resume)
+        fit(cfg, base_dir, resume=args.resume)
     finally:
         dist.destroy()
+    _plot_quietly(cfg.output_dir)
     return 0
+
+
+def _plot_quietly(output_dir: str) -> None:
+    """The curves of a finished run (rank 0); a plot must never fail a finished run."""
+    from pathlib import Path
+
+    from danka import distributed as dist
+
+    if dist.requested() and os.environ.get("RANK", "0") != "0":
+        return
+    try:
+        from danka.tools.plot import plot_run
+
+        plot_run(Path(output_dir))
+    except Exception as err:  # noqa: BLE001
+        print(f"danka: warning: plot failed: {err}", file=sys.stderr)
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:

@@ -28,7 +28,14 @@ import torch.distributed as td
 from danka.errors import UserError
 
 # update() metrics normalised by the global counts: each rank holds a part of the sum
-SUMMED_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "rollout/logprob_gap")
+SUMMED_METRICS = (
+    "actor/loss",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/kl_loss",
+    "actor/kl_token_mean",
+    "rollout/logprob_gap",
+)
 _NCCL_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from danka.config.schema import DankaConfig
+from danka.config.validate import validate
 from danka.errors import UserError
 
 
@@ -48,6 +49,7 @@ class _Source:
         self.path = path
         self.lines = _key_lines(text) if text else {}
         self.overridden: set[str] = set()
+        self.explicit: set[str] = set()  # dotted keys the user set (file or override)
 
     def where(self, key: str) -> str:
         if key in self.overridden:
@@ -236,8 +238,6 @@ def load_config(
     path: str | Path | None, overrides: list[str] | None = None
 ) -> tuple[DankaConfig, Path]:
     """Read, override, type-check and validate. Returns the config and its base folder."""
-    from danka.config.validate import validate
-
     if path is None:
         data, text, cfg_path = {}, "", None
     else:
@@ -246,9 +246,17 @@ def load_config(
     source = _Source(cfg_path, text)
     apply_overrides(data, overrides or [], source)
     config = build_dataclass(DankaConfig, data, source)
+    source.explicit = set(_dotted_keys(data))
     base_dir = cfg_path.parent.resolve() if cfg_path else Path.cwd()
     validate(config, source)
     return config, base_dir
+
+
+def _dotted_keys(data: dict, prefix: str = ""):
+    for key, value in data.items():
+        yield f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _dotted_keys(value, f"{prefix}{key}.")
 
 
 def config_to_dict(config: Any) -> dict:

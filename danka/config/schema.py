@@ -59,8 +59,24 @@ class KLConfig:
     estimator: str = _f("k3", "k1 | k2 | k3 | abs")
     mode: str = _f("loss", "loss (added to the policy loss) | reward (subtracted from rewards)")
     adaptive: bool = _f(False, "adapt the coefficient towards target_kl (Ziegler et al. 2019)")
-    target: float = _f(0.1, "target KL for the adaptive controller")
+    target: float = _f(
+        0.1, "target of the adaptive controller: mean KL per response token (as verl)"
+    )
     horizon: int = _f(10000, "horizon of the adaptive controller")
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    mode: str = _f(
+        "none",
+        "rollout/trainer mismatch correction: none | token_tis (truncated importance "
+        "weight per token, TRL) | seq_mask (drop sequences whose ratio is off, verl)",
+    )
+    cap: float | None = _f(
+        None,
+        "token_tis: largest token weight (null = 3.0, TRL); seq_mask: keep a sequence "
+        "whose ratio pi_old/pi_rollout is within [1/cap, cap] (null = 2.0, verl)",
+    )
 
 
 @dataclass
@@ -113,6 +129,13 @@ class TrainerConfig:
     auto_micro_batch: bool = _f(False, "on out-of-memory in the update, halve micro_batch_size")
     max_bad_steps: int = _f(3, "non-finite steps in a row before the run stops")
     seed: int = _f(42, "random seed")
+    # redesign:
+    rollout_correction: RolloutCorrectionConfig = field(
+        default_factory=lambda: RolloutCorrectionConfig()
+    )
+    critic_warmup_steps: int = _f(
+        0, "ppo: update only the critic for the first N steps (verl's critic_warmup)"
+    )
 
 
 @dataclass

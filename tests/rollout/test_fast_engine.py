@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from danka.errors import UserError
-from danka.rollout.base import SamplingParams, build_engine
+from danka.rollout.base import EngineOptions, SamplingParams, build_engine
 from danka.rollout.fast import FastEngine, bucket_size
 from danka.rollout.fast_sampling import sample_next
 from danka.types import RolloutBatch
@@ -225,7 +225,8 @@ def test_bucket_sizes_and_registry():
         8, 8, 16, 64, 128, 256, 512,
     ]  # fmt: skip
     assert bucket_size(5, False) == 5
-    engine = build_engine("fast", max_batch=4, unknown_option=1)
+    # rollout.generation_batch_size is honoured as the decode batch (max_batch)
+    engine = build_engine("fast", EngineOptions(generation_batch_size=4))
     assert isinstance(engine, FastEngine) and engine.max_batch == 4
 
 

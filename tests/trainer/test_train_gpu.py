@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from danka.config import load_config
-from danka.trainer.train import train
+from danka.trainer.fit import fit
 
 from .conftest import make_config
 
@@ -29,7 +29,7 @@ def test_grpo_on_gpu_bf16(tmp_path, tiny_model_dir, engine):
         rollout={"engine": engine},
     )
     cfg, base = load_config(path)
-    train(cfg, base)
+    fit(cfg, base)
     lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(x["loss"] is not None for x in lines)
     if engine == "fast":  # the engine reports its own log-probs: compare with the training forward

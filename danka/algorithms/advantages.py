@@ -221,7 +221,7 @@ def rloo(inp: AdvantageInput) -> tuple[torch.Tensor, None]:
     return adv, None
 
 
-def _discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
     """G_t = r_t + gamma * G_{t+1} over valid tokens (reset after the last one)."""
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
@@ -243,7 +243,7 @@ def reinforce_plus_plus(inp: AdvantageInput) -> tuple[torch.Tensor, None]:
     any per-token KL penalty); advantages = masked_whiten(G) over all valid tokens of the
     batch (global normalisation, no critic, no groups). No critic: returns None.
     """
-    returns = _discounted_returns(inp.token_rewards, inp.mask, inp.gamma)
+    returns = discounted_returns(inp.token_rewards, inp.mask, inp.gamma)
     adv = masked_whiten(returns, inp.mask) * inp.mask
     return adv, None
 

@@ -72,4 +72,6 @@ def test_rollout_correction_caps_and_critic_warmup_checks():
         _trainer("trainer.rollout_correction.cap=0.5")
     with pytest.raises(UserError, match="trains no critic"):
         _trainer("trainer.critic_warmup_steps=2")  # grpo
-    assert _trainer("trainer.algorithm=ppo", "trainer.critic_warmup_steps=2").samples_per_prompt == 1
+    assert (
+        _trainer("trainer.algorithm=ppo", "trainer.critic_warmup_steps=2").samples_per_prompt == 1
+    )

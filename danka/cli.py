@@ -10,25 +10,10 @@ import argparse
 import os
 import sys
 import traceback
-from collections.abc import Callable
 
 from danka import __version__
+from danka.commands import COMMANDS, command
 from danka.errors import UserError
-
-COMMANDS: dict[str, tuple[str, Callable, Callable]] = {}
-
-
-def command(name: str, help: str, add_args: Callable[[argparse.ArgumentParser], None]):
-    """Register a subcommand: ``add_args(parser)`` declares its options, the decorated
-    ``run(args) -> int`` runs it."""
-
-    def deco(run: Callable) -> Callable:
-        if name in COMMANDS:
-            raise ValueError(f"subcommand {name!r} is registered twice")
-        COMMANDS[name] = (help, add_args, run)
-        return run
-
-    return deco
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -204,12 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"danka {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help_text, add_args, _) in COMMANDS.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+    for name, cmd in COMMANDS.items():
+        sp = sub.add_parser(name, help=cmd.help, description=cmd.help)
         sp.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks"
         )
-        add_args(sp)
+        cmd.add_args(sp)
     return parser
 
 
@@ -224,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return COMMANDS[args.command][2](args) or 0
+        return COMMANDS.get(args.command).run(args) or 0
     except UserError as err:
         if args.debug:
             traceback.print_exc()

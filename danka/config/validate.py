@@ -11,7 +11,7 @@ from danka.algorithms.presets import ALGORITHMS
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
 from danka.errors import UserError
-from danka.rollout.base import ROLLOUT_ENGINES, engine_meta
+from danka.rollout.base import ROLLOUT_ENGINES
 
 
 class ConfigSource(Protocol):
@@ -28,7 +28,6 @@ CORRECTION_CAPS = {"none": 3.0, "token_tis": 3.0, "seq_mask": 2.0}
 
 def choices() -> dict[str, set]:
     """Valid values per key: names from the registries, the rest fixed here."""
-    engine_meta("hf")  # imports the engines so they are registered
     return {
         "model.torch_dtype": {"auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"},
         "model.reward_model_type": {"auto", "classifier", "judge"},

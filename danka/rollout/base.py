@@ -7,6 +7,7 @@ is the j-th answer to prompt ``i``; ``group_index`` records ``i``.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
@@ -73,11 +74,35 @@ class EngineMeta:
     banner: str = ""  # the start-up log line naming it
 
 
+# Entries are "module:Class" (imported when built: no import cycle, and the capability
+# table of every engine is here in one place) or a class added by ``register_engine``.
 ROLLOUT_ENGINES: Registry[EngineMeta] = Registry("rollout engine", EngineMeta())
+ROLLOUT_ENGINES.add(
+    "hf",
+    "danka.rollout.hf:HFGenerateEngine",
+    EngineMeta(
+        options={"generation_batch_size": "batch_size"},
+        auto_devices=("cpu", "cuda"),
+        quantized_base=True,
+        distributed=True,
+        banner="Using HF Transformers backend for Actor/Critic inference",
+    ),
+)
+ROLLOUT_ENGINES.add(
+    "fast",
+    "danka.rollout.fast:FastEngine",
+    EngineMeta(
+        options={"generation_batch_size": "max_batch"},
+        auto_devices=("cuda",),
+        auto_priority=1,
+        reports_logprobs=True,
+        banner="Using danka fast rollout engine (static KV cache, CUDA graphs) for inference",
+    ),
+)
 
 
 def register_engine(name: str, meta: EngineMeta | None = None):
-    """Class decorator: ``@register_engine("hf", EngineMeta(...))``."""
+    """Class decorator for another engine: ``@register_engine("mine", EngineMeta(...))``."""
 
     def deco(cls: type) -> type:
         cls.name = name
@@ -87,12 +112,15 @@ def register_engine(name: str, meta: EngineMeta | None = None):
     return deco
 
 
-def _load_engines() -> None:
-    from danka.rollout import fast, hf  # noqa: F401  (they register themselves)
+def engine_class(name: str) -> type:
+    entry = ROLLOUT_ENGINES.get(name, where="rollout.engine")
+    if isinstance(entry, str):
+        module, cls = entry.split(":")
+        entry = getattr(importlib.import_module(module), cls)
+    return entry
 
 
 def engine_meta(name: str) -> EngineMeta:
-    _load_engines()
     return ROLLOUT_ENGINES.meta(name, where="rollout.engine")
 
 
@@ -100,7 +128,6 @@ def resolve_engine(name: str, device_type: str, *, quantized: bool) -> str:
     """The engine ``rollout.engine`` names; ``auto`` picks the highest-priority engine
     whose capabilities fit the device and the base (a quantised base needs an engine
     that reads quantised weights)."""
-    _load_engines()
     if name != "auto":
         meta = engine_meta(name)
         if quantized and not meta.quantized_base:
@@ -125,8 +152,7 @@ def resolve_engine(name: str, device_type: str, *, quantized: bool) -> str:
 def build_engine(name: str, options: EngineOptions | None = None) -> RolloutEngine:
     """The engine registered as ``name``, built with the options the config set; an
     option it does not honour is a UserError naming the option and the engine."""
-    _load_engines()
-    cls = ROLLOUT_ENGINES.get(name, where="rollout.engine")
+    cls = engine_class(name)
     meta = ROLLOUT_ENGINES.meta(name)
     options = options or EngineOptions()
     kwargs = {}

@@ -29,7 +29,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from danka.errors import UserError
-from danka.rollout.base import EngineMeta, SamplingParams, finish_batch, register_engine
+from danka.rollout.base import SamplingParams, finish_batch
 from danka.rollout.fast_model import (
     ModelSpec,
     Weights,
@@ -105,16 +105,6 @@ def _left_pad(prompts: list[list[int]], plen: int, pad_id: int, device: torch.de
     return ids.to(device), mask.to(device)
 
 
-@register_engine(
-    "fast",
-    EngineMeta(
-        options={"generation_batch_size": "max_batch"},
-        auto_devices=("cuda",),
-        auto_priority=1,
-        reports_logprobs=True,
-        banner="Using danka fast rollout engine (static KV cache, CUDA graphs) for inference",
-    ),
-)
 class FastEngine:
     """Static-KV decode engine for Llama/Qwen2 decoders; see the module docstring."""
 

@@ -8,20 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from danka.rollout.base import EngineMeta, SamplingParams, finish_batch, register_engine
+from danka.rollout.base import SamplingParams, finish_batch
 from danka.types import RolloutBatch
 
 
-@register_engine(
-    "hf",
-    EngineMeta(
-        options={"generation_batch_size": "batch_size"},
-        auto_devices=("cpu", "cuda"),
-        quantized_base=True,
-        distributed=True,
-        banner="Using HF Transformers backend for Actor/Critic inference",
-    ),
-)
 class HFGenerateEngine:
     name = "hf"
 

@@ -35,6 +35,7 @@ import torch
 
 from danka import __version__
 from danka.errors import UserError
+from danka.io import fsync_dir, write_text_atomic
 
 log = logging.getLogger("danka.checkpoint")
 
@@ -63,26 +64,12 @@ class Manifest:
 # ---------------------------------------------------------------- filesystem helpers
 
 
-def _fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename inside it survives a power cut (no-op where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: Path) -> None:
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
             with open(os.path.join(dirpath, name), "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
 def _sha256(path: Path) -> str:
@@ -101,16 +88,6 @@ def _hash_tree(root: Path) -> dict[str, dict[str, Any]]:
             continue
         files[rel] = {"sha256": _sha256(path), "size": path.stat().st_size}
     return files
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _step_of(path: Path) -> int | None:
@@ -187,7 +164,7 @@ def save_checkpoint(
     old_manifest = state_final / MANIFEST_NAME
     if old_manifest.exists():
         old_manifest.unlink()
-        _fsync_dir(state_final)
+        fsync_dir(state_final)
     for part, tmp in tmp_dirs.items():
         final = output_dir / part / name
         if final.exists():
@@ -195,7 +172,7 @@ def save_checkpoint(
             os.replace(final, trash)
             shutil.rmtree(trash, ignore_errors=True)
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
     # 3. the manifest, last and atomically
     _write_manifest(state_final, step, config_hash, parts)
@@ -215,7 +192,7 @@ def _write_manifest(state_dir: Path, step: int, config_hash: str, parts: dict) -
         "danka_version": __version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    _atomic_write_text(state_dir / MANIFEST_NAME, json.dumps(manifest, indent=2))
+    write_text_atomic(state_dir / MANIFEST_NAME, json.dumps(manifest, indent=2), sync_dir=True)
 
 
 def _delete_checkpoint(output_dir: Path, state_dir: Path) -> None:
@@ -229,7 +206,7 @@ def _delete_checkpoint(output_dir: Path, state_dir: Path) -> None:
         except (ValueError, KeyError):
             pass
         manifest.unlink()
-        _fsync_dir(state_dir)
+        fsync_dir(state_dir)
     for part in sorted(parts - {STATE_PART}) + [STATE_PART]:
         shutil.rmtree(output_dir / part / name, ignore_errors=True)
 

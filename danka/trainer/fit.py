@@ -112,11 +112,22 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], RolloutBatch, lis
 
 @contextlib.contextmanager
 def phase(metrics: dict[str, float], name: str):
-    """Adds the seconds spent in the block to ``metrics["time/<name>"]``."""
+    """Adds the seconds spent in the block to ``metrics["time/<name>"]``; on CUDA also the
+    block's peak memory as ``memory/<name>_peak_gib`` (the device is synchronised at the
+    boundaries, so GPU work is charged to the phase that queued it)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     try:
         yield
     finally:
+        if cuda:
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            metrics[f"memory/{name}_peak_gib"] = peak
+            metrics["memory/peak_gib"] = max(metrics.get("memory/peak_gib", 0.0), peak)
         metrics[f"time/{name}"] = metrics.get(f"time/{name}", 0.0) + time.perf_counter() - t0
 
 
@@ -163,8 +174,6 @@ def step_metrics(run: Run, batch: RolloutBatch, m: dict[str, float]) -> dict[str
     m["throughput/gen_tokens_per_s"] = float(batch.response_mask.sum()) / max(
         m["time/rollout"], 1e-9
     )
-    if torch.cuda.is_available() and run.device.type == "cuda":
-        m["memory/peak_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
     return m
 
 

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from danka.algorithms.registry import Registry
+from danka.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from danka.algorithms._masked import masked_whiten
-from danka.algorithms.registry import Registry
 from danka.errors import UserError
+from danka.registry import Registry
 
 
 @dataclass(frozen=True)

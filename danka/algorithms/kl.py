@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from danka.algorithms._masked import masked_mean
-from danka.algorithms.registry import Registry
 from danka.errors import UserError
+from danka.registry import Registry
 
 KL_ESTIMATORS = Registry("KL estimator")
 

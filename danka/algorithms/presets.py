@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from danka.algorithms.registry import Registry
+from danka.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from danka.algorithms._masked import masked_mean
-from danka.algorithms.registry import Registry
+from danka.registry import Registry
 
 LOG_CLAMP = 20.0  # |log ratio| clamp before exp, as the policy losses
 

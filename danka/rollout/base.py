@@ -13,9 +13,9 @@ from typing import Protocol
 
 import torch
 
-from danka.algorithms.registry import Registry
 from danka.data.template import left_pad
 from danka.errors import UserError
+from danka.registry import Registry
 from danka.types import RolloutBatch
 
 

@@ -54,10 +54,6 @@ class ModelSpec:
     def q_dim(self) -> int:
         return self.heads * self.head_dim
 
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
 
 def unwrap_causal_lm(model: nn.Module) -> nn.Module:
     """The HF ``*ForCausalLM`` inside a peft ``PeftModel`` and/or ``torch.compile`` wrapper."""

@@ -37,7 +37,7 @@ def loss_norm(mini: RolloutBatch, max_response_length: int) -> LossNorm:
 def _step(optimizer, params, max_grad_norm: float, dry_run: bool = False) -> float:
     """Clip and step; a non-finite gradient skips the step (and is reported).
     ``dry_run`` (the preflight) measures everything but leaves weights and optimizer alone."""
-    if dist.is_active():  # gradients become averages over ranks
+    if dist.is_active():  # gradients become sums over ranks
         dist.sync_grads(params)
     if max_grad_norm > 0:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))

@@ -95,13 +95,16 @@ def check_config(cfg, engine_name: str) -> None:
                 where=f"trainer.{key}",
                 fix=f"make trainer.{key} a multiple of --nproc-per-node ({n})",
             )
-    if engine_name != "hf":
+    from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
+    from danka.rollout.base import ROLLOUT_ENGINES
+
+    if not ROLLOUT_ENGINES.meta(engine_name).distributed:
         raise UserError(
             f"rollout.engine {engine_name!r} does not run on FSDP-sharded weights",
             where="rollout.engine",
             fix="set rollout.engine: hf for several processes",
         )
-    if t.advantage_estimator == "gae":
+    if ADVANTAGE_ESTIMATORS.meta(t.advantage_estimator).needs_critic:
         raise UserError(
             "PPO with a critic (advantage_estimator gae) runs on one process only for now",
             where="trainer.advantage_estimator",

@@ -65,20 +65,18 @@ def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
             m, batch, completions = train_step(run, step)  # 1-7
             outputs.record(run, step, m, batch, completions)  # 8. log
             bar.update(step, m)
-            # after each step: stop conditions, then checkpoint and evaluate
+            # after each step: stop? (bad steps, time limit) then evaluate and checkpoint
             bad_in_a_row = 0 if is_finite_step(m) else bad_in_a_row + 1
             check_bad_steps(run, bad_in_a_row, step)
             maybe_stop_early(run, step, t_train)
-            last = step == run.state.total_steps
-            ev = cfg.trainer.eval_steps
-            if ev and step % ev == 0 and not last:  # 10. evaluate
-                bar.update(step, {"eval/accuracy": outputs.evaluate(run, step)})
-            if last:
-                outputs.evaluate(run, step)
-            saves = cfg.trainer.save_steps
-            if (saves and step % saves == 0) or last:  # 9. checkpoint
+            last = step == run.state.total_steps  # also when max_train_minutes cut the run
+            if last or every(cfg.trainer.eval_steps, step):  # 10. evaluate (first: the
+                acc = outputs.evaluate(run, step)  # checkpoint keeps its result)
+                if acc is not None and not last:  # the last one is in the closing line
+                    bar.update(step, {"eval/accuracy": acc})
+            if last or every(cfg.trainer.save_steps, step):  # 9. checkpoint
                 save(run, step, outputs.history, resolved, h)
-            if last:  # also when max_train_minutes cut the run short
+            if last:
                 break
     outputs.close()
     run.rewards.close()
@@ -175,6 +173,11 @@ def step_metrics(run: Run, batch: RolloutBatch, m: dict[str, float]) -> dict[str
         m["time/rollout"], 1e-9
     )
     return m
+
+
+def every(k: int, step: int) -> bool:
+    """``step`` is a multiple of ``k`` (0 = never)."""
+    return bool(k) and step % k == 0
 
 
 def is_finite_step(metrics: dict) -> bool:

@@ -16,7 +16,7 @@ trained tokens). The per-token ratio is w_t = exp(old_t - rollout_t) = pi_old / 
   prod_t w_t = exp(sum_t (old_t - rollout_t)) outside [1/threshold, threshold] drops the
   whole sequence from the loss (verl's ``rollout_rs: seq_mask``-style rejection, threshold
   2.0 in verl's examples; TRL's ``sequence_mask`` mode).
-- ``none``: no correction (weights 1, every sequence kept); the metrics are still reported.
+- ``none``: no correction (the registered entry is None).
 
 Metrics are measured BEFORE truncation/masking: ``rollout_is/mean`` and ``rollout_is/max``
 of the token ratio (token_tis) or of the sequence ratio (seq_mask), and the fraction of
@@ -48,6 +48,7 @@ class Correction:
 
 RolloutCorrection = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Correction]
 ROLLOUT_CORRECTIONS: Registry[None] = Registry("rollout correction")
+ROLLOUT_CORRECTIONS.add("none", None)  # no correction: the entry is None
 
 
 def _log_ratio(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -60,19 +61,6 @@ def _token_stats(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
         "rollout_is/mean": float(masked_mean(ratio, mask)),
         "rollout_is/max": float(ratio[has].max()) if has.any() else 1.0,
     }
-
-
-@ROLLOUT_CORRECTIONS.register("none")
-@torch.no_grad()
-def no_correction(
-    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, threshold: float
-) -> Correction:
-    """Weights 1, every sequence kept; token-ratio metrics for monitoring."""
-    ratio = torch.exp(_log_ratio(old_logprobs, rollout_logprobs, mask))
-    return Correction(
-        torch.ones_like(ratio), torch.ones(ratio.shape[0], dtype=torch.bool, device=ratio.device),
-        _token_stats(ratio, mask),
-    )  # fmt: skip
 
 
 @ROLLOUT_CORRECTIONS.register("token_tis")

@@ -136,7 +136,7 @@ def describe(run: Run) -> str:
     return (
         f"{t.algorithm} ({t.advantage_estimator}, policy loss {t.policy_loss}, clip "
         f"[{t.clip_ratio_low:g}, {t.clip_ratio_high:g}], {t.loss_agg_mode}"
-        f"{f', rollout correction {rc.mode} (cap {rc.cap:g})' if rc.mode != 'none' else ''}): "
+        f"{f', rollout correction {rc.mode} (cap {rc.cap:g})' if run.algo.correction else ''}): "
         f"{run.state.total_steps} steps x {t.batch_size} prompts x {t.samples_per_prompt} "
         f"samples = {t.batch_size * t.samples_per_prompt} sequences/step; "
         f"{t.batch_size // t.mini_batch_size} optimizer step(s)/step x {t.ppo_epochs} "

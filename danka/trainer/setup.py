@@ -173,7 +173,8 @@ def choose_engine(cfg: DankaConfig, device: torch.device, log: logging.Logger) -
     if dist.is_active():
         dist.check_config(cfg, name)
     mode = cfg.trainer.rollout_correction.mode
-    if mode != "none" and not engine_meta(name).reports_logprobs:
+    needs_logprobs = ROLLOUT_CORRECTIONS.get(mode, "trainer.rollout_correction.mode") is not None
+    if needs_logprobs and not engine_meta(name).reports_logprobs:
         able = [n for n, _ in ROLLOUT_ENGINES.items() if ROLLOUT_ENGINES.meta(n).reports_logprobs]
         raise UserError(
             f"trainer.rollout_correction.mode {mode} needs the rollout engine's log-probs, "
@@ -296,11 +297,7 @@ def build_algorithm(cfg: DankaConfig) -> Algorithm:
         ),
         kl_estimator=KL_ESTIMATORS.get(t.kl.estimator, "trainer.kl.estimator"),
         kl_mode=KL_MODES.meta(t.kl.mode) if t.kl.coef > 0 else None,
-        correction=(
-            ROLLOUT_CORRECTIONS.get(rc.mode, "trainer.rollout_correction.mode")
-            if rc.mode != "none"
-            else None
-        ),
+        correction=ROLLOUT_CORRECTIONS.get(rc.mode, "trainer.rollout_correction.mode"),
         correction_cap=float(rc.cap or 0.0),
     )
 

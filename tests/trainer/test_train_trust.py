@@ -114,3 +114,10 @@ def test_skip_sample_marks_samples_invalid_and_trains_on_the_rest(tmp_path, tiny
     for m in lines:
         assert 0.0 < m["reward/valid_frac"] < 1.0 and m["reward/error_rate"] > 0
         assert m["skipped_step"] == 0.0
+
+
+def test_gspo_by_name_trains_with_the_paper_settings(tmp_path, tiny_model_dir):
+    lines, out = _fit(tmp_path, tiny_model_dir, trainer={"algorithm": "gspo", "total_steps": 1})
+    log = (out / "logs" / "train.log").read_text()
+    assert "gspo (grpo, policy loss gspo, clip [0.0003, 0.0004], seq-mean-token-mean)" in log
+    assert lines[0]["skipped_step"] == 0.0 and "actor/clipfrac" in lines[0]

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from danka.config.schema import DankaConfig
-from danka.config.validate import validate
+from danka.config.validate import freeze, validate
 from danka.errors import UserError
 
 
@@ -249,6 +249,7 @@ def load_config(
     source.explicit = set(_dotted_keys(data))
     base_dir = cfg_path.parent.resolve() if cfg_path else Path.cwd()
     validate(config, source)
+    freeze(config)  # read-only from here: a run keeps its changing state elsewhere
     return config, base_dir
 
 

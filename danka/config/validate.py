@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Protocol
 
 from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
@@ -255,3 +257,53 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         )
     if cfg.logging.log_interval < 1:
         fail("logging.log_interval", "must be >= 1", "e.g. 1 or 10")
+
+
+_FROZEN: dict[type, type] = {}
+
+
+def _refuse(self, name, value=None):
+    raise AttributeError(
+        f"the config is read-only after validation (tried to set {name!r}); keep changing "
+        "run state elsewhere (e.g. trainer.run.RunState)"
+    )
+
+
+def _thawed_copy(self, memo: dict):
+    """``copy.deepcopy`` of a frozen section is an ordinary, writable one (a what-if copy,
+    e.g. ``danka estimate`` trying settings, is the caller's to change)."""
+    base = type(self).__mro__[1]
+    new = object.__new__(base)
+    memo[id(self)] = new
+    for f in dataclasses.fields(self):
+        object.__setattr__(new, f.name, copy.deepcopy(getattr(self, f.name), memo))
+    return new
+
+
+def freeze(obj: object) -> None:
+    """Make a validated config (and every section in it) read-only: each dataclass
+    instance becomes an instance of a subclass whose ``__setattr__`` raises. ``asdict``,
+    ``isinstance``, pickling and reading work as before; a deep copy is writable."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        if isinstance(obj, list):
+            for item in obj:
+                freeze(item)
+        return
+    for f in dataclasses.fields(obj):
+        freeze(getattr(obj, f.name))
+    cls = type(obj)
+    if cls in _FROZEN.values():
+        return
+    if cls not in _FROZEN:
+        name = f"Frozen{cls.__name__}"  # a module-level name, so pickle finds the class
+        _FROZEN[cls] = globals()[name] = type(
+            name,
+            (cls,),
+            {
+                "__setattr__": _refuse,
+                "__delattr__": _refuse,
+                "__deepcopy__": _thawed_copy,
+                "__module__": __name__,
+            },
+        )
+    object.__setattr__(obj, "__class__", _FROZEN[cls])

@@ -75,3 +75,18 @@ def test_rollout_correction_caps_and_critic_warmup_checks():
     assert (
         _trainer("trainer.algorithm=ppo", "trainer.critic_warmup_steps=2").samples_per_prompt == 1
     )
+
+
+def test_the_validated_config_is_read_only():
+    import copy
+    import pickle
+
+    cfg, _ = load_config(None, BASE)
+    with pytest.raises(AttributeError, match="read-only after validation"):
+        cfg.trainer.micro_batch_size = 1
+    with pytest.raises(AttributeError, match="read-only"):
+        cfg.trainer.kl.coef = 1.0
+    what_if = copy.deepcopy(cfg)  # a copy is the caller's to change (danka estimate)
+    what_if.trainer.micro_batch_size = 1
+    assert cfg.trainer.micro_batch_size == 8
+    assert pickle.loads(pickle.dumps(cfg)).trainer.lr == cfg.trainer.lr

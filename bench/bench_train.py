@@ -29,7 +29,6 @@ for a small one, so each code path runs on a laptop; timings then mean nothing.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import logging
@@ -57,12 +56,13 @@ from danka.models.lora import count_parameters
 from danka.rewards.combine import RewardOutput
 from danka.rollout.base import build_engine
 from danka.trainer import fit
-from danka.trainer.forward import effective_token_ratio, policy_logprobs
+from danka.trainer.forward import effective_token_ratio
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
-from danka.trainer.run import PromptSet, Run
+from danka.trainer.run import PromptSet, Run, RunState
 from danka.trainer.sampler import PromptSampler
-from danka.trainer.setup import build_run
+from danka.trainer.setup import build_algorithm, build_run
+from danka.trainer.update import update
 from danka.types import PromptRow, RolloutBatch
 
 PEAK_FLOPS = 790e12  # measured dense bf16 matmul ceiling of the H200 (not the 989 TF sheet)
@@ -186,93 +186,34 @@ def bare_run(cfg, models, dev, dtype, log, *, prompts=None, engine=None, eos=(),
         train=PromptSet(rows=rows, texts=[""] * len(rows), ids=prompts), eval=None,
         actor_opt=actor_opt, actor_sched=build_scheduler(actor_opt, **sched),
         critic_opt=critic_opt, critic_sched=critic_sched, kl_ctl=FixedKLController(t.kl.coef),
-        sampler=sampler, log=log, total_steps=10_000,
+        sampler=sampler, log=log, algo=build_algorithm(cfg),
+        state=RunState(total_steps=10_000, micro_batch_size=t.micro_batch_size),
         update_generator=torch.Generator().manual_seed(0), eos_ids=list(eos), pad_id=pad,
     )  # fmt: skip
 
 
-class PhaseRecorder:
-    """Time and peak GPU memory of each phase of ``fit.train_step``.
-
-    ``patch()`` wraps fit's module-level ``rollout``, ``score``, ``prepare``, ``update`` and
-    ``batched`` (the no-grad passes inside ``prepare``: log-probs or values), which
-    ``train_step`` looks up at call time. Phases nest (``batched`` inside ``prepare``): at each
-    phase boundary the peak so far is credited to every open phase, then reset.
-    """
-
-    def __init__(self, dev: torch.device):
-        self.dev = dev
-        self.stack: list[list] = []
-        self.peak: dict[str, float] = defaultdict(float)
-        self.time: dict[str, float] = defaultdict(float)
-
-    def _flush(self) -> None:
-        if self.dev.type != "cuda":
-            return
-        p = torch.cuda.max_memory_allocated(self.dev) / GIB
-        for frame in self.stack:
-            frame[1] = max(frame[1], p)
-        torch.cuda.reset_peak_memory_stats(self.dev)
-
-    def call(self, label: str, fn, *args, **kwargs):
-        sync(self.dev)
-        self._flush()
-        frame = [label, 0.0]
-        self.stack.append(frame)
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            sync(self.dev)
-            self._flush()
-            self.stack.pop()
-            self.time[label] += time.perf_counter() - t0
-            self.peak[label] = max(self.peak[label], frame[1])
-
-    @contextlib.contextmanager
-    def patch(self):
-        names = ("rollout", "score", "prepare", "update", "batched")
-        originals = {n: getattr(fit, n) for n in names}
-
-        def wrap(name):
-            orig = originals[name]
-
-            def inner(*args, **kwargs):
-                label = name
-                if name == "batched":
-                    label = "logprobs" if args[0] is policy_logprobs else "values"
-                return self.call(label, orig, *args, **kwargs)
-
-            return inner
-
-        for n in names:
-            setattr(fit, n, wrap(n))
-        try:
-            yield self
-        finally:
-            for n, f in originals.items():
-                setattr(fit, n, f)
-
-    def peaks(self) -> dict[str, float] | None:
-        return dict(self.peak) if self.dev.type == "cuda" else None
-
-
 def run_steps(run: Run, steps: int, dev: torch.device) -> dict:
-    """``steps`` calls of ``fit.train_step``; median over steps 2.. and per-phase peaks."""
-    rec = PhaseRecorder(dev)
-    per_step = []
+    """``steps`` calls of ``fit.train_step``; median over steps 2.. and per-phase peaks,
+    as the loop itself measures them (``time/<phase>``, ``memory/<phase>_peak_gib``)."""
+    per_step, peaks = [], defaultdict(float)
     reset_peak(dev)
-    with rec.patch():
-        for step in range(1, steps + 1):
-            metrics, batch, _ = rec.call("step", fit.train_step, run, step)
-            keep = {k: float(v) for k, v in metrics.items()
-                    if k.startswith(("time/", "throughput/", "packing/", "response"))}  # fmt: skip
-            keep["prompt_tokens_mean"] = float(batch.prompt_mask.sum(1).float().mean())
-            per_step.append(keep)
+    for step in range(1, steps + 1):
+        metrics, batch, _ = fit.train_step(run, step)
+        keep = {k: float(v) for k, v in metrics.items()
+                if k.startswith(("time/", "throughput/", "packing/", "response"))}  # fmt: skip
+        keep["prompt_tokens_mean"] = float(batch.prompt_mask.sum(1).float().mean())
+        per_step.append(keep)
+        for k, v in metrics.items():
+            if k.startswith("memory/") and k.endswith("_peak_gib"):
+                name = k.removeprefix("memory/").removesuffix("_peak_gib")
+                peaks[name] = max(peaks[name], float(v))
+        if "memory/peak_gib" in metrics:
+            peaks["step"] = max(peaks["step"], float(metrics["memory/peak_gib"]))
     later = per_step[1:] or per_step
     med = {k: statistics.median(s[k] for s in later) for k in later[0]}
     return {"steps": per_step, "median": med, "first_step_s": per_step[0]["time/step"],
-            "median_step_s": med["time/step"], "phase_peak_gib": rec.peaks()}  # fmt: skip
+            "median_step_s": med["time/step"],
+            "phase_peak_gib": dict(peaks) if dev.type == "cuda" else None}  # fmt: skip
 
 
 # ------------------------------------------------------------------------- sections
@@ -367,6 +308,7 @@ def _update_batch(b: int, p: int, r: int, vocab: int, group: int) -> RolloutBatc
         group_index=torch.arange(b) // group,
         truncated=torch.zeros(b, dtype=torch.bool),
         advantages=torch.randn(b, r, generator=g),
+        old_is_current=True,  # on-policy: the update's own detached log-probs are pi_old
     )
 
 
@@ -403,10 +345,10 @@ def sec_update_05b(args, dev: torch.device, log) -> dict:
                 )
             else:
                 base.gradient_checkpointing_disable()
-            cfg.trainer.micro_batch_size = micro
+            run.state.micro_batch_size = micro
 
             def step(run=run, batch=batch):
-                fit.update(run, batch, run.update_generator)
+                update(run, batch, run.update_generator)
 
             step()  # warm-up (allocator, cuBLAS choices, AdamW state)
             reset_peak(dev)
@@ -637,8 +579,8 @@ def summarize(name: str, res: dict) -> list[tuple[str, str, str]]:
             tag = f"{key} (gc {'on' if v['gc_active'] else 'OFF'})"
             rows.append((f"{tag} median step s", _f(v["median_step_s"]),
                          f"TRL {v['trl_step_s']} -> x{v['speedup_vs_trl']:.2f}"))  # fmt: skip
-            rows.append((f"{key} rollout/reward/prepare/update s",
-                         "/".join(_f(ph.get(f"time/{k}")) for k in ("rollout", "reward", "prepare", "update")),
+            rows.append((f"{key} rollout/reward/logprobs/update s",
+                         "/".join(_f(ph.get(f"time/{k}")) for k in ("rollout", "reward", "logprobs", "update")),
                          f"first step {_f(v['first_step_s'])} s"))  # fmt: skip
             peaks = v["phase_peak_gib"] or {}
             rows.append(

@@ -10,25 +10,10 @@ import argparse
 import os
 import sys
 import traceback
-from collections.abc import Callable
 
 from danka import __version__
+from danka.commands import COMMANDS, command
 from danka.errors import UserError
-
-COMMANDS: dict[str, tuple[str, Callable, Callable]] = {}
-
-
-def command(name: str, help: str, add_args: Callable[[argparse.ArgumentParser], None]):
-    """Register a subcommand: ``add_args(parser)`` declares its options, the decorated
-    ``run(args) -> int`` runs it."""
-
-    def deco(run: Callable) -> Callable:
-        if name in COMMANDS:
-            raise ValueError(f"subcommand {name!r} is registered twice")
-        COMMANDS[name] = (help, add_args, run)
-        return run
-
-    return deco
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -139,11 +124,9 @@ def _masked(d: dict) -> dict:
 
 
 def _check_rewards(cfg) -> None:
-    """Reward names and kwargs are checked by --print-config too (H2's checker)."""
-    try:
-        from danka.rewards import check_reward_specs
-    except ImportError:  # LEAD: danka.rewards.check_reward_specs (H2) not on this branch
-        return
+    """Reward names and kwargs are checked by --print-config too (no model is loaded)."""
+    from danka.rewards import check_reward_specs
+
     check_reward_specs(cfg.reward.functions)
 
 
@@ -188,7 +171,7 @@ def _run_train(args, cfg, base_dir, dist) -> int:
             return run_forwarding_signals(argv, env=env)
     main = not dist.requested() or os.environ.get("RANK", "0") == "0"
     lock = RunLock(output_dir) if main and not RunLock.held_by_parent() else nullcontext()
-    from danka.trainer.train import train
+    from danka.trainer.fit import fit
 
     with lock:
         log = None
@@ -199,13 +182,32 @@ def _run_train(args, cfg, base_dir, dist) -> int:
                 log.warning(line)
         with StopRequest(log) as stop:
             try:
-                train(cfg, base_dir, resume=args.resume)
+                fit(cfg, base_dir, resume=args.resume)
             finally:
                 dist.destroy()
-    return stop.exit_code if stop.requested else 0
+    if stop.requested:
+        return stop.exit_code
+    _plot_quietly(cfg.output_dir)
+    return 0
 
 
 # --------------------------------------------------------------------------------------------
+
+
+def _plot_quietly(output_dir: str) -> None:
+    """The curves of a finished run (rank 0); a plot must never fail a finished run."""
+    from pathlib import Path
+
+    from danka import distributed as dist
+
+    if dist.requested() and os.environ.get("RANK", "0") != "0":
+        return
+    try:
+        from danka.tools.plot import plot_run
+
+        plot_run(Path(output_dir))
+    except Exception as err:  # noqa: BLE001
+        print(f"danka: warning: plot failed: {err}", file=sys.stderr)
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
@@ -322,12 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"danka {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help_text, add_args, _) in COMMANDS.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
+    for name, cmd in COMMANDS.items():
+        sp = sub.add_parser(name, help=cmd.help, description=cmd.help, allow_abbrev=False)
         sp.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks"
         )
-        add_args(sp)
+        cmd.add_args(sp)
     return parser
 
 
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return COMMANDS[args.command][2](args) or 0
+        return COMMANDS.get(args.command).run(args) or 0
     except UserError as err:
         if args.debug:
             traceback.print_exc()

@@ -3,7 +3,7 @@ length (left-padded), R = response length (right-padded)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -22,10 +22,18 @@ class PromptRow:
 
 @dataclass
 class RolloutBatch:
-    """Everything that crosses from rollout to update; each field means one thing.
+    """The only thing that crosses from rollout to update; each field means one thing.
 
-    The rollout fills the first block; the trainer fills the optional block in order
-    (rewards -> old/ref log-probs -> values -> advantages/returns).
+    The rollout engine fills the first block (``loss_mask``, ``valid`` and
+    ``prompt_index`` get their single-turn defaults when left None). The training loop
+    fills the second block in order: rewards (step 3) -> old/ref log-probs (4) ->
+    values (5) -> advantages/returns (6).
+
+    Masks: ``response_mask`` says which response tokens EXIST (generated, up to and
+    including EOS); ``loss_mask`` says which of them the loss trains on (equal for a
+    single-turn rollout; an agentic rollout zeroes tool-output tokens in it). Every loss,
+    aggregation and advantage uses ``train_mask`` = loss_mask on valid samples. A sample
+    is dropped (reward skipped, rollout correction) by ``valid``, never by zeroing a mask.
     """
 
     prompt_ids: torch.Tensor  # (B, P) long, left-padded with the pad id
@@ -35,28 +43,53 @@ class RolloutBatch:
     group_index: torch.Tensor  # (B,) long, which prompt of the step the sample answers
     truncated: torch.Tensor  # (B,) bool, hit max_new_tokens before EOS
     rollout_logprobs: torch.Tensor | None = None  # (B, R) log-probs reported by the engine
-    rewards: torch.Tensor | None = None  # (B,) float, combined sequence-level score
+    loss_mask: torch.Tensor | None = None  # (B, R) float, tokens the loss trains on
+    valid: torch.Tensor | None = None  # (B,) bool, sample usable (default all True)
+    prompt_index: torch.Tensor | None = None  # (B,) long, row of the prompt set answered
+    # filled by the training loop
+    rewards: torch.Tensor | None = None  # (B,) float, combined (weighted) sequence score
+    reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (B,) unweighted
     old_logprobs: torch.Tensor | None = None  # (B, R) log pi_old(token), training forward
+    # True: pi_old IS the policy at the update's only optimiser step, so old_logprobs is
+    # left None and the update uses its own detached log-probs (one forward pass saved)
+    old_is_current: bool = False
     ref_logprobs: torch.Tensor | None = None  # (B, R) log pi_ref(token)
+    is_weights: torch.Tensor | None = None  # (B, R) rollout-correction weight per token
     values: torch.Tensor | None = None  # (B, R) critic values V(s_t)
-    advantages: torch.Tensor | None = None  # (B, R)
-    returns: torch.Tensor | None = None  # (B, R) critic targets
+    advantages: torch.Tensor | None = None  # (B, R), 0 off train_mask
+    returns: torch.Tensor | None = None  # (B, R) critic targets; None without a critic
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is None:
+            self.loss_mask = self.response_mask.clone()
+        if self.valid is None:
+            self.valid = torch.ones(self.response_ids.shape[0], dtype=torch.bool)
+        if self.prompt_index is None:
+            self.prompt_index = self.group_index.clone()
 
     @property
     def size(self) -> int:
         return int(self.prompt_ids.shape[0])
 
-    def select(self, idx: torch.Tensor) -> RolloutBatch:
-        """Rows ``idx`` of every tensor field (for mini- and micro-batches)."""
-        out = {}
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            out[name] = value[idx] if isinstance(value, torch.Tensor) else value
+    @property
+    def train_mask(self) -> torch.Tensor:
+        """(B, R) float: ``loss_mask`` with the rows of invalid samples zeroed."""
+        return self.loss_mask * self.valid.to(self.loss_mask.dtype).unsqueeze(-1)
+
+    def _map(self, fn) -> RolloutBatch:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                value = fn(value)
+            elif isinstance(value, dict):
+                value = {k: fn(v) for k, v in value.items()}
+            out[f.name] = value
         return RolloutBatch(**out)
 
+    def select(self, idx: torch.Tensor) -> RolloutBatch:
+        """Rows ``idx`` of every tensor field (for mini- and micro-batches)."""
+        return self._map(lambda v: v[idx])
+
     def to(self, device: torch.device | str) -> RolloutBatch:
-        out = {}
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            out[name] = value.to(device) if isinstance(value, torch.Tensor) else value
-        return RolloutBatch(**out)
+        return self._map(lambda v: v.to(device))

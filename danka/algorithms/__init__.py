@@ -25,7 +25,7 @@ from danka.algorithms.losses import (
     check_agg_mode,
     value_loss,
 )
-from danka.algorithms.registry import Registry
+from danka.registry import Registry
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

@@ -10,13 +10,14 @@ http://joschu.net/blog/kl-approx.html). The caller masks and aggregates, e.g. wi
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from danka.algorithms._masked import masked_mean
-from danka.algorithms.registry import Registry
 from danka.errors import UserError
+from danka.registry import Registry
 
 KL_ESTIMATORS = Registry("KL estimator")
 
@@ -76,6 +77,10 @@ class AdaptiveKLController:
 
     The coefficient grows when the measured KL is above ``target`` and shrinks below it;
     ``n_steps`` is the number of samples the KL was measured on (verl passes batch size).
+    ``current_kl`` and ``target`` are the MEAN KL PER RESPONSE TOKEN of the step's batch
+    (mean over sequences of each sequence's token-mean KL), as verl's
+    ``AdaptiveKLController`` is fed; not Ziegler et al.'s per-sequence sum. The trainer
+    updates it once per step under both ``kl.mode: reward`` and ``kl.mode: loss``.
     """
 
     def __init__(self, init_coef: float, target: float, horizon: float):
@@ -83,7 +88,7 @@ class AdaptiveKLController:
             raise UserError(
                 f"adaptive KL needs target > 0 and horizon > 0 (got {target}, {horizon})",
                 where="config",
-                fix="use e.g. target=6.0 (nats per sequence, Ziegler et al.) and horizon=10000",
+                fix="use e.g. target=0.1 (mean KL per response token, as verl) and horizon=10000",
             )
         self.value = float(init_coef)
         self.target = float(target)
@@ -122,3 +127,16 @@ def apply_kl_in_reward(
     per_seq = masked_mean(kl, mask, dim=-1)
     mean_kl = float(per_seq.mean()) if per_seq.numel() else 0.0
     return token_rewards - coef * kl, mean_kl
+
+
+@dataclass(frozen=True)
+class KLModeMeta:
+    """Where the KL(pi || pi_ref) penalty enters (``trainer.kl.mode``)."""
+
+    in_loss: bool = False  # coef * aggregate(kl) added to the policy loss (GRPO)
+    in_reward: bool = False  # coef * kl subtracted from the token rewards (PPO, Ziegler)
+
+
+KL_MODES: Registry[KLModeMeta] = Registry("KL mode")
+KL_MODES.add("loss", "added to the policy loss", KLModeMeta(in_loss=True))
+KL_MODES.add("reward", "subtracted from the token rewards", KLModeMeta(in_reward=True))

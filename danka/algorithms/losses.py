@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from danka.algorithms._masked import masked_mean
-from danka.algorithms.registry import Registry
 from danka.errors import UserError
+from danka.registry import Registry
 
 POLICY_LOSSES = Registry("policy loss")
 

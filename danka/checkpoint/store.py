@@ -36,6 +36,7 @@ import torch
 
 from danka import __version__
 from danka.errors import UserError
+from danka.io import fsync_dir, write_text_atomic
 
 log = logging.getLogger("danka.checkpoint")
 
@@ -73,26 +74,12 @@ class Manifest:
 # ---------------------------------------------------------------- filesystem helpers
 
 
-def _fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename inside it survives a power cut (no-op where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: Path) -> None:
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
             with open(os.path.join(dirpath, name), "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
 def _sha256(path: Path) -> str:
@@ -111,20 +98,6 @@ def _hash_tree(root: Path) -> dict[str, dict[str, Any]]:
             continue
         files[rel] = {"sha256": _sha256(path), "size": path.stat().st_size}
     return files
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def _step_of(path: Path) -> int | None:
@@ -189,7 +162,7 @@ def save_checkpoint(
             part_root = output_dir / part
             if not part_root.is_dir():
                 part_root.mkdir(parents=True, exist_ok=True)
-                _fsync_dir(output_dir)
+                fsync_dir(output_dir)
             tmp = part_root / f".tmp-{name}-{suffix}"
             tmp.mkdir()
             tmp_dirs[part] = tmp
@@ -205,16 +178,16 @@ def save_checkpoint(
         old_manifest = state_final / MANIFEST_NAME
         if old_manifest.exists():
             old_manifest.unlink()
-            _fsync_dir(state_final)
+            fsync_dir(state_final)
         for part, tmp in tmp_dirs.items():
             final = output_dir / part / name
             if final.exists():
                 trash = final.with_name(f".tmp-old-{name}-{suffix}")
                 os.replace(final, trash)
-                _fsync_dir(final.parent)
+                fsync_dir(final.parent)
                 shutil.rmtree(trash, ignore_errors=True)
             os.replace(tmp, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
         # 3. the manifest, last and atomically
         _write_manifest(state_final, step, config_hash, parts)
     except OSError as err:
@@ -281,7 +254,7 @@ def _write_manifest(state_dir: Path, step: int, config_hash: str, parts: dict) -
         "danka_version": __version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    _atomic_write_text(state_dir / MANIFEST_NAME, json.dumps(manifest, indent=2))
+    write_text_atomic(state_dir / MANIFEST_NAME, json.dumps(manifest, indent=2), sync_dir=True)
 
 
 def _own_parts(state_dir: Path) -> set[str] | None:
@@ -315,10 +288,10 @@ def _delete_checkpoint(output_dir: Path, state_dir: Path) -> bool:
     manifest = state_dir / MANIFEST_NAME
     if manifest.exists():
         manifest.unlink()
-        _fsync_dir(state_dir)
+        fsync_dir(state_dir)
     for part in sorted(parts - {STATE_PART}) + [STATE_PART]:
         shutil.rmtree(output_dir / part / name, ignore_errors=True)
-    _fsync_dir(output_dir / STATE_PART)
+    fsync_dir(output_dir / STATE_PART)
     return True
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from danka.config.schema import DankaConfig
+from danka.config.validate import freeze, validate
 from danka.errors import UserError
 
 
@@ -48,6 +49,7 @@ class _Source:
         self.path = path
         self.lines = _key_lines(text) if text else {}
         self.overridden: set[str] = set()
+        self.explicit: set[str] = set()  # dotted keys the user set (file or override)
 
     def where(self, key: str) -> str:
         if key in self.overridden:
@@ -236,8 +238,7 @@ def load_config(
     path: str | Path | None, overrides: list[str] | None = None
 ) -> tuple[DankaConfig, Path]:
     """Read, override, type-check and validate. Returns the config and its base folder."""
-    from danka.config.compat import apply_fallbacks
-    from danka.config.validate import validate
+    from danka.config.compat import apply_fallbacks  # imports torch-free helpers only
 
     if path is None:
         data, text, cfg_path = {}, "", None
@@ -247,10 +248,19 @@ def load_config(
     source = _Source(cfg_path, text)
     apply_overrides(data, overrides or [], source)
     config = build_dataclass(DankaConfig, data, source)
+    source.explicit = set(_dotted_keys(data))
     base_dir = cfg_path.parent.resolve() if cfg_path else Path.cwd()
     validate(config, source)
     apply_fallbacks(config)  # seed keys that cannot work here: one warning each, see compat
+    freeze(config)  # read-only from here: a run keeps its changing state elsewhere
     return config, base_dir
+
+
+def _dotted_keys(data: dict, prefix: str = ""):
+    for key, value in data.items():
+        yield f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _dotted_keys(value, f"{prefix}{key}.")
 
 
 def config_to_dict(config: Any) -> dict:

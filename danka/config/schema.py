@@ -59,8 +59,24 @@ class KLConfig:
     estimator: str = _f("k3", "k1 | k2 | k3 | abs")
     mode: str = _f("loss", "loss (added to the policy loss) | reward (subtracted from rewards)")
     adaptive: bool = _f(False, "adapt the coefficient towards target_kl (Ziegler et al. 2019)")
-    target: float = _f(0.1, "target KL for the adaptive controller")
+    target: float = _f(
+        0.1, "target of the adaptive controller: mean KL per response token (as verl)"
+    )
     horizon: int = _f(10000, "horizon of the adaptive controller")
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    mode: str = _f(
+        "none",
+        "rollout/trainer mismatch correction: none | token_tis (truncated importance "
+        "weight per token, TRL) | seq_mask (drop sequences whose ratio is off, verl)",
+    )
+    cap: float | None = _f(
+        None,
+        "token_tis: largest token weight (null = 3.0, TRL); seq_mask: keep a sequence "
+        "whose ratio pi_old/pi_rollout is within [1/cap, cap] (null = 2.0, verl)",
+    )
 
 
 @dataclass
@@ -137,6 +153,13 @@ class TrainerConfig:
         False, "TF32 matmuls on Ampere+ GPUs (torch.set_float32_matmul_precision('high'))"
     )
     compile: bool = _f(False, "torch.compile the training forward (CUDA; refused elsewhere)")
+    # redesign:
+    rollout_correction: RolloutCorrectionConfig = field(
+        default_factory=lambda: RolloutCorrectionConfig()
+    )
+    critic_warmup_steps: int = _f(
+        0, "ppo: update only the critic for the first N steps (verl's critic_warmup)"
+    )
 
 
 @dataclass
@@ -163,7 +186,9 @@ class VllmBackend:
 
 @dataclass
 class HFBackend:
-    enable_hf_transformers: bool = _f(True, "HF generate rollout (rollout.engine: hf)")
+    enable_hf_transformers: bool = _f(
+        False, "true = HF generate rollout (the seed story's setting); false = rollout.engine decides"
+    )
 
 
 @dataclass

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import copy
+import dataclasses
+from typing import Protocol
 
+from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
+from danka.algorithms.kl import KL_ESTIMATORS, KL_MODES
+from danka.algorithms.losses import AGG_MODES, POLICY_LOSSES
+from danka.algorithms.presets import ALGORITHMS
+from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
 from danka.errors import UserError
+from danka.rollout.base import ROLLOUT_ENGINES
 
-if TYPE_CHECKING:
-    from danka.config.load import _Source
 
-# algorithm -> advantage estimator it implies
-ALGORITHMS = {
-    "ppo": "gae",
-    "grpo": "grpo",
-    "dr_grpo": "dr_grpo",
-    "rloo": "rloo",
-    "reinforce_plus_plus": "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline",
-    "gspo": "grpo",
-}
-GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"}
 # short dtype names accepted everywhere a dtype is named (config, --dtype of the tools)
 DTYPE_ALIASES = {
     "bf16": "bfloat16",
@@ -37,27 +32,40 @@ def canonical_dtype(name: str) -> str:
     return DTYPE_ALIASES.get(name.lower(), name.lower())
 
 
-CHOICES = {
-    "model.torch_dtype": {"auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"},
-    "model.reward_model_type": {"auto", "classifier", "judge"},
-    "model.tokenizer_kwargs.padding_side": {"left", "right"},
-    "trainer.policy_loss": {"vanilla", "gspo"},
-    "trainer.loss_agg_mode": {
-        "token-mean",
-        "seq-mean-token-sum",
-        "seq-mean-token-mean",
-        "seq-mean-token-sum-norm",
-    },
-    "trainer.lr_scheduler": {"constant", "cosine", "linear"},
-    "trainer.kl.estimator": {"k1", "k2", "k3", "abs"},
-    "trainer.kl.mode": {"loss", "reward"},
-    "rollout.engine": {"auto", "hf", "fast"},
-    "data.format": {"auto", "seed", "trl", "verl", "gsm8k"},
-    "data.overlong_prompt": {"error", "drop", "truncate_left"},
-    "data.on_bad_row": {"error", "skip"},
-    "data.task": {None, "arithmetic"},
-    "reward.on_error": {"fail", "zero", "skip_sample"},
-}
+
+class ConfigSource(Protocol):
+    """Where config values came from (config.load's _Source)."""
+
+    explicit: set[str]  # dotted keys the user set (file or override)
+
+    def where(self, key: str) -> str: ...
+
+
+# default cap of each rollout correction mode (TRL's token cap, verl's sequence threshold)
+CORRECTION_CAPS = {"none": 3.0, "token_tis": 3.0, "seq_mask": 2.0}
+
+
+def choices() -> dict[str, set]:
+    """Valid values per key: names from the registries, the rest fixed here."""
+    return {
+        "model.torch_dtype": {"auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"},
+        "model.reward_model_type": {"auto", "classifier", "judge"},
+        "model.tokenizer_kwargs.padding_side": {"left", "right"},
+        "trainer.algorithm": set(ALGORITHMS.names()),
+        "trainer.advantage_estimator": {None, *ADVANTAGE_ESTIMATORS.names()},
+        "trainer.policy_loss": set(POLICY_LOSSES.names()),
+        "trainer.loss_agg_mode": set(AGG_MODES),
+        "trainer.lr_scheduler": {"constant", "cosine", "linear"},
+        "trainer.kl.estimator": set(KL_ESTIMATORS.names()),
+        "trainer.kl.mode": set(KL_MODES.names()),
+        "trainer.rollout_correction.mode": set(ROLLOUT_CORRECTIONS.names()),
+        "rollout.engine": {"auto", *ROLLOUT_ENGINES.names()},
+        "data.format": {"auto", "seed", "trl", "verl", "gsm8k"},
+        "data.overlong_prompt": {"error", "drop", "truncate_left"},
+        "data.on_bad_row": {"error", "skip"},
+        "data.task": {None, "arithmetic"},
+        "reward.on_error": {"fail", "zero", "skip_sample"},
+    }
 
 
 def _get(cfg: DankaConfig, dotted: str):
@@ -67,8 +75,11 @@ def _get(cfg: DankaConfig, dotted: str):
     return obj
 
 
-def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
-    """Raise UserError on the first inconsistency; fill in derived values in place."""
+def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
+    """Raise UserError on the first inconsistency; fill in derived values in place
+    (algorithm presets where the user set nothing, samples_per_prompt, ...). After this
+    the config is read-only: the run keeps its changing state elsewhere."""
+    explicit = source.explicit if source else set()
 
     def where(key: str) -> str:
         return source.where(key) if source else f"config key {key}"
@@ -76,7 +87,7 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
     def fail(key: str, what: str, fix: str) -> None:
         raise UserError(what, where=where(key), fix=fix)
 
-    for key, allowed in CHOICES.items():
+    for key, allowed in choices().items():
         value = _get(cfg, key)
         if key == "model.torch_dtype" and isinstance(value, str):
             value = canonical_dtype(value)
@@ -98,12 +109,6 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
             "no training data given",
             "set data.train_dataset to a .jsonl/.json/.parquet file (or data.task: arithmetic)",
         )
-    if t.algorithm not in ALGORITHMS:
-        fail(
-            "trainer.algorithm",
-            f"unknown algorithm {t.algorithm!r}",
-            f"use one of: {', '.join(ALGORITHMS)}",
-        )
     if m.use_flash_attention_2 and m.attn_implementation not in (None, "flash_attention_2"):
         fail(
             "model.use_flash_attention_2",
@@ -122,12 +127,18 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
         )
 
     # Derived values, printed by --print-config and at start-up.
+    preset = ALGORITHMS.get(t.algorithm, where=where("trainer.algorithm"))
     if t.advantage_estimator is None:
-        t.advantage_estimator = ALGORITHMS[t.algorithm]
-    if t.algorithm == "gspo":
-        t.policy_loss = "gspo"
+        t.advantage_estimator = preset.advantage_estimator
+    for key, value in preset.trainer.items():  # the paper's settings, unless set by the user
+        if f"trainer.{key}" not in explicit:
+            setattr(t, key, value)
+    estimator = ADVANTAGE_ESTIMATORS.meta(t.advantage_estimator)
     if t.samples_per_prompt is None:
-        t.samples_per_prompt = 1 if t.advantage_estimator == "gae" else 8
+        t.samples_per_prompt = 8 if estimator.grouped else 1
+    rc = t.rollout_correction
+    if rc.cap is None:
+        rc.cap = CORRECTION_CAPS.get(rc.mode, 3.0)
     if t.mini_batch_size is None:
         t.mini_batch_size = t.batch_size
     if d.max_prompt_length is None:
@@ -190,15 +201,27 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
             f"({t.micro_batch_size})",
             f"choose a micro_batch_size that divides {seqs}",
         )
-    if t.advantage_estimator in GROUP_ESTIMATORS and t.samples_per_prompt < 2:
+    if estimator.grouped and t.samples_per_prompt < 2:
         fail(
             "trainer.samples_per_prompt",
             f"{t.advantage_estimator} compares answers to the same prompt and needs "
             f"samples_per_prompt >= 2, got {t.samples_per_prompt}",
             "set trainer.samples_per_prompt: 8 (or use trainer.algorithm: ppo)",
         )
-    if t.advantage_estimator == "gae" and t.samples_per_prompt < 1:
-        fail("trainer.samples_per_prompt", "must be >= 1", "use 1 for ppo")
+    if rc.cap <= 1.0:
+        fail(
+            "trainer.rollout_correction.cap",
+            f"must be > 1, got {rc.cap}",
+            "use 3.0 for token_tis or 2.0 for seq_mask (or null for these defaults)",
+        )
+    if t.critic_warmup_steps < 0:
+        fail("trainer.critic_warmup_steps", "must be >= 0", "e.g. 0 (off) or 5")
+    if t.critic_warmup_steps and not estimator.needs_critic:
+        fail(
+            "trainer.critic_warmup_steps",
+            f"{t.advantage_estimator} trains no critic, so there is nothing to warm up",
+            "remove trainer.critic_warmup_steps, or use trainer.algorithm: ppo",
+        )
     if not 0.0 < t.clip_ratio_low < 1.0 or t.clip_ratio_high <= 0.0:
         fail(
             "trainer.clip_ratio_low",
@@ -230,17 +253,13 @@ def validate(cfg: DankaConfig, source: _Source | None = None) -> None:
         )
     if cfg.reward.timeout_s <= 0:
         fail("reward.timeout_s", "must be > 0", "e.g. 30")
-    for i, fn in enumerate(cfg.reward.functions):
-        if not fn.name:
-            fail(
-                f"reward.functions[{i}].name",
-                "reward function without a name",
-                "use a builtin name (gsm8k, math, format, length, last_number) or file.py:function",
-            )
-    if cfg.backend.hf_transformers.enable_hf_transformers is False and cfg.rollout.engine == "hf":
+    from danka.rewards.specs import check_reward_specs  # torch-free; runs no user code
+
+    check_reward_specs(cfg.reward.functions)
+    if cfg.backend.hf_transformers.enable_hf_transformers and cfg.rollout.engine == "fast":
         fail(
             "backend.hf_transformers.enable_hf_transformers",
-            "conflicts with rollout.engine: hf",
+            "true asks for the HF engine, which conflicts with rollout.engine: fast",
             "set only one of them",
         )
     if d.eval_size < 0 or d.task_train_size < 1:
@@ -304,3 +323,53 @@ NOT_YET_WIRED = {
     "trainer.mask_truncated",
     "reward.overlong_buffer.length",
 }
+
+
+_FROZEN: dict[type, type] = {}
+
+
+def _refuse(self, name, value=None):
+    raise AttributeError(
+        f"the config is read-only after validation (tried to set {name!r}); keep changing "
+        "run state elsewhere (e.g. trainer.run.RunState)"
+    )
+
+
+def _thawed_copy(self, memo: dict):
+    """``copy.deepcopy`` of a frozen section is an ordinary, writable one (a what-if copy,
+    e.g. ``danka estimate`` trying settings, is the caller's to change)."""
+    base = type(self).__mro__[1]
+    new = object.__new__(base)
+    memo[id(self)] = new
+    for f in dataclasses.fields(self):
+        object.__setattr__(new, f.name, copy.deepcopy(getattr(self, f.name), memo))
+    return new
+
+
+def freeze(obj: object) -> None:
+    """Make a validated config (and every section in it) read-only: each dataclass
+    instance becomes an instance of a subclass whose ``__setattr__`` raises. ``asdict``,
+    ``isinstance``, pickling and reading work as before; a deep copy is writable."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        if isinstance(obj, list):
+            for item in obj:
+                freeze(item)
+        return
+    for f in dataclasses.fields(obj):
+        freeze(getattr(obj, f.name))
+    cls = type(obj)
+    if cls in _FROZEN.values():
+        return
+    if cls not in _FROZEN:
+        name = f"Frozen{cls.__name__}"  # a module-level name, so pickle finds the class
+        _FROZEN[cls] = globals()[name] = type(
+            name,
+            (cls,),
+            {
+                "__setattr__": _refuse,
+                "__delattr__": _refuse,
+                "__deepcopy__": _thawed_copy,
+                "__module__": __name__,
+            },
+        )
+    object.__setattr__(obj, "__class__", _FROZEN[cls])

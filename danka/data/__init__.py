@@ -14,7 +14,7 @@ from danka.data.gsm8k import (
     find_gsm8k_answer,
 )
 from danka.data.inspect import describe_first_batch
-from danka.data.tasks import arithmetic_rows, reasoning_gym_rows, write_rows_jsonl
+from danka.data.tasks import arithmetic_rows, write_rows_jsonl
 from danka.data.template import (
     OVERLONG_POLICIES,
     EncodedPrompts,
@@ -39,7 +39,6 @@ __all__ = [
     "left_pad",
     "load_prompt_rows",
     "read_records",
-    "reasoning_gym_rows",
     "render_prompt",
     "to_prompt_row",
     "write_rows_jsonl",

@@ -15,13 +15,12 @@ Nothing here knows about prompt formats; :mod:`danka.data.formats` turns records
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from danka.errors import UserError
+from danka.io import atomic_path, write_text_atomic  # noqa: F401  (re-exported)
 
 DATASET_TYPES = ("json", "jsonl", "parquet", "hf")
 _FILE_SUFFIXES = {".json": "json", ".jsonl": "jsonl", ".parquet": "parquet"}
@@ -223,27 +222,9 @@ def _read_hub(source: str, split: str) -> list[Record]:
     return [(f"hf:{source}[{split}]:row {i}", dict(row)) for i, row in enumerate(ds)]
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder + rename, so a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_parquet_atomic(rows: list[dict[str, Any]], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows), str(tmp))

@@ -70,40 +70,6 @@ def arithmetic_rows(
     ]
 
 
-def reasoning_gym_rows(task_name: str, n: int, seed: int) -> list[PromptRow]:
-    """``n`` problems of a reasoning-gym task (e.g. ``basic_arithmetic``, ``chain_sum``).
-
-    ``data_source`` is ``reasoning_gym/<task>``; ``extra["metadata"]`` keeps the entry's
-    metadata, which reasoning-gym's own ``score_answer`` needs.
-    """
-    try:
-        import reasoning_gym
-    except ImportError as err:
-        raise UserError(
-            "reasoning-gym is not installed", "data task", "pip install reasoning-gym"
-        ) from err
-    try:
-        dataset = reasoning_gym.create_dataset(task_name, size=n, seed=seed)
-    except ValueError as err:
-        raise UserError(
-            f"unknown reasoning-gym task {task_name!r} ({err})",
-            "data task",
-            "use a registered name such as basic_arithmetic or chain_sum "
-            "(list them with: python -c 'import reasoning_gym; "
-            "print(sorted(reasoning_gym.factory.DATASETS))')",
-        ) from err
-    return [
-        PromptRow(
-            index=i,
-            prompt=entry["question"],
-            ground_truth=str(entry["answer"]),
-            data_source=f"reasoning_gym/{task_name}",
-            extra={"metadata": entry.get("metadata", {}), "task": task_name},
-        )
-        for i, entry in enumerate(dataset)
-    ]
-
-
 def row_to_record(row: PromptRow) -> dict[str, Any]:
     """A JSON-able record in TRL layout that :func:`load_prompt_rows` reads back as ``row``."""
     return {

@@ -8,8 +8,9 @@ trainer runs its single-process path unchanged. With N processes:
 * the step's prompt indices are split into N contiguous slices, one per rank, so the
   ``samples_per_prompt`` answers of a prompt (its GRPO group) stay on one rank;
 * the loss of a mini-batch is normalised by GLOBAL counts (valid tokens and sequences
-  summed over ranks), each rank's loss is its part of the global sum, and FSDP2's
-  gradient reduce-scatter SUMS (divide factor 1), so the N-rank gradient is the
+  summed over ranks), each rank's loss is its part of the global sum, and
+  ``sync_grads`` makes every gradient the SUM over ranks (FSDP2's reduce-scatter
+  averages; sharded gradients are multiplied by N), so the N-rank gradient is the
   one-process gradient:  g = sum_r d/dθ [sum_{i in r} l_i / T_global] = d/dθ L;
 * metrics are reduced over ranks (mean, or sum for the losses that are partial sums);
 * checkpoints are gathered to rank 0 as full (unsharded) tensors and written in the
@@ -51,7 +52,14 @@ from danka.distributed.state import (  # noqa: F401  (dist.full_state_dict, ...)
 from danka.errors import UserError
 
 # update() metrics normalised by the global counts: each rank holds a part of the sum
-SUMMED_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "rollout/logprob_gap")
+SUMMED_METRICS = (
+    "actor/loss",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/kl_loss",
+    "actor/kl_token_mean",
+    "rollout/logprob_gap",
+)
 _CPU_GROUP = None  # gloo group for CPU-side data (set by init)
 
 

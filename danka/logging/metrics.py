@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
 import time
 from pathlib import Path
 from typing import Any
+
+from danka.io import write_text_atomic
 
 # loss and reward always come first (``grep reward:`` on train.log); then these; then the
 # remaining keys alphabetically; time/* keys last.
@@ -130,15 +131,6 @@ class MetricsWriter:
         self.close()
 
 
-def _atomic_write_lines(path: Path, lines: list[str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class CompletionsWriter:
     """Writes ``OUTPUT/completions/step_<N>.jsonl``: one sample per line with prompt,
     completion, combined reward, per-function rewards and ground truth."""
@@ -174,7 +166,7 @@ class CompletionsWriter:
             lines.append(_dumps(row))
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"step_{step}.jsonl"
-        _atomic_write_lines(path, lines)
+        write_text_atomic(path, "".join(line + "\n" for line in lines))
         return path
 
 
@@ -198,7 +190,7 @@ def truncate_metrics_after(output_dir: Path, step: int) -> int:
             removed += 1
         else:
             kept.append(line)
-    _atomic_write_lines(path, kept)
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
     return removed
 
 

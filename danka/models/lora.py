@@ -143,11 +143,6 @@ def adapter_parameters(model: nn.Module, name: str) -> list[nn.Parameter]:
     ]
 
 
-def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters with ``requires_grad`` (what the optimiser gets)."""
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 def count_parameters(model: nn.Module) -> tuple[int, int]:
     """``(trainable, total)`` parameter counts (shared/tied tensors counted once)."""
     seen: set[int] = set()

@@ -98,7 +98,7 @@ def ensure_converted(log: Callable[[str], Any] = print) -> Path:
 def _convert(gguf: Path, out: Path, log: Callable[[str], Any]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from danka.models.loading import fix_special_tokens, sync_special_tokens
+    from danka.models.special_tokens import fix_special_tokens, sync_special_tokens
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     for change in fix_special_tokens(tokenizer):

@@ -15,7 +15,6 @@ from torch import nn
 from danka.errors import UserError
 
 FILENAME = "value_head.safetensors"
-INIT_STD = 1e-3  # small, so initial values are ~0 and early advantages come from the rewards
 
 
 class ValueHead(nn.Module):
@@ -25,7 +24,11 @@ class ValueHead(nn.Module):
         super().__init__()
         self.hidden_size = hidden_size
         self.linear = nn.Linear(hidden_size, 1, dtype=torch.float32)
-        nn.init.normal_(self.linear.weight, std=INIT_STD)
+        # zero, not small random: a fresh head predicting V = c != 0 gives the last token
+        # the advantage delta_T = r_T - c (GAE); under rewards ~0 the end-of-turn token is
+        # then pushed down every step and answers grow to the token cap (issue 11, #10).
+        # With V = 0 the first advantages come from the rewards alone.
+        nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

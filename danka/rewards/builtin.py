@@ -18,28 +18,21 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from danka.registry import Registry
+
 if TYPE_CHECKING:  # danka.types imports torch; the reward worker must not
     from danka.types import PromptRow
 
 RewardFn = Callable[..., float]
 F = TypeVar("F", bound=RewardFn)
 
-REWARDS: dict[str, RewardFn] = {}
+REWARDS: Registry[None] = Registry("reward")
 
 
 def register_reward(name: str) -> Callable[[F], F]:
     """Decorator adding a rule reward under ``name``; a taken name raises ValueError
     (two rewards silently shadowing each other is a programming bug)."""
-
-    def deco(fn: F) -> F:
-        if name in REWARDS:
-            raise ValueError(
-                f"reward {name!r} is already registered (by {REWARDS[name].__qualname__})"
-            )
-        REWARDS[name] = fn
-        return fn
-
-    return deco
+    return REWARDS.register(name)
 
 
 # verl's number pattern: optional minus, then digits, dots and commas.

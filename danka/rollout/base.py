@@ -8,13 +8,15 @@ is the j-th answer to prompt ``i``; ``group_index`` records ``i``.
 from __future__ import annotations
 
 import copy
-import inspect
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import torch
 
+from danka.data.template import left_pad
 from danka.errors import UserError
+from danka.registry import Registry
 from danka.types import RolloutBatch
 
 
@@ -48,42 +50,128 @@ class RolloutEngine(Protocol):
         ...
 
 
-ROLLOUT_ENGINES: dict[str, type] = {}
+@dataclass(frozen=True)
+class EngineOptions:
+    """Engine settings from the config (``rollout.*``); the default of each means "not set".
+
+    An engine declares which of them it honours (``EngineMeta.options``, mapping an
+    option to its constructor argument); a set option the chosen engine does not honour
+    is a UserError at start-up, never silently ignored.
+    """
+
+    generation_batch_size: int = 0  # sequences per generate call (0 = all at once)
 
 
-def register_engine(name: str):
+@dataclass(frozen=True)
+class EngineMeta:
+    """Capabilities of a rollout engine, asked instead of comparing engine names."""
+
+    options: dict[str, str] = field(default_factory=dict)  # EngineOptions field -> ctor arg
+    auto_devices: tuple[str, ...] = ()  # device types on which ``auto`` picks it
+    auto_priority: int = 0  # higher wins among the engines ``auto`` may pick
+    quantized_base: bool = False  # samples from a bitsandbytes-quantised base (QLoRA)
+    reports_logprobs: bool = False  # fills RolloutBatch.rollout_logprobs
+    distributed: bool = False  # works under torchrun with a sharded (FSDP2) policy
+    banner: str = ""  # the start-up log line naming it
+
+
+# Entries are "module:Class" (imported when built: no import cycle, and the capability
+# table of every engine is here in one place) or a class added by ``register_engine``.
+ROLLOUT_ENGINES: Registry[EngineMeta] = Registry("rollout engine", EngineMeta())
+ROLLOUT_ENGINES.add(
+    "hf",
+    "danka.rollout.hf:HFGenerateEngine",
+    EngineMeta(
+        options={"generation_batch_size": "batch_size"},
+        auto_devices=("cpu", "cuda"),
+        quantized_base=True,
+        distributed=True,
+        banner="Using HF Transformers backend for Actor/Critic inference",
+    ),
+)
+ROLLOUT_ENGINES.add(
+    "fast",
+    "danka.rollout.fast:FastEngine",
+    EngineMeta(
+        options={"generation_batch_size": "max_batch"},
+        auto_devices=("cuda",),
+        auto_priority=1,
+        reports_logprobs=True,
+        banner="Using danka fast rollout engine (static KV cache, CUDA graphs) for inference",
+    ),
+)
+
+
+def register_engine(name: str, meta: EngineMeta | None = None):
+    """Class decorator for another engine: ``@register_engine("mine", EngineMeta(...))``."""
+
     def deco(cls: type) -> type:
-        if name in ROLLOUT_ENGINES:
-            raise ValueError(f"rollout engine {name!r} is registered twice")
         cls.name = name
-        ROLLOUT_ENGINES[name] = cls
+        ROLLOUT_ENGINES.add(name, cls, meta)
         return cls
 
     return deco
 
 
-def build_engine(name: str, **options) -> RolloutEngine:
-    """The engine ``name`` with typed ``options``; one it does not take is a UserError (exit 2
-    at start-up), never silently dropped."""
-    # Import the engines so they register themselves.
-    from danka.rollout import fast, hf  # noqa: F401
+def engine_class(name: str) -> type:
+    entry = ROLLOUT_ENGINES.get(name, where="rollout.engine")
+    if isinstance(entry, str):
+        module, cls = entry.split(":")
+        entry = getattr(importlib.import_module(module), cls)
+    return entry
 
-    if name not in ROLLOUT_ENGINES:
-        raise UserError(
-            f"unknown rollout engine {name!r}",
-            where="rollout.engine",
-            fix=f"use one of: {', '.join(sorted(ROLLOUT_ENGINES))} (or auto)",
-        )
-    cls = ROLLOUT_ENGINES[name]
-    accepted = inspect.signature(cls).parameters
-    for key in options:
-        if key not in accepted:
+
+def engine_meta(name: str) -> EngineMeta:
+    return ROLLOUT_ENGINES.meta(name, where="rollout.engine")
+
+
+def resolve_engine(name: str, device_type: str, *, quantized: bool) -> str:
+    """The engine ``rollout.engine`` names; ``auto`` picks the highest-priority engine
+    whose capabilities fit the device and the base (a quantised base needs an engine
+    that reads quantised weights)."""
+    if name != "auto":
+        meta = engine_meta(name)
+        if quantized and not meta.quantized_base:
+            fits = [n for n, _ in ROLLOUT_ENGINES.items() if ROLLOUT_ENGINES.meta(n).quantized_base]
             raise UserError(
-                f"the {name} rollout engine has no option {key!r}",
-                where="rollout",
-                fix=f"its options: {', '.join(accepted) or 'none'}; or choose another engine",
+                f"rollout engine {name!r} cannot sample from a quantised (4/8-bit) base",
+                where="rollout.engine",
+                fix=f"use rollout.engine: {' or '.join(fits) or 'auto'}",
             )
-    return cls(**options)
+        return name
+    fits = [
+        (ROLLOUT_ENGINES.meta(n).auto_priority, n)
+        for n, _ in ROLLOUT_ENGINES.items()
+        if device_type in ROLLOUT_ENGINES.meta(n).auto_devices
+        and (ROLLOUT_ENGINES.meta(n).quantized_base or not quantized)
+    ]
+    if not fits:
+        raise UserError(f"no rollout engine runs on {device_type}", where="rollout.engine")
+    return max(fits)[1]
+
+
+def build_engine(name: str, options: EngineOptions | None = None) -> RolloutEngine:
+    """The engine registered as ``name``, built with the options the config set; an
+    option it does not honour is a UserError naming the option and the engine."""
+    cls = engine_class(name)
+    meta = ROLLOUT_ENGINES.meta(name)
+    options = options or EngineOptions()
+    kwargs = {}
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if value == f.default:
+            continue
+        if f.name not in meta.options:
+            able = [
+                n for n, _ in ROLLOUT_ENGINES.items() if f.name in ROLLOUT_ENGINES.meta(n).options
+            ]
+            raise UserError(
+                f"rollout.{f.name} is set ({value}), but the {name!r} engine does not support it",
+                where=f"rollout.{f.name}",
+                fix=f"remove rollout.{f.name}, or use rollout.engine: {' or '.join(able) or '?'}",
+            )
+        kwargs[meta.options[f.name]] = value
+    return cls(**kwargs)
 
 
 def choose_engine(
@@ -100,14 +188,17 @@ def choose_engine(
     from danka.tools.estimate import GIB, OVERHEAD_BYTES, estimate_memory, load_model_config
 
     r, m = cfg.rollout, cfg.model
+    quantized = bool(m.load_in_4bit or m.load_in_8bit)
     if r.engine != "auto":
-        return r.engine, f"rollout.engine: {r.engine}"
+        return resolve_engine(r.engine, device.type, quantized=quantized), (
+            f"rollout.engine: {r.engine}"
+        )
     if cfg.backend.hf_transformers.enable_hf_transformers:
         return "hf", "backend.hf_transformers.enable_hf_transformers: true"
-    if device.type != "cuda":
-        return "hf", f"no CUDA device ({device}): HF generate"
-    if m.load_in_4bit or m.load_in_8bit:
-        return "hf", "quantised base: the fast engine reads plain bf16/fp32 weights"
+    name = resolve_engine("auto", device.type, quantized=quantized)
+    if name != "fast":
+        why = "a quantised base" if quantized else f"device {device.type}"
+        return name, f"rollout.engine: auto picks {name} for {why}"
     config = model_config or load_model_config(m.actor_model_name_or_path)
     if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
         return "hf", f"the fast engine does not run model type {config.model_type!r}"
@@ -148,17 +239,12 @@ def finish_batch(
         cut.append(resp[:end] if end is not None else resp[:max_new_tokens])
         truncated.append(end is None)
     b = len(cut)
-    plen = max(len(p) for p in prompt_ids)
     rlen = max(1, max(len(r) for r in cut))
-    p_ids = torch.full((b, plen), pad_id, dtype=torch.long)
-    p_mask = torch.zeros((b, plen), dtype=torch.long)
+    p_ids, p_mask = left_pad([prompt_ids[k // n] for k in range(b)], pad_id)
     r_ids = torch.full((b, rlen), pad_id, dtype=torch.long)
     r_mask = torch.zeros((b, rlen), dtype=torch.float32)
     lp = torch.zeros((b, rlen), dtype=torch.float32) if logprobs is not None else None
     for k, resp in enumerate(cut):
-        prompt = prompt_ids[k // n]
-        p_ids[k, plen - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        p_mask[k, plen - len(prompt) :] = 1
         if resp:
             r_ids[k, : len(resp)] = torch.tensor(resp, dtype=torch.long)
             r_mask[k, : len(resp)] = 1.0

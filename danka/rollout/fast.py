@@ -30,7 +30,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from danka.errors import UserError
-from danka.rollout.base import SamplingParams, finish_batch, register_engine
+from danka.rollout.base import SamplingParams, finish_batch
 from danka.rollout.fast_model import decode_forward, prefill, rope_tables
 from danka.rollout.fast_sampling import sample_next
 from danka.rollout.fast_weights import (
@@ -107,7 +107,6 @@ def _left_pad(prompts: list[list[int]], plen: int, pad_id: int, device: torch.de
     return ids.to(device), mask.to(device)
 
 
-@register_engine("fast")
 class FastEngine:
     """Static-KV decode engine for Llama/Qwen2 decoders; see the module docstring."""
 

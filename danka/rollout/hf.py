@@ -11,11 +11,10 @@ from contextlib import contextmanager
 import torch
 from transformers import GenerationConfig
 
-from danka.rollout.base import SamplingParams, finish_batch, register_engine
+from danka.rollout.base import SamplingParams, finish_batch
 from danka.types import RolloutBatch
 
 
-@register_engine("hf")
 class HFGenerateEngine:
     name = "hf"
 

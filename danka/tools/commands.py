@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from danka.cli import command
+from danka.commands import command
 from danka.errors import UserError
 
 

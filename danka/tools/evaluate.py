@@ -57,19 +57,16 @@ def score_samples(
     flat_rows = [r for r, cs in zip(rows, completions) for _ in cs]
     flat_prompts = [p for p, cs in zip(prompts, completions) for _ in cs]
     flat = [c for cs in completions for c in cs]
+    from danka.trainer.evaluate import judge
+
     out = rewards(flat_rows, flat_prompts, flat)
-    primary = next(iter(out.per_function.values())) if out.per_function else out.scores
-    scores, ok = out.scores.float().tolist(), (primary.float() >= threshold - 1e-6).tolist()
+    correct, per_fn = judge(out, threshold)
+    scores, ok = out.scores.float().tolist(), correct.tolist()
     by_row_s, by_row_c, k = [], [], 0
     for cs in completions:
         by_row_s.append(scores[k : k + len(cs)])
         by_row_c.append([bool(x) for x in ok[k : k + len(cs)]])
         k += len(cs)
-    # per function, like the trainer's eval/correct/<name> (a weight-0 function is a metric)
-    per_fn = {
-        name: float((v.float() >= threshold - 1e-6).float().mean())
-        for name, v in out.per_function.items()
-    }
     return by_row_s, by_row_c, per_fn
 
 

@@ -180,7 +180,7 @@ def generate_batch(
     ``{"index", "row", "prompt", "completions": [n texts], "response_tokens": [n],
     "truncated": [n]}`` (``prompt`` is the rendered text the model saw)."""
     from danka.data.template import encode_prompts
-    from danka.rollout.base import SamplingParams, build_engine
+    from danka.rollout.base import EngineOptions, SamplingParams, build_engine
 
     if seed is not None:
         torch.manual_seed(seed)
@@ -191,7 +191,7 @@ def generate_batch(
         system_prompt=system,
         instruction=instruction,
     )
-    engine = build_engine("hf", batch_size=batch_size)
+    engine = build_engine("hf", EngineOptions(generation_batch_size=batch_size))
     params = SamplingParams(
         n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
     )

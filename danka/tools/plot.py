@@ -19,7 +19,14 @@ from typing import Any
 
 PLOTS_DIR = "plots"
 REPORT = "report.html"
-_PHASE_ORDER = ("time/rollout", "time/reward", "time/prepare", "time/update")
+_PHASE_ORDER = (
+    "time/rollout",
+    "time/reward",
+    "time/logprobs",
+    "time/values",
+    "time/advantages",
+    "time/update",
+)
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl?$")
 
 

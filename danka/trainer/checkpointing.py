@@ -14,6 +14,7 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 from danka import distributed as dist
+from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from danka.checkpoint import (
     capture_rng_state,
     checkpoint_parts,
@@ -142,7 +143,8 @@ def _layout(cfg: dict) -> dict:
     if out["lora.enable_lora"]:
         out["lora.lora_r"] = _get(cfg, "lora.lora_r")
         out["lora.target_modules"] = _get(cfg, "lora.target_modules")
-    if _get(cfg, "trainer.advantage_estimator") == "gae":  # a critic exists
+    estimator = _get(cfg, "trainer.advantage_estimator")
+    if estimator in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS.meta(estimator).needs_critic:
         out["model.critic_model_name_or_path"] = (
             _get(cfg, "model.critic_model_name_or_path") or out["model.actor_model_name_or_path"]
         )

@@ -4,18 +4,35 @@ from __future__ import annotations
 
 import torch
 
+from danka.rewards.combine import RewardOutput
 from danka.rollout.base import SamplingParams
 from danka.types import PromptRow
+
+CORRECT_AT = 1.0  # the score of a right answer for every builtin rule reward
+
+
+def judge(
+    out: RewardOutput, threshold: float = CORRECT_AT
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The one "correct" rule (training evaluation and ``danka eval``): a sample is
+    correct when the FIRST reward function scores it at least ``threshold`` (the combined
+    score if there is no function). Returns (correct (B,) bool, per-function accuracy
+    ``name -> fraction``: a weight-0 function is a pure metric, e.g. GSM8K's flexible
+    accuracy next to the strict one)."""
+    primary = next(iter(out.per_function.values())) if out.per_function else out.scores
+    correct = primary.float() >= threshold - 1e-6
+    per_fn = {
+        name: float((v.float() >= threshold - 1e-6).float().mean())
+        for name, v in out.per_function.items()
+    }
+    return correct.cpu(), per_fn
 
 
 @torch.no_grad()
 def evaluate(run, rows: list[PromptRow], prompt_ids: list[list[int]], texts: list[str]) -> dict:
     """Greedy accuracy on held-out prompts.
 
-    A sample counts as correct when the primary reward function (the first one) gives it
-    at least 1.0, the score of a correct answer for every builtin rule reward. The same is
-    reported per function (``eval/correct/<name>``): a weight-0 function is a pure metric,
-    e.g. GSM8K's flexible accuracy next to the strict one.
+    Correct as :func:`judge` says; per function as ``eval/correct/<name>``.
     """
     t = run.cfg.trainer
     params = SamplingParams(
@@ -37,14 +54,10 @@ def evaluate(run, rows: list[PromptRow], prompt_ids: list[list[int]], texts: lis
             lengths.extend(batch.response_mask.sum(1).tolist())
             truncated.extend(batch.truncated.tolist())
     out = run.rewards(rows, texts, completions)
-    primary = next(iter(out.per_function.values())) if out.per_function else out.scores
-    correct = (primary.float() >= 1.0 - 1e-6).float()
-    per_fn = {
-        f"eval/correct/{name}": float((v.float() >= 1.0 - 1e-6).float().mean())
-        for name, v in out.per_function.items()
-    }
+    ok, per_fn = judge(out)
+    correct = ok.float()
     return {
-        **per_fn,
+        **{f"eval/correct/{name}": value for name, value in per_fn.items()},
         "eval/accuracy": float(correct.mean()),
         "eval/reward": float(out.scores.float().mean()),
         "eval/response_length": sum(lengths) / max(1, len(lengths)),

@@ -1,208 +1,207 @@
-"""The training loop. Each step:
+"""``danka train``: the whole algorithm, top to bottom.
 
-1. pick prompts        2. rollout (sample n answers each)     3. rewards
-4. reference log-probs (KL) and values (critic)               5. advantages
-6. update (PPO epochs over mini-/micro-batches)               7. log
-8. checkpoint          9. evaluate on held-out prompts
+Each step: 1 sample prompts -> 2 rollout -> 3 rewards -> 4 old/reference log-probs ->
+5 values (critic) -> 6 advantages -> 7 update (actor, critic) -> 8 log -> 9 checkpoint ->
+10 evaluate. A ``RolloutBatch`` (danka/types.py) is the only thing passed between the
+stages (danka/trainer/steps.py); which algorithm needs what (a critic, a reference, a
+correction) is registry metadata resolved once into ``run.algo``. The loop measures its
+own phases: ``time/<phase>`` in every metrics line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import time
-from collections import defaultdict
+from pathlib import Path
 
 import torch
 
 from danka import distributed as dist
-from danka.algorithms.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    AdvantageInput,
-    sequence_rewards_to_tokens,
-)
-from danka.algorithms.kl import apply_kl_in_reward
-from danka.rollout.base import SamplingParams
-from danka.trainer.forward import batched, critic_values, effective_token_ratio, policy_logprobs
-from danka.trainer.guards import OutOfMemory, oom_guard
+from danka.checkpoint import config_hash
+from danka.config import config_to_dict
+from danka.config.schema import DankaConfig
+from danka.logging.progress import TrainProgress
+from danka.trainer import steps
+from danka.trainer.checkpointing import check_compatible, save
+from danka.trainer.forward import effective_token_ratio
+from danka.trainer.guards import TrainingFault
+from danka.trainer.outputs import Outputs, is_main_process, run_logger
+from danka.trainer.preflight import preflight
+from danka.trainer.resume import resolve_resume, resume_from
 from danka.trainer.run import Run
-from danka.trainer.update import NonFiniteError, update
+from danka.trainer.setup import build_run
+from danka.trainer.update import NonFiniteError
 from danka.types import RolloutBatch
 
 
-def rollout(run: Run, prompts: list[list[int]]) -> RolloutBatch:
-    """Sample ``samples_per_prompt`` answers to each prompt (token ids) from the policy."""
-    t = run.cfg.trainer
-    params = SamplingParams(
-        n=t.samples_per_prompt,
-        temperature=t.temperature,
-        top_p=t.top_p,
-        top_k=t.top_k,
-        max_new_tokens=t.max_new_tokens,
-    )
-    with run.models.actor():
-        return run.engine.generate(
-            run.models.policy, prompts, params, eos_ids=run.eos_ids, pad_id=run.pad_id
-        )
+def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
+    """Train as ``cfg`` says (validated, never changed here); returns the result dict
+    (steps, seconds, held-out accuracy before/after) also written to the result file."""
+    t0, out_dir, main = time.perf_counter(), Path(cfg.output_dir), is_main_process()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = run_logger(out_dir)
+    resolved = config_to_dict(cfg)
+    ckpt = resolve_resume(resume, out_dir, log)
+    if ckpt is not None:
+        check_compatible(ckpt, resolved)  # before minutes of model loading
+    if main:
+        (out_dir / "config.json").write_text(json.dumps(resolved, indent=2))
+    run = build_run(cfg, base_dir, out_dir, log)
+    log.info(describe(run))
+    if cfg.trainer.preflight:  # before a restore, which then sets every RNG as saved
+        preflight(run, log)
+    start, history = resume_from(run, ckpt, resolved, main)
+    outputs = Outputs.open(cfg, log, resolved, start)
+    outputs.history = history
+    if start == 0 and not history["eval"]:
+        outputs.evaluate(run, 0)
+    bad_in_a_row, t_train, h = 0, time.perf_counter(), config_hash(resolved)
+    with TrainProgress(
+        run.state.total_steps, start_step=start, enabled=cfg.logging.progress and main
+    ) as bar:
+        for step in range(start + 1, run.state.total_steps + 1):
+            m, batch, completions = train_step(run, step)  # 1-7
+            outputs.record(run, step, m, batch, completions)  # 8. log
+            bar.update(step, m)
+            # after each step: stop? (bad steps, time limit) then evaluate and checkpoint
+            bad_in_a_row = 0 if is_finite_step(m) else bad_in_a_row + 1
+            check_bad_steps(run, bad_in_a_row, step)
+            maybe_stop_early(run, step, t_train)
+            last = step == run.state.total_steps  # also when max_train_minutes cut the run
+            if last or every(cfg.trainer.eval_steps, step):  # 10. evaluate (first: the
+                acc = outputs.evaluate(run, step)  # checkpoint keeps its result)
+                if acc is not None and not last:  # the last one is in the closing line
+                    bar.update(step, {"eval/accuracy": acc})
+            if last or every(cfg.trainer.save_steps, step):  # 9. checkpoint
+                save(run, step, outputs.history, resolved, h)
+            if last:
+                break
+    outputs.close()
+    run.rewards.close()
+    if not main:
+        return {"steps": run.state.total_steps}
+    return outputs.finish(run, time.perf_counter() - t0)
 
 
-def score(run: Run, batch: RolloutBatch, prompt_idx: list[int], metrics: dict) -> list[str]:
-    """Fill ``batch.rewards``; samples whose reward was skipped get an empty response mask."""
-    n = run.cfg.trainer.samples_per_prompt
-    rows = [run.train.rows[prompt_idx[g]] for g in batch.group_index.tolist()]
-    texts = [run.train.texts[prompt_idx[g]] for g in batch.group_index.tolist()]
-    completions = run.decode(batch)
-    out = run.rewards(rows, texts, completions)
-    batch.rewards = out.scores.float().cpu()
-    invalid = ~out.valid.cpu()
-    if invalid.any():
-        batch.response_mask[invalid] = 0.0
-        batch.rewards[invalid] = 0.0
-    metrics["reward"] = float(batch.rewards[~invalid].mean()) if (~invalid).any() else 0.0
-    run.last_reward_parts = {name: v.float().cpu() for name, v in out.per_function.items()}
-    for name, value in run.last_reward_parts.items():
-        metrics[f"reward/{name}"] = float(value[~invalid].mean())
-    metrics["reward/error_rate"] = out.num_errors / max(1, len(completions))
-    groups = batch.rewards.view(-1, n)
-    if n > 1:
-        flat = (groups.max(1).values - groups.min(1).values).abs() < 1e-8
-        metrics["reward/zero_adv_groups"] = float(flat.float().mean())
-    metrics["response_length"] = float(batch.response_mask.sum(1).mean())
-    metrics["response/truncated"] = float(batch.truncated.float().mean())
-    return completions
+def train_step(run: Run, step: int) -> tuple[dict[str, float], RolloutBatch, list[str]]:
+    """Steps 1-7 of one training step; returns (metrics, the batch, decoded completions)."""
+    m: dict[str, float] = {}
+    t_step = time.perf_counter()
+    with phase(m, "rollout"):
+        prompt_idx = steps.sample_prompts(run)  # 1. sample prompts
+        batch = steps.rollout(run, prompt_idx)  # 2. rollout
+    with phase(m, "reward"):
+        completions = run.decode(batch)
+        m.update(steps.score(run, batch, completions))  # 3. rewards
+    with phase(m, "logprobs"):
+        m.update(steps.logprobs(run, batch))  # 4. old/reference log-probs
+    with phase(m, "values"):
+        steps.values(run, batch)  # 5. values (critic)
+    with phase(m, "advantages"):
+        m.update(steps.advantages(run, batch))  # 6. advantages
+    with phase(m, "update"):
+        m.update(update_or_skip(run, batch, step))  # 7. update (actor, critic)
+    steps.adapt_kl(run, m)
+    m["time/step"] = time.perf_counter() - t_step
+    return step_metrics(run, batch, m), batch, completions
 
 
-def prepare(run: Run, batch: RolloutBatch, metrics: dict) -> None:
-    """Reference log-probs, old log-probs (off-policy updates only), values, advantages."""
-    t = run.cfg.trainer
-    micro = t.micro_batch_size
-    chunk = t.logprob_chunk_size
-    kw = dict(temperature=run.temperature, chunk_size=chunk, pack_len=run.pack_len)
-    on_policy = t.ppo_epochs == 1 and t.mini_batch_size == t.batch_size
-    if not on_policy:
-        # on-policy, the update's own detached log-probs are pi_old: one forward saved (the
-        # engine-vs-training log-prob gap is then measured inside the update)
-        with run.models.actor() as policy:
-            batch.old_logprobs = batched(policy_logprobs, policy, batch, micro, **kw)
-        if batch.rollout_logprobs is not None:
-            gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * batch.response_mask
-            metrics["rollout/logprob_gap"] = float(
-                gap.sum() / batch.response_mask.sum().clamp(min=1)
-            )
-    if t.kl.coef > 0:
-        with run.models.reference() as ref:
-            batch.ref_logprobs = batched(policy_logprobs, ref, batch, micro, **kw)
-    if run.models.value_head is not None:
-        with run.models.critic() as critic:
-            batch.values = batched(
-                lambda m, mb: critic_values(m, run.models.value_head, mb, run.pack_len),
-                critic,
-                batch,
-                micro,
-            )
-    token_rewards = sequence_rewards_to_tokens(batch.rewards, batch.response_mask)
-    if t.kl.coef > 0 and t.kl.mode == "reward":
-        old = batch.old_logprobs
-        if old is None:
-            with run.models.actor() as policy:
-                old = batched(policy_logprobs, policy, batch, micro, **kw)
-        token_rewards, mean_kl = apply_kl_in_reward(
-            token_rewards,
-            old,
-            batch.ref_logprobs,
-            batch.response_mask,
-            t.kl.estimator,
-            run.kl_ctl.value,
-        )
-        if dist.is_active():  # the adaptive controller must move the same way on every rank
-            mean_kl = dist.all_mean(mean_kl)
-        metrics["kl"] = mean_kl
-        run.kl_ctl.update(mean_kl, n_steps=t.batch_size)
-    adv_in = AdvantageInput(
-        token_rewards=token_rewards,
-        response_mask=batch.response_mask,
-        group_index=batch.group_index,
-        values=batch.values,
-        gamma=t.gamma,
-        lam=t.lam,
-    )
-    estimator = ADVANTAGE_ESTIMATORS.get(t.advantage_estimator, where="trainer.advantage_estimator")
-    batch.advantages, batch.returns = estimator(adv_in)
-
-
-def update_with_oom_retry(run: Run, batch: RolloutBatch) -> dict:
-    """The update; with ``trainer.auto_micro_batch`` an out-of-memory halves the micro-batch
-    and retries (no optimizer step has happened yet when the forward/backward runs out)."""
-    t = run.cfg.trainer
-    while True:
-        try:
-            with oom_guard("update", run):
-                return update(run, batch, run.update_generator)
-        except OutOfMemory:
-            if not t.auto_micro_batch or t.micro_batch_size == 1:
-                raise
-            run.actor_opt.zero_grad(set_to_none=True)
-            if run.critic_opt is not None:
-                run.critic_opt.zero_grad(set_to_none=True)
-            t.micro_batch_size = max(1, t.micro_batch_size // 2)
-            run.log.warning(
-                f"out of memory in the update: micro_batch_size -> {t.micro_batch_size}"
-            )
-
-
-def train_step(run: Run, step: int) -> tuple[dict, RolloutBatch, list[str]]:
-    metrics: dict[str, float] = {}
-    timings: dict[str, float] = defaultdict(float)
+@contextlib.contextmanager
+def phase(metrics: dict[str, float], name: str):
+    """Adds the seconds spent in the block to ``metrics["time/<name>"]``; on CUDA also the
+    block's peak memory as ``memory/<name>_peak_gib`` (the device is synchronised at the
+    boundaries, so GPU work is charged to the phase that queued it)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    # 1. pick prompts
-    prompt_idx = run.sampler.next_batch()
-    if dist.is_active():  # this rank's prompts; a prompt's group stays on one rank
-        prompt_idx = dist.shard(prompt_idx)
-    run.last_prompt_idx = prompt_idx
-    # 2. rollout
-    with oom_guard("rollout", run):
-        batch = rollout(run, [run.train.ids[i] for i in prompt_idx])
-    timings["rollout"] = time.perf_counter() - t0
-    # 3. rewards
-    t1 = time.perf_counter()
-    completions = score(run, batch, prompt_idx, metrics)
-    timings["reward"] = time.perf_counter() - t1
-    # 4-5. reference log-probs, values, advantages
-    t2 = time.perf_counter()
-    with oom_guard("log-probs", run):
-        prepare(run, batch, metrics)
-    timings["prepare"] = time.perf_counter() - t2
-    # 6. update
-    t3 = time.perf_counter()
     try:
-        metrics.update(update_with_oom_retry(run, batch))
-        metrics["skipped_step"] = 0.0
+        yield
+    finally:
+        if cuda:
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            metrics[f"memory/{name}_peak_gib"] = peak
+            metrics["memory/peak_gib"] = max(metrics.get("memory/peak_gib", 0.0), peak)
+        metrics[f"time/{name}"] = metrics.get(f"time/{name}", 0.0) + time.perf_counter() - t0
+
+
+def describe(run: Run) -> str:
+    """The start-up line: algorithm, resolved loss settings, sizes."""
+    t = run.cfg.trainer
+    rc = t.rollout_correction
+    return (
+        f"{t.algorithm} ({t.advantage_estimator}, policy loss {t.policy_loss}, clip "
+        f"[{t.clip_ratio_low:g}, {t.clip_ratio_high:g}], {t.loss_agg_mode}"
+        f"{f', rollout correction {rc.mode} (cap {rc.cap:g})' if run.algo.correction else ''}): "
+        f"{run.state.total_steps} steps x {t.batch_size} prompts x {t.samples_per_prompt} "
+        f"samples = {t.batch_size * t.samples_per_prompt} sequences/step; "
+        f"{t.batch_size // t.mini_batch_size} optimizer step(s)/step x {t.ppo_epochs} "
+        f"epoch(s); micro-batch {run.state.micro_batch_size} sequences; "
+        f"{len(run.train.rows)} train prompts, {len(run.eval.rows) if run.eval else 0} held-out"
+    )
+
+
+def update_or_skip(run: Run, batch: RolloutBatch, step: int) -> dict[str, float]:
+    """Step 7; a non-finite loss or gradient skips the optimiser step (logged)."""
+    try:
+        m = steps.update_actor_critic(run, batch, step)
+        m["skipped_step"] = 0.0
     except NonFiniteError as err:
         run.log.warning(f"step {step}: {err}; optimizer step skipped")
-        metrics["skipped_step"] = 1.0
+        m = {"skipped_step": 1.0}
     run.actor_sched.step()
     if run.critic_sched is not None:
         run.critic_sched.step()
-    timings["update"] = time.perf_counter() - t3
-    metrics["loss"] = metrics.get("actor/pg_loss", float("nan"))
-    metrics["lr"] = run.actor_sched.get_last_lr()[0]
-    metrics["kl_coef"] = float(run.kl_ctl.value)
-    if "actor/kl_loss" in metrics:
-        metrics.setdefault("kl", metrics["actor/kl_loss"])
-    metrics["packing/effective_token_ratio"] = effective_token_ratio(
-        batch, run.cfg.trainer.micro_batch_size, run.pack_len
+    return m
+
+
+def step_metrics(run: Run, batch: RolloutBatch, m: dict[str, float]) -> dict[str, float]:
+    """The step's summary numbers (reduced over ranks under torchrun)."""
+    m["loss"] = m.get("actor/loss", float("nan"))
+    m["lr"] = run.actor_sched.get_last_lr()[0]
+    m["kl_coef"] = float(run.kl_ctl.value)
+    m["packing/effective_token_ratio"] = effective_token_ratio(
+        batch, run.state.micro_batch_size, run.pack_len
     )
-    total = time.perf_counter() - t0
-    for key, value in timings.items():
-        metrics[f"time/{key}"] = value
-    metrics["time/step"] = total
     if dist.is_active():
-        metrics = dist.reduce_metrics(metrics)
-    tokens = float(batch.response_mask.sum())
-    metrics["throughput/gen_tokens_per_s"] = tokens / max(timings["rollout"], 1e-9)
-    if torch.cuda.is_available() and run.device.type == "cuda":
-        metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
-    return metrics, batch, completions
+        m = dist.reduce_metrics(m)
+    m["throughput/gen_tokens_per_s"] = float(batch.response_mask.sum()) / max(
+        m["time/rollout"], 1e-9
+    )
+    return m
+
+
+def every(k: int, step: int) -> bool:
+    """``step`` is a multiple of ``k`` (0 = never)."""
+    return bool(k) and step % k == 0
 
 
 def is_finite_step(metrics: dict) -> bool:
     return metrics.get("skipped_step", 0.0) == 0.0 and math.isfinite(metrics.get("loss", 0.0))
+
+
+def check_bad_steps(run: Run, bad_in_a_row: int, step: int) -> None:
+    if bad_in_a_row >= run.cfg.trainer.max_bad_steps:
+        raise TrainingFault(
+            f"{bad_in_a_row} steps in a row had a non-finite loss or gradient (last: step {step})",
+            where="training",
+            fix="lower trainer.lr, set trainer.max_grad_norm, use bfloat16 instead of "
+            "float16, or check the reward for inf values; resume with --resume auto "
+            "from the last good checkpoint",
+        )
+
+
+def maybe_stop_early(run: Run, step: int, t_train: float) -> None:
+    """trainer.max_train_minutes: the current step becomes the last one (checkpoint and
+    final evaluation follow). All ranks stop together."""
+    limit = run.cfg.trainer.max_train_minutes
+    out_of_time = limit is not None and (time.perf_counter() - t_train) / 60 >= limit
+    if dist.is_active():  # one rank alone in a collective would hang
+        out_of_time = dist.all_sum(float(out_of_time)) > 0
+    if out_of_time and step < run.state.total_steps:
+        run.log.info(f"trainer.max_train_minutes ({limit}) reached at step {step}")
+        run.state.total_steps = step

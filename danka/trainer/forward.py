@@ -68,6 +68,11 @@ def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
     return base.get_decoder()
 
 
+def _config_of(model: torch.nn.Module):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, "config", None)
+
+
 def lm_head_of(model: torch.nn.Module) -> torch.nn.Module:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.get_output_embeddings()
@@ -110,7 +115,9 @@ def policy_logprobs(
     """log pi(response token) under ``model`` (b, R), and the entropy (b, R) if asked.
 
     The LM head runs chunk by chunk from hidden states, never materialising the full
-    (b, R, V) fp32 logits.
+    (b, R, V) fp32 logits. Gemma-style final logit soft-capping
+    (``config.final_logit_softcapping``: z -> c tanh(z / c)) is applied when the model has it.
+    This is danka's one log-prob forward (policy, reference, old log-probs).
     """
     hidden = response_hidden(model, mb, pack_len)
     b, r, h = hidden.shape
@@ -123,6 +130,7 @@ def policy_logprobs(
         temperature=temperature,
         chunk_size=chunk_size,
         compute_entropy=with_entropy,
+        softcap=getattr(_config_of(model), "final_logit_softcapping", None),
     )
     return logprobs.view(b, r), (entropy.view(b, r) if entropy is not None else None)
 

@@ -43,7 +43,7 @@ def explain_oom(phase: str, run, err: BaseException) -> OutOfMemory:
     t = run.cfg.trainer
     sizes = (
         f"{t.batch_size} prompts x {t.samples_per_prompt} samples, micro-batch "
-        f"{t.micro_batch_size}, max_length {t.max_length}, max_new_tokens {t.max_new_tokens}"
+        f"{run.state.micro_batch_size}, max_length {t.max_length}, max_new_tokens {t.max_new_tokens}"
     )
     mem = ""
     if run.device.type == "cuda":

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from danka.config.schema import DankaConfig
 from danka.models.lora import add_adapter, apply_lora, reference_mode, set_active
 from danka.models.value_head import ValueHead
@@ -80,7 +81,7 @@ def build_models(cfg: DankaConfig, base: torch.nn.Module, load_critic_base, log)
 
     ``load_critic_base()`` loads a separate critic base when one is configured.
     """
-    needs_critic = cfg.trainer.advantage_estimator == "gae"
+    needs_critic = ADVANTAGE_ESTIMATORS.meta(cfg.trainer.advantage_estimator).needs_critic
     needs_reference = cfg.trainer.kl.coef > 0
     _enable_checkpointing(base, cfg)
     hidden = base.config.hidden_size

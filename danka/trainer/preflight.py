@@ -6,19 +6,20 @@ from __future__ import annotations
 import torch
 
 from danka.rollout.base import finish_batch
-from danka.trainer.fit import prepare, rollout
+from danka.trainer import steps
 from danka.trainer.guards import oom_guard
+from danka.trainer.run import Run
 from danka.trainer.update import update
 
 
-def preflight(run, log) -> None:
+def preflight(run: Run, log) -> None:
     """One rollout of the longest prompts, then log-probs, values and an update (weights and
     optimizer untouched) on a batch where every response has max_new_tokens tokens."""
     t = run.cfg.trainer
     order = sorted(range(len(run.train.ids)), key=lambda i: -len(run.train.ids[i]))
-    prompts = [run.train.ids[i] for i in order[: t.batch_size]]
-    with oom_guard("rollout", run):
-        rollout(run, prompts)
+    idx = order[: t.batch_size]
+    prompts = [run.train.ids[i] for i in idx]
+    steps.rollout(run, idx)
     n, r = t.samples_per_prompt, t.max_new_tokens
     batch = finish_batch(
         prompts,
@@ -29,10 +30,11 @@ def preflight(run, log) -> None:
         max_new_tokens=r,
     )
     batch.rewards = torch.randn(batch.size, generator=torch.Generator().manual_seed(0))
-    kl_state = run.kl_ctl.state_dict()  # prepare() may adapt the KL coefficient: undo it
-    with oom_guard("log-probs", run):
-        prepare(run, batch, {})
-    run.kl_ctl.load_state_dict(kl_state)
+    if run.algo.correction is not None:  # the engine's log-probs are not run here
+        batch.rollout_logprobs = torch.zeros(batch.response_ids.shape)
+    steps.logprobs(run, batch)
+    steps.values(run, batch)
+    steps.advantages(run, batch)
     with oom_guard("update", run):
         update(run, batch, torch.Generator().manual_seed(0), dry_run=True)
     peak = ""

@@ -1,15 +1,29 @@
-"""Everything a training run holds, built once from the validated config."""
+"""Everything a training run holds, built once from the validated (read-only) config.
+
+``Run`` holds long-lived objects only; what changes during a run is in ``RunState``
+(the config never changes after validation); what one step produces travels on the
+``RolloutBatch``.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
+from danka.algorithms.advantages import AdvantageInput, EstimatorMeta
+from danka.algorithms.kl import AdaptiveKLController, FixedKLController, KLModeMeta
+from danka.algorithms.losses import PolicyLossParams
+from danka.algorithms.rollout_correction import Correction
 from danka.config.schema import DankaConfig
+from danka.rewards.combine import RewardComputer
+from danka.rollout.base import RolloutEngine
+from danka.trainer.models import ModelSet
+from danka.trainer.sampler import PromptSampler
 from danka.types import PromptRow, RolloutBatch
 
 
@@ -22,6 +36,36 @@ class PromptSet:
     ids: list[list[int]]
 
 
+@dataclass(frozen=True)
+class Algorithm:
+    """The config's algorithm choices, looked up in the registries once."""
+
+    estimator: Callable[[AdvantageInput], tuple[torch.Tensor, torch.Tensor | None]]
+    estimator_meta: EstimatorMeta
+    policy_loss: Callable[..., tuple[torch.Tensor, dict[str, float]]]
+    loss_params: PolicyLossParams
+    kl_estimator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    kl_mode: KLModeMeta | None  # None: no KL term (kl.coef == 0)
+    correction: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Correction] | None
+    correction_cap: float
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.estimator_meta.needs_critic
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_mode is not None
+
+
+@dataclass
+class RunState:
+    """What may change while the run goes (the config does not)."""
+
+    total_steps: int  # lowered when trainer.max_train_minutes ends the run early
+    micro_batch_size: int  # halved on out-of-memory with trainer.auto_micro_batch
+
+
 @dataclass
 class Run:
     cfg: DankaConfig
@@ -29,25 +73,24 @@ class Run:
     output_dir: Path
     device: torch.device
     dtype: torch.dtype
-    tokenizer: Any
-    models: Any  # trainer.models.ModelSet
-    engine: Any  # rollout engine
-    rewards: Any  # rewards.combine.RewardComputer
+    tokenizer: PreTrainedTokenizerBase
+    models: ModelSet
+    engine: RolloutEngine
+    rewards: RewardComputer
     train: PromptSet
     eval: PromptSet | None
+    algo: Algorithm
     actor_opt: torch.optim.Optimizer
-    actor_sched: Any
-    kl_ctl: Any
-    sampler: Any  # trainer.sampler.PromptSampler
+    actor_sched: torch.optim.lr_scheduler.LRScheduler
+    critic_opt: torch.optim.Optimizer | None
+    critic_sched: torch.optim.lr_scheduler.LRScheduler | None
+    kl_ctl: FixedKLController | AdaptiveKLController
+    sampler: PromptSampler
     log: logging.Logger
-    total_steps: int
-    critic_opt: torch.optim.Optimizer | None = None
-    critic_sched: Any = None
+    state: RunState
     update_generator: torch.Generator = field(default_factory=torch.Generator)
     eos_ids: list[int] = field(default_factory=list)
     pad_id: int = 0
-    last_prompt_idx: list[int] = field(default_factory=list)  # prompts of the current step
-    last_reward_parts: dict = field(default_factory=dict)  # name -> (B,) unweighted rewards
 
     @property
     def pack_len(self) -> int | None:

@@ -6,13 +6,17 @@ import logging
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from danka import distributed as dist
-from danka.algorithms.kl import AdaptiveKLController, FixedKLController
+from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
+from danka.algorithms.kl import KL_ESTIMATORS, KL_MODES, AdaptiveKLController, FixedKLController
+from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
+from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
 from danka.data.formats import load_prompt_rows
 from danka.data.tasks import arithmetic_rows
-from danka.data.template import encode_prompts, render_prompt
+from danka.data.template import encode_prompts
 from danka.errors import UserError
 from danka.models.loading import (
     load_causal_lm,
@@ -21,11 +25,17 @@ from danka.models.loading import (
     resolve_dtype,
     stop_ids,
 )
-from danka.rewards.combine import RewardSpec, build_reward_computer
-from danka.rollout.base import build_engine
+from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
+from danka.rollout.base import choose_engine as choose_rollout_engine
+from danka.rollout.base import (
+    ROLLOUT_ENGINES,
+    EngineOptions,
+    build_engine,
+    engine_meta,
+)
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
-from danka.trainer.run import PromptSet, Run
+from danka.trainer.run import Algorithm, PromptSet, Run, RunState
 from danka.trainer.sampler import PromptSampler
 from danka.types import PromptRow
 
@@ -103,63 +113,132 @@ def reward_specs(cfg: DankaConfig, rows: list[PromptRow]) -> list[RewardSpec]:
 
 
 def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logger) -> Run:
-    t, m = cfg.trainer, cfg.model
-    device = dist.init(pick_device(m.device))  # cuda:LOCAL_RANK under torchrun
-    dtype = resolve_dtype(m.torch_dtype, device)
+    """Every long-lived object of a run, from small builders. Data, prompts and rule
+    rewards are checked before minutes of model loading."""
+    t = cfg.trainer
+    device = dist.init(pick_device(cfg.model.device))  # cuda:LOCAL_RANK under torchrun
     torch.manual_seed(t.seed)
+    train_rows, held_rows = load_rows(cfg, base_dir, output_dir)  # bad rows fail first
+    engine_name = choose_engine(cfg, device, log)
+    tokenizer = build_tokenizer(cfg, log)
+    train, held = build_prompts(cfg, tokenizer, train_rows, held_rows)
+    specs = reward_specs(cfg, train.rows)
+    rewards = build_rule_rewards(cfg, base_dir, specs, train.rows)
+    models, load = build_model_set(cfg, device, log)
+    if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
+        reward_model = _reward_model(cfg, models, tokenizer, load)
+        rewards = build_rule_rewards(cfg, base_dir, specs, train.rows, reward_model)
+    sampler = PromptSampler(len(train.rows), t.batch_size, seed=t.seed, shuffle=cfg.data.shuffle)
+    total = t.total_steps or sampler.steps_per_epoch * t.num_epochs
+    actor_opt, actor_sched = build_optimizer_and_schedule(cfg, models.actor_params, t.lr, total)
+    critic_opt = critic_sched = None
+    if models.critic_params:
+        critic_opt, critic_sched = build_optimizer_and_schedule(
+            cfg, models.critic_params, t.critic_lr, total
+        )
+    return Run(
+        cfg=cfg,
+        base_dir=base_dir,
+        output_dir=output_dir,
+        device=device,
+        dtype=resolve_dtype(cfg.model.torch_dtype, device),
+        tokenizer=tokenizer,
+        models=models,
+        engine=build_engine(engine_name, EngineOptions(cfg.rollout.generation_batch_size)),
+        rewards=rewards,
+        train=train,
+        eval=held,
+        algo=build_algorithm(cfg),
+        actor_opt=actor_opt,
+        actor_sched=actor_sched,
+        critic_opt=critic_opt,
+        critic_sched=critic_sched,
+        kl_ctl=build_kl_controller(cfg),
+        sampler=sampler,
+        log=log,
+        state=RunState(total_steps=total, micro_batch_size=t.micro_batch_size),
+        update_generator=torch.Generator().manual_seed(t.seed),
+        eos_ids=stop_ids(tokenizer),
+        pad_id=tokenizer.pad_token_id,
+    )
 
-    # data first: bad rows fail before minutes of model loading
-    train_rows, held_rows = load_rows(cfg, base_dir, output_dir)
-    engine_name = cfg.rollout.engine
-    if engine_name == "auto":
-        # the fast engine reads plain weights: a quantised (QLoRA) base generates with HF
-        quantised = m.load_in_4bit or m.load_in_8bit
-        engine_name = "fast" if device.type == "cuda" and not quantised else "hf"
+
+def choose_engine(cfg: DankaConfig, device: torch.device, log: logging.Logger) -> str:
+    """The rollout engine by its registered capabilities (device, quantised base, the
+    log-probs a rollout correction needs)."""
+    name, reason = choose_rollout_engine(cfg, device)
     if dist.is_active():
-        dist.check_config(cfg, engine_name)
-    if engine_name == "hf":
-        log.info("Using HF Transformers backend for Actor/Critic inference")
-    else:
-        log.info("Using danka fast rollout engine (static KV cache, CUDA graphs) for inference")
+        dist.check_config(cfg, name)
+    mode = cfg.trainer.rollout_correction.mode
+    needs_logprobs = ROLLOUT_CORRECTIONS.get(mode, "trainer.rollout_correction.mode") is not None
+    if needs_logprobs and not engine_meta(name).reports_logprobs:
+        able = [n for n, _ in ROLLOUT_ENGINES.items() if ROLLOUT_ENGINES.meta(n).reports_logprobs]
+        raise UserError(
+            f"trainer.rollout_correction.mode {mode} needs the rollout engine's log-probs, "
+            f"which the {name!r} engine does not report",
+            where="trainer.rollout_correction.mode",
+            fix=f"use rollout.engine: {' or '.join(able)} (a GPU), or mode: none",
+        )
+    log.info(engine_meta(name).banner or f"rollout engine: {name}")
+    log.info(f"rollout engine {name}: {reason}")
+    return name
 
+
+def build_tokenizer(cfg: DankaConfig, log: logging.Logger) -> PreTrainedTokenizerBase:
+    m = cfg.model
     log.info("Loading tokenizer...")
-    tokenizer = load_tokenizer(
+    return load_tokenizer(
         m.actor_model_name_or_path,
         tokenizer_kwargs=vars(m.tokenizer_kwargs),
         trust_remote_code=m.trust_remote_code,
         log=log.info,
     )
-    # prompts and rule rewards are checked before minutes of model loading
-    train = encode(cfg, tokenizer, train_rows, cfg.data.train_dataset or "data.task")
-    held = (
-        encode(
-            cfg,
-            tokenizer,
-            held_rows,
-            cfg.data.eval_dataset or cfg.data.train_dataset or "data.task",
-        )
-        if held_rows
-        else None
-    )
-    if len(train.rows) < t.batch_size:
+
+
+def build_prompts(
+    cfg: DankaConfig, tokenizer, train_rows: list[PromptRow], held_rows: list[PromptRow]
+) -> tuple[PromptSet, PromptSet | None]:
+    d = cfg.data
+    train = encode(cfg, tokenizer, train_rows, d.train_dataset or "data.task")
+    held = None
+    if held_rows:
+        held = encode(cfg, tokenizer, held_rows, d.eval_dataset or d.train_dataset or "data.task")
+    if len(train.rows) < cfg.trainer.batch_size:
         raise UserError(
             f"only {len(train.rows)} usable training prompts, fewer than "
-            f"trainer.batch_size ({t.batch_size})",
+            f"trainer.batch_size ({cfg.trainer.batch_size})",
             where="data.train_dataset",
             fix="add rows or lower trainer.batch_size",
         )
-    specs = reward_specs(cfg, train.rows)
-    reward_args = dict(
+    return train, held
+
+
+def build_rule_rewards(
+    cfg: DankaConfig,
+    base_dir: Path,
+    specs: list[RewardSpec],
+    rows: list[PromptRow],
+    reward_model=None,
+) -> RewardComputer | None:
+    """The reward functions, checked on a few rows; None while a configured reward model
+    is not loaded yet."""
+    if cfg.model.reward_model_name_or_path and reward_model is None:
+        return None
+    rewards = build_reward_computer(
+        specs,
         base_dir=base_dir,
         timeout_s=cfg.reward.timeout_s,
         on_error=cfg.reward.on_error,
+        reward_model=reward_model,
         reward_model_weight=cfg.reward.model_weight,
     )
-    rewards = None
-    if not m.reward_model_name_or_path:
-        rewards = build_reward_computer(specs, **reward_args)
-        rewards.check(train.rows[:4])
+    rewards.check(rows[:4])
+    return rewards
 
+
+def build_model_set(cfg: DankaConfig, device: torch.device, log: logging.Logger):
+    """Policy (+ reference, + critic) on ``device``; returns (models, load kwargs)."""
+    m = cfg.model
     quantize = "4bit" if m.load_in_4bit else "8bit" if m.load_in_8bit else None
     load = dict(
         dtype=m.torch_dtype,
@@ -181,52 +260,43 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     if dist.is_active():  # before the optimiser: it must hold the sharded parameters
         dist.shard_models(models)
         log.info(f"FSDP2: policy sharded over {dist.world_size()} processes")
-    if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
-        rewards = build_reward_computer(
-            specs, reward_model=_reward_model(cfg, models, tokenizer, load), **reward_args
-        )
-        rewards.check(train.rows[:4])
+    return models, load
 
-    sampler = PromptSampler(len(train.rows), t.batch_size, seed=t.seed, shuffle=cfg.data.shuffle)
-    total = t.total_steps or sampler.steps_per_epoch * t.num_epochs
-    actor_opt = build_optimizer(models.actor_params, lr=t.lr, weight_decay=t.weight_decay)
-    sched = dict(kind=t.lr_scheduler, warmup_steps=t.warmup_steps, total_steps=total)
-    critic_opt = critic_sched = None
-    if models.critic_params:
-        critic_opt = build_optimizer(
-            models.critic_params, lr=t.critic_lr, weight_decay=t.weight_decay
-        )
-        critic_sched = build_scheduler(critic_opt, **sched)
-    kl_ctl = (
-        AdaptiveKLController(t.kl.coef, t.kl.target, t.kl.horizon)
-        if t.kl.adaptive
-        else FixedKLController(t.kl.coef)
+
+def build_optimizer_and_schedule(cfg: DankaConfig, params, lr: float, total_steps: int):
+    t = cfg.trainer
+    opt = build_optimizer(params, lr=lr, weight_decay=t.weight_decay)
+    sched = build_scheduler(
+        opt, kind=t.lr_scheduler, warmup_steps=t.warmup_steps, total_steps=total_steps
     )
-    engine = build_engine(engine_name, batch_size=cfg.rollout.generation_batch_size)
-    eos_ids = stop_ids(tokenizer)
-    return Run(
-        cfg=cfg,
-        base_dir=base_dir,
-        output_dir=output_dir,
-        device=device,
-        dtype=dtype,
-        tokenizer=tokenizer,
-        models=models,
-        engine=engine,
-        rewards=rewards,
-        train=train,
-        eval=held,
-        actor_opt=actor_opt,
-        actor_sched=build_scheduler(actor_opt, **sched),
-        critic_opt=critic_opt,
-        critic_sched=critic_sched,
-        kl_ctl=kl_ctl,
-        sampler=sampler,
-        log=log,
-        total_steps=total,
-        update_generator=torch.Generator().manual_seed(t.seed),
-        eos_ids=eos_ids,
-        pad_id=tokenizer.pad_token_id,
+    return opt, sched
+
+
+def build_kl_controller(cfg: DankaConfig) -> FixedKLController | AdaptiveKLController:
+    kl = cfg.trainer.kl
+    if kl.adaptive:
+        return AdaptiveKLController(kl.coef, kl.target, kl.horizon)
+    return FixedKLController(kl.coef)
+
+
+def build_algorithm(cfg: DankaConfig) -> Algorithm:
+    """The registry entries the config names, looked up once."""
+    t = cfg.trainer
+    rc = t.rollout_correction
+    return Algorithm(
+        estimator=ADVANTAGE_ESTIMATORS.get(t.advantage_estimator, "trainer.advantage_estimator"),
+        estimator_meta=ADVANTAGE_ESTIMATORS.meta(t.advantage_estimator),
+        policy_loss=POLICY_LOSSES.get(t.policy_loss, "trainer.policy_loss"),
+        loss_params=PolicyLossParams(
+            clip_low=t.clip_ratio_low,
+            clip_high=t.clip_ratio_high,
+            dual_clip_c=t.dual_clip_c,
+            agg_mode=t.loss_agg_mode,
+        ),
+        kl_estimator=KL_ESTIMATORS.get(t.kl.estimator, "trainer.kl.estimator"),
+        kl_mode=KL_MODES.meta(t.kl.mode) if t.kl.coef > 0 else None,
+        correction=ROLLOUT_CORRECTIONS.get(rc.mode, "trainer.rollout_correction.mode"),
+        correction_cap=float(rc.cap or 0.0),
     )
 
 
@@ -252,6 +322,3 @@ def _reward_model(cfg: DankaConfig, models, tokenizer, load: dict):
     return ClassifierReward.from_pretrained(
         path, device=load["device"], trust_remote_code=cfg.model.trust_remote_code
     )
-
-
-__all__ = ["build_run", "render_prompt"]

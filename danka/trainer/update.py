@@ -1,8 +1,9 @@
-"""The PPO-style update: epochs over mini-batches, gradient accumulation over micro-batches.
+"""Step 7, the PPO-style update: epochs over mini-batches, gradient accumulation over
+micro-batches.
 
 Each mini-batch is one optimiser step. Its loss is normalised by the mini-batch's global
-token/sequence counts (``LossNorm``), so summing micro-batch losses gives the same loss
-and gradient whatever the micro-batch size.
+token/sequence counts (``LossNorm``, over ``train_mask``: loss tokens of valid samples), so
+summing micro-batch losses gives the same loss and gradient whatever the micro-batch size.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections import defaultdict
 import torch
 
 from danka import distributed as dist
-from danka.algorithms.kl import KL_ESTIMATORS
-from danka.algorithms.losses import POLICY_LOSSES, LossNorm, PolicyLossParams, aggregate, value_loss
+from danka.algorithms.losses import LossNorm, aggregate, value_loss
 from danka.trainer.forward import critic_values, micro_batch_indices, policy_logprobs, trim
+from danka.trainer.run import Run
 from danka.types import RolloutBatch
 
 
@@ -23,17 +24,13 @@ class NonFiniteError(RuntimeError):
     """The loss or the gradient was NaN/inf; the optimiser step was skipped."""
 
 
-def _norm(mini: RolloutBatch, max_response_length: int) -> LossNorm:
+def loss_norm(mini: RolloutBatch, max_response_length: int) -> LossNorm:
+    """Counts of the mini-batch's trained tokens and sequences (global over ranks)."""
+    tokens, seqs = float(mini.train_mask.sum()), float(mini.valid.sum())
     if dist.is_active():  # global counts: each rank's loss is its share of the global loss
-        return LossNorm(
-            num_tokens=max(dist.all_sum(float(mini.response_mask.sum())), 1.0),
-            num_seqs=dist.all_sum(float(mini.size)),
-            max_response_length=max_response_length,
-        )
+        tokens, seqs = dist.all_sum(tokens), dist.all_sum(seqs)
     return LossNorm(
-        num_tokens=float(mini.response_mask.sum().clamp(min=1.0)),
-        num_seqs=float(mini.size),
-        max_response_length=max_response_length,
+        num_tokens=max(tokens, 1.0), num_seqs=seqs, max_response_length=max_response_length
     )
 
 
@@ -56,21 +53,17 @@ def _step(optimizer, params, max_grad_norm: float, dry_run: bool = False) -> flo
     return grad_norm
 
 
-def actor_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = False) -> None:
-    t = run.cfg.trainer
-    params = PolicyLossParams(
-        clip_low=t.clip_ratio_low,
-        clip_high=t.clip_ratio_high,
-        dual_clip_c=t.dual_clip_c,
-        agg_mode=t.loss_agg_mode,
-    )
-    loss_fn = POLICY_LOSSES.get(t.policy_loss)
-    norm = _norm(mini, t.max_new_tokens)
-    kl_in_loss = t.kl.coef > 0 and t.kl.mode == "loss"
+def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool = False) -> None:
+    """One optimiser step of the policy on ``mini``:
+    loss = policy loss (x rollout-correction weights) - entropy_coef * entropy
+           + kl_coef * KL(pi || pi_ref)   (kl.mode: loss)."""
+    t, algo = run.cfg.trainer, run.algo
+    norm = loss_norm(mini, t.max_new_tokens)
+    kl_in_loss = algo.kl_mode is not None and algo.kl_mode.in_loss
     lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
-    device = run.device
-    for idx in micro_batch_indices(lengths, t.micro_batch_size):
-        mb = trim(mini.select(idx)).to(device)
+    for idx in micro_batch_indices(lengths, run.state.micro_batch_size):
+        mb = trim(mini.select(idx)).to(run.device)
+        mask = mb.train_mask
         with run.models.actor():
             logprobs, entropy = policy_logprobs(
                 run.models.policy,
@@ -80,27 +73,35 @@ def actor_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = Fals
                 with_entropy=True,
                 pack_len=run.pack_len,
             )
-        # on-policy (one optimiser step per rollout) pi_old is the current policy: the
-        # detached log-probs give ratio 1 with the right gradient, and save a forward pass
-        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
-        if mb.old_logprobs is None and mb.rollout_logprobs is not None:
-            gap = ((mb.rollout_logprobs - logprobs.detach()).abs() * mb.response_mask).sum()
-            metrics["rollout/logprob_gap"] += float(gap) / norm.num_tokens
-        loss, m = loss_fn(logprobs, old, mb.advantages, mb.response_mask, params, norm)
-        ent = aggregate(entropy, mb.response_mask, t.loss_agg_mode, norm)
-        if t.entropy_coef:
-            loss = loss - t.entropy_coef * ent
+        if mb.old_is_current:  # ratio 1 with the right gradient (see RolloutBatch)
+            old = logprobs.detach()
+            if mb.rollout_logprobs is not None:
+                gap = ((mb.rollout_logprobs - old).abs() * mb.response_mask).sum()
+                metrics["rollout/logprob_gap"] += float(gap) / norm.num_tokens
+        elif mb.old_logprobs is None:
+            raise ValueError("old_logprobs missing and the batch is not marked old_is_current")
+        else:
+            old = mb.old_logprobs
+        # a non-negative per-token weight w folds into the advantage: w * L(A) = L(w * A)
+        # for the clipped surrogate (max of two terms linear in A) and its dual clip
+        adv = mb.advantages if mb.is_weights is None else mb.advantages * mb.is_weights
+        pg_loss, m = algo.policy_loss(logprobs, old, adv, mask, algo.loss_params, norm)
+        ent = aggregate(entropy, mask, t.loss_agg_mode, norm)
+        loss = pg_loss - t.entropy_coef * ent if t.entropy_coef else pg_loss
         if kl_in_loss:
-            kl = KL_ESTIMATORS.get(t.kl.estimator)(logprobs, mb.ref_logprobs)
-            kl_loss = aggregate(kl, mb.response_mask, t.loss_agg_mode, norm)
+            kl = algo.kl_estimator(logprobs, mb.ref_logprobs)
+            kl_loss = aggregate(kl, mask, t.loss_agg_mode, norm)
             loss = loss + run.kl_ctl.value * kl_loss
             metrics["actor/kl_loss"] += float(kl_loss.detach())
+            # the adaptive controller's quantity: mean KL per trained token
+            metrics["actor/kl_token_mean"] += float((kl.detach() * mask).sum()) / norm.num_tokens
         if not torch.isfinite(loss):
             run.actor_opt.zero_grad(set_to_none=True)
             raise NonFiniteError(f"policy loss is {float(loss)}")
         loss.backward()
         # the norm makes micro-batch values add up to the mini-batch value
-        metrics["actor/pg_loss"] += float(loss.detach())
+        metrics["actor/loss"] += float(loss.detach())
+        metrics["actor/pg_loss"] += float(pg_loss.detach())
         metrics["actor/entropy"] += float(ent.detach())
         share = float(mb.size) / mini.size
         for key, value in m.items():
@@ -110,15 +111,16 @@ def actor_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = Fals
     )
 
 
-def critic_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = False) -> None:
+def critic_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool = False) -> None:
+    """One optimiser step of the critic: clipped value loss towards ``returns``."""
     t = run.cfg.trainer
-    norm = _norm(mini, t.max_new_tokens)
+    norm = loss_norm(mini, t.max_new_tokens)
     lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
-    for idx in micro_batch_indices(lengths, t.micro_batch_size):
+    for idx in micro_batch_indices(lengths, run.state.micro_batch_size):
         mb = trim(mini.select(idx)).to(run.device)
         with run.models.critic():
             values = critic_values(run.models.critic_model, run.models.value_head, mb, run.pack_len)
-        loss, m = value_loss(values, mb.values, mb.returns, mb.response_mask, t.value_clip, norm)
+        loss, m = value_loss(values, mb.values, mb.returns, mb.train_mask, t.value_clip, norm)
         loss = t.vf_coef * loss
         if not torch.isfinite(loss):
             run.critic_opt.zero_grad(set_to_none=True)
@@ -134,10 +136,15 @@ def critic_minibatch(run, mini: RolloutBatch, metrics: dict, dry_run: bool = Fal
 
 
 def update(
-    run, batch: RolloutBatch, generator: torch.Generator, dry_run: bool = False
+    run: Run,
+    batch: RolloutBatch,
+    generator: torch.Generator,
+    dry_run: bool = False,
+    train_actor: bool = True,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes over the batch in mini-batches; returns metrics averaged over
-    the optimiser steps. Raises NonFiniteError (after skipping the step) on NaN/inf."""
+    the optimiser steps. Raises NonFiniteError (after skipping the step) on NaN/inf.
+    ``train_actor=False`` updates only the critic (trainer.critic_warmup_steps)."""
     t = run.cfg.trainer
     n = t.samples_per_prompt
     mini_seqs = t.mini_batch_size * n // dist.world_size()  # this rank's part
@@ -151,7 +158,8 @@ def update(
         )
         for start in range(0, batch.size, mini_seqs):
             mini = batch.select(order[start : start + mini_seqs])
-            actor_minibatch(run, mini, metrics, dry_run)
+            if train_actor:
+                actor_minibatch(run, mini, metrics, dry_run)
             if run.models.value_head is not None:
                 critic_minibatch(run, mini, metrics, dry_run)
             steps += 1

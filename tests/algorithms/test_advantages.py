@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from danka.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, sequence_rewards_to_tokens
+from danka.algorithms.advantages import discounted_returns
 from danka.errors import UserError
 
 EPS = 1e-6
@@ -86,7 +87,7 @@ def test_grpo_groups_identical_and_size_one():
     # group 5: size 1 -> mean 0, std 1 (verl) -> A = 0.5 / (1 + eps)
     per_seq = a7 + [0.0, 0.0, 0.5 / (1 + EPS)]
     assert torch.allclose(adv, _expected(per_seq, inp.response_mask), atol=1e-5)
-    assert torch.equal(adv, ret)
+    assert ret is None  # critic-free: no critic targets
 
 
 def test_dr_grpo_no_std_division():
@@ -111,9 +112,11 @@ def test_reinforce_plus_plus_discounted_and_whitened():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     inp = AdvantageInput(rewards, mask, torch.tensor([0, 0]), gamma=0.5)
     adv, ret = ADVANTAGE_ESTIMATORS.get("reinforce_plus_plus")(inp)
+    assert ret is None  # critic-free: no critic targets
     # row 0: G = [0.5*0.5*1, 0.5*1, 1] = [0.25, 0.5, 1]
     # row 1: G2 (pad) masked, no carry-over; G1 = 2, G0 = 0 + 0.5*2 = 1
-    assert torch.allclose(ret, torch.tensor([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]]))
+    g = discounted_returns(rewards, mask, 0.5)
+    assert torch.allclose(g, torch.tensor([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]]))
     # whiten [0.25, 0.5, 1, 1, 2]: mean 4.75/5 = 0.95, deviations -0.7 -0.45 0.05 0.05 1.05,
     # squares sum 0.49+0.2025+0.0025+0.0025+1.1025 = 1.8, unbiased var = 1.8/4 = 0.45
     s = math.sqrt(0.45 + 1e-8)
@@ -132,7 +135,7 @@ def test_reinforce_plus_plus_baseline():
     s = math.sqrt(1.0625 + 1e-8)
     expected = torch.tensor([[-0.125 / s, -0.125 / s], [-1.125 / s, 0.0], [1.375 / s, 0.0]])
     assert torch.allclose(adv, expected, atol=1e-5)
-    assert torch.equal(adv, ret)
+    assert ret is None  # critic-free: no critic targets
 
 
 def test_estimators_do_not_track_gradients():
@@ -141,9 +144,67 @@ def test_estimators_do_not_track_gradients():
     inp = AdvantageInput(rewards, torch.ones(2, 2), torch.tensor([0, 0]), values)
     for name in ADVANTAGE_ESTIMATORS.names():
         adv, ret = ADVANTAGE_ESTIMATORS.get(name)(inp)
-        assert not adv.requires_grad and not ret.requires_grad, name
+        assert not adv.requires_grad and (ret is None or not ret.requires_grad), name
+        # returns are critic targets, and only estimators that need a critic make them
+        assert (ret is not None) == ADVANTAGE_ESTIMATORS.meta(name).needs_critic, name
 
 
 def test_shape_mismatch_is_rejected():
     with pytest.raises(ValueError, match="group_index"):
         AdvantageInput(torch.zeros(2, 3), torch.ones(2, 3), torch.tensor([0, 1, 2]))
+
+
+def test_skipped_sample_is_left_out_of_its_group():
+    # issue 11 #4: rewards [1, 1, 0, skipped] in one group. Counting the skipped sample as 0:
+    # mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = 0.57735 -> A_0 = 0.5 / 0.57735 = 0.866.
+    # Without it: [1, 1, 0], mean 2/3, deviations 1/3, 1/3, -2/3, sum of squares 6/9,
+    # var (6/9) / 2 = 1/3, std 0.57735 -> A = 0.57735, 0.57735, -1.1547; the skipped one 0.
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    mask = torch.ones(4, 2)
+    valid = torch.tensor([True, True, True, False])
+    inp = AdvantageInput(
+        sequence_rewards_to_tokens(scores, mask), mask, torch.zeros(4, dtype=torch.long),
+        valid=valid,
+    )  # fmt: skip
+    adv, _ = ADVANTAGE_ESTIMATORS.get("grpo")(inp)
+    s = math.sqrt(1 / 3) + EPS
+    expected = torch.tensor([1 / 3 / s, 1 / 3 / s, -2 / 3 / s, 0.0]).unsqueeze(-1) * mask
+    assert torch.allclose(adv, expected, atol=1e-5)
+    assert adv[0, 0] == pytest.approx(0.57735, abs=1e-4)  # was 0.866
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_grouped_estimators_ignore_invalid_members(name):
+    # an invalid member with an outlier score changes nothing for the others
+    mask = torch.ones(4, 3)
+    group = torch.zeros(4, dtype=torch.long)
+    valid = torch.tensor([True, True, True, False])
+    est = ADVANTAGE_ESTIMATORS.get(name)
+    assert ADVANTAGE_ESTIMATORS.meta(name).grouped
+    a, _ = est(AdvantageInput(
+        sequence_rewards_to_tokens(torch.tensor([1.0, 0.0, 0.5, 0.0]), mask), mask, group,
+        valid=valid,
+    ))  # fmt: skip
+    b, _ = est(AdvantageInput(
+        sequence_rewards_to_tokens(torch.tensor([1.0, 0.0, 0.5, 99.0]), mask), mask, group,
+        valid=valid,
+    ))  # fmt: skip
+    assert torch.allclose(a, b) and (a[3] == 0).all()
+
+
+def test_gae_with_zero_rewards_and_constant_values_pushes_the_last_token_down():
+    # the mechanism of issue 11 #10, by hand: V = 0.03 everywhere, rewards 0, gamma 1,
+    # lam 1: delta_t = V_{t+1} - V_t = 0 for t < T, delta_T = 0 - 0.03; A_t = -0.03 on
+    # every token (telescoping), but with lam 0.95, A_t = -0.03 * 0.95^(T - t): the last
+    # (end-of-turn) token gets the most negative advantage. V = 0 (a zero-initialised head)
+    # gives A = 0 exactly.
+    mask = torch.ones(1, 4)
+    zero = torch.zeros(1, 4)
+    inp = AdvantageInput(zero, mask, torch.zeros(1, dtype=torch.long), 0.03 * mask, lam=0.95,
+                         whiten=False)  # fmt: skip
+    adv, _ = ADVANTAGE_ESTIMATORS.get("gae")(inp)
+    expected = -0.03 * torch.tensor([[0.95**3, 0.95**2, 0.95, 1.0]])
+    assert torch.allclose(adv, expected, atol=1e-7)
+    inp = AdvantageInput(zero, mask, torch.zeros(1, dtype=torch.long), zero.clone(), lam=0.95)
+    adv, ret = ADVANTAGE_ESTIMATORS.get("gae")(inp)
+    assert torch.equal(adv, zero) and torch.equal(ret, zero)

@@ -51,3 +51,20 @@ def test_builtin_registries_hold_the_documented_names():
     ]
     assert POLICY_LOSSES.names() == ["gspo", "vanilla"]
     assert KL_ESTIMATORS.names() == ["abs", "k1", "k2", "k3"]
+
+
+def test_metadata_answers_which_kind():
+    from danka.algorithms.advantages import EstimatorMeta
+    from danka.algorithms.kl import KL_MODES
+
+    reg = Registry("widget", EstimatorMeta())
+    reg.register("plain")(lambda: 1)
+    reg.register("critic", EstimatorMeta(needs_critic=True))(lambda: 2)
+    assert reg.meta("plain") == EstimatorMeta() and reg.meta("critic").needs_critic
+    with pytest.raises(UserError, match="unknown widget 'x'"):
+        reg.meta("x")
+    critics = [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.meta(n).needs_critic]
+    grouped = [n for n in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.meta(n).grouped]
+    assert critics == ["gae"]
+    assert grouped == ["dr_grpo", "grpo", "reinforce_plus_plus_baseline", "rloo"]
+    assert KL_MODES.meta("loss").in_loss and KL_MODES.meta("reward").in_reward

@@ -58,14 +58,15 @@ def test_padded_batch_masks_give_the_hand_computed_ratio(bench):
     assert effective_token_ratio(batch, 1) == pytest.approx(1.0)
 
 
-def test_phase_recorder_restores_fit_and_records_nested_phases(bench):
-    from danka.trainer import fit
+def test_phase_timings_come_from_the_loop():
+    # the bench reads time/<phase> from the loop's own metrics (no monkeypatching)
+    from danka.trainer.fit import phase
 
-    original = fit.batched
-    rec = bench.PhaseRecorder(torch.device("cpu"))
-    with rec.patch():
-        assert fit.batched is not original
-        assert rec.call("step", lambda: rec.call("rollout", lambda: 42)) == 42
-    assert fit.batched is original  # the wrappers are gone after the block
-    assert 0 <= rec.time["rollout"] <= rec.time["step"]
-    assert rec.peaks() is None  # no CUDA: no memory numbers
+    m: dict[str, float] = {}
+    with phase(m, "step"):
+        with phase(m, "rollout"):
+            pass
+        with phase(m, "rollout"):  # a phase entered twice adds up
+            pass
+    assert set(m) == {"time/step", "time/rollout"}
+    assert 0 <= m["time/rollout"] <= m["time/step"]

@@ -1,5 +1,5 @@
 from danka.data.formats import load_prompt_rows
-from danka.data.tasks import arithmetic_rows, pair_split, reasoning_gym_rows, write_rows_jsonl
+from danka.data.tasks import arithmetic_rows, pair_split, write_rows_jsonl
 
 
 def _pairs(rows):
@@ -42,9 +42,3 @@ def test_write_rows_jsonl_round_trips(tmp_path):
     assert [(r.prompt, r.ground_truth, r.data_source) for r in back.rows] == [
         (r.prompt, r.ground_truth, r.data_source) for r in rows
     ]
-
-
-def test_reasoning_gym_rows():
-    rows = reasoning_gym_rows("basic_arithmetic", 3, seed=1)
-    assert len(rows) == 3 and rows[0].data_source == "reasoning_gym/basic_arithmetic"
-    assert all(isinstance(r.prompt, str) and r.ground_truth for r in rows)

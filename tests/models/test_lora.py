@@ -12,7 +12,6 @@ from danka.models.lora import (
     linear_module_names,
     reference_mode,
     set_active,
-    trainable_parameters,
 )
 from danka.models.tiny import tiny_causal_lm, tiny_tokenizer
 
@@ -37,7 +36,6 @@ def test_apply_lora_trains_only_adapters():
     assert trainable == 1792
     assert total > trainable
     assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
-    assert len(trainable_parameters(model)) == 8  # 2 layers x 2 modules x (A, B)
 
 
 def test_all_linear_and_comma_string():

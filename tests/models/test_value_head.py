@@ -33,3 +33,19 @@ def test_load_errors(tmp_path):
     save_value_head(ValueHead(8), tmp_path)
     with pytest.raises(UserError, match=r"expected \(1, 4\)"):
         load_value_head(tmp_path, 4)
+
+
+def test_fresh_value_head_gives_zero_eos_advantage_under_zero_rewards():
+    # issue 11 #10: with rewards 0 the end-of-turn token's GAE advantage must be exactly 0
+    # for a fresh head (a head predicting V_T = c gave it delta_T = -c every step)
+    from danka.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput
+
+    head = ValueHead(16)
+    hidden = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(0))
+    values = head(hidden).squeeze(-1)
+    mask = torch.tensor([[1.0] * 5, [1.0] * 3 + [0.0] * 2, [1.0] * 4 + [0.0]])
+    inp = AdvantageInput(torch.zeros(3, 5), mask, torch.arange(3), values * mask)
+    adv, returns = ADVANTAGE_ESTIMATORS.get("gae")(inp)
+    eos = mask.sum(1).long() - 1
+    assert (adv[torch.arange(3), eos] == 0).all() and (adv == 0).all()
+    assert (returns == 0).all()

@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from danka.errors import UserError
-from danka.rollout.base import SamplingParams, build_engine
+from danka.rollout.base import EngineOptions, SamplingParams, build_engine
 from danka.rollout.fast import FastEngine, bucket_size
 from danka.rollout.fast_sampling import sample_next
 from danka.types import RolloutBatch
@@ -225,12 +225,9 @@ def test_bucket_sizes_and_registry():
         8, 8, 16, 64, 128, 256, 512,
     ]  # fmt: skip
     assert bucket_size(5, False) == 5
-    engine = build_engine("fast", max_batch=4)
+    # rollout.generation_batch_size is honoured as the decode batch (max_batch)
+    engine = build_engine("fast", EngineOptions(generation_batch_size=4))
     assert isinstance(engine, FastEngine) and engine.max_batch == 4
-    # rollout.generation_batch_size: sequences per decode batch
-    assert build_engine("fast", batch_size=24).max_batch == 24
-    with pytest.raises(UserError, match="no option 'unknown_option'"):
-        build_engine("fast", max_batch=4, unknown_option=1)  # was silently swallowed
 
 
 def test_small_max_batch_splits_and_keep_cache_false():

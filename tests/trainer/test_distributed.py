@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from danka.config import load_config
-from danka.trainer.train import train
+from danka.trainer.fit import fit
 
 from .conftest import make_config
 
@@ -87,6 +87,7 @@ def _batch() -> dict:
         truncated=torch.zeros(b, dtype=torch.bool),
         rewards=torch.randn(b, generator=g),
         advantages=torch.randn(b, 1, generator=g).expand(b, r) * response_mask,
+        old_is_current=True,  # one optimiser step: pi_old is the policy being updated
     )
 
 
@@ -121,7 +122,7 @@ def test_torchrun_training_writes_once_and_resumes_on_one_process(tmp_path, tiny
     assert sorted(p.name for p in (out / "eval").iterdir()) == ["step_0.json", "step_2.json"]
     # the gathered checkpoint has the single-process layout: one process resumes it
     cfg, base = load_config(cfg_path, ["trainer.total_steps=3"])
-    train(cfg, base, resume="auto")
+    fit(cfg, base, resume="auto")
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3]
     assert "Resumed from" in (out / "logs" / "train.log").read_text()

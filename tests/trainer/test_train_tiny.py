@@ -11,14 +11,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from danka.config import load_config
-from danka.trainer.train import train
+from danka.trainer.fit import fit
 
 from .conftest import make_config
 
 
 def run(tmp_path, model_dir, **sections):
     cfg, base = load_config(make_config(tmp_path, model_dir, **sections))
-    return cfg, train(cfg, base)
+    return cfg, fit(cfg, base)
 
 
 def test_grpo_lora_trains_and_writes_the_seed_layout(tmp_path, tiny_model_dir):
@@ -90,7 +90,7 @@ def test_preflight_and_oom_is_explained(tmp_path, tiny_model_dir, monkeypatch, c
 
     cfg_path = make_config(tmp_path, tiny_model_dir, trainer={"preflight": True, "total_steps": 1})
     cfg, base = load_config(cfg_path)
-    train(cfg, base)
+    fit(cfg, base)
     log = (tmp_path / "out" / "logs" / "train.log").read_text()
     assert "preflight passed at the worst-case shapes (2 x 4 sequences" in log
 
@@ -111,14 +111,17 @@ def test_auto_micro_batch_halves_on_oom(tmp_path, tiny_model_dir, monkeypatch):
     real, calls = upd.actor_minibatch, []
 
     def flaky(run, mini, metrics, dry_run=False):
-        calls.append(run.cfg.trainer.micro_batch_size)
-        if run.cfg.trainer.micro_batch_size > 2:
+        calls.append(run.state.micro_batch_size)
+        if run.state.micro_batch_size > 2:
             raise torch.OutOfMemoryError("out of memory")
         return real(run, mini, metrics, dry_run)
 
     monkeypatch.setattr(upd, "actor_minibatch", flaky)
     cfg, _ = run(tmp_path, tiny_model_dir, trainer={"auto_micro_batch": True, "total_steps": 1})
-    assert calls[:2] == [4, 2] and cfg.trainer.micro_batch_size == 2
+    # the run's state halves; the validated config stays as written (read-only)
+    assert calls[:2] == [4, 2] and cfg.trainer.micro_batch_size == 4
+    log = (tmp_path / "out" / "logs" / "train.log").read_text()
+    assert "out of memory in the update: micro_batch_size -> 2" in log
 
 
 def test_non_finite_steps_are_skipped_then_stop_with_an_explanation(
@@ -126,16 +129,16 @@ def test_non_finite_steps_are_skipped_then_stop_with_an_explanation(
 ):
     """A NaN loss skips the optimizer step (weights untouched); max_bad_steps in a row stop
     the run with exit code 3 and the likely causes."""
-    import danka.trainer.update as upd
+    from danka.algorithms.losses import POLICY_LOSSES
     from danka.cli import main
 
-    real_get = upd.POLICY_LOSSES.get
+    real_get = POLICY_LOSSES.get
 
     def nan_loss(name, *a, **k):
         fn = real_get(name, *a, **k)
         return lambda *args, **kw: (fn(*args, **kw)[0] * float("nan"), {})
 
-    monkeypatch.setattr(upd.POLICY_LOSSES, "get", nan_loss)
+    monkeypatch.setattr(POLICY_LOSSES, "get", nan_loss)
     cfg_path = make_config(tmp_path, tiny_model_dir, trainer={"max_bad_steps": 2, "total_steps": 4})
     assert main(["train", str(cfg_path)]) == 3
     err = capsys.readouterr().err

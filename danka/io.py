@@ -1,0 +1,51 @@
+"""Crash-safe file writes: a temp file in the same folder, fsync, then an atomic rename,
+so a reader (or a resumed run) sees the old file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it survives a power cut (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path, *, sync_dir: bool = False) -> Iterator[Path]:
+    """Yields a temp path next to ``path``; write it inside the block. On success it is
+    fsynced and renamed onto ``path`` (and the folder fsynced with ``sync_dir``); on an
+    error it is removed and ``path`` is untouched."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def write_text_atomic(path: Path, text: str, *, sync_dir: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_path(path, sync_dir=sync_dir) as tmp:
+        tmp.write_text(text, encoding="utf-8")

@@ -1,0 +1,140 @@
+"""What a run writes while it trains: train.log lines, metrics.jsonl, completions, the
+trackers, held-out evaluations, and the closing result file. Rank 0 writes; other ranks
+get ``dist.Null`` writers (they still evaluate, in step with rank 0)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from danka import distributed as dist
+from danka.config.schema import DankaConfig
+from danka.logging.metrics import (
+    CompletionsWriter,
+    MetricsWriter,
+    format_step_line,
+    remove_completions_after,
+    truncate_metrics_after,
+)
+from danka.logging.runlog import setup_run_logger
+from danka.logging.trackers import SafeTrackers, build_trackers
+from danka.trainer.evaluate import evaluate
+from danka.trainer.run import Run
+from danka.types import RolloutBatch
+
+
+def is_main_process() -> bool:
+    return not dist.requested() or os.environ.get("RANK", "0") == "0"
+
+
+def run_logger(output_dir: Path) -> logging.Logger:
+    return setup_run_logger(output_dir) if is_main_process() else dist.quiet_logger()
+
+
+@dataclass
+class Outputs:
+    output_dir: Path
+    log: logging.Logger
+    main: bool
+    metrics: MetricsWriter | dist.Null
+    completions: CompletionsWriter | dist.Null
+    trackers: SafeTrackers | dist.Null
+    history: dict = field(default_factory=lambda: {"eval": []})
+
+    @classmethod
+    def open(cls, cfg: DankaConfig, log: logging.Logger, resolved: dict, start: int) -> Outputs:
+        """Writers that continue after step ``start`` (later lines of an abandoned
+        continuation are removed: those steps will be redone)."""
+        out, main = Path(cfg.output_dir), is_main_process()
+        if main:
+            truncate_metrics_after(out, start)
+            remove_completions_after(out, start)
+        trackers = dist.Null()
+        if main:
+            lg = cfg.logging
+            trackers = SafeTrackers(
+                build_trackers(
+                    out,
+                    tensorboard=lg.tensorboard,
+                    wandb_project=lg.wandb_project,
+                    mlflow_experiment=lg.mlflow_experiment,
+                    run_name=out.name,
+                    config=resolved,
+                    log=log,
+                ),
+                log,
+            )
+        return cls(
+            output_dir=out,
+            log=log,
+            main=main,
+            metrics=MetricsWriter(out) if main else dist.Null(),
+            completions=CompletionsWriter(out) if main else dist.Null(),
+            trackers=trackers,
+        )
+
+    def record(
+        self, run: Run, step: int, metrics: dict, batch: RolloutBatch, completions: list[str]
+    ) -> None:
+        """metrics.jsonl, trackers, sample completions and (every log_interval) train.log."""
+        self.metrics.write(step, metrics)
+        self.trackers.log(metrics, step)
+        lg = run.cfg.logging
+        if lg.save_completions and self.main:
+            k = min(lg.save_completions, len(completions))
+            rows = batch.prompt_index[:k].tolist()
+            self.completions.write(
+                step,
+                prompts=[run.train.texts[i] for i in rows],
+                completions=completions[:k],
+                rewards=batch.rewards[:k].tolist(),
+                reward_parts={name: v[:k].tolist() for name, v in batch.reward_parts.items()},
+                ground_truths=[run.train.rows[i].ground_truth for i in rows],
+            )
+        if step % lg.log_interval == 0 or step == run.state.total_steps:
+            self.log.info(format_step_line(step, metrics))
+
+    def evaluate(self, run: Run, step: int) -> float | None:
+        """Held-out accuracy at ``step`` (None without held-out prompts); every rank
+        evaluates the whole set, rank 0 writes OUTPUT/eval/step_N.json."""
+        if run.eval is None:
+            return None
+        result = evaluate(run, run.eval.rows, run.eval.ids, run.eval.texts)
+        samples = result.pop("_samples")
+        self.history["eval"].append({"step": step, **result})
+        if self.main:
+            (self.output_dir / "eval").mkdir(exist_ok=True)
+            (self.output_dir / "eval" / f"step_{step}.json").write_text(
+                json.dumps({"step": step, **result, "samples": samples}, indent=2)
+            )
+            self.trackers.log(result, step)
+            self.log.info(
+                f"step {step} | held-out accuracy: {100 * result['eval/accuracy']:.1f}% "
+                f"({int(result['eval/n'])} problems)"
+            )
+        return result["eval/accuracy"]
+
+    def close(self) -> None:
+        self.trackers.close()
+        self.metrics.close()
+
+    def finish(self, run: Run, seconds: float) -> dict:
+        """The closing line and the result file: held-out accuracy before -> after."""
+        result: dict = {"steps": run.state.total_steps, "seconds": round(seconds, 1)}
+        evals = self.history["eval"]
+        if len(evals) >= 2:
+            before, after = evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]
+            n = int(evals[-1]["eval/n"])
+            curve = [(e["step"], e["eval/accuracy"]) for e in evals]
+            result.update(before=before, after=after, n=n, curve=curve)
+            line = (
+                f"held-out accuracy: before {100 * before:.1f}% -> after {100 * after:.1f}% "
+                f"({100 * (after - before):+.1f} points, {n} problems)"
+            )
+            self.log.info(line)
+            print(line, flush=True)
+        (self.output_dir / run.cfg.logging.result_file).write_text(json.dumps(result, indent=2))
+        return result

@@ -1,0 +1,183 @@
+"""The stages of one training step, in the order ``fit`` calls them. Each reads what
+earlier stages put on the ``RolloutBatch`` and adds its own fields (see danka/types.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from danka import distributed as dist
+from danka.algorithms.advantages import AdvantageInput, sequence_rewards_to_tokens
+from danka.algorithms.kl import apply_kl_in_reward
+from danka.rollout.base import SamplingParams
+from danka.trainer.forward import batched, critic_values, policy_logprobs
+from danka.trainer.guards import OutOfMemory, oom_guard
+from danka.trainer.run import Run
+from danka.trainer.update import update
+from danka.types import RolloutBatch
+
+
+def sample_prompts(run: Run) -> list[int]:
+    """Row indices of this step's prompts (this rank's share under torchrun; a prompt's
+    group stays on one rank)."""
+    idx = run.sampler.next_batch()
+    return dist.shard(idx) if dist.is_active() else idx
+
+
+def rollout(run: Run, prompt_idx: list[int]) -> RolloutBatch:
+    """Sample ``samples_per_prompt`` answers to each prompt from the live policy."""
+    t = run.cfg.trainer
+    params = SamplingParams(
+        n=t.samples_per_prompt,
+        temperature=t.temperature,
+        top_p=t.top_p,
+        top_k=t.top_k,
+        max_new_tokens=t.max_new_tokens,
+    )
+    with oom_guard("rollout", run), run.models.actor():
+        batch = run.engine.generate(
+            run.models.policy,
+            [run.train.ids[i] for i in prompt_idx],
+            params,
+            eos_ids=run.eos_ids,
+            pad_id=run.pad_id,
+        )
+    batch.prompt_index = torch.tensor(prompt_idx, dtype=torch.long)[batch.group_index]
+    return batch
+
+
+def score(run: Run, batch: RolloutBatch, completions: list[str]) -> dict[str, float]:
+    """Fill ``rewards`` and ``reward_parts``; a sample whose reward was skipped
+    (reward.on_error: skip_sample) gets ``valid`` False and reward 0."""
+    rows = [run.train.rows[i] for i in batch.prompt_index.tolist()]
+    texts = [run.train.texts[i] for i in batch.prompt_index.tolist()]
+    out = run.rewards(rows, texts, completions)
+    batch.valid = batch.valid & out.valid.cpu()
+    batch.rewards = torch.where(batch.valid, out.scores.float().cpu(), 0.0)
+    batch.reward_parts = {name: v.float().cpu() for name, v in out.per_function.items()}
+    ok = batch.valid
+    metrics = {
+        "reward": float(batch.rewards[ok].mean()) if ok.any() else 0.0,
+        "reward/error_rate": out.num_errors / max(1, len(completions)),
+        "reward/valid_frac": float(ok.float().mean()),
+        "response_length": float(batch.response_mask.sum(1).mean()),
+        "response/truncated": float(batch.truncated.float().mean()),
+    }
+    for name, value in batch.reward_parts.items():
+        metrics[f"reward/{name}"] = float(value[ok].mean()) if ok.any() else 0.0
+    n = run.cfg.trainer.samples_per_prompt
+    if n > 1:
+        groups = batch.rewards.view(-1, n)
+        flat = (groups.max(1).values - groups.min(1).values).abs() < 1e-8
+        metrics["reward/zero_adv_groups"] = float(flat.float().mean())
+    return metrics
+
+
+def logprobs(run: Run, batch: RolloutBatch) -> dict[str, float]:
+    """Old log-probs (or the explicit on-policy shortcut), reference log-probs, and the
+    rollout/trainer mismatch correction."""
+    t, algo, metrics = run.cfg.trainer, run.algo, {}
+    kw = dict(temperature=run.temperature, chunk_size=t.logprob_chunk_size, pack_len=run.pack_len)
+    micro = run.state.micro_batch_size
+    one_step = t.ppo_epochs == 1 and t.mini_batch_size == t.batch_size
+    # on-policy, pi_old is the policy at the update's only optimiser step: its own detached
+    # log-probs serve, one forward saved. The correction needs them here, before the update.
+    batch.old_is_current = one_step and algo.correction is None
+    with oom_guard("log-probs", run):
+        if not batch.old_is_current:
+            with run.models.actor() as policy:
+                batch.old_logprobs = batched(policy_logprobs, policy, batch, micro, **kw)
+            if batch.rollout_logprobs is not None:
+                gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * batch.response_mask
+                metrics["rollout/logprob_gap"] = float(
+                    gap.sum() / batch.response_mask.sum().clamp(min=1)
+                )
+        if algo.needs_reference:
+            with run.models.reference() as ref:
+                batch.ref_logprobs = batched(policy_logprobs, ref, batch, micro, **kw)
+    if algo.correction is not None:
+        fix = algo.correction(
+            batch.old_logprobs, batch.rollout_logprobs, batch.train_mask, algo.correction_cap
+        )
+        batch.is_weights = fix.weights
+        batch.valid = batch.valid & fix.keep
+        metrics.update(fix.metrics)
+    return metrics
+
+
+def values(run: Run, batch: RolloutBatch) -> None:
+    """Critic values V(s_t) (only for estimators that need a critic)."""
+    if not run.algo.needs_critic:
+        return
+    with oom_guard("log-probs", run), run.models.critic() as critic:
+        batch.values = batched(
+            lambda m, mb: critic_values(m, run.models.value_head, mb, run.pack_len),
+            critic,
+            batch,
+            run.state.micro_batch_size,
+        )
+
+
+def advantages(run: Run, batch: RolloutBatch) -> dict[str, float]:
+    """Token rewards (the score on the last token, minus the KL penalty under
+    kl.mode: reward), then the registered estimator: advantages, and returns for a critic."""
+    t, algo, metrics = run.cfg.trainer, run.algo, {}
+    token_rewards = sequence_rewards_to_tokens(batch.rewards, batch.loss_mask)
+    if algo.kl_mode is not None and algo.kl_mode.in_reward:
+        old = batch.old_logprobs
+        if old is None:  # on-policy: the log-probs of the policy that sampled
+            kw = dict(temperature=run.temperature, chunk_size=t.logprob_chunk_size)
+            with oom_guard("log-probs", run), run.models.actor() as policy:
+                old = batched(
+                    policy_logprobs, policy, batch, run.state.micro_batch_size,
+                    pack_len=run.pack_len, **kw,
+                )  # fmt: skip
+        token_rewards, mean_kl = apply_kl_in_reward(
+            token_rewards, old, batch.ref_logprobs, batch.train_mask, t.kl.estimator,
+            run.kl_ctl.value,
+        )  # fmt: skip
+        metrics["kl"] = mean_kl
+    adv_in = AdvantageInput(
+        token_rewards=token_rewards,
+        response_mask=batch.loss_mask,
+        group_index=batch.group_index,
+        values=batch.values,
+        gamma=t.gamma,
+        lam=t.lam,
+        valid=batch.valid,
+    )
+    batch.advantages, batch.returns = algo.estimator(adv_in)
+    return metrics
+
+
+def update_actor_critic(run: Run, batch: RolloutBatch, step: int) -> dict[str, float]:
+    """The update; with ``trainer.auto_micro_batch`` an out-of-memory halves the micro-batch
+    and retries (no optimizer step has happened yet when the forward/backward runs out).
+    During ``trainer.critic_warmup_steps`` only the critic learns."""
+    train_actor = step > run.cfg.trainer.critic_warmup_steps
+    while True:
+        try:
+            with oom_guard("update", run):
+                return update(run, batch, run.update_generator, train_actor=train_actor)
+        except OutOfMemory:
+            if not run.cfg.trainer.auto_micro_batch or run.state.micro_batch_size == 1:
+                raise
+            run.actor_opt.zero_grad(set_to_none=True)
+            if run.critic_opt is not None:
+                run.critic_opt.zero_grad(set_to_none=True)
+            run.state.micro_batch_size = max(1, run.state.micro_batch_size // 2)
+            run.log.warning(
+                f"out of memory in the update: micro_batch_size -> {run.state.micro_batch_size}"
+            )
+
+
+def adapt_kl(run: Run, metrics: dict[str, float]) -> None:
+    """Move the adaptive KL coefficient towards its target with the KL measured this
+    step (mean per trained token: from the reward penalty or from the loss term)."""
+    kl = metrics.get("kl", metrics.get("actor/kl_token_mean"))
+    if kl is None or run.algo.kl_mode is None:
+        return
+    if dist.is_active():  # the controller must move the same way on every rank
+        kl = dist.all_mean(kl)
+    metrics.setdefault("kl", kl)
+    run.kl_ctl.update(kl, n_steps=run.cfg.trainer.batch_size)

@@ -1,0 +1,50 @@
+"""Rollout engines by capability: typed options, ``auto``, refusals at start-up."""
+
+import pytest
+
+from danka.errors import UserError
+from danka.rollout.base import (
+    ROLLOUT_ENGINES,
+    EngineMeta,
+    EngineOptions,
+    build_engine,
+    engine_meta,
+    register_engine,
+    resolve_engine,
+)
+
+
+def test_auto_picks_by_capability():
+    assert resolve_engine("auto", "cuda", quantized=False) == "fast"
+    assert resolve_engine("auto", "cuda", quantized=True) == "hf"  # reads a bnb base
+    assert resolve_engine("auto", "cpu", quantized=False) == "hf"
+    with pytest.raises(UserError, match="cannot sample from a quantised"):
+        resolve_engine("fast", "cuda", quantized=True)
+
+
+def test_generation_batch_size_reaches_the_engine():
+    assert build_engine("hf", EngineOptions(generation_batch_size=3)).batch_size == 3
+    assert build_engine("hf").batch_size == 0  # not set: the engine's default
+
+
+def test_an_option_the_engine_does_not_honour_is_refused():
+    @register_engine("_test_plain", EngineMeta())
+    class Plain:
+        def __init__(self):
+            pass
+
+    try:
+        assert isinstance(build_engine("_test_plain"), Plain)
+        with pytest.raises(UserError) as info:
+            build_engine("_test_plain", EngineOptions(generation_batch_size=8))
+        assert "rollout.generation_batch_size is set (8)" in str(info.value)
+        assert info.value.where == "rollout.generation_batch_size"
+    finally:
+        ROLLOUT_ENGINES._table.pop("_test_plain")
+        ROLLOUT_ENGINES._meta.pop("_test_plain")
+
+
+def test_engines_declare_logprob_reporting():
+    assert engine_meta("fast").reports_logprobs and not engine_meta("hf").reports_logprobs
+    with pytest.raises(UserError, match="unknown rollout engine 'vllm'"):
+        build_engine("vllm")

@@ -187,7 +187,8 @@ class VllmBackend:
 @dataclass
 class HFBackend:
     enable_hf_transformers: bool = _f(
-        False, "true = HF generate rollout (the seed story's setting); false = rollout.engine decides"
+        False,
+        "true = HF generate rollout (the seed story's setting); false = rollout.engine decides",
     )
 
 

@@ -15,7 +15,6 @@ from danka.config.schema import DankaConfig
 from danka.errors import UserError
 from danka.rollout.base import ROLLOUT_ENGINES
 
-
 # short dtype names accepted everywhere a dtype is named (config, --dtype of the tools)
 DTYPE_ALIASES = {
     "bf16": "bfloat16",
@@ -30,7 +29,6 @@ def canonical_dtype(name: str) -> str:
     """``bf16`` -> ``bfloat16``, ``fp16`` -> ``float16``, ``fp32`` -> ``float32``; other
     names pass through (lower-cased)."""
     return DTYPE_ALIASES.get(name.lower(), name.lower())
-
 
 
 class ConfigSource(Protocol):

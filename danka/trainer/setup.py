@@ -26,13 +26,13 @@ from danka.models.loading import (
     stop_ids,
 )
 from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
-from danka.rollout.base import choose_engine as choose_rollout_engine
 from danka.rollout.base import (
     ROLLOUT_ENGINES,
     EngineOptions,
     build_engine,
     engine_meta,
 )
+from danka.rollout.base import choose_engine as choose_rollout_engine
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
 from danka.trainer.run import Algorithm, PromptSet, Run, RunState

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import danka.io
 from danka.checkpoint import find_latest_checkpoint, save_checkpoint, store
 from danka.checkpoint.cadence import save_due, save_interval
 from danka.checkpoint.store import CheckpointDiskFull, checkpoint_size, newer_checkpoints
@@ -171,8 +172,14 @@ def test_disk_full_writing_the_manifest_leaves_no_temp_file(tmp_path, monkeypatc
 
 def test_parent_directories_are_fsynced_after_renames(tmp_path, monkeypatch):
     synced: list[Path] = []
-    real = store._fsync_dir
-    monkeypatch.setattr(store, "_fsync_dir", lambda p: (synced.append(Path(p)), real(p)))
+    real = store.fsync_dir
+
+    def spy(p):
+        synced.append(Path(p))
+        real(p)
+
+    monkeypatch.setattr(store, "fsync_dir", spy)  # the store's own renames
+    monkeypatch.setattr(danka.io, "fsync_dir", spy)  # the manifest's atomic write
     _save(tmp_path, 1)
     for folder in (tmp_path, tmp_path / "actor", tmp_path / "state"):
         assert folder in synced, folder  # new part folders, renamed checkpoint folders

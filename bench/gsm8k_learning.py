@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="result JSON (a .png is written beside it)")
     p.add_argument("--output-dir", default=None, help="the run's folder (default: from --out)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

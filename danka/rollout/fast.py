@@ -123,6 +123,7 @@ class FastEngine:
         seq_round: int = 128,
         batch_size: int = 0,
         fuse_weights: bool | None = None,
+        lora_compute: str = "adapter",
     ):
         # max_batch: sequences per decode batch (prompts are split to fit);
         # use_cuda_graph: None = on for CUDA models; check_every: steps between host checks
@@ -133,6 +134,18 @@ class FastEngine:
         # fuse_weights: q|k|v and gate|up in one GEMM each, from engine-owned copies; None =
         # only when those copies take <= FUSE_LIMIT_BYTES (small models; a 7B reads live).
         self.fuse_weights = fuse_weights
+        # lora_compute: dtype of a live LoRA adapter's low-rank path. "adapter": the adapter's
+        # own (fp32 under peft's default; peft's forward bit for bit, 4 extra kernels per
+        # adapted linear); "base": the model's dtype, A folded into the fused base GEMM and
+        # B added by one addmm (1 extra kernel; A and s*B rounded to bf16 as in a bf16-compute
+        # training forward, see danka.models.lora).
+        if lora_compute not in ("adapter", "base"):
+            raise UserError(
+                f"lora_compute={lora_compute!r}",
+                where="rollout (fast engine)",
+                fix='use "adapter" (exact fp32 adapter path) or "base" (bf16, fewer kernels)',
+            )
+        self.lora_compute = lora_compute
         self.use_cuda_graph = use_cuda_graph
         self.keep_cache = keep_cache
         self.check_every = max(1, int(check_every))
@@ -144,7 +157,7 @@ class FastEngine:
     def release(self) -> None:
         """Free the KV cache, weight buffers and CUDA graphs (the next call rebuilds them)."""
         self._spec: ModelSpec | None = None
-        self._owned = Owned()
+        self._owned = Owned(lora_compute=getattr(self, "lora_compute", "adapter"))
         self._k = self._v = self._cos = self._sin = None
         self._slots: dict[tuple[int, int], _Slots] = {}
         self._pool = None

@@ -187,3 +187,39 @@ def test_lora_compute_option_is_checked():
     with pytest.raises(UserError, match="lora_compute"):
         FastEngine(lora_compute="fp8")
     assert FastEngine(lora_compute="base")._owned.lora_compute == "base"
+
+
+def test_release_and_keep_cache_false_hold_no_cache_tensors():
+    """After release() (or any call with keep_cache=False) the engine references no KV
+    cache, rope table, fused/adapter buffer or decode slot: they are freed."""
+    import gc
+    import weakref
+
+    from danka.rollout.base import SamplingParams
+    from danka.rollout.fast import keeps_cache
+    from tests.rollout.test_fast_engine import PROMPTS, tiny
+
+    assert keeps_cache(None, 270 * 2**20) and not keeps_cache(None, 15 * 2**30)  # 135M / 7B
+    assert keeps_cache(True, 15 * 2**30) and not keeps_cache(False, 1)
+    model = get_peft_model(tiny("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=4)
+    for engine, explicit in ((FastEngine(), True), (FastEngine(keep_cache=False), False)):
+        refs: list = []
+        real_release = engine.release
+
+        def spy(engine=engine, refs=refs, real_release=real_release):
+            held = [engine._k, engine._v, engine._cos, *engine._owned.buf.values()]
+            held += [t for st in engine._slots.values() for t in (st.tok, st.out_tok, st.out_lp)]
+            refs.extend(weakref.ref(t) for t in held if t is not None)
+            real_release()
+
+        engine.release = spy
+        engine.generate(model, PROMPTS, params, eos_ids=[299], pad_id=0)
+        if explicit:  # default (None) on a tiny model: kept until release()
+            assert engine._k is not None and engine._owned.buf and engine._slots
+            engine.release()
+        gc.collect()
+        assert len(refs) > 10  # the cache, rope tables, adapter stacks, decode slots
+        assert engine._k is None and engine._v is None and engine._cos is None
+        assert not engine._owned.buf and not engine._slots and engine._pool is None
+        assert all(r() is None for r in refs)  # nothing else keeps them alive

@@ -223,3 +223,18 @@ def test_release_and_keep_cache_false_hold_no_cache_tensors():
         assert engine._k is None and engine._v is None and engine._cos is None
         assert not engine._owned.buf and not engine._slots and engine._pool is None
         assert all(r() is None for r in refs)  # nothing else keeps them alive
+
+
+def test_base_compute_engine_matches_a_bf16_adapter_training_forward():
+    """lora_compute="base" is the engine's side of danka.models.lora.compute_adapters_in:
+    next-token log-probs within bf16 noise of that training forward."""
+    from danka.models.lora import compute_adapters_in
+
+    model = _bf16_lora_model(b_std=0.05)
+    compute_adapters_in(model, torch.bfloat16)
+    ids = torch.randint(1, 300, (8, 12), generator=torch.Generator().manual_seed(1))
+    engine = _engine_logprobs(model, ids, Owned(lora_compute="base"))
+    with torch.no_grad():
+        train = model(input_ids=ids).logits[:, -1].float().log_softmax(-1)
+    assert (engine - train).abs().mean().item() < 2e-3
+    assert (engine - train).abs().max().item() < 0.02

@@ -31,8 +31,9 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
                     log-softmax, softmax for the entropy, their grad) instead of T x V x 4
 * fast engine       the fast rollout engine (``rollout.engine: fast``, auto on a GPU) keeps
                     fused q|k|v and gate|up weight copies when they take <= 1 GiB (none for
-                    larger models), fp32 copies of the LoRA matrices, and its KV cache
-                    between calls, so they count in every phase
+                    larger models), fp32 copies of the LoRA matrices, and its KV cache;
+                    it keeps them between calls (so they count in every phase) only when
+                    the weights take <= 4 GiB, else frees them before the update
 * reference         0 with LoRA (adapters off); a frozen copy (params x d) in full mode
 * critic (PPO)      a second LoRA adapter + value head, or a separate model
 

@@ -81,12 +81,27 @@ def _lin(w: Weights, key: str, x: torch.Tensor) -> torch.Tensor:
     if la is None:  # folded: y = [x @ W.T + b | x @ A.T]
         n = lb.shape[0]
         z = y.flatten(0, -2)
-        return torch.addmm(z[:, :n], z[:, n:], lb.T).view(*y.shape[:-1], n)
+        return _add_low_rank(z[:, :n], z[:, n:], lb).view(*y.shape[:-1], n)
     if la.dtype == y.dtype:
         u = F.linear(x, la).flatten(0, -2)
-        return torch.addmm(y.flatten(0, -2), u, lb.T).view(y.shape)
+        return _add_low_rank(y.flatten(0, -2), u, lb).view(y.shape)
     # fp32 adapters: the in-place add computes float(y) + delta and rounds once into y
     return y.add_(F.linear(F.linear(x.to(la.dtype), la), lb))
+
+
+_INPLACE_ADDMM = [True]  # False once a backend refuses addmm_ into a strided view
+
+
+def _add_low_rank(y: torch.Tensor, u: torch.Tensor, lb: torch.Tensor) -> torch.Tensor:
+    """``y + u @ lb.T`` (2-D) in one GEMM (fp32 accumulation, one rounding), written into
+    ``y`` in place (no copy kernel); out of place if the backend refuses the strided view
+    (decided once, during eager warm-up, never inside a CUDA-graph capture)."""
+    if _INPLACE_ADDMM[0]:
+        try:
+            return y.addmm_(u, lb.T)
+        except RuntimeError:
+            _INPLACE_ADDMM[0] = False
+    return torch.addmm(y, u, lb.T)
 
 
 def _embed(w: Weights, ids: torch.Tensor) -> torch.Tensor:

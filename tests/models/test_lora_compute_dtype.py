@@ -9,15 +9,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from danka.models.lora import apply_lora, compute_adapters_in
+from tests.rollout.test_fast_engine import DIMS as FAST_DIMS
 
-DIMS = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-)
+DIMS = {**FAST_DIMS, "initializer_range": 0.02}  # HF's default init
 IDS = torch.randint(1, 300, (4, 24), generator=torch.Generator().manual_seed(1))
 
 

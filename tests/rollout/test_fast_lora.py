@@ -42,13 +42,7 @@ def _bf16_lora_model(b_std: float = 3e-3):
 def _engine_logprobs(model, ids, owned: Owned) -> torch.Tensor:
     root = unwrap_causal_lm(model)
     spec = model_spec(root)
-    w = load_weights(root, spec, owned)
-    cos, sin = rope_tables(root, spec, 16)
-    k = torch.zeros(spec.layers, ids.shape[0], spec.kv_heads, 16, spec.head_dim, dtype=spec.dtype)
-    mask = torch.ones_like(ids)
-    with torch.no_grad():
-        logits = prefill(w, spec, ids, mask, cos, sin, k, torch.zeros_like(k), slice(0, None), 1)
-    return logits.log_softmax(-1)
+    return _engine_logprobs_from(root, spec, load_weights(root, spec, owned), ids)
 
 
 def _per_linear_logprobs(model, ids, owned: Owned) -> torch.Tensor:

@@ -154,13 +154,21 @@ def add_lora(model, rank: int = 16):
 
 def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
     """danka's engine: first call (weights + graph capture), then a timed call; plain model
-    and, with --lora, the same model with a live LoRA adapter (unmerged)."""
+    and, with --lora, the same model with a live LoRA adapter (unmerged): ``lora_`` with the
+    low-rank path in the adapter's fp32 (exact), ``lora_base_`` in bf16 folded into the base
+    GEMMs (engine option ``lora_compute="base"``)."""
     sample = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens)
-    variants = [("", model)] + ([("lora_", None)] if args.lora else [])
-    for prefix, m in variants:
-        if m is None:
-            m = add_lora(model)
-        engine = FastEngine(use_cuda_graph=not args.no_cuda_graph, max_batch=max(256, args.prompts))
+    variants = [("", "adapter")] + ([("lora_", "adapter"), ("lora_base_", "base")] * args.lora)
+    lora_model = None
+    for prefix, mode in variants:
+        if prefix and lora_model is None:
+            lora_model = add_lora(model)
+        m = lora_model if prefix else model
+        engine = FastEngine(
+            use_cuda_graph=not args.no_cuda_graph,
+            max_batch=max(256, args.prompts),
+            lora_compute=mode,
+        )
 
         def run(params, m=m, engine=engine):
             return engine.generate(m, prompts, params, eos_ids=[], pad_id=0)

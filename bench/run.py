@@ -2,12 +2,15 @@
 
     python bench/run.py rollout --shape smollm2-135m --prompts 64 --new-tokens 256 --lora
     python bench/run.py train --only update_05b,logprob_memory --update-variants mb16,mb16+gc
+    python bench/run.py trl --model PATH --variants lora,full   # TRL GRPOTrainer vs danka
 
 ``rollout`` runs each side (danka's fast engine; HF generate with a dynamic cache; HF with
 a static cache + torch.compile) in its OWN fresh Python process, then writes one JSON with
 the environment (versions, GPU, commit), both sides of every ratio, and first-call times.
 ``train`` runs ``bench/bench_train.py`` sections in a fresh process and wraps their JSON
-with the same environment record. ``--out-dir`` (default bench/results) and, when set,
+with the same environment record. ``trl`` runs ``bench/bench_trl.py``: TRL's GRPOTrainer
+and ``danka train`` on the same GRPO settings, each variant and side in a fresh process.
+``--out-dir`` (default bench/results) and, when set,
 ``$OUT`` receive a copy.
 """
 
@@ -126,6 +129,45 @@ def train(args) -> dict:
     return res
 
 
+def trl(args) -> dict:
+    """TRL vs danka GRPO step, per variant (lora, full), each side in a fresh process."""
+    common = ["--prompts", str(args.prompts), "--generations", str(args.generations)]
+    common += ["--new-tokens", str(args.new_tokens), "--micro", str(args.micro)]
+    common += ["--steps", str(args.steps)]
+    common += ["--tiny"] if args.tiny else ["--model", args.model]
+    res: dict = {
+        "bench": "trl",
+        "model": "tiny" if args.tiny else args.model,
+        "settings": f"GRPO, {args.prompts} prompts x {args.generations} generations, "
+        f"{args.new_tokens} max new tokens, micro-batch {args.micro}, gradient checkpointing, "
+        "bf16 on a GPU, beta 0, temperature 1, LoRA r16 all-linear (lora) or full-parameter; "
+        "median step s after the first step; peak = torch.cuda.max_memory_allocated",
+        "variants": {},
+    }
+    tmp = Path(args.out_dir) / "_sides"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for variant in args.variants.split(","):
+        sides = {}
+        for side in ("trl", "danka"):
+            path = tmp / f"trl_{variant}_{side}.json"
+            path.unlink(missing_ok=True)
+            cmd = [sys.executable, "bench/bench_trl.py", "--side", side, "--variant", variant]
+            status = _child(cmd + common + ["--out", str(path)], args.timeout)
+            sides[side] = json.loads(path.read_text()) if path.exists() else {}
+            sides[side].update(status)
+            print(variant, side, {k: v for k, v in sides[side].items() if k != "step_s"})
+        entry: dict = {"sides": sides}
+        t, d = sides["trl"].get("median_step_s"), sides["danka"].get("median_step_s")
+        if t and d:
+            entry["trl_over_danka_step_time"] = t / d
+        pt, pd = sides["trl"].get("peak_gib"), sides["danka"].get("peak_gib")
+        if pt and pd:
+            entry["danka_over_trl_peak"] = pd / pt
+        res["variants"][variant] = entry
+    shutil.rmtree(tmp, ignore_errors=True)
+    return res
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out-dir", default=str(RESULTS))
@@ -143,17 +185,29 @@ def main(argv: list[str] | None = None) -> dict:
     r.add_argument("--sides", default="fast,hf-dynamic,hf-static")
     t = sub.add_parser("train", allow_abbrev=False)
     t.add_argument("--only", default="update_05b,ppo_7b,logprob_memory")
+    g = sub.add_parser("trl", allow_abbrev=False)
+    gsrc = g.add_mutually_exclusive_group(required=True)
+    gsrc.add_argument("--model", help="model path or hub id (both sides load it)")
+    gsrc.add_argument("--tiny", action="store_true", help="tiny random model (CPU smoke)")
+    g.add_argument("--variants", default="lora,full")
+    g.add_argument("--prompts", type=int, default=8)
+    g.add_argument("--generations", type=int, default=8)
+    g.add_argument("--new-tokens", type=int, default=256)
+    g.add_argument("--micro", type=int, default=16)
+    g.add_argument("--steps", type=int, default=4)
     args, extra = ap.parse_known_args(argv)  # train: other flags go to bench_train.py
     if extra and args.cmd != "train":
         ap.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
 
     env = environment()
-    res = rollout(args) if args.cmd == "rollout" else train(args)
+    res = {"rollout": rollout, "train": train, "trl": trl}[args.cmd](args)
     res["environment"] = env
     if args.cmd == "rollout":
         model = Path(str(res["model"])).stem
         default = f"rollout_{model}_{args.prompts}x{args.new_tokens}"
+    elif args.cmd == "trl":
+        default = f"trl_{Path(str(res['model'])).stem}_{args.prompts}x{args.generations}"
     else:
         default = "train_" + args.only.replace(",", "_")
     out = Path(args.out_dir) / f"{args.name or default}.json"

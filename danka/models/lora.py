@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
+import torch
+import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
@@ -78,15 +81,20 @@ def apply_lora(
     target_modules: list[str] | str,
     adapter_name: str = "default",
     task_type: str = "CAUSAL_LM",
+    compute_dtype: torch.dtype | None = None,
 ) -> PeftModel:
     """Wrap ``model`` in a PeftModel with one LoRA adapter; only adapter weights train.
 
     Update rule of each targeted linear: ``y = W x + (alpha / r) * B A x``, ``B`` starts at 0.
     ``task_type="SEQ_CLS"`` (a sequence classifier) also trains its score head in full.
+    ``compute_dtype`` (e.g. ``torch.bfloat16``): see :func:`compute_adapters_in`.
     """
     targets = _targets(model, target_modules)
     config = _config(r, alpha, dropout, targets, task_type)
-    return get_peft_model(model, config, adapter_name=adapter_name)
+    peft_model = get_peft_model(model, config, adapter_name=adapter_name)
+    if compute_dtype is not None:
+        compute_adapters_in(peft_model, compute_dtype)
+    return peft_model
 
 
 def add_adapter(
@@ -97,6 +105,7 @@ def add_adapter(
     alpha: float,
     dropout: float,
     target_modules: list[str] | str,
+    compute_dtype: torch.dtype | None = None,
 ) -> None:
     """Add a second LoRA adapter (the PPO critic) on the same base; the active one is unchanged."""
     if name in peft_model.peft_config:
@@ -108,6 +117,40 @@ def add_adapter(
     # peft freezes inactive adapters; every adapter's own optimiser needs its weights trainable.
     for param in adapter_parameters(peft_model, name):
         param.requires_grad_(True)
+    if compute_dtype is not None:
+        compute_adapters_in(peft_model, compute_dtype)
+
+
+def _linear_in(mod: nn.Linear, dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:
+    """``mod``'s linear computed in ``dtype``: the fp32 master weight is cast per call (the
+    cast is differentiable, so its gradient lands in fp32 ``weight.grad``)."""
+    bias = None if mod.bias is None else mod.bias.to(dtype)
+    return F.linear(x.to(dtype), mod.weight.to(dtype), bias)
+
+
+def compute_adapters_in(model: nn.Module, dtype: torch.dtype | None) -> int:
+    """Run every LoRA A/B matmul of ``model`` in ``dtype`` (e.g. the bf16 of the base) while
+    the adapter weights stay fp32 masters; ``None`` restores peft's default (the adapter's
+    own dtype: fp32 matmuls, the layer input cast up per module). Returns the layers changed.
+
+    peft's forward per adapted linear is ``y = base(x) + B(A(x)) * s``, then one cast to the
+    base dtype; here ``A`` and ``B`` compute in ``dtype`` and peft's input up-cast is off,
+    so ``x`` stays in the base dtype (half the saved activation) and ``B(A(x)) * s`` and the
+    sum round to ``dtype``. Gradients reach the fp32 masters through the weight casts.
+    The fast engine's ``lora_compute="base"`` computes the same low-rank path in bf16.
+    """
+    changed = 0
+    for module in model.modules():
+        if not hasattr(module, "lora_A") or not hasattr(module, "base_layer"):
+            continue
+        module.cast_input_dtype_enabled = dtype is None
+        for lin in [*module.lora_A.values(), *module.lora_B.values()]:
+            if dtype is None:
+                lin.__dict__.pop("forward", None)  # back to nn.Linear.forward
+            else:
+                lin.forward = partial(_linear_in, lin, dtype)
+        changed += 1
+    return changed
 
 
 def set_active(model: PeftModel, name: str) -> None:

@@ -15,10 +15,13 @@ SmolLM2, Qwen2) with its own forward (:mod:`danka.rollout.fast_model`):
    every ``check_every`` steps only.
 
 Memory: fused weight copies are made only for small models (``fuse_weights``); with
-``keep_cache=True`` (default) the KV cache, the fused weight buffers and the
-graphs are kept between calls; the KV cache is sized by the biggest (batch bucket,
-capacity) seen so far and only grows. ``keep_cache=False`` frees all of it after each call
-(graphs are then re-captured every call). ``release()`` frees it on demand.
+``keep_cache=True`` the KV cache, the fused weight buffers and the graphs are kept between
+calls; the KV cache is sized by the biggest (batch bucket, capacity) seen so far and only
+grows. ``keep_cache=False`` frees all of it at the end of each call, i.e. before the
+trainer's update (graphs are then re-captured every call). ``None`` (default) decides per
+model: keep when its weights take <= ``KEEP_CACHE_LIMIT_BYTES`` (small models, where graph
+re-capture would cost more than the memory), free for larger ones (a 7B).
+``release()`` frees it on demand.
 """
 
 from __future__ import annotations
@@ -47,6 +50,14 @@ from danka.types import RolloutBatch
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
 MAX_EOS = 16
+# keep_cache=None keeps the cache for models whose weights take at most this (~2B params in
+# bf16); danka.tools.estimate applies the same rule.
+KEEP_CACHE_LIMIT_BYTES = 4 * 2**30
+
+
+def keeps_cache(keep_cache: bool | None, weight_bytes: int) -> bool:
+    """Whether the engine keeps its KV cache, buffers and graphs after a call."""
+    return weight_bytes <= KEEP_CACHE_LIMIT_BYTES if keep_cache is None else bool(keep_cache)
 
 
 def bucket_size(rows: int, graphs: bool) -> int:
@@ -116,15 +127,17 @@ class FastEngine:
         self,
         max_batch: int = 256,
         use_cuda_graph: bool | None = None,
-        keep_cache: bool = True,
+        keep_cache: bool | None = None,
         check_every: int = 16,
         prefill_batch: int = 32,
         seq_round: int = 128,
         batch_size: int = 0,
         fuse_weights: bool | None = None,
+        lora_compute: str = "adapter",
     ):
         # max_batch: sequences per decode batch (prompts are split to fit);
-        # use_cuda_graph: None = on for CUDA models; check_every: steps between host checks
+        # use_cuda_graph: None = on for CUDA models; keep_cache: keep the KV cache, buffers and
+        # graphs between calls (None: only for models <= KEEP_CACHE_LIMIT_BYTES); check_every: steps between host checks
         # of "all finished"; prefill_batch: prompts per prefill forward; seq_round: the KV
         # capacity is rounded up to this so graphs are re-used across prompt lengths;
         # batch_size (rollout.generation_batch_size): sequences per decode batch, 0 = max_batch.
@@ -132,6 +145,18 @@ class FastEngine:
         # fuse_weights: q|k|v and gate|up in one GEMM each, from engine-owned copies; None =
         # only when those copies take <= FUSE_LIMIT_BYTES (small models; a 7B reads live).
         self.fuse_weights = fuse_weights
+        # lora_compute: dtype of a live LoRA adapter's low-rank path. "adapter": the adapter's
+        # own (fp32 under peft's default; peft's forward bit for bit, 4 extra kernels per
+        # adapted linear); "base": the model's dtype, A folded into the fused base GEMM and
+        # B added by one addmm (1 extra kernel; A and s*B rounded to bf16 as in a bf16-compute
+        # training forward, see danka.models.lora).
+        if lora_compute not in ("adapter", "base"):
+            raise UserError(
+                f"lora_compute={lora_compute!r}",
+                where="rollout (fast engine)",
+                fix='use "adapter" (exact fp32 adapter path) or "base" (bf16, fewer kernels)',
+            )
+        self.lora_compute = lora_compute
         self.use_cuda_graph = use_cuda_graph
         self.keep_cache = keep_cache
         self.check_every = max(1, int(check_every))
@@ -143,7 +168,7 @@ class FastEngine:
     def release(self) -> None:
         """Free the KV cache, weight buffers and CUDA graphs (the next call rebuilds them)."""
         self._spec: ModelSpec | None = None
-        self._owned = Owned()
+        self._owned = Owned(lora_compute=getattr(self, "lora_compute", "adapter"))
         self._k = self._v = self._cos = self._sin = None
         self._slots: dict[tuple[int, int], _Slots] = {}
         self._pool = None
@@ -188,6 +213,8 @@ class FastEngine:
             self._owned.fuse = (
                 fused_copy_bytes(root, spec) <= FUSE_LIMIT_BYTES if fuse is None else fuse
             )
+            weight_bytes = sum(p.numel() * p.element_size() for p in root.parameters())
+            self._keep = keeps_cache(self.keep_cache, weight_bytes)
         graphs = spec.device.type == "cuda" and self.use_cuda_graph is not False
         w = load_weights(root, spec, self._owned)
         ptrs = tuple(t.data_ptr() for t in w.values() if t is not None)
@@ -211,7 +238,7 @@ class FastEngine:
                 responses += toks
                 logprobs += lps
         finally:
-            if not self.keep_cache:
+            if not self._keep:
                 self.release()
         return finish_batch(
             prompt_ids,

@@ -59,8 +59,15 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin_s: torch.Tensor) -> torch.Tens
 
 
 def _lin(w: Weights, key: str, x: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T + b``, plus the unmerged LoRA path ``(x @ A.T) @ B.T`` computed in the
-    adapter's dtype and summed before one rounding, as peft's forward does."""
+    """``x @ W.T + b`` plus the unmerged LoRA path ``(x @ A.T) @ (s * B).T``, summed before
+    one rounding to the base dtype, as peft's forward does.
+
+    Kernels per adapted (fused) linear: low-rank path in the adapter's dtype (fp32): cast x,
+    A GEMM, B GEMM, one in-place add that rounds once (peft's op order exactly); in the base
+    dtype with A folded into the base GEMM (``.la`` None): ONE ``addmm`` (base output + B
+    part, fp32 accumulation, one rounding) after the widened base GEMM.
+    """
+    lb = w[key + ".lb"]
     if w[key] is None:  # unfused parts (no weight copies): one GEMM each
         parts = [w[k] for k in (f"{key}.0", f"{key}.1", f"{key}.2") if k in w]
         y = torch.cat([F.linear(x, p) for p in parts], dim=-1)
@@ -68,10 +75,33 @@ def _lin(w: Weights, key: str, x: torch.Tensor) -> torch.Tensor:
             y = y + w[key + ".b"]
     else:
         y = F.linear(x, w[key], w[key + ".b"])
-    la = w[key + ".la"]
-    if la is None:
+    if lb is None:
         return y
-    return (y + F.linear(F.linear(x.to(la.dtype), la), w[key + ".lb"])).to(y.dtype)
+    la = w[key + ".la"]
+    if la is None:  # folded: y = [x @ W.T + b | x @ A.T]
+        n = lb.shape[0]
+        z = y.flatten(0, -2)
+        return _add_low_rank(z[:, :n], z[:, n:], lb).view(*y.shape[:-1], n)
+    if la.dtype == y.dtype:
+        u = F.linear(x, la).flatten(0, -2)
+        return _add_low_rank(y.flatten(0, -2), u, lb).view(y.shape)
+    # fp32 adapters: the in-place add computes float(y) + delta and rounds once into y
+    return y.add_(F.linear(F.linear(x.to(la.dtype), la), lb))
+
+
+_INPLACE_ADDMM = [True]  # False once a backend refuses addmm_ into a strided view
+
+
+def _add_low_rank(y: torch.Tensor, u: torch.Tensor, lb: torch.Tensor) -> torch.Tensor:
+    """``y + u @ lb.T`` (2-D) in one GEMM (fp32 accumulation, one rounding), written into
+    ``y`` in place (no copy kernel); out of place if the backend refuses the strided view
+    (decided once, during eager warm-up, never inside a CUDA-graph capture)."""
+    if _INPLACE_ADDMM[0]:
+        try:
+            return y.addmm_(u, lb.T)
+        except RuntimeError:
+            _INPLACE_ADDMM[0] = False
+    return torch.addmm(y, u, lb.T)
 
 
 def _embed(w: Weights, ids: torch.Tensor) -> torch.Tensor:

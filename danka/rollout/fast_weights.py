@@ -176,6 +176,9 @@ class Owned:
     buf: dict[str, torch.Tensor] = field(default_factory=dict)
     seen: dict[str, tuple] = field(default_factory=dict)
     fuse: bool = True  # False: q/k/v and gate/up stay separate live weights (no copies)
+    # LoRA low-rank path dtype: "adapter" = the adapter's own (fp32 under peft's default,
+    # peft's op order exactly); "base" = the model's compute dtype (bf16 copies of A and s*B).
+    lora_compute: str = "adapter"
 
     def get(self, key: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
         b = self.buf.get(key)
@@ -184,9 +187,11 @@ class Owned:
             b = self.buf[key] = torch.empty(shape, dtype=dtype, device=device)
         return b
 
-    def stale(self, key: str, sources: list[torch.Tensor | None]) -> bool:
-        """True (and remember the sources) when ``key`` must be re-copied from them."""
+    def stale(self, key: str, sources: list[torch.Tensor | None], extra: tuple = ()) -> bool:
+        """True (and remember the sources) when ``key`` must be re-copied from them
+        (``extra``: plain values the copy also depends on, e.g. LoRA scalings)."""
         sig = tuple((t.data_ptr(), t._version) if t is not None else None for t in sources)
+        sig += tuple(extra)
         if self.seen.get(key) == sig:
             return False
         self.seen[key] = sig
@@ -220,44 +225,65 @@ def _parts(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, list[_Lor
     return base.weight, getattr(base, "bias", None), loras
 
 
+def _lora_dtype(spec: ModelSpec, parts, owned: Owned) -> torch.dtype | None:
+    """dtype of the low-rank path (None: no active adapter)."""
+    loras = [lo for p in parts for lo in p[2]]
+    if not loras:
+        return None
+    if owned.lora_compute == "base":
+        return spec.dtype
+    return torch.promote_types(spec.dtype, loras[0].a.dtype)
+
+
 @torch.no_grad()
 def _fill(
     owned: Owned, key: str, mods: list[nn.Module], spec: ModelSpec, bias: bool, out: Weights
 ) -> None:
     """Set ``out[key]`` (row-stacked base weights), ``out[key + '.b']`` (bias or None) and
-    ``out[key + '.la'/'.lb']`` (the stacked low-rank adapter pair, or None)."""
+    ``out[key + '.la'/'.lb']`` (the stacked low-rank adapter pair, or None).
+
+    Folded LoRA (low-rank path in the base dtype and an engine-owned buffer allowed): the
+    stacked A rows are appended to the base rows, ``out[key]`` is ``[W; A]`` (rows + R, in)
+    and ``out[key + '.la']`` is None, so one GEMM gives ``[x @ W.T + b | x @ A.T]``.
+    """
     parts = [_parts(m) for m in mods]
     rows = sum(p[0].shape[0] for p in parts)
     cols = parts[0][0].shape[1]
     w0 = parts[0][0]
     live = all(p[0].dtype == spec.dtype for p in parts)
-    if len(parts) == 1 and live:
+    lora_dtype = _lora_dtype(spec, parts, owned)
+    fold = lora_dtype == spec.dtype and owned.fuse and key not in ("embed", "lm_head")
+    rank = sum(lo.a.shape[0] for p in parts for lo in p[2]) if fold else 0
+    if len(parts) == 1 and live and not fold:
         out[key] = w0  # live parameter, zero copy
     elif live and not owned.fuse:
         out[key] = None  # _lin runs the parts one by one: live parameters, zero copy
         for j, p in enumerate(parts):
             out[f"{key}.{j}"] = p[0]
     else:
-        buf = owned.get(key, (rows, cols), spec.dtype, spec.device)
+        buf = owned.get(key, (rows + rank, cols), spec.dtype, spec.device)
         if owned.stale(key, [p[0] for p in parts]):
             r = 0
             for w, _, _ in parts:
                 buf[r : r + w.shape[0]].copy_(w)
                 r += w.shape[0]
         out[key] = buf
-    _fill_bias(owned, key, parts, spec, bias, rows, out)
-    _fill_lora(owned, key, parts, spec, rows, out)
+    _fill_bias(owned, key, parts, spec, bias, rows, rank, out)
+    _fill_lora(owned, key, parts, spec, rows, lora_dtype, out[key] if fold else None, out)
 
 
-def _fill_bias(owned: Owned, key, parts, spec: ModelSpec, bias: bool, rows: int, out) -> None:
+def _fill_bias(owned: Owned, key, parts, spec: ModelSpec, bias: bool, rows, rank, out) -> None:
+    """Bias of the fused rows (LoRA biases folded in); ``rank`` > 0: zeros for folded A rows."""
     out[key + ".b"] = None
     if not bias:
         return
     b0, has_lora_bias = parts[0][1], any(lo.bias is not None for p in parts for lo in p[2])
-    if len(parts) == 1 and not has_lora_bias and b0 is not None and b0.dtype == spec.dtype:
+    plain = len(parts) == 1 and not has_lora_bias and rank == 0
+    if plain and b0 is not None and b0.dtype == spec.dtype:
         out[key + ".b"] = b0
         return
-    bbuf = owned.get(key + ".b", (rows,), spec.dtype, spec.device)
+    bbuf = owned.get(key + ".b", (rows + rank,), spec.dtype, spec.device)
+    bbuf[rows:].zero_()
     r = 0
     for w, b, loras in parts:
         n = w.shape[0]
@@ -270,33 +296,45 @@ def _fill_bias(owned: Owned, key, parts, spec: ModelSpec, bias: bool, rows: int,
     out[key + ".b"] = bbuf
 
 
-def _fill_lora(owned: Owned, key, parts, spec: ModelSpec, rows: int, out) -> None:
-    """Stack the adapters' A rows and place their scaled B blocks block-diagonally."""
+def _fill_lora(owned: Owned, key, parts, spec: ModelSpec, rows, dtype, folded, out) -> None:
+    """Stack the adapters' A rows (into ``folded[rows:]`` when given) and place their scaled
+    B blocks block-diagonally; re-copied only when an adapter tensor or scaling changed."""
     loras = [(i, lo) for i, p in enumerate(parts) for lo in p[2]]
     out[key + ".la"] = out[key + ".lb"] = None
     if not loras:
         return
-    dtype = torch.promote_types(spec.dtype, loras[0][1].a.dtype)
     rank = sum(lo.a.shape[0] for _, lo in loras)
     embedding = key == "embed"
     a_shape = (loras[0][1].a.shape[1], rank) if embedding else (rank, loras[0][1].a.shape[1])
-    la = owned.get(key + ".la", a_shape, dtype, spec.device)
+    la = (
+        folded[rows:] if folded is not None else owned.get(key + ".la", a_shape, dtype, spec.device)
+    )
     lb = owned.get(key + ".lb", (rows, rank), dtype, spec.device)
-    lb.zero_()
-    starts = [0]
-    for w, _, _ in parts:
-        starts.append(starts[-1] + w.shape[0])
-    c = 0
-    for i, lo in loras:
-        r = lo.a.shape[0]
-        if embedding:
-            la[:, c : c + r].copy_(lo.a.T)
-        else:
-            la[c : c + r].copy_(lo.a)
-        lb[starts[i] : starts[i + 1], c : c + r].copy_(lo.b)
-        lb[starts[i] : starts[i + 1], c : c + r].mul_(lo.scale)
-        c += r
-    out[key + ".la"], out[key + ".lb"] = la, lb
+    sources = [t for _, lo in loras for t in (lo.a, lo.b)]
+    scales = tuple(lo.scale for _, lo in loras)
+    # the folded A rows live in the base buffer, which a base re-copy does not touch
+    if owned.stale(key + ".lora", sources + [la, lb], scales):
+        lb.zero_()
+        starts = [0]
+        for w, _, _ in parts:
+            starts.append(starts[-1] + w.shape[0])
+        c = 0
+        for i, lo in loras:
+            r = lo.a.shape[0]
+            if embedding:
+                la[:, c : c + r].copy_(lo.a.T)
+            else:
+                la[c : c + r].copy_(lo.a)
+            blk = lb[starts[i] : starts[i + 1], c : c + r]
+            if dtype == lo.b.dtype:
+                blk.copy_(lo.b).mul_(lo.scale)  # H3's op order (exact with fp32 adapters)
+            else:
+                blk.copy_(lo.b.float() * lo.scale)  # scale in fp32, round once
+            c += r
+        owned.seen.pop(key + ".lora")
+        owned.stale(key + ".lora", sources + [la, lb], scales)  # record the copies' versions
+    out[key + ".la"] = None if folded is not None else la
+    out[key + ".lb"] = lb
 
 
 FUSE_LIMIT_BYTES = 2**30

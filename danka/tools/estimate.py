@@ -31,8 +31,9 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
                     log-softmax, softmax for the entropy, their grad) instead of T x V x 4
 * fast engine       the fast rollout engine (``rollout.engine: fast``, auto on a GPU) keeps
                     fused q|k|v and gate|up weight copies when they take <= 1 GiB (none for
-                    larger models), fp32 copies of the LoRA matrices, and its KV cache
-                    between calls, so they count in every phase
+                    larger models), fp32 copies of the LoRA matrices, and its KV cache;
+                    it keeps them between calls (so they count in every phase) only when
+                    the weights take <= 4 GiB, else frees them before the update
 * reference         0 with LoRA (adapters off); a frozen copy (params x d) in full mode
 * critic (PPO)      a second LoRA adapter + value head, or a separate model
 
@@ -56,6 +57,7 @@ from danka.errors import UserError
 
 GIB = 2**30
 FUSE_LIMIT_BYTES = GIB  # = danka.rollout.fast_weights.FUSE_LIMIT_BYTES
+KEEP_CACHE_LIMIT_BYTES = 4 * GIB  # = danka.rollout.fast.KEEP_CACHE_LIMIT_BYTES
 OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation
 LORA_BYTES_PER_PARAM = 16  # fp32 value + fp32 grad + Adam m and v
 ADAM_BYTES_PER_PARAM = 8  # fp32 m and v
@@ -273,8 +275,11 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
         fused = n_layers * ((q + 2 * kv) * h + 2 * i * h) * d
         fused = fused if fused <= FUSE_LIMIT_BYTES else 0
         c["fast engine weight buffers"] = fused + (lora * 4 if use_lora else 0)
-    # the fast engine keeps its buffers and KV cache between calls (keep_cache=True)
-    held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if fast else 0
+    # the fast engine keeps its buffers and KV cache between calls only for models whose
+    # weights take <= KEEP_CACHE_LIMIT_BYTES (its keep_cache=None); larger ones free them
+    # before the update
+    keep = fast and params * d <= KEEP_CACHE_LIMIT_BYTES
+    held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if keep else 0
     c["logits (rollout)"] = seqs * v * 4 * LOGIT_FACTOR_ROLLOUT
     c["prefill (rollout)"] = seqs * prompt_len * d * (4 * h + 2 * i)
     per_layer = _layer_bytes_per_token(shape, d, cfg.lora.target_modules if use_lora else None)
@@ -307,6 +312,7 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
         "full_logits_would_be": tokens * v * 4,
         "assumptions": {
             "rollout_engine": "fast" if fast else "hf",
+            "rollout_cache_kept_for_update": keep,
             "quantised_base": m.load_in_4bit and "4bit" or m.load_in_8bit and "8bit" or None,
             "rollout_sequences": seqs,
             "prompt_tokens": prompt_len,

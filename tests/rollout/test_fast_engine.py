@@ -373,7 +373,8 @@ def test_lora_delta_changes_engine_logprobs_as_training_forward_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_lora_engine_logprobs_match_training_forward_with_graphs():
+@pytest.mark.parametrize("lora_compute", ["adapter", "base"])
+def test_lora_engine_logprobs_match_training_forward_with_graphs(lora_compute):
     DEVICE = "cuda"
     """CUDA graphs + unmerged bf16/fp32 LoRA: the engine's sampled-token log-probs equal a
     training forward's to bf16 noise, and a small optimizer-like step on B is seen."""
@@ -389,7 +390,7 @@ def test_lora_engine_logprobs_match_training_forward_with_graphs():
             if "lora_B" in name:
                 p.normal_(0.0, 0.05)
     assert {p.dtype for n, p in model.named_parameters() if "lora" in n} == {torch.float32}
-    engine = FastEngine(use_cuda_graph=DEVICE == "cuda")
+    engine = FastEngine(use_cuda_graph=DEVICE == "cuda", lora_compute=lora_compute)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
     gen = torch.Generator(DEVICE).manual_seed(0)
     out = engine.generate(model, PROMPTS, params, eos_ids=[299], pad_id=0, generator=gen)

@@ -124,3 +124,29 @@ def test_fast_engine_holds_no_weight_copy_for_a_7b(tmp_path, counts_7b):
     # fused q|k|v + gate|up would be 28 x (5632 x 3584 + 2 x 18944 x 3584) x 2 B = 8.7 GB
     # > 1 GiB: the engine reads live weights; only fp32 copies of the LoRA matrices remain
     assert plan["components"]["fast engine weight buffers"] == counts_7b[1] * 4
+
+
+def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_dir):
+    """The fast engine keeps its KV cache and buffers through the update only for models
+    whose weights take <= 4 GiB (its keep_cache=None rule); a 7B frees them first."""
+    from danka.rollout.fast import KEEP_CACHE_LIMIT_BYTES
+    from danka.tools.estimate import KEEP_CACHE_LIMIT_BYTES as ESTIMATE_LIMIT
+
+    assert ESTIMATE_LIMIT == KEEP_CACHE_LIMIT_BYTES
+    cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])
+    big = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
+    c = big["components"]
+    assert big["assumptions"]["rollout_cache_kept_for_update"] is False  # 15 GB of weights
+    acts = c["activations (no checkpointing)"]
+    assert big["phases"]["update"] == big["persistent"] + acts + c["logits (chunked, update)"]
+    # the rollout phase still holds them
+    assert big["phases"]["rollout"] >= big["persistent"] + c["KV cache (rollout)"]
+
+    cfg, base = load_config(str(_config(tmp_path, model=str(tiny_dir))), ["rollout.engine=fast"])
+    small = estimate_memory(cfg, base_dir=base)
+    c = small["components"]
+    held = c["KV cache (rollout)"] + c["fast engine weight buffers"]
+    assert small["assumptions"]["rollout_cache_kept_for_update"] is True
+    acts = c["activations (no checkpointing)"]
+    update = small["persistent"] + held + acts + c["logits (chunked, update)"]
+    assert small["phases"]["update"] == update

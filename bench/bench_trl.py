@@ -1,0 +1,252 @@
+"""GRPO step time and peak memory: TRL's GRPOTrainer vs ``danka train``, same settings.
+
+One side per process (``bench/run.py trl`` starts each in a fresh one):
+
+* ``--side trl``: TRL ``GRPOTrainer`` (HF ``generate`` rollout), ``--prompts`` prompts x
+  ``--generations`` completions per optimizer step, ``--new-tokens`` max completion tokens,
+  gradient checkpointing, bf16 on a GPU, ``beta=0`` (no reference model), LoRA r16
+  all-linear (``--variant lora``) or full-parameter (``--variant full``); the step time is
+  measured by a callback (``on_step_begin`` -> ``on_step_end``), peak =
+  ``torch.cuda.max_memory_allocated``.
+* ``--side danka``: ``danka train`` on a generated config with the same settings, in a
+  subprocess; danka's own ``time/step`` and ``memory/peak_gib`` from its metrics.jsonl.
+
+Both sides: the same prompts (one user message "What is a + b? Reply with only the number.",
+rendered with the tokenizer's chat template by each side), the same rule reward (1 if the
+last number is the sum), temperature 1, constant lr 1e-5 (full) / 2e-4 (LoRA), micro-batch
+``--micro`` sequences, AdamW.
+The median over the steps after the first (warm-up) is reported, with the mean completion
+length of each side (EOS is on: a side that stops earlier does less work; compare tok/s too).
+``--tiny`` runs a tiny random model on the CPU (a smoke test of the script; timings mean
+nothing). TRL is not a danka dependency: install it on the benchmark machine only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's danka, also for the `danka train` child
+PROMPT = "What is {a} + {b}? Reply with only the number.\n"
+
+
+def prompts(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        msg = [{"role": "user", "content": PROMPT.format(a=a, b=b)}]
+        rows.append({"prompt": msg, "answer": str(a + b)})
+    return rows
+
+
+def last_number_reward(completions, answer, **_) -> list[float]:
+    """1.0 if the completion's last number equals the answer (danka's ``last_number``)."""
+    out = []
+    for text, truth in zip(completions, answer):
+        if not isinstance(text, str):  # chat completions: [{"role": "assistant", ...}]
+            text = " ".join(m.get("content", "") for m in text)
+        nums = re.findall(r"-?\d+(?:\.\d+)?", text)
+        out.append(float(bool(nums) and nums[-1] == truth))
+    return out
+
+
+def _peak_gib() -> float | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def side_trl(args, model_path: str, work: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    cuda = torch.cuda.is_available()
+    times: list[float] = []
+    lengths: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            if cuda:
+                torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - self.t0)
+
+        def on_log(self, _args, _state, _control, logs=None, **k):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
+
+    seqs = args.prompts * args.generations
+    config = GRPOConfig(
+        output_dir=str(work / "trl"),
+        per_device_train_batch_size=args.micro,
+        gradient_accumulation_steps=seqs // args.micro,
+        num_generations=args.generations,
+        max_completion_length=args.new_tokens,
+        temperature=1.0,
+        beta=0.0,
+        learning_rate=2e-4 if args.variant == "lora" else 1e-5,
+        lr_scheduler_type="constant",
+        gradient_checkpointing=True,
+        bf16=cuda,
+        use_cpu=not cuda,
+        max_steps=args.steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=args.seed,
+        model_init_kwargs={"dtype": torch.bfloat16 if cuda else torch.float32},
+    )
+    peft_config = None
+    if args.variant == "lora":
+        peft_config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")
+    data = Dataset.from_list(prompts(args.prompts * args.steps, args.seed))
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=last_number_reward,
+        args=config,
+        train_dataset=data,
+        peft_config=peft_config,
+        callbacks=[Timer()],
+    )
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    import trl
+
+    return {
+        "step_s": times,
+        "completion_len": lengths,
+        "peak_gib": _peak_gib(),
+        "trl": trl.__version__,
+        "loss_type": config.loss_type,
+    }
+
+
+def danka_config(args, model_path: str, data_path: Path, out_dir: Path) -> dict:
+    lora = args.variant == "lora"
+    return {
+        "model": {
+            "actor_model_name_or_path": model_path,
+            "torch_dtype": "auto",
+            "use_gradient_checkpointing": True,
+        },
+        "trainer": {
+            "algorithm": "grpo",
+            "total_steps": args.steps,
+            "batch_size": args.prompts,
+            "samples_per_prompt": args.generations,
+            "micro_batch_size": args.micro,
+            "max_length": args.new_tokens + 128,
+            "max_new_tokens": args.new_tokens,
+            "lr": 2e-4 if lora else 1e-5,
+            "temperature": 1.0,
+            "kl": {"coef": 0.0},
+        },
+        "data": {"train_dataset": str(data_path), "format": "trl", "max_prompt_length": 128},
+        "reward": {"functions": [{"name": "last_number"}]},
+        "lora": {
+            "enable_lora": lora,
+            "lora_r": 16,
+            "lora_alpha": 32,
+            "target_modules": "all-linear",
+        },
+        "output_dir": str(out_dir),
+    }
+
+
+def side_danka(args, model_path: str, work: Path) -> dict:
+    import yaml
+
+    data = work / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in prompts(args.prompts * args.steps)))
+    out_dir = work / "danka"
+    cfg = work / "danka.yaml"
+    cfg.write_text(yaml.safe_dump(danka_config(args, model_path, data, out_dir)))
+    cmd = [sys.executable, "-m", "danka", "train", str(cfg)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError("danka train failed:\n" + proc.stderr[-3000:])
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/step" in r]
+    peaks = [r["memory/peak_gib"] for r in rows if "memory/peak_gib" in r]
+    lens = [r["response_length"] for r in rows if "response_length" in r]
+    import danka
+
+    return {
+        "step_s": [r["time/step"] for r in rows],
+        "completion_len": lens,
+        "peak_gib": max(peaks) if peaks else None,
+        "danka_file": danka.__file__,
+    }
+
+
+def summarise(res: dict, args) -> dict:
+    steps = res["step_s"][1:] or res["step_s"]  # the first step warms up
+    res["median_step_s"] = statistics.median(steps) if steps else None
+    if res.get("completion_len"):
+        res["mean_completion_len"] = statistics.mean(res["completion_len"])
+        if res["median_step_s"]:
+            toks = args.prompts * args.generations * res["mean_completion_len"]
+            res["completion_tok_per_step_s"] = toks / res["median_step_s"]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--side", required=True, choices=["trl", "danka"])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model path or hub id (real weights)")
+    src.add_argument("--tiny", action="store_true", help="tiny random model (CPU smoke test)")
+    ap.add_argument("--variant", default="lora", choices=["lora", "full"])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--generations", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--micro", type=int, default=16, help="sequences per forward/backward")
+    ap.add_argument("--steps", type=int, default=4, help="optimizer steps (first = warm-up)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if (args.prompts * args.generations) % args.micro:
+        ap.error("--micro must divide prompts x generations")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model_path = args.model
+        if args.tiny:
+            from danka.models.tiny import save_tiny_model
+
+            model_path = str(save_tiny_model(work / "tiny"))
+        t0 = time.perf_counter()
+        side = side_trl if args.side == "trl" else side_danka
+        res = summarise(side(args, model_path, work), args)
+    res.update(side=args.side, variant=args.variant, wall_s=time.perf_counter() - t0)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    print(json.dumps({k: v for k, v in res.items() if k not in ("step_s", "completion_len")}))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

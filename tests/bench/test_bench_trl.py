@@ -1,0 +1,59 @@
+"""bench/bench_trl.py: TRL's GRPOTrainer vs `danka train` on the same settings (CPU smoke)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_trl  # noqa: E402
+
+
+@pytest.mark.parametrize("variant", ["lora", "full"])
+def test_danka_side_config_is_valid_and_equal_to_the_trl_settings(tmp_path, variant):
+    from danka.config import load_config
+
+    args = SimpleNamespace(
+        variant=variant, steps=3, prompts=8, generations=8, micro=16, new_tokens=256
+    )
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in bench_trl.prompts(8)))
+    raw = bench_trl.danka_config(args, "HuggingFaceTB/SmolLM2-135M-Instruct", data, tmp_path)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cfg, _ = load_config(str(path), [])  # danka's own validation accepts it
+    t = cfg.trainer
+    assert (t.batch_size, t.samples_per_prompt, t.max_new_tokens) == (8, 8, 256)
+    assert t.kl.coef == 0.0 and cfg.model.use_gradient_checkpointing
+    assert cfg.lora.enable_lora is (variant == "lora") and cfg.lora.lora_r == 16
+    assert t.lr == (2e-4 if variant == "lora" else 1e-5)
+
+
+def test_reward_is_the_last_number_rule():
+    done = [[{"role": "assistant", "content": "It is 12, no: 85"}], "85.", "85 or 86", ""]
+    assert bench_trl.last_number_reward(done, answer=["85"] * 4) == [1.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed")
+def test_trl_and_danka_sides_one_json(tmp_path):
+    cmd = [sys.executable, "bench/run.py", "--out-dir", str(tmp_path), "--name", "t", "trl"]
+    cmd += ["--tiny", "--variants", "lora", "--prompts", "2", "--generations", "2"]
+    cmd += ["--new-tokens", "8", "--micro", "4", "--steps", "2"]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    res = json.loads((tmp_path / "t.json").read_text())
+    sides = res["variants"]["lora"]["sides"]
+    assert "error" not in sides["trl"] and "error" not in sides["danka"], sides
+    assert len(sides["trl"]["step_s"]) == len(sides["danka"]["step_s"]) == 2
+    ratio = res["variants"]["lora"]["trl_over_danka_step_time"]
+    assert ratio == sides["trl"]["median_step_s"] / sides["danka"]["median_step_s"]
+    assert sides["trl"]["trl"] and res["environment"]["torch"]

@@ -203,6 +203,11 @@ class BackendConfig:
 class RolloutConfig:
     engine: str = _f("auto", "auto (fast on GPU, hf on CPU) | hf | fast")
     generation_batch_size: int = _f(0, "sequences per generate call (0 = all at once)")
+    keep_cache: bool | None = _f(
+        None,
+        "fast engine: keep its KV cache and buffers between calls (true), or free them before "
+        "every update (false); null = keep for models up to ~2B parameters",
+    )
 
 
 @dataclass

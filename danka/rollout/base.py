@@ -60,6 +60,7 @@ class EngineOptions:
     """
 
     generation_batch_size: int = 0  # sequences per generate call (0 = all at once)
+    keep_cache: bool | None = None  # keep the KV cache between calls (None = by model size)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ ROLLOUT_ENGINES.add(
     "fast",
     "danka.rollout.fast:FastEngine",
     EngineMeta(
-        options={"generation_batch_size": "max_batch"},
+        options={"generation_batch_size": "max_batch", "keep_cache": "keep_cache"},
         auto_devices=("cuda",),
         auto_priority=1,
         reports_logprobs=True,

@@ -144,7 +144,10 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
         dtype=resolve_dtype(cfg.model.torch_dtype, device),
         tokenizer=tokenizer,
         models=models,
-        engine=build_engine(engine_name, EngineOptions(cfg.rollout.generation_batch_size)),
+        engine=build_engine(
+            engine_name,
+            EngineOptions(cfg.rollout.generation_batch_size, keep_cache=cfg.rollout.keep_cache),
+        ),
         rewards=rewards,
         train=train,
         eval=held,

@@ -143,7 +143,12 @@ def test_help_config_lists_every_key_with_help_and_default(capsys):
 
 
 def test_print_config_masks_secrets(tmp_path, capsys):
-    text = BASE + "reward:\n  functions:\n    - name: gsm8k\n      kwargs: {api_key: sk-123}\n"
+    # a user reward file's kwargs are passed through (a builtin would refuse api_key)
+    (tmp_path / "judge.py").write_text("def score(completions, **kw):\n    return [0.0]\n")
+    text = (
+        BASE
+        + "reward:\n  functions:\n    - name: judge.py:score\n      kwargs: {api_key: sk-123}\n"
+    )
     assert main(["train", str(write(tmp_path, text)), "--print-config"]) == 0
     out = capsys.readouterr().out
     assert "sk-123" not in out and "api_key: '***'" in out

@@ -7,7 +7,7 @@ import torch
 
 from danka.config.schema import DankaConfig
 from danka.models.tiny import qwen2_7b_config
-from danka.rollout.base import SamplingParams, build_engine, choose_engine
+from danka.rollout.base import EngineOptions, SamplingParams, build_engine, choose_engine
 from danka.tools.estimate import GIB
 
 CUDA = torch.device("cuda")
@@ -65,7 +65,7 @@ def test_hf_generation_batch_size_counts_sequences(monkeypatch):
         ),
     )
     model = torch.nn.Linear(1, 1)
-    engine = build_engine("hf", batch_size=8)
+    engine = build_engine("hf", EngineOptions(generation_batch_size=8))
     engine.generate(model, [[1]] * 10, SamplingParams(n=4), eos_ids=[1], pad_id=0)
     assert calls == [2, 2, 2, 2, 2]  # 8 sequences = 2 prompts x 4 samples per call
 
@@ -73,5 +73,7 @@ def test_hf_generation_batch_size_counts_sequences(monkeypatch):
 def test_unknown_option_is_refused():
     from danka.errors import UserError
 
-    with pytest.raises(UserError, match="no option"):
-        build_engine("hf", max_batch=3)
+    # rollout.keep_cache is a fast-engine setting: with HF it is refused, not ignored
+    with pytest.raises(UserError, match="does not support"):
+        build_engine("hf", EngineOptions(keep_cache=False))
+    assert build_engine("fast", EngineOptions(keep_cache=False)).keep_cache is False

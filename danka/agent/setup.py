@@ -1,0 +1,75 @@
+"""Building the agent loop from the config (``rollout.tools`` / ``rollout.environment``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from danka.agent.chat import ChatFormat
+from danka.agent.env import ToolEnvironment, UserEnvironment, load_environment_class
+from danka.agent.loop import AgentLimits, AgentLoop
+from danka.agent.tools import load_tools
+from danka.agent.worker import ToolRunner
+from danka.errors import UserError
+
+
+def check_agent_config(rollout: Any, *, max_new_tokens: int) -> None:
+    """Refuse inconsistent agent settings (called once at start-up, before any model)."""
+    if rollout.tools and rollout.environment:
+        raise UserError(
+            "rollout.tools and rollout.environment are both set",
+            where="rollout",
+            fix="use one: tools (the model calls functions) or an environment class "
+            "(which can run its own tools inside step())",
+        )
+    for key in ("max_turns", "max_tool_calls", "tool_max_chars"):
+        if getattr(rollout, key) < 1:
+            raise UserError(f"rollout.{key} must be >= 1, got {getattr(rollout, key)}")
+    if rollout.tool_timeout_s <= 0:
+        raise UserError(f"rollout.tool_timeout_s must be > 0, got {rollout.tool_timeout_s}")
+    if rollout.max_total_tokens < 0:
+        raise UserError(
+            f"rollout.max_total_tokens must be >= 0, got {rollout.max_total_tokens}",
+            fix="0 means trainer.max_new_tokens",
+        )
+    if rollout.max_total_tokens and rollout.max_total_tokens < max_new_tokens:
+        raise UserError(
+            f"rollout.max_total_tokens {rollout.max_total_tokens} is below the per-turn "
+            f"trainer.max_new_tokens {max_new_tokens}",
+            where="rollout.max_total_tokens",
+            fix="raise it (it budgets all turns together), or 0 for trainer.max_new_tokens",
+        )
+
+
+def build_agent_loop(
+    rollout: Any, tokenizer: Any, *, base_dir: Path | str, max_new_tokens: int
+) -> AgentLoop | None:
+    """The loop for ``rollout.tools`` or ``rollout.environment``; None when neither is set.
+
+    ``max_new_tokens`` (trainer.max_new_tokens) is the per-turn cap; the whole response
+    gets ``rollout.max_total_tokens`` (0: the same ``max_new_tokens``).
+    """
+    if not rollout.tools and not rollout.environment:
+        return None
+    check_agent_config(rollout, max_new_tokens=max_new_tokens)
+    limits = AgentLimits(
+        max_turns=rollout.max_turns,
+        max_tool_calls=rollout.max_tool_calls,
+        max_total_tokens=rollout.max_total_tokens or max_new_tokens,
+    )
+    if rollout.environment:
+        cls = load_environment_class(rollout.environment, base_dir)
+        return AgentLoop(
+            tokenizer, lambda: UserEnvironment(cls, rollout.environment), limits=limits
+        )
+    tools = load_tools(list(rollout.tools), base_dir)
+    runner = ToolRunner(tools, timeout_s=rollout.tool_timeout_s, max_chars=rollout.tool_max_chars)
+    chat = ChatFormat(tokenizer)
+    return AgentLoop(
+        tokenizer,
+        lambda: ToolEnvironment(runner, chat, rollout.max_tool_calls),
+        schemas=[t.schema for t in tools],
+        limits=limits,
+        chat=chat,
+        runner=runner,
+    )

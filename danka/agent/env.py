@@ -42,7 +42,7 @@ class Step:
     reward: float = 0.0
     done: bool = False
     stop_reason: str | None = None  # why the sample ended, when done
-    calls: int = 0  # tool calls attempted in the turn
+    calls: int = 0  # tool calls answered in the turn (calls over max_tool_calls are not)
     valid_calls: int = 0  # of which parsed, named a known tool and fit its signature
     tool_errors: int = 0  # of the valid ones: raised, timed out
     tool_seconds: float = 0.0
@@ -64,7 +64,7 @@ class ToolEnvironment:
         if not calls:
             return Step([], done=True, stop_reason="answer")
         if self.calls_made + len(calls) > self.max_tool_calls:
-            return Step([], done=True, stop_reason="max_tool_calls", calls=len(calls))
+            return Step([], done=True, stop_reason="max_tool_calls")  # not run, not counted
         self.calls_made += len(calls)
         out = Step([], calls=len(calls))
         for call in calls:

@@ -47,6 +47,7 @@ class _Sample:
     prompt: list[int]
     env: Any
     messages: list[dict[str, Any]]
+    n_prompt_messages: int = 0
     ids: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -75,6 +76,12 @@ class AgentRollout:
     env_rewards: torch.Tensor  # (B,) float, sum of the environment's step rewards
     stop_reasons: list[str]  # answer | env_done | max_turns | max_tool_calls | length
     metrics: dict[str, float]
+    prompt_lengths: list[int]  # per sample: how many trajectory messages are the prompt
+
+    @property
+    def completions(self) -> list[list[dict[str, Any]]]:
+        """Per sample, the messages after the prompt (what rewards score, TRL-style)."""
+        return [t[n:] for t, n in zip(self.trajectories, self.prompt_lengths)]
 
 
 class AgentLoop:
@@ -241,6 +248,7 @@ class AgentLoop:
             env_rewards=torch.tensor([s.env_reward for s in samples], dtype=torch.float32),
             stop_reasons=[s.stop_reason for s in samples],
             metrics=rollout_metrics(samples),
+            prompt_lengths=[s.n_prompt_messages for s in samples],
         )
 
 

@@ -14,6 +14,7 @@ from danka.models.tiny import tiny_tokenizer
 from danka.rollout.base import SamplingParams, finish_batch
 from danka.types import PromptRow
 
+LIMITS = AgentLimits(max_turns=4, max_tool_calls=4, max_total_tokens=400)
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
 
 
@@ -61,7 +62,7 @@ def tool_loop(tok):
     chat = ChatFormat(tok)
     tools = load_tools(["calculator"])
 
-    def make(limits=AgentLimits(max_turns=4, max_tool_calls=4, max_total_tokens=400)):
+    def make(limits=LIMITS):
         return AgentLoop(
             tok,
             lambda: ToolEnvironment(runner, chat, limits.max_tool_calls),

@@ -73,3 +73,41 @@ def build_agent_loop(
         chat=chat,
         runner=runner,
     )
+
+
+def prompt_messages(
+    rows: list[Any], *, system_prompt: str | None = None, instruction: str | None = None
+) -> list[list[dict[str, str]]]:
+    """The chat messages of each row (data.system_prompt / data.instruction applied), the
+    ``prompt_messages`` argument of ``AgentLoop.rollout``."""
+    from danka.data.template import build_messages
+
+    return [
+        build_messages(r.prompt, system_prompt=system_prompt, instruction=instruction) for r in rows
+    ]
+
+
+def tool_loop(
+    tokenizer: Any,
+    tools: list[str],
+    *,
+    base_dir: Path | str = ".",
+    max_new_tokens: int = 256,
+    max_turns: int = 4,
+    max_tool_calls: int = 8,
+    max_total_tokens: int = 0,
+    tool_timeout_s: float = 10.0,
+) -> AgentLoop:
+    """A tool loop outside training (``danka generate/chat/eval --tools``)."""
+    from danka.config.schema import RolloutConfig
+
+    cfg = RolloutConfig(
+        tools=list(tools),
+        max_turns=max_turns,
+        max_tool_calls=max_tool_calls,
+        max_total_tokens=max_total_tokens,
+        tool_timeout_s=tool_timeout_s,
+    )
+    loop = build_agent_loop(cfg, tokenizer, base_dir=base_dir, max_new_tokens=max_new_tokens)
+    assert loop is not None
+    return loop

@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from danka.agent.chat import ChatFormat
-from danka.agent.env import ToolEnvironment, UserEnvironment, load_environment_class
+from danka.agent.env import UserEnvironment, load_environment_class
 from danka.agent.loop import AgentLimits, AgentLoop
-from danka.agent.tools import load_tools
-from danka.agent.worker import ToolRunner
+from danka.agent.setup import tool_loop as tool_loop_for
 from danka.models.tiny import tiny_tokenizer
 from danka.rollout.base import SamplingParams, finish_batch
 from danka.types import PromptRow
@@ -58,22 +56,18 @@ def tok():
 
 @pytest.fixture
 def tool_loop(tok):
-    runner = ToolRunner(load_tools(["calculator"]), timeout_s=5)
-    chat = ChatFormat(tok)
-    tools = load_tools(["calculator"])
+    loops = []
 
     def make(limits=LIMITS):
-        return AgentLoop(
-            tok,
-            lambda: ToolEnvironment(runner, chat, limits.max_tool_calls),
-            schemas=[t.schema for t in tools],
-            limits=limits,
-            chat=chat,
-            runner=runner,
+        kw = {k: getattr(limits, k) for k in ("max_turns", "max_tool_calls", "max_total_tokens")}
+        loops.append(
+            tool_loop_for(tok, ["calculator"], max_new_tokens=limits.max_total_tokens, **kw)
         )
+        return loops[-1]
 
     yield make
-    runner.close()
+    for loop in loops:
+        loop.close()
 
 
 def rollout(loop, engine, questions, n=1, max_new_tokens=200):

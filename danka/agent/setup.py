@@ -111,3 +111,61 @@ def tool_loop(
     loop = build_agent_loop(cfg, tokenizer, base_dir=base_dir, max_new_tokens=max_new_tokens)
     assert loop is not None
     return loop
+
+
+def agent_generate(
+    model: Any,
+    tokenizer: Any,
+    rows: list[Any],
+    tools: list[str],
+    *,
+    base_dir: Path | str = ".",
+    system: str | None = None,
+    instruction: str | None = None,
+    max_new_tokens: int = 256,
+    max_turns: int = 4,
+    temperature: float = 0.7,
+    top_p: float = 0.95,
+    n: int = 1,
+    engine: str = "hf",
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """``danka generate/eval --tools``: like ``danka.tools.generate.generate_batch`` (one dict
+    per row with ``completions`` = the final answers) plus ``trajectories`` (the messages
+    after the prompt, tool turns included); and the agent metrics of the whole call."""
+    from danka.models.loading import stop_ids
+    from danka.rollout.base import SamplingParams, build_engine
+
+    loop = tool_loop(
+        tokenizer, tools, base_dir=base_dir, max_new_tokens=max_new_tokens, max_turns=max_turns
+    )
+    try:
+        params = SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
+        )
+        msgs = prompt_messages(rows, system_prompt=system, instruction=instruction)
+        out = loop.rollout(
+            build_engine(engine),
+            model,
+            rows,
+            msgs,
+            params,
+            eos_ids=stop_ids(tokenizer),
+            pad_id=tokenizer.pad_token_id,
+        )
+    finally:
+        loop.close()
+    items = []
+    for i, row in enumerate(rows):
+        ks = range(i * n, (i + 1) * n)
+        items.append(
+            {
+                "index": row.index,
+                "row": row,
+                "prompt": tokenizer.decode(loop.encode_prompt(msgs[i])),
+                "completions": [out.final_texts[k] for k in ks],
+                "trajectories": [out.completions[k] for k in ks],
+                "response_tokens": [int(out.batch.response_mask[k].sum()) for k in ks],
+                "truncated": [bool(out.batch.truncated[k]) for k in ks],
+            }
+        )
+    return items, out.metrics

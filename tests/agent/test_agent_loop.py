@@ -255,3 +255,15 @@ def test_an_environment_that_raises_is_a_user_error_naming_the_row(tok, tmp_path
     loop = AgentLoop(tok, lambda: UserEnvironment(cls, "env.py:Broken"))
     with pytest.raises(UserError, match=r"while stepping \(data row 0\)[\s\S]*KeyError"):
         rollout(loop, ScriptedEngine(tok, lambda p: "hi"), ["x"])
+
+
+def test_agent_generate_for_the_cli(tok, monkeypatch):
+    from danka.agent import setup
+
+    engine = ScriptedEngine(tok, calculator_script)
+    monkeypatch.setattr("danka.rollout.base.build_engine", lambda name: engine)
+    rows = [PromptRow(index=7, prompt="What is 3 * 5?")]
+    [item], metrics = setup.agent_generate(None, tok, rows, ["calculator"], n=2, max_new_tokens=200)
+    assert item["index"] == 7 and item["completions"] == ["15", "15"]
+    assert item["trajectories"][0][1]["content"] == "<tool_response>\n15\n</tool_response>"
+    assert "<tools>" in item["prompt"] and metrics["agent/tool_calls"] == 1.0

@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--engine", default="hf")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--sampled", action="store_true", help="also sample the tool run at T=1")
     args = ap.parse_args()
     device = pick_device(args.device)
     quiet = lambda *_: None  # noqa: E731
@@ -59,6 +60,7 @@ def main() -> None:
     correct = [same_number(final_number(t), g) for t, g in zip(texts, truths)]
     result["no_tool_greedy"] = {"accuracy": sum(correct) / len(rows), "s": time.time() - t0}
     result["no_tool_examples"] = texts[:3]
+    print(json.dumps(result), flush=True)
 
     cfg = SimpleNamespace(
         tools=["calculator"],
@@ -71,7 +73,8 @@ def main() -> None:
     )
     loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=96)
     msgs = [[{"role": "user", "content": r.prompt + WITH_TOOL}] for r in rows]
-    for name, temperature in (("tool_greedy", 0.0), ("tool_sampled_t1", 1.0)):
+    runs = [("tool_greedy", 0.0)] + ([("tool_sampled_t1", 1.0)] if args.sampled else [])
+    for name, temperature in runs:
         t0 = time.time()  # 2. the calculator offered (greedy, then sampled at T=1)
         torch.manual_seed(0)
         params = SamplingParams(temperature=temperature, max_new_tokens=96)
@@ -84,6 +87,7 @@ def main() -> None:
             "s": time.time() - t0,
         }
         result[name + "_examples"] = completions[:2]
+        print(json.dumps({name: result[name]}), flush=True)
     loop.close()
     print(json.dumps(result, indent=1))
 

@@ -21,27 +21,14 @@ from danka.rollout.base import SamplingParams, build_engine
 
 NO_TOOL = " Reply with only the number."
 WITH_TOOL = " Use the calculator tool, then reply with only the number."
+ONE_SHOT = (
+    ' Call it like this: <tool_call>{"name": "calculator", "arguments": {"expression": '
+    '"12 * 34"}}</tool_call>'
+)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
-    ap.add_argument("--n", type=int, default=50)
-    ap.add_argument("--engine", default="hf")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--sampled", action="store_true", help="also sample the tool run at T=1")
-    args = ap.parse_args()
-    device = pick_device(args.device)
-    quiet = lambda *_: None  # noqa: E731
-    tok = load_tokenizer(args.model, log=quiet)
-    model = load_causal_lm(args.model, dtype="float32", device=device, log=quiet)
-    engine = build_engine(args.engine)
-    rows = calc_rows(args.n, seed=0, split="test")
-    truths = [r.ground_truth for r in rows]
-    eos, pad = stop_ids(tok), tok.pad_token_id
-    result = {"model": args.model, "n": args.n, "device": str(device)}
-
-    t0 = time.time()  # 1. no tools, greedy
+def no_tool_accuracy(engine, model, tok, rows) -> dict:
+    t0 = time.time()
     ids = [
         tok(
             tok.apply_chat_template(
@@ -53,13 +40,35 @@ def main() -> None:
         )["input_ids"]
         for r in rows
     ]
-    batch = engine.generate(
-        model, ids, SamplingParams(temperature=0.0, max_new_tokens=32), eos_ids=eos, pad_id=pad
-    )
+    params = SamplingParams(temperature=0.0, max_new_tokens=32)
+    batch = engine.generate(model, ids, params, eos_ids=stop_ids(tok), pad_id=tok.pad_token_id)
     texts = tok.batch_decode(batch.response_ids, skip_special_tokens=True)
-    correct = [same_number(final_number(t), g) for t, g in zip(texts, truths)]
-    result["no_tool_greedy"] = {"accuracy": sum(correct) / len(rows), "s": time.time() - t0}
-    result["no_tool_examples"] = texts[:3]
+    correct = [same_number(final_number(t), r.ground_truth) for t, r in zip(texts, rows)]
+    return {"accuracy": sum(correct) / len(rows), "s": time.time() - t0, "examples": texts[:3]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--engine", default="hf")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--sampled", action="store_true", help="also sample the tool run at T=1")
+    ap.add_argument("--one-shot", action="store_true", help="show an example call in the prompt")
+    ap.add_argument("--skip-no-tool", action="store_true")
+    args = ap.parse_args()
+    device = pick_device(args.device)
+    quiet = lambda *_: None  # noqa: E731
+    tok = load_tokenizer(args.model, log=quiet)
+    model = load_causal_lm(args.model, dtype="float32", device=device, log=quiet)
+    engine = build_engine(args.engine)
+    rows = calc_rows(args.n, seed=0, split="test")
+    truths = [r.ground_truth for r in rows]
+    eos, pad = stop_ids(tok), tok.pad_token_id
+    result = {"model": args.model, "n": args.n, "device": str(device)}
+
+    if not args.skip_no_tool:  # 1. no tools, greedy
+        result["no_tool_greedy"] = no_tool_accuracy(engine, model, tok, rows)
     print(json.dumps(result), flush=True)
 
     cfg = SimpleNamespace(
@@ -72,7 +81,8 @@ def main() -> None:
         tool_max_chars=2000,
     )
     loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=96)
-    msgs = [[{"role": "user", "content": r.prompt + WITH_TOOL}] for r in rows]
+    hint = WITH_TOOL + (ONE_SHOT if args.one_shot else "")
+    msgs = [[{"role": "user", "content": r.prompt + hint}] for r in rows]
     runs = [("tool_greedy", 0.0)] + ([("tool_sampled_t1", 1.0)] if args.sampled else [])
     for name, temperature in runs:
         t0 = time.time()  # 2. the calculator offered (greedy, then sampled at T=1)

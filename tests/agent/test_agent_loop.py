@@ -27,18 +27,10 @@ class ScriptedEngine:
 
     def generate(self, model, prompt_ids, params, *, eos_ids, pad_id, generator=None):
         self.calls.append(len(prompt_ids))
-        responses = []
-        for ids in prompt_ids:
-            text = self.script(self.tok.decode(ids))
-            responses.append(self.tok(text, add_special_tokens=False)["input_ids"] + [2])
-        return finish_batch(
-            prompt_ids,
-            responses,
-            params.n,
-            eos_ids=eos_ids,
-            pad_id=pad_id,
-            max_new_tokens=params.max_new_tokens,
-        )
+        texts = [self.script(self.tok.decode(ids)) for ids in prompt_ids]
+        responses = [ids + [2] for ids in self.tok(texts, add_special_tokens=False)["input_ids"]]
+        limits = {"eos_ids": eos_ids, "pad_id": pad_id, "max_new_tokens": params.max_new_tokens}
+        return finish_batch(prompt_ids, responses, params.n, **limits)
 
 
 def calculator_script(prompt: str) -> str:

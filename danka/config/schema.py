@@ -208,6 +208,20 @@ class RolloutConfig:
         "fast engine: keep its KV cache and buffers between calls (true), or free them before "
         "every update (false); null = keep for models up to ~2B parameters",
     )
+    # agent:
+    tools: list[str] = _f(
+        [], "tools offered to the model: calculator | python | path/to/file.py:function"
+    )
+    environment: str | None = _f(
+        None, "multi-turn environment path/to/file.py:Class (reset(row), step(text))"
+    )
+    max_turns: int = _f(4, "assistant turns per sample with tools or an environment")
+    max_tool_calls: int = _f(8, "tool calls per sample; a turn going over ends the sample")
+    max_total_tokens: int = _f(
+        0, "response tokens over all turns incl. tool responses (0 = trainer.max_new_tokens)"
+    )
+    tool_timeout_s: float = _f(10.0, "wall-clock limit per tool call (the worker is killed)")
+    tool_max_chars: int = _f(2000, "tool responses longer than this are cut")
 
 
 @dataclass

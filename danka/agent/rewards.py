@@ -1,0 +1,69 @@
+"""Rewards for tool-using answers: the final answer, plus a small bonus for valid calls.
+
+TRL's batched contract ``fn(prompts, completions, ground_truth, **kw) -> list[float]``.
+A completion is either the trajectory's messages after the prompt (``AgentRollout.
+trajectories`` minus the prompt; TRL passes tool-calling completions this way) or, as
+a fallback, the decoded response text, from which the turns are recovered by splitting
+at ``<tool_response>`` blocks. Standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from danka.agent.parse import parse_tool_calls, strip_tool_calls
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def _turns(completion: str | Sequence[dict[str, Any]]) -> list[str]:
+    """The assistant turns' texts, in order."""
+    if isinstance(completion, str):
+        return [
+            re.sub(r"<tool_response>.*?</tool_response>", "", part, flags=re.DOTALL)
+            for part in re.split(r"</tool_response>", completion)
+        ]
+    return [str(m.get("content", "")) for m in completion if m.get("role") == "assistant"]
+
+
+def final_number(text: str) -> str | None:
+    """The last number in ``text`` with thousands separators removed ("1,234" -> "1234")."""
+    found = _NUMBER.findall(strip_tool_calls(text))
+    return found[-1].replace(",", "") if found else None
+
+
+def same_number(answer: str | None, truth: str | None) -> bool:
+    if answer is None or truth is None:
+        return False
+    try:
+        return abs(float(answer) - float(truth)) < 1e-6
+    except ValueError:
+        return answer.strip() == truth.strip()
+
+
+def tool_answer_reward(
+    prompts: Sequence[Any],
+    completions: Sequence[str | Sequence[dict[str, Any]]],
+    ground_truth: Sequence[str | None],
+    valid_call_bonus: float = 0.1,
+    **_columns: Any,
+) -> list[float]:
+    """1.0 if the final turn's last number equals ``ground_truth``, plus ``valid_call_bonus
+    * (well-formed calls / calls)`` when the trajectory made at least one call.
+
+    Example: calls ``[ok, malformed]`` and a correct final answer -> 1.0 + 0.1 * 1/2 = 1.05.
+    """
+    scores = []
+    for completion, truth in zip(completions, ground_truth):
+        turns = _turns(completion)
+        calls = [c for t in turns for c in parse_tool_calls(t)]
+        final = turns[-1] if turns else ""
+        score = (
+            1.0 if not parse_tool_calls(final) and same_number(final_number(final), truth) else 0.0
+        )
+        if calls:
+            score += valid_call_bonus * sum(c.ok for c in calls) / len(calls)
+        scores.append(score)
+    return scores

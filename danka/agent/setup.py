@@ -1,0 +1,171 @@
+"""Building the agent loop from the config (``rollout.tools`` / ``rollout.environment``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from danka.agent.chat import ChatFormat
+from danka.agent.env import ToolEnvironment, UserEnvironment, load_environment_class
+from danka.agent.loop import AgentLimits, AgentLoop
+from danka.agent.tools import load_tools
+from danka.agent.worker import ToolRunner
+from danka.errors import UserError
+
+
+def check_agent_config(rollout: Any, *, max_new_tokens: int) -> None:
+    """Refuse inconsistent agent settings (called once at start-up, before any model)."""
+    if rollout.tools and rollout.environment:
+        raise UserError(
+            "rollout.tools and rollout.environment are both set",
+            where="rollout",
+            fix="use one: tools (the model calls functions) or an environment class "
+            "(which can run its own tools inside step())",
+        )
+    for key in ("max_turns", "max_tool_calls", "tool_max_chars"):
+        if getattr(rollout, key) < 1:
+            raise UserError(f"rollout.{key} must be >= 1, got {getattr(rollout, key)}")
+    if rollout.tool_timeout_s <= 0:
+        raise UserError(f"rollout.tool_timeout_s must be > 0, got {rollout.tool_timeout_s}")
+    if rollout.max_total_tokens < 0:
+        raise UserError(
+            f"rollout.max_total_tokens must be >= 0, got {rollout.max_total_tokens}",
+            fix="0 means trainer.max_new_tokens",
+        )
+    if rollout.max_total_tokens and rollout.max_total_tokens < max_new_tokens:
+        raise UserError(
+            f"rollout.max_total_tokens {rollout.max_total_tokens} is below the per-turn "
+            f"trainer.max_new_tokens {max_new_tokens}",
+            where="rollout.max_total_tokens",
+            fix="raise it (it budgets all turns together), or 0 for trainer.max_new_tokens",
+        )
+
+
+def build_agent_loop(
+    rollout: Any, tokenizer: Any, *, base_dir: Path | str, max_new_tokens: int
+) -> AgentLoop | None:
+    """The loop for ``rollout.tools`` or ``rollout.environment``; None when neither is set.
+
+    ``max_new_tokens`` (trainer.max_new_tokens) is the per-turn cap; the whole response
+    gets ``rollout.max_total_tokens`` (0: the same ``max_new_tokens``).
+    """
+    if not rollout.tools and not rollout.environment:
+        return None
+    check_agent_config(rollout, max_new_tokens=max_new_tokens)
+    limits = AgentLimits(
+        max_turns=rollout.max_turns,
+        max_tool_calls=rollout.max_tool_calls,
+        max_total_tokens=rollout.max_total_tokens or max_new_tokens,
+    )
+    if rollout.environment:
+        cls = load_environment_class(rollout.environment, base_dir)
+        return AgentLoop(
+            tokenizer, lambda: UserEnvironment(cls, rollout.environment), limits=limits
+        )
+    tools = load_tools(list(rollout.tools), base_dir)
+    runner = ToolRunner(tools, timeout_s=rollout.tool_timeout_s, max_chars=rollout.tool_max_chars)
+    chat = ChatFormat(tokenizer)
+    return AgentLoop(
+        tokenizer,
+        lambda: ToolEnvironment(runner, chat, rollout.max_tool_calls),
+        schemas=[t.schema for t in tools],
+        limits=limits,
+        chat=chat,
+        runner=runner,
+    )
+
+
+def prompt_messages(
+    rows: list[Any], *, system_prompt: str | None = None, instruction: str | None = None
+) -> list[list[dict[str, str]]]:
+    """The chat messages of each row (data.system_prompt / data.instruction applied), the
+    ``prompt_messages`` argument of ``AgentLoop.rollout``."""
+    from danka.data.template import build_messages
+
+    return [
+        build_messages(r.prompt, system_prompt=system_prompt, instruction=instruction) for r in rows
+    ]
+
+
+def tool_loop(
+    tokenizer: Any,
+    tools: list[str],
+    *,
+    base_dir: Path | str = ".",
+    max_new_tokens: int = 256,
+    max_turns: int = 4,
+    max_tool_calls: int = 8,
+    max_total_tokens: int = 0,
+    tool_timeout_s: float = 10.0,
+) -> AgentLoop:
+    """A tool loop outside training (``danka generate/chat/eval --tools``)."""
+    from danka.config.schema import RolloutConfig
+
+    cfg = RolloutConfig(
+        tools=list(tools),
+        max_turns=max_turns,
+        max_tool_calls=max_tool_calls,
+        max_total_tokens=max_total_tokens,
+        tool_timeout_s=tool_timeout_s,
+    )
+    loop = build_agent_loop(cfg, tokenizer, base_dir=base_dir, max_new_tokens=max_new_tokens)
+    assert loop is not None
+    return loop
+
+
+def agent_generate(
+    model: Any,
+    tokenizer: Any,
+    rows: list[Any],
+    tools: list[str],
+    *,
+    base_dir: Path | str = ".",
+    system: str | None = None,
+    instruction: str | None = None,
+    max_new_tokens: int = 256,
+    max_turns: int = 4,
+    temperature: float = 0.7,
+    top_p: float = 0.95,
+    n: int = 1,
+    engine: str = "hf",
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """``danka generate/eval --tools``: like ``danka.tools.generate.generate_batch`` (one dict
+    per row with ``completions`` = the final answers) plus ``trajectories`` (the messages
+    after the prompt, tool turns included); and the agent metrics of the whole call."""
+    from danka.models.loading import stop_ids
+    from danka.rollout.base import SamplingParams, build_engine
+
+    loop = tool_loop(
+        tokenizer, tools, base_dir=base_dir, max_new_tokens=max_new_tokens, max_turns=max_turns
+    )
+    try:
+        params = SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
+        )
+        msgs = prompt_messages(rows, system_prompt=system, instruction=instruction)
+        out = loop.rollout(
+            build_engine(engine),
+            model,
+            rows,
+            msgs,
+            params,
+            eos_ids=stop_ids(tokenizer),
+            pad_id=tokenizer.pad_token_id,
+        )
+    finally:
+        loop.close()
+    items = []
+    for i, row in enumerate(rows):
+        ks = range(i * n, (i + 1) * n)
+        items.append(
+            {
+                "index": row.index,
+                "row": row,
+                "prompt": tokenizer.decode(loop.encode_prompt(msgs[i])),
+                "completions": [out.final_texts[k] for k in ks],
+                "trajectories": [out.completions[k] for k in ks],
+                "response_tokens": [int(out.batch.response_mask[k].sum()) for k in ks],
+                "truncated": [bool(out.batch.truncated[k]) for k in ks],
+            }
+        )
+    return items, out.metrics

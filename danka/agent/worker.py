@@ -1,0 +1,185 @@
+"""Running tool calls guarded: a timeout per call, errors become text, never a crash.
+
+All calls run in ONE worker process (a fresh ``python -c`` interpreter that imports only
+the standard library, this module and the tool files), one call after another. A call
+over ``timeout_s`` gets the worker SIGKILLed and a new one started for the next call, as
+danka's reward guard does (rewards/guard.py, whose worker speaks the reward contract, so
+it is not reused here); a thread could not be stopped. Requests and replies are JSON
+lines on the worker's stdin and on a duplicate of its original stdout; the tool's own
+``print`` output goes to stderr, so it cannot corrupt the protocol.
+
+A tool's return value becomes the tool message: a ``str`` as is, anything JSON can write
+(numbers, lists, dicts) as JSON, anything else ``str(value)``; replies longer than
+``max_chars`` are cut. POSIX only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+import traceback
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from danka.agent.parse import ToolCall
+from danka.agent.tools import ToolSpec
+
+_START_TIMEOUT_S = 120.0  # importing the tool files (they may import heavy libraries)
+
+
+@dataclass
+class ToolResult:
+    """What one call gave: the message text the model sees, and how it went."""
+
+    content: str
+    ok: bool  # the tool returned (no parse error, unknown tool, exception or timeout)
+    seconds: float
+
+
+def to_text(value: Any) -> str:
+    """A tool's return value as message text (see the module docstring)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+# ---- the worker process -----------------------------------------------------------------
+
+
+def _worker_main() -> None:
+    """``python -c ... <tools json>``: answer one JSON request line with one reply line."""
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # the tools' print() goes to stderr
+    sys.stdout = sys.stderr
+    fns = {}
+    for name, source, function in json.loads(sys.argv[1]):
+        if source == "builtin":
+            from danka.agent.builtins import BUILTIN_TOOLS
+
+            fns[name] = BUILTIN_TOOLS[function]
+        else:
+            from pathlib import Path
+
+            from danka.rewards.custom import load_function_from_file
+
+            fns[name] = load_function_from_file(Path(source), function)
+    out.write('{"ready": true}\n')
+    out.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            reply = {"ok": True, "content": to_text(fns[request["name"]](**request["arguments"]))}
+        except BaseException as exc:  # noqa: BLE001 - report everything, keep serving
+            tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+            reply = {"ok": False, "content": "".join(tb[-1:]).strip()}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+_WORKER_CODE = "from danka.agent.worker import _worker_main; _worker_main()"
+_LIVE: weakref.WeakSet[ToolRunner] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for runner in list(_LIVE):
+        runner.close()
+
+
+class ToolRunner:
+    """Executes parsed calls against ``tools`` with a per-call timeout."""
+
+    def __init__(self, tools: list[ToolSpec], *, timeout_s: float = 10.0, max_chars: int = 2000):
+        self.tools = {t.name: t for t in tools}
+        self.timeout_s, self.max_chars = float(timeout_s), int(max_chars)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buf = b""
+
+    # -- process management
+    def _start(self) -> None:
+        listing = [[t.name, t.source, t.function] for t in self.tools.values()]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_CODE, json.dumps(listing)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        self._buf = b""
+        _LIVE.add(self)
+        if self._readline(_START_TIMEOUT_S) is None:
+            self.close()
+            raise RuntimeError("the tool worker did not start (see the error above)")
+
+    def _readline(self, timeout_s: float) -> bytes | None:
+        """One line from the worker, or None on timeout or worker exit."""
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def close(self) -> None:
+        """Stop the worker (SIGKILL: it may be stuck in a tool)."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+            self._proc = None
+        _LIVE.discard(self)
+
+    # -- calls
+    def run(self, call: ToolCall) -> ToolResult:
+        """Execute one call; every failure is a ``ToolResult`` with ``ok=False``."""
+        t0 = time.perf_counter()
+        if not call.ok:
+            return ToolResult(f"error: {call.error}", False, 0.0)
+        tool = self.tools.get(call.name or "")
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return ToolResult(f"error: unknown tool {call.name!r} (tools: {known})", False, 0.0)
+        problem = tool.check_arguments(call.arguments)
+        if problem is not None:
+            return ToolResult(f"error: {problem}", False, 0.0)
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            line = json.dumps({"name": tool.name, "arguments": call.arguments}) + "\n"
+            self._proc.stdin.write(line.encode())
+            self._proc.stdin.flush()
+            reply = self._readline(self.timeout_s)
+        except (BrokenPipeError, TypeError, ValueError) as exc:
+            reply, error = None, f"error: could not send the call ({exc})"
+        else:
+            error = f"error: {tool.name} timed out after {self.timeout_s:g} s"
+        seconds = time.perf_counter() - t0
+        if reply is None:
+            self.close()  # killed; a fresh worker serves the next call
+            return ToolResult(error, False, seconds)
+        answer = json.loads(reply)
+        text = answer["content"] if answer["ok"] else f"error: {answer['content']}"
+        if len(text) > self.max_chars:
+            text = text[: self.max_chars] + f"... [{len(text) - self.max_chars} more chars]"
+        return ToolResult(text, bool(answer["ok"]), seconds)

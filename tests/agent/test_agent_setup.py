@@ -1,0 +1,50 @@
+import pytest
+
+from danka.agent.setup import build_agent_loop, check_agent_config
+from danka.config.schema import RolloutConfig
+from danka.errors import UserError
+from danka.models.tiny import tiny_tokenizer
+
+
+def test_no_tools_no_loop_and_a_tool_loop_from_config():
+    tok = tiny_tokenizer()
+    assert build_agent_loop(RolloutConfig(), tok, base_dir=".", max_new_tokens=64) is None
+    cfg = RolloutConfig(tools=["calculator"], max_turns=2, max_total_tokens=300)
+    loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=64)
+    assert loop.limits.max_turns == 2 and loop.limits.max_total_tokens == 300
+    assert [s["function"]["name"] for s in loop.schemas] == ["calculator"]
+    cfg.max_total_tokens = 0  # 0 = the single-turn budget
+    loop2 = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=64)
+    assert loop2.limits.max_total_tokens == 64
+    loop.close()
+    loop2.close()
+
+
+def test_tool_loop_for_the_cli_and_prompt_messages():
+    from danka.agent.setup import prompt_messages, tool_loop
+    from danka.types import PromptRow
+
+    loop = tool_loop(tiny_tokenizer(), ["calculator"], max_new_tokens=32, max_turns=2)
+    assert loop.limits.max_total_tokens == 32 and loop.limits.max_turns == 2
+    loop.close()
+    rows = [PromptRow(0, "What is 2 * 3?")]
+    assert prompt_messages(rows, system_prompt="S", instruction="Use the tool.") == [
+        [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "What is 2 * 3? Use the tool."},
+        ]
+    ]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"tools": ["calculator"], "environment": "e.py:E"}, "both set"),
+        ({"max_turns": 0}, "max_turns must be >= 1"),
+        ({"tool_timeout_s": 0.0}, "tool_timeout_s must be > 0"),
+        ({"max_total_tokens": 10}, "below the per-turn"),
+    ],
+)
+def test_bad_agent_settings_are_refused(changes, message):
+    with pytest.raises(UserError, match=message):
+        check_agent_config(RolloutConfig(**changes), max_new_tokens=64)

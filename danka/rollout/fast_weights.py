@@ -3,8 +3,10 @@
 :func:`load_weights` returns, per layer, fused ``qkv`` (q|k|v rows) and ``gu`` (gate|up)
 matrices and every other weight in the compute dtype. A single module already in that dtype
 is used in place (zero copy, so an optimizer step is seen by the next call); fused or cast
-weights live in engine-owned buffers that are re-copied only when a source tensor changed
-(its ``data_ptr`` or in-place ``_version``), so a frozen LoRA base is copied once.
+weights live in engine-owned buffers: a trained source (``requires_grad``) is re-copied at
+every call, a frozen one only when its ``data_ptr`` or in-place ``_version`` changed, so a
+frozen LoRA base is copied once. (``_version`` alone cannot see an optimizer step: fused
+AdamW updates parameters in place without bumping it.)
 
 Active LoRA adapters (Hu et al. 2021, https://arxiv.org/abs/2106.09685) are applied
 UNMERGED, as peft's training forward applies them: ``y = x @ W.T + (x @ A.T) @ (s * B).T``
@@ -190,6 +192,12 @@ class Owned:
     def stale(self, key: str, sources: list[torch.Tensor | None], extra: tuple = ()) -> bool:
         """True (and remember the sources) when ``key`` must be re-copied from them
         (``extra``: plain values the copy also depends on, e.g. LoRA scalings)."""
+        if any(t is not None and t.requires_grad for t in sources):
+            # a trained tensor is re-copied at every call: fused optimizers (AdamW(fused=True),
+            # danka's default on CUDA) update parameters in place WITHOUT bumping _version, so
+            # a (data_ptr, _version) signature would keep serving the weights of step 0
+            self.seen.pop(key, None)
+            return True
         sig = tuple((t.data_ptr(), t._version) if t is not None else None for t in sources)
         sig += tuple(extra)
         if self.seen.get(key) == sig:
@@ -331,7 +339,7 @@ def _fill_lora(owned: Owned, key, parts, spec: ModelSpec, rows, dtype, folded, o
             else:
                 blk.copy_(lo.b.float() * lo.scale)  # scale in fp32, round once
             c += r
-        owned.seen.pop(key + ".lora")
+        owned.seen.pop(key + ".lora", None)
         owned.stale(key + ".lora", sources + [la, lb], scales)  # record the copies' versions
     out[key + ".la"] = None if folded is not None else la
     out[key + ".lb"] = lb

@@ -159,20 +159,27 @@ def test_base_compute_keeps_a_sub_bf16_step_delta():
 
 @pytest.mark.parametrize("mode", ["adapter", "base"])
 def test_adapter_buffers_refresh_only_when_the_adapter_changed(mode):
+    """A FROZEN adapter (e.g. a loaded one at evaluation) is copied once; a TRAINED one is
+    re-copied at every call, since a fused optimizer step does not bump ``_version``."""
     model = _bf16_lora_model()
     root = unwrap_causal_lm(model)
     spec = model_spec(root)
     owned = Owned(lora_compute=mode)
+    b = root.model.layers[0].self_attn.k_proj.lora_B["default"].weight
+    lora = [p for n, p in model.named_parameters() if "lora_" in n]
+    for p in lora:
+        p.requires_grad_(False)
     w = load_weights(root, spec, owned)
     lb = w["0.qkv.lb"]
     v0 = lb._version
     load_weights(root, spec, owned)
-    assert lb._version == v0  # unchanged adapter: no copy
-    b = root.model.layers[0].self_attn.k_proj.lora_B["default"].weight
+    assert lb._version == v0  # unchanged frozen adapter: no copy
+    for p in lora:
+        p.requires_grad_(True)
     with torch.no_grad():
-        b.add_(1.0)  # an optimizer step (in place: same data_ptr, new _version)
+        b.add_(1.0)  # an optimizer step (in place: same data_ptr)
     w2 = load_weights(root, spec, owned)
-    assert w2["0.qkv.lb"] is lb and lb._version > v0
+    assert w2["0.qkv.lb"] is lb and lb._version > v0  # same buffer (graphs), new values
     # rows 64..96 are k's; its block is columns 8..16 (q's adapter is the first r = 8)
     torch.testing.assert_close(lb[64:96, 8:16].float(), (b * 2.0).float(), atol=2e-2, rtol=1e-2)
 
@@ -232,3 +239,34 @@ def test_base_compute_engine_matches_a_bf16_adapter_training_forward():
         train = model(input_ids=ids).logits[:, -1].float().log_softmax(-1)
     assert (engine - train).abs().mean().item() < 2e-3
     assert (engine - train).abs().max().item() < 0.02
+
+
+def test_engine_sees_a_fused_adamw_step():
+    """Regression (H200, 2026-11-30): danka's CUDA optimizer is AdamW(fused=True), which
+    updates parameters in place without bumping ``_version``; the engine's buffers were
+    keyed on (data_ptr, _version), so every rollout and evaluation after step 0 sampled from
+    the untrained adapter. After one fused step the fast engine must agree with HF generate
+    on the UPDATED model."""
+    from danka.models.lora import apply_lora
+    from danka.rollout.base import SamplingParams, build_engine
+    from tests.rollout.test_fast_engine import PROMPTS, tiny
+
+    torch.manual_seed(0)
+    model = apply_lora(tiny("llama"), r=4, alpha=8, dropout=0.0, target_modules="all-linear")
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+    fast, hf = build_engine("fast"), build_engine("hf")
+
+    def greedy(engine):
+        return engine.generate(model, PROMPTS, params, eos_ids=[1], pad_id=0).response_ids
+
+    before = greedy(fast)
+    assert torch.equal(before, greedy(hf))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=0.5, fused=True)
+    versions = [p._version for p in trained]
+    model(input_ids=torch.tensor([PROMPTS[0]])).logits.float().pow(2).mean().backward()
+    opt.step()
+    assert [p._version for p in trained] == versions  # the trap: no version bump
+    after_hf = greedy(hf)
+    assert not torch.equal(after_hf, before)  # the step changed the greedy answers
+    assert torch.equal(greedy(fast), after_hf)  # and the engine sees it

@@ -296,15 +296,6 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         )
     if ob.penalty < 0:
         fail("reward.overlong_buffer.penalty", f"must be >= 0, got {ob.penalty}", "e.g. 1.0")
-    # Until the training loop applies them (issue 16: wired into fit() by the lead), these
-    # are refused rather than silently ignored. Delete an entry when it is wired.
-    for key, on in (
-        ("trainer.dynamic_sampling", t.dynamic_sampling),
-        ("trainer.mask_truncated", t.mask_truncated),
-        ("reward.overlong_buffer.length", ob.length > 0),
-    ):
-        if on and key in NOT_YET_WIRED:
-            fail(key, "is not applied by this version's training loop yet", "leave it off")
     c = cfg.rm.center_rewards_coefficient
     if c is not None and c < 0:
         fail("rm.center_rewards_coefficient", f"must be >= 0, got {c}", "e.g. 0.01, or null")
@@ -313,14 +304,6 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             fail(f"rm.{key}", "must name a column", f"e.g. rm.{key}: {key.split('_')[0]}")
     if cfg.rm.chosen_key == cfg.rm.rejected_key:
         fail("rm.rejected_key", "is the same column as rm.chosen_key", "name two columns")
-
-
-# rm: settings defined but not yet applied by danka train (see the end of validate)
-NOT_YET_WIRED = {
-    "trainer.dynamic_sampling",
-    "trainer.mask_truncated",
-    "reward.overlong_buffer.length",
-}
 
 
 _FROZEN: dict[type, type] = {}

@@ -92,7 +92,7 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
         _writers(run, full),
         trainer_state=state,
         config_hash=config_hash,
-        config=mask_secrets(resolved),
+        config=resolved,  # masked by save_checkpoint
         keep_last=run.cfg.trainer.keep_last,
     )
     run.log.info(f"checkpoint saved: {run.output_dir / 'actor' / f'checkpoint_{step}'}")
@@ -137,7 +137,16 @@ def check_compatible(state_dir: Path, resolved: dict) -> None:
     """UserError unless the checkpoint's weights fit the run ``resolved`` describes (same
     model, LoRA rank/alpha/targets, critic); cheap (reads config.json), so it runs before
     model loading. Other changes are allowed: :func:`restore` applies and reports them."""
-    check_layout(load_checkpoint_config(state_dir), resolved, where=str(state_dir))
+    old = load_checkpoint_config(state_dir)
+    was = (old or {}).get("model", {}).get("actor_model_name_or_path")
+    now = resolved["model"]["actor_model_name_or_path"]
+    if old and was != now:
+        raise UserError(
+            f"checkpoint was trained on {was!r}, this config uses {now!r}",
+            where=str(state_dir),
+            fix="set model.actor_model_name_or_path to the checkpoint's model",
+        )
+    check_layout(old, resolved, where=str(state_dir))
 
 
 def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:

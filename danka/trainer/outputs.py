@@ -12,7 +12,6 @@ from pathlib import Path
 
 from danka import distributed as dist
 from danka.config.schema import DankaConfig
-from danka.config.secrets import mask_secrets
 from danka.logging.metrics import (
     CompletionsWriter,
     MetricsWriter,
@@ -63,7 +62,7 @@ class Outputs:
                     wandb_project=lg.wandb_project,
                     mlflow_experiment=lg.mlflow_experiment,
                     run_name=out.name,
-                    config=mask_secrets(resolved),
+                    config=resolved,
                     log=log,
                 ),
                 log,

@@ -89,8 +89,8 @@ def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
                 t_saved = time.perf_counter()
             if stopping:
                 run.log.warning(
-                    f"{stop.name}: stopped after step {step} (checkpoint saved); continue "
-                    "with --resume auto"
+                    f"{signal_name(stop)}: stopped after step {step} (checkpoint saved); "
+                    "continue with --resume auto"
                 )
                 run.state.total_steps = step
             if last or stopping:
@@ -99,7 +99,8 @@ def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
     run.rewards.close()
     if not main:
         return {"steps": run.state.total_steps}
-    return outputs.finish(run, time.perf_counter() - t0, stopped=stop.name if stopping else None)
+    stopped = signal_name(stop) if stopping else None
+    return outputs.finish(run, time.perf_counter() - t0, stopped=stopped)
 
 
 def stop_requested(stop: StopRequest | None) -> bool:
@@ -109,6 +110,11 @@ def stop_requested(stop: StopRequest | None) -> bool:
     if dist.is_active():
         stopping = dist.all_sum(float(stopping)) > 0
     return stopping
+
+
+def signal_name(stop: StopRequest | None) -> str:
+    """SIGTERM / SIGINT, or where this rank got none, the other rank's."""
+    return stop.name if stop is not None and stop.signum is not None else "signal on another rank"
 
 
 def train_step(run: Run, step: int) -> tuple[dict[str, float], RolloutBatch, list[str]]:

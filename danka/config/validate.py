@@ -296,17 +296,18 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         )
     if ob.penalty < 0:
         fail("reward.overlong_buffer.penalty", f"must be >= 0, got {ob.penalty}", "e.g. 1.0")
-    # Until the training loop applies them (issue 16: wired into fit() by the lead), these
-    # are refused rather than silently ignored. Delete an entry when it is wired.
+    # Until the training loop applies them, these are refused rather than silently ignored.
     for key, on in (
-        ("trainer.dynamic_sampling", t.dynamic_sampling),
-        ("trainer.mask_truncated", t.mask_truncated),
-        ("reward.overlong_buffer.length", ob.length > 0),
         ("rollout.tools", bool(cfg.rollout.tools)),
         ("rollout.environment", bool(cfg.rollout.environment)),
     ):
         if on and key in NOT_YET_WIRED:
-            fail(key, "is not applied by this version's training loop yet", "leave it off")
+            fail(
+                key,
+                "is not applied by danka train yet (the multi-turn loop is in danka.agent; "
+                "its trainer wiring is not done)",
+                "leave it off; see README 'Training a model to use tools'",
+            )
     c = cfg.rm.center_rewards_coefficient
     if c is not None and c < 0:
         fail("rm.center_rewards_coefficient", f"must be >= 0, got {c}", "e.g. 0.01, or null")
@@ -317,13 +318,10 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         fail("rm.rejected_key", "is the same column as rm.chosen_key", "name two columns")
 
 
-# rm: settings defined but not yet applied by danka train (see the end of validate)
+# settings defined but not yet applied by danka train (see the end of validate)
 NOT_YET_WIRED = {
     "rollout.tools",  # danka.agent's multi-turn loop exists; danka train does not call it yet
     "rollout.environment",
-    "trainer.dynamic_sampling",
-    "trainer.mask_truncated",
-    "reward.overlong_buffer.length",
 }
 
 

@@ -14,17 +14,21 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 from danka import distributed as dist
-from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from danka.checkpoint import (
     capture_rng_state,
     checkpoint_parts,
-    diff_configs,
     load_checkpoint_config,
     load_trainer_state,
     restore_rng_state,
     save_checkpoint,
     verify_checkpoint,
 )
+from danka.checkpoint.resume_changes import (
+    apply_resume_changes,
+    check_layout,
+    describe_changes,
+)
+from danka.config.secrets import mask_secrets
 from danka.errors import UserError
 from danka.models.value_head import load_value_head, save_value_head
 
@@ -78,6 +82,7 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
         "update_generator": run.update_generator.get_state(),
         "sampler": run.sampler.state_dict(),
         "kl_ctl": run.kl_ctl.state_dict(),
+        "dynamic_sampler": run.dynamic.state_dict() if run.dynamic is not None else None,
         "history": history,
         "model": run.cfg.model.actor_model_name_or_path,
     }
@@ -87,7 +92,7 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
         _writers(run, full),
         trainer_state=state,
         config_hash=config_hash,
-        config=resolved,
+        config=resolved,  # masked by save_checkpoint
         keep_last=run.cfg.trainer.keep_last,
     )
     run.log.info(f"checkpoint saved: {run.output_dir / 'actor' / f'checkpoint_{step}'}")
@@ -128,66 +133,20 @@ def _with_adapter_name(state: dict, adapter: str) -> dict:
     return out
 
 
-def _get(cfg: dict, dotted: str):
-    for key in dotted.split("."):
-        cfg = cfg.get(key) if isinstance(cfg, dict) else None
-    return cfg
-
-
-def _layout(cfg: dict) -> dict:
-    """The config values that fix which weights a checkpoint holds and their shapes."""
-    out = {
-        "model.actor_model_name_or_path": _get(cfg, "model.actor_model_name_or_path"),
-        "lora.enable_lora": _get(cfg, "lora.enable_lora"),
-    }
-    if out["lora.enable_lora"]:
-        out["lora.lora_r"] = _get(cfg, "lora.lora_r")
-        out["lora.target_modules"] = _get(cfg, "lora.target_modules")
-    estimator = _get(cfg, "trainer.advantage_estimator")
-    if estimator in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS.meta(estimator).needs_critic:
-        out["model.critic_model_name_or_path"] = (
-            _get(cfg, "model.critic_model_name_or_path") or out["model.actor_model_name_or_path"]
-        )
-    return out
-
-
 def check_compatible(state_dir: Path, resolved: dict) -> None:
     """UserError unless the checkpoint's weights fit the run ``resolved`` describes (same
-    model, LoRA layout, critic); cheap (reads config.json), so it runs before model loading.
-    Other config changes are allowed and only warned about by :func:`restore`."""
+    model, LoRA rank/alpha/targets, critic); cheap (reads config.json), so it runs before
+    model loading. Other changes are allowed: :func:`restore` applies and reports them."""
     old = load_checkpoint_config(state_dir)
-    if not old:
-        return
-    was, now = _layout(old), _layout(resolved)
-    for key in (
-        "model.actor_model_name_or_path",
-        "lora.enable_lora",
-        "lora.lora_r",
-        "lora.target_modules",
-        "model.critic_model_name_or_path",
-    ):
-        if key not in was or key not in now:
-            if key == "model.critic_model_name_or_path" and key in now:
-                raise UserError(
-                    "the checkpoint has no critic, this config trains one "
-                    f"(trainer.advantage_estimator: {_get(resolved, 'trainer.advantage_estimator')})",
-                    where=str(state_dir),
-                    fix="resume with the checkpoint's algorithm, or start a new output_dir",
-                )
-            continue
-        if was[key] == now[key]:
-            continue
-        if key == "model.actor_model_name_or_path":
-            raise UserError(
-                f"checkpoint was trained on {was[key]!r}, this config uses {now[key]!r}",
-                where=str(state_dir),
-                fix="set model.actor_model_name_or_path to the checkpoint's model",
-            )
+    was = (old or {}).get("model", {}).get("actor_model_name_or_path")
+    now = resolved["model"]["actor_model_name_or_path"]
+    if old and was != now:
         raise UserError(
-            f"checkpoint was trained with {key}={was[key]!r}, this config has {now[key]!r}",
+            f"checkpoint was trained on {was!r}, this config uses {now!r}",
             where=str(state_dir),
-            fix=f"set {key} back to {was[key]!r} to resume, or start a new output_dir",
+            fix="set model.actor_model_name_or_path to the checkpoint's model",
         )
+    check_layout(old, resolved, where=str(state_dir))
 
 
 def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
@@ -197,9 +156,7 @@ def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
     parts = checkpoint_parts(state_dir)
     state = load_trainer_state(state_dir)
     old_cfg = load_checkpoint_config(state_dir) or {}
-    changes = diff_configs(old_cfg, resolved) if old_cfg else []
-    if changes:
-        run.log.warning("resuming with a changed config: " + "; ".join(changes))
+    new_cfg = mask_secrets(resolved)  # the checkpoint's copy is masked too
     if state.get("model") != run.cfg.model.actor_model_name_or_path:
         raise UserError(
             f"checkpoint was trained on {state.get('model')!r}, this config uses "
@@ -219,6 +176,19 @@ def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
             fix="resume with the model, lora and algorithm settings the checkpoint "
             "was trained with, or start a new output_dir",
         ) from err
+    if old_cfg:
+        apply_resume_changes(
+            old_cfg,
+            new_cfg,
+            actor_opt=run.actor_opt,
+            actor_sched=run.actor_sched,
+            critic_opt=run.critic_opt,
+            critic_sched=run.critic_sched,
+            kl_ctl=run.kl_ctl,
+        )
+        changes = describe_changes(old_cfg, new_cfg)
+        if changes:
+            run.log.warning("resuming with a changed config: " + "; ".join(changes))
     return int(state["step"]), state.get("history") or {"eval": []}
 
 
@@ -251,3 +221,5 @@ def _load_parts(run, parts: dict[str, Path], state: dict, state_dir: Path) -> No
     run.update_generator.set_state(state["update_generator"])
     run.sampler.load_state_dict(state["sampler"])
     run.kl_ctl.load_state_dict(state["kl_ctl"])
+    if run.dynamic is not None and state.get("dynamic_sampler"):
+        run.dynamic.load_state_dict(state["dynamic_sampler"])

@@ -20,8 +20,11 @@ import torch
 
 from danka import distributed as dist
 from danka.checkpoint import config_hash
+from danka.checkpoint.cadence import save_due
 from danka.config import config_to_dict
 from danka.config.schema import DankaConfig
+from danka.config.secrets import mask_secrets
+from danka.lifecycle import StopRequest, current_stop
 from danka.logging.progress import TrainProgress
 from danka.trainer import steps
 from danka.trainer.checkpointing import check_compatible, save
@@ -47,7 +50,7 @@ def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
     if ckpt is not None:
         check_compatible(ckpt, resolved)  # before minutes of model loading
     if main:
-        (out_dir / "config.json").write_text(json.dumps(resolved, indent=2))
+        (out_dir / "config.json").write_text(json.dumps(mask_secrets(resolved), indent=2))
     run = build_run(cfg, base_dir, out_dir, log)
     log.info(describe(run))
     if cfg.trainer.preflight:  # before a restore, which then sets every RNG as saved
@@ -58,6 +61,8 @@ def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
     if start == 0 and not history["eval"]:
         outputs.evaluate(run, 0)
     bad_in_a_row, t_train, h = 0, time.perf_counter(), config_hash(resolved)
+    stop, t_saved, stopping = current_stop(), time.perf_counter(), False
+    stop_requested(stop)  # from here a signal waits for the end of the step (then saves)
     with TrainProgress(
         run.state.total_steps, start_step=start, enabled=cfg.logging.progress and main
     ) as bar:
@@ -65,36 +70,90 @@ def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
             m, batch, completions = train_step(run, step)  # 1-7
             outputs.record(run, step, m, batch, completions)  # 8. log
             bar.update(step, m)
-            # after each step: stop? (bad steps, time limit) then evaluate and checkpoint
+            # after each step: stop? (signal, bad steps, time limit) then evaluate and save
             bad_in_a_row = 0 if is_finite_step(m) else bad_in_a_row + 1
             check_bad_steps(run, bad_in_a_row, step)
             maybe_stop_early(run, step, t_train)
+            stopping = stop_requested(stop)
             last = step == run.state.total_steps  # also when max_train_minutes cut the run
-            if last or every(cfg.trainer.eval_steps, step):  # 10. evaluate (first: the
-                acc = outputs.evaluate(run, step)  # checkpoint keeps its result)
+            if not stopping and (last or every(cfg.trainer.eval_steps, step)):  # 10. evaluate
+                acc = outputs.evaluate(run, step)  # (first: the checkpoint keeps its result)
                 if acc is not None and not last:  # the last one is in the closing line
                     bar.update(step, {"eval/accuracy": acc})
-            if last or every(cfg.trainer.save_steps, step):  # 9. checkpoint
+            minutes = (time.perf_counter() - t_saved) / 60
+            if stopping or save_due(  # 9. checkpoint
+                step, run.state.total_steps, cfg.trainer.save_steps,
+                cfg.trainer.save_minutes, minutes,
+            ):  # fmt: skip
                 save(run, step, outputs.history, resolved, h)
-            if last:
+                t_saved = time.perf_counter()
+            if stopping:
+                run.log.warning(
+                    f"{signal_name(stop)}: stopped after step {step} (checkpoint saved); "
+                    "continue with --resume auto"
+                )
+                run.state.total_steps = step
+            if last or stopping:
                 break
     outputs.close()
     run.rewards.close()
     if not main:
         return {"steps": run.state.total_steps}
-    return outputs.finish(run, time.perf_counter() - t0)
+    stopped = signal_name(stop) if stopping else None
+    return outputs.finish(run, time.perf_counter() - t0, stopped=stopped)
+
+
+def stop_requested(stop: StopRequest | None) -> bool:
+    """SIGTERM/SIGINT arrived (danka.lifecycle); under torchrun any rank's signal stops
+    every rank after the same step (one rank alone in a collective would hang)."""
+    stopping = stop is not None and stop.requested
+    if dist.is_active():
+        stopping = dist.all_sum(float(stopping)) > 0
+    return stopping
+
+
+def signal_name(stop: StopRequest | None) -> str:
+    """SIGTERM / SIGINT, or where this rank got none, the other rank's."""
+    return stop.name if stop is not None and stop.signum is not None else "signal on another rank"
 
 
 def train_step(run: Run, step: int) -> tuple[dict[str, float], RolloutBatch, list[str]]:
-    """Steps 1-7 of one training step; returns (metrics, the batch, decoded completions)."""
+    """Steps 1-7 of one training step; returns (metrics, the batch, decoded completions).
+    With dynamic sampling, steps 1-3 repeat until the step has informative groups; with
+    none at all the update is skipped (logged) and the last round is what gets logged."""
     m: dict[str, float] = {}
     t_step = time.perf_counter()
-    with phase(m, "rollout"):
-        prompt_idx = steps.sample_prompts(run)  # 1. sample prompts
-        batch = steps.rollout(run, prompt_idx)  # 2. rollout
-    with phase(m, "reward"):
-        completions = run.decode(batch)
-        m.update(steps.score(run, batch, completions))  # 3. rewards
+    rounds: list[tuple[RolloutBatch, list[str], dict[str, float]]] = []
+
+    def rollout_and_score(prompt_idx: list[int]) -> RolloutBatch:
+        with phase(m, "rollout"):
+            batch = steps.rollout(run, prompt_idx)  # 2. rollout
+        with phase(m, "reward"):
+            completions = run.decode(batch)
+            rounds.append((batch, completions, steps.score(run, batch, completions)))  # 3.
+        return batch
+
+    def next_prompts() -> list[int]:
+        return steps.sample_prompts(run)  # 1. sample prompts
+
+    if run.dynamic is None:
+        batch = rollout_and_score(next_prompts())
+        completions = rounds[0][1]
+    else:
+        batch, ds_metrics = run.dynamic.collect(next_prompts, rollout_and_score)
+        m.update(ds_metrics)
+        completions = run.decode(batch) if batch is not None else rounds[-1][1]
+    for key in rounds[0][2]:  # reward statistics over everything generated this step
+        m[key] = sum(r[2].get(key, 0.0) for r in rounds) / len(rounds)
+    if batch is None:
+        run.log.warning(
+            f"step {step}: dynamic sampling found no group with differing rewards in "
+            f"{len(rounds)} round(s); update skipped"
+        )
+        m["dynamic_sampling/skipped_update"] = 1.0
+        step_schedules(run)
+        m["time/step"] = time.perf_counter() - t_step
+        return step_metrics(run, rounds[-1][0], m), rounds[-1][0], completions
     with phase(m, "logprobs"):
         m.update(steps.logprobs(run, batch))  # 4. old/reference log-probs
     with phase(m, "values"):
@@ -153,10 +212,15 @@ def update_or_skip(run: Run, batch: RolloutBatch, step: int) -> dict[str, float]
     except NonFiniteError as err:
         run.log.warning(f"step {step}: {err}; optimizer step skipped")
         m = {"skipped_step": 1.0}
+    step_schedules(run)
+    return m
+
+
+def step_schedules(run: Run) -> None:
+    """The schedules follow the step number, with or without an optimiser step."""
     run.actor_sched.step()
     if run.critic_sched is not None:
         run.critic_sched.step()
-    return m
 
 
 def step_metrics(run: Run, batch: RolloutBatch, m: dict[str, float]) -> dict[str, float]:
@@ -181,6 +245,8 @@ def every(k: int, step: int) -> bool:
 
 
 def is_finite_step(metrics: dict) -> bool:
+    if metrics.get("dynamic_sampling/skipped_update"):  # nothing to train on is not a fault
+        return True
     return metrics.get("skipped_step", 0.0) == 0.0 and math.isfinite(metrics.get("loss", 0.0))
 
 

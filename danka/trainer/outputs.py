@@ -121,11 +121,15 @@ class Outputs:
         self.trackers.close()
         self.metrics.close()
 
-    def finish(self, run: Run, seconds: float) -> dict:
-        """The closing line and the result file: held-out accuracy before -> after."""
+    def finish(self, run: Run, seconds: float, stopped: str | None = None) -> dict:
+        """The closing line and the result file: held-out accuracy before -> after.
+        ``stopped``: the signal that ended the run early (no final evaluation: the
+        result records the steps done and ``stopped``)."""
         result: dict = {"steps": run.state.total_steps, "seconds": round(seconds, 1)}
+        if stopped:
+            result["stopped"] = stopped
         evals = self.history["eval"]
-        if len(evals) >= 2:
+        if len(evals) >= 2 and not stopped:
             before, after = evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]
             n = int(evals[-1]["eval/n"])
             curve = [(e["step"], e["eval/accuracy"]) for e in evals]

@@ -22,6 +22,7 @@ from danka.algorithms.rollout_correction import Correction
 from danka.config.schema import DankaConfig
 from danka.rewards.combine import RewardComputer
 from danka.rollout.base import RolloutEngine
+from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import ModelSet
 from danka.trainer.sampler import PromptSampler
 from danka.types import PromptRow, RolloutBatch
@@ -91,6 +92,7 @@ class Run:
     update_generator: torch.Generator = field(default_factory=torch.Generator)
     eos_ids: list[int] = field(default_factory=list)
     pad_id: int = 0
+    dynamic: DynamicSampler | None = None  # trainer.dynamic_sampling (DAPO), else None
 
     @property
     def pack_len(self) -> int | None:

@@ -18,6 +18,7 @@ from danka.data.formats import load_prompt_rows
 from danka.data.tasks import arithmetic_rows
 from danka.data.template import encode_prompts
 from danka.errors import UserError
+from danka.lifecycle import compile_forward, enable_tf32
 from danka.models.loading import (
     load_causal_lm,
     load_tokenizer,
@@ -33,6 +34,7 @@ from danka.rollout.base import (
     engine_meta,
 )
 from danka.rollout.base import choose_engine as choose_rollout_engine
+from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
 from danka.trainer.run import Algorithm, PromptSet, Run, RunState
@@ -125,6 +127,7 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     specs = reward_specs(cfg, train.rows)
     rewards = build_rule_rewards(cfg, base_dir, specs, train.rows)
     models, load = build_model_set(cfg, device, log)
+    speed_settings(cfg, models, device, log)
     if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
         reward_model = _reward_model(cfg, models, tokenizer, load)
         rewards = build_rule_rewards(cfg, base_dir, specs, train.rows, reward_model)
@@ -163,7 +166,35 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
         update_generator=torch.Generator().manual_seed(t.seed),
         eos_ids=stop_ids(tokenizer),
         pad_id=tokenizer.pad_token_id,
+        dynamic=build_dynamic_sampler(cfg, tokenizer.pad_token_id),
     )
+
+
+def speed_settings(cfg: DankaConfig, models, device: torch.device, log: logging.Logger) -> None:
+    """trainer.tf32 and trainer.compile (CUDA only: UserError elsewhere, never a no-op)."""
+    t = cfg.trainer
+    line = enable_tf32(t.tf32, device)
+    if line:
+        log.info(line)
+    if t.compile:
+        compile_forward(models.policy, True, device)
+        log.info("trainer.compile: policy forward compiled (torch.compile, dynamic=True)")
+
+
+def build_dynamic_sampler(cfg: DankaConfig, pad_id: int) -> DynamicSampler | None:
+    """trainer.dynamic_sampling: DAPO's filter for all-equal groups (one process only:
+    ranks that keep different numbers of groups would leave a collective waiting)."""
+    t = cfg.trainer
+    if not t.dynamic_sampling:
+        return None
+    if dist.is_active():
+        raise UserError(
+            "trainer.dynamic_sampling runs in one process only (ranks would keep different "
+            "numbers of groups and step out of line)",
+            where="trainer.dynamic_sampling",
+            fix="train without --nproc, or set trainer.dynamic_sampling: false",
+        )
+    return DynamicSampler(t.batch_size, t.max_sampling_rounds, pad_id)
 
 
 def choose_engine(cfg: DankaConfig, device: torch.device, log: logging.Logger) -> str:

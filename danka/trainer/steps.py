@@ -9,7 +9,9 @@ import torch
 from danka import distributed as dist
 from danka.algorithms.advantages import AdvantageInput, sequence_rewards_to_tokens
 from danka.algorithms.kl import apply_kl_in_reward
+from danka.rewards.shaping import overlong_penalty, response_lengths
 from danka.rollout.base import SamplingParams
+from danka.trainer.dynamic_sampling import mask_truncated
 from danka.trainer.forward import batched, critic_values, policy_logprobs
 from danka.trainer.guards import OutOfMemory, oom_guard
 from danka.trainer.run import Run
@@ -48,28 +50,50 @@ def rollout(run: Run, prompt_idx: list[int]) -> RolloutBatch:
 
 def score(run: Run, batch: RolloutBatch, completions: list[str]) -> dict[str, float]:
     """Fill ``rewards`` and ``reward_parts``; a sample whose reward was skipped
-    (reward.on_error: skip_sample) gets ``valid`` False and reward 0."""
+    (reward.on_error: skip_sample) gets ``valid`` False and reward 0. Then DAPO's overlong
+    penalty is added (``reward.overlong_buffer``, part ``overlong``) and, with
+    ``trainer.mask_truncated``, truncated samples become invalid (no loss).
+
+    ``reward/<name>`` is the mean over the valid samples the function applies to (a TRL
+    function returning None does not apply); ``reward/not_applicable`` the fraction of
+    samples no function applied to."""
+    t, ob = run.cfg.trainer, run.cfg.reward.overlong_buffer
     rows = [run.train.rows[i] for i in batch.prompt_index.tolist()]
     texts = [run.train.texts[i] for i in batch.prompt_index.tolist()]
     out = run.rewards(rows, texts, completions)
     batch.valid = batch.valid & out.valid.cpu()
-    batch.rewards = torch.where(batch.valid, out.scores.float().cpu(), 0.0)
+    scores = out.scores.float().cpu()
     batch.reward_parts = {name: v.float().cpu() for name, v in out.per_function.items()}
+    if ob.length > 0:  # DAPO overlong shaping: soft penalty in the last `length` tokens
+        pen = overlong_penalty(
+            response_lengths(batch.response_mask),
+            max_new_tokens=t.max_new_tokens,
+            buffer=ob.length,
+            penalty=ob.penalty,
+        )
+        batch.reward_parts["overlong"] = pen
+        scores = scores + pen
+    batch.rewards = torch.where(batch.valid, scores, 0.0)
     ok = batch.valid
     metrics = {
         "reward": float(batch.rewards[ok].mean()) if ok.any() else 0.0,
-        "reward/error_rate": out.num_errors / max(1, len(completions)),
+        "reward/error_rate": out.error_rate,
+        "reward/not_applicable": out.num_not_applicable / max(1, len(completions)),
         "reward/valid_frac": float(ok.float().mean()),
         "response_length": float(batch.response_mask.sum(1).mean()),
         "response/truncated": float(batch.truncated.float().mean()),
     }
     for name, value in batch.reward_parts.items():
-        metrics[f"reward/{name}"] = float(value[ok].mean()) if ok.any() else 0.0
-    n = run.cfg.trainer.samples_per_prompt
-    if n > 1:
+        applies = ok & out.applicable[name].cpu() if name in out.applicable else ok
+        metrics[f"reward/{name}"] = float(value[applies].mean()) if applies.any() else 0.0
+    n = t.samples_per_prompt
+    if n > 1 and batch.rewards.numel() % n == 0:
         groups = batch.rewards.view(-1, n)
         flat = (groups.max(1).values - groups.min(1).values).abs() < 1e-8
         metrics["reward/zero_adv_groups"] = float(flat.float().mean())
+    if t.mask_truncated:  # TRL mask_truncated_completions: a cut answer's reward misleads
+        masked = mask_truncated(batch)
+        batch.loss_mask, batch.valid = masked.loss_mask, masked.valid
     return metrics
 
 

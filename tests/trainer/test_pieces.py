@@ -98,7 +98,12 @@ def test_checkpoint_compatibility(tmp_path):
     def cfg(**trainer):
         return {
             "model": {"actor_model_name_or_path": "m", "critic_model_name_or_path": None},
-            "lora": {"enable_lora": True, "lora_r": 8, "target_modules": ["q_proj"]},
+            "lora": {
+                "enable_lora": True,
+                "lora_r": 8,
+                "lora_alpha": 16,
+                "target_modules": ["q_proj"],
+            },
             "trainer": {"advantage_estimator": "grpo", **trainer},
         }
 
@@ -109,4 +114,8 @@ def test_checkpoint_compatibility(tmp_path):
     changed = cfg()
     changed["lora"]["lora_r"] = 16
     with pytest.raises(UserError, match="lora.lora_r=8"):
+        check_compatible(tmp_path, changed)
+    changed = cfg()
+    changed["lora"]["lora_alpha"] = 32  # rescales every LoRA update: refused too
+    with pytest.raises(UserError, match="lora.lora_alpha=16"):
         check_compatible(tmp_path, changed)

@@ -136,8 +136,8 @@ def test_resume_path_to_a_state_checkpoint(grpo, tmp_path):
     """--resume PATH resumes from that (older) checkpoint, not the newest one."""
     out = tmp_path / "out"
     shutil.copytree(grpo["full"], out)
-    resume = ("--resume", str(out / "state" / "checkpoint_1"), "--discard-newer")
-    assert _train(grpo["config"], out, 2 * N, *resume) == 0
+    older = str(out / "state" / "checkpoint_1")  # newer ones exist: --discard-newer says go
+    assert _train(grpo["config"], out, 2 * N, "--resume", older, "--discard-newer") == 0
     assert f"Resumed from {out / 'state' / 'checkpoint_1'} at step 1" in _log(out)
     full = _tensors(grpo["full"], 2 * N)
     again = _tensors(out, 2 * N)
@@ -150,8 +150,8 @@ def test_resume_path_to_an_older_checkpoint_drops_the_newer_ones(grpo, tmp_path)
     ``--resume auto`` would jump back onto them (and find no metrics lines for their steps)."""
     out = tmp_path / "out"
     shutil.copytree(grpo["full"], out)  # checkpoints 1..2N
-    resume = ("--resume", str(out / "state" / "checkpoint_1"), "--discard-newer")
-    assert _train(grpo["config"], out, 2, *resume) == 0
+    older = str(out / "state" / "checkpoint_1")
+    assert _train(grpo["config"], out, 2, "--resume", older, "--discard-newer") == 0
     assert sorted(p.name for p in (out / "state").iterdir()) == ["checkpoint_1", "checkpoint_2"]
     assert not (out / "actor" / f"checkpoint_{2 * N}").exists()
     assert find_latest_checkpoint(out) == out / "state" / "checkpoint_2"

@@ -72,3 +72,21 @@ def test_ppo_on_gpu_bf16_zero_rewards_keeps_the_policy(tmp_path, tiny_model_dir)
     fit(cfg, base)
     adapter = load_file(tmp_path / "out" / "actor" / "checkpoint_2" / "adapter_model.safetensors")
     assert all((v == 0).all() for k, v in adapter.items() if "lora_B" in k)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tf32_and_compile_on_gpu(tmp_path, tiny_model_dir):
+    """trainer.tf32 / trainer.compile are applied in setup (and said so in train.log)."""
+    path = make_config(
+        tmp_path,
+        tiny_model_dir,
+        model={"device": "cuda", "torch_dtype": "float32"},
+        trainer={"tf32": True, "compile": True},
+    )
+    cfg, base = load_config(path)
+    fit(cfg, base)
+    log = (tmp_path / "out" / "logs" / "train.log").read_text()
+    assert "TF32 matmuls on" in log and "policy forward compiled" in log
+    assert torch.get_float32_matmul_precision() == "high"
+    lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all(x["loss"] == x["loss"] for x in lines)  # finite, not NaN

@@ -4,12 +4,15 @@ earlier stages put on the ``RolloutBatch`` and adds its own fields (see danka/ty
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from danka import distributed as dist
+from danka.algorithms._masked import masked_whiten
 from danka.algorithms.advantages import AdvantageInput, sequence_rewards_to_tokens
 from danka.algorithms.kl import apply_kl_in_reward
-from danka.rollout.base import SamplingParams
+from danka.rollout.base import SamplingParams, engine_meta
 from danka.trainer.forward import batched, critic_values, policy_logprobs
 from danka.trainer.guards import OutOfMemory, oom_guard
 from danka.trainer.run import Run
@@ -34,7 +37,9 @@ def rollout(run: Run, prompt_idx: list[int]) -> RolloutBatch:
         top_k=t.top_k,
         max_new_tokens=t.max_new_tokens,
     )
-    with oom_guard("rollout", run), run.models.actor():
+    gather = engine_meta(run.engine.name).reads_weights  # full weights under FSDP2
+    weights = dist.rollout_weights(run.models.policy) if gather else nullcontext()
+    with oom_guard("rollout", run), weights, run.models.actor():
         batch = run.engine.generate(
             run.models.policy,
             [run.train.ids[i] for i in prompt_idx],
@@ -145,6 +150,7 @@ def advantages(run: Run, batch: RolloutBatch) -> dict[str, float]:
         gamma=t.gamma,
         lam=t.lam,
         valid=batch.valid,
+        whitener=dist.global_masked_whiten if dist.is_active() else masked_whiten,
     )
     batch.advantages, batch.returns = algo.estimator(adv_in)
     return metrics

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from danka import distributed as dist
 from danka.config import load_config
+from danka.trainer import steps
 from danka.trainer.setup import build_run
 from danka.trainer.update import update
 from danka.types import RolloutBatch
@@ -39,15 +40,25 @@ batch = RolloutBatch(**torch.load(sys.argv[2], weights_only=True))
 if dist.is_active():  # this rank's contiguous half: whole GRPO groups
     k = batch.size // dist.world_size()
     batch = batch.select(torch.arange(dist.rank() * k, (dist.rank() + 1) * k))
+out = {}
+if run.algo.needs_critic:  # gae, whitened over the whole batch (all ranks)
+    steps.advantages(run, batch)
+    parts = [None] * dist.world_size()
+    if dist.is_active():
+        torch.distributed.all_gather_object(parts, batch.advantages, group=dist.cpu_group())
+    out["advantages"] = torch.cat(parts) if dist.is_active() else batch.advantages
 metrics = update(run, batch, run.update_generator)
 if dist.is_active():
     metrics = dist.reduce_metrics(metrics)
     state = dist.full_state_dict(run.models.policy)
 else:
     state = run.models.policy.state_dict()
+if run.models.value_head is not None:
+    state.update({"v_head." + k: v for k, v in run.models.value_head.state_dict().items()})
 if dist.is_main():
-    lora = {k: v.detach().cpu() for k, v in state.items() if "lora_" in k}
-    torch.save({"lora": lora, "metrics": dict(metrics)}, sys.argv[3])
+    out["state"] = {k: v.detach().float().cpu() for k, v in state.items()}
+    out["metrics"] = dict(metrics)
+    torch.save(out, sys.argv[3])
 dist.destroy()
 """
 
@@ -71,7 +82,8 @@ def _launch(args: list[str], nproc: int, cwd: Path) -> None:
 
 def _batch() -> dict:
     """8 sequences = 2 prompts x 4 samples; rank 0's half has long responses, rank 1's short
-    ones, so normalising by local token counts (wrong) would weight the ranks differently."""
+    ones, so normalising by local token counts (wrong) would weight the ranks differently,
+    and so would whitening with per-rank statistics (rank 1's rewards are shifted by +3)."""
     g = torch.Generator().manual_seed(0)
     b, p, r = 8, 5, 6
     resp_len = torch.tensor([6, 5, 6, 4, 2, 1, 3, 2])
@@ -85,27 +97,68 @@ def _batch() -> dict:
         response_mask=response_mask,
         group_index=torch.arange(b) // 4,
         truncated=torch.zeros(b, dtype=torch.bool),
-        rewards=torch.randn(b, generator=g),
+        rewards=torch.randn(b, generator=g) + 3.0 * (torch.arange(b) >= 4),
         advantages=torch.randn(b, 1, generator=g).expand(b, r) * response_mask,
+        values=torch.randn(b, r, generator=g) * response_mask,  # read by gae (PPO) only
         old_is_current=True,  # one optimiser step: pi_old is the policy being updated
     )
 
 
-def test_two_ranks_update_equals_one_process(tmp_path, tiny_model_dir):
-    cfg = make_config(tmp_path, tiny_model_dir, trainer={"max_grad_norm": 0.0})
+# (case, config sections): max_grad_norm 0.1 clips, so the global norm over sharded (DTensor)
+# and replicated tensors (full-parameter embeddings; the critic's value head) is exercised
+CASES = {
+    "grpo_lora": {},
+    "grpo_full": {"lora": {"enable_lora": False}},
+    "ppo_lora": {"trainer": {"algorithm": "ppo", "samples_per_prompt": 4}},
+}
+
+
+@pytest.mark.parametrize(
+    "case", ["grpo_lora", pytest.param("grpo_full", marks=pytest.mark.slow), "ppo_lora"]
+)
+def test_two_ranks_update_equals_one_process(tmp_path, tiny_model_dir, case):
+    sections = {k: dict(v) for k, v in CASES[case].items()}
+    sections.setdefault("trainer", {}).update(max_grad_norm=0.1)
+    cfg = make_config(tmp_path, tiny_model_dir, **sections)
     (tmp_path / "worker.py").write_text(WORKER)
     torch.save(_batch(), tmp_path / "batch.pt")
     for nproc in (1, 2):
         _launch(["worker.py", str(cfg), "batch.pt", f"out{nproc}.pt"], nproc, tmp_path)
     one, two = (torch.load(tmp_path / f"out{n}.pt", weights_only=True) for n in (1, 2))
-    assert one["lora"].keys() == two["lora"].keys() and one["lora"]
-    moved = [k for k, v in one["lora"].items() if "lora_B" in k and v.abs().sum() > 0]
-    assert moved  # B starts at zero: the update did change the adapter
-    for key, value in one["lora"].items():
-        torch.testing.assert_close(two["lora"][key], value, atol=1e-5, rtol=1e-5)
-    # the gradient norm is taken before Adam's step: a x2 (mean vs sum) error shows here
-    for key in ("actor/grad_norm", "actor/pg_loss", "actor/entropy"):
+    assert one["state"].keys() == two["state"].keys() and one["state"]
+    init = (
+        {}
+        if case != "grpo_full"
+        else {k: v.float() for k, v in _initial_weights(tiny_model_dir).items()}
+    )
+    moved = [
+        k
+        for k, v in one["state"].items()
+        if ("lora_B" in k and v.abs().sum() > 0) or (k in init and not torch.equal(v, init[k]))
+    ]
+    assert moved  # the update did change the trained weights
+    for key, value in one["state"].items():
+        torch.testing.assert_close(two["state"][key], value, atol=1e-5, rtol=1e-5)
+    # the gradient norm is taken before clipping and Adam's step: a x2 (mean vs sum) error
+    # or a per-rank norm shows here
+    keys = ["actor/grad_norm", "actor/pg_loss", "actor/entropy"]
+    if case == "ppo_lora":
+        keys += ["critic/grad_norm", "critic/vf_loss"]
+        # gae whitened with the statistics of both ranks' tokens, not each rank's own
+        torch.testing.assert_close(two["advantages"], one["advantages"], atol=1e-5, rtol=1e-5)
+        # the critic adapter is compared above; at step 1 only the head learns (it starts
+        # at zero, so no gradient reaches the adapter yet)
+        assert any(".critic." in k for k in one["state"])
+        assert any(v.abs().sum() > 0 for k, v in one["state"].items() if "v_head" in k)
+    for key in keys:
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6)
+    assert one["metrics"]["actor/grad_norm"] > 0.1  # so max_grad_norm did clip
+
+
+def _initial_weights(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
 
 
 def test_torchrun_training_writes_once_and_resumes_on_one_process(tmp_path, tiny_model_dir):

@@ -263,8 +263,8 @@ def scaling(paths, work: Path, steps: int, budget_end: float, model: str) -> lis
             run["peak_gib_per_gpu"] = mem.stop()
             lines = run.pop("lines")
             keys = ["time/step", "time/step_max", "time/rollout", "time/rollout_max",
-                    "time/reward", "time/prepare", "time/update", "time/update_max",
-                    "memory/peak_gib"]  # fmt: skip
+                    "time/reward", "time/logprobs", "time/values", "time/advantages",
+                    "time/update", "time/update_max", "memory/peak_gib"]  # fmt: skip
             run["median"] = {k: _median(lines, k) for k in keys}
             step = run["median"]["time/step_max"] or run["median"]["time/step"]
             if step:

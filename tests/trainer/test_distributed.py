@@ -212,3 +212,46 @@ def test_bad_input_on_one_rank_exits_2_with_one_message(tmp_path, tiny_model_dir
     assert proc.stderr.count("danka: error:") == 1
     assert "cannot score this completion" in proc.stderr
     assert "ChildFailedError" not in proc.stderr and "distributed/run.py" not in proc.stderr
+
+
+ROLLOUT_WORKER = """
+import logging, sys
+from pathlib import Path
+import torch
+from danka import distributed as dist
+from danka.config import load_config
+from danka.trainer import steps
+from danka.trainer.setup import build_run
+
+cfg, base = load_config(sys.argv[1])
+run = build_run(cfg, base, Path(cfg.output_dir), logging.getLogger("worker"))
+batch = steps.rollout(run, steps.sample_prompts(run))
+rows = [(int(i), ids[m.bool()].tolist()) for i, ids, m in
+        zip(batch.prompt_index, batch.response_ids, batch.response_mask)]
+parts = [None] * dist.world_size()
+if dist.is_active():
+    torch.distributed.all_gather_object(parts, rows, group=dist.cpu_group())
+    rows = [r for part in parts for r in part]
+if dist.is_main():
+    torch.save(rows, sys.argv[2])
+dist.destroy()
+"""
+
+
+def test_fast_engine_rolls_out_on_gathered_weights_on_two_ranks(tmp_path, tiny_model_dir):
+    """The fast engine reads the parameters directly (EngineMeta.reads_weights): under FSDP2
+    the rollout gathers full weights, and each rank answers its own prompts, greedily the
+    same tokens as one process answering all of them."""
+    cfg = make_config(
+        tmp_path,
+        tiny_model_dir,
+        rollout={"engine": "fast"},
+        trainer={"temperature": 0.0, "samples_per_prompt": 2, "batch_size": 4},
+        data={"shuffle": False},
+    )
+    (tmp_path / "worker.py").write_text(ROLLOUT_WORKER)
+    for nproc in (1, 2):
+        _launch(["worker.py", str(cfg), f"rows{nproc}.pt"], nproc, tmp_path)
+    one, two = (torch.load(tmp_path / f"rows{n}.pt", weights_only=True) for n in (1, 2))
+    assert sorted(i for i, _ in two) == [0, 0, 1, 1, 2, 2, 3, 3]  # each prompt answered once
+    assert sorted(two) == sorted(one) and any(ids for _, ids in one)

@@ -31,7 +31,7 @@ from danka import distributed as dist
 from danka.config import load_config
 from danka.trainer import steps
 from danka.trainer.setup import build_run
-from danka.trainer.update import update
+from danka.trainer.update import NonFiniteError, update
 from danka.types import RolloutBatch
 
 cfg, base = load_config(sys.argv[1])
@@ -47,7 +47,12 @@ if run.algo.needs_critic:  # gae, whitened over the whole batch (all ranks)
     if dist.is_active():
         torch.distributed.all_gather_object(parts, batch.advantages, group=dist.cpu_group())
     out["advantages"] = torch.cat(parts) if dist.is_active() else batch.advantages
-metrics = update(run, batch, run.update_generator)
+if sys.argv[4:] == ["nan_on_rank_1"] and dist.rank() == 1:
+    batch.advantages = torch.full_like(batch.advantages, float("nan"))
+try:
+    metrics = update(run, batch, run.update_generator)
+except NonFiniteError as err:  # every rank skips the same optimiser step
+    metrics, out["skipped"] = {}, str(err)
 if dist.is_active():
     metrics = dist.reduce_metrics(metrics)
     state = dist.full_state_dict(run.models.policy)
@@ -153,6 +158,19 @@ def test_two_ranks_update_equals_one_process(tmp_path, tiny_model_dir, case):
     for key in keys:
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6)
     assert one["metrics"]["actor/grad_norm"] > 0.1  # so max_grad_norm did clip
+
+
+def test_non_finite_loss_on_one_rank_skips_the_step_on_both(tmp_path, tiny_model_dir):
+    """Rank 1's loss is NaN, rank 0's finite: both skip the optimiser step (no rank is left
+    waiting in the backward's gradient collectives) and the weights stay as they were."""
+    cfg = make_config(tmp_path, tiny_model_dir)
+    (tmp_path / "worker.py").write_text(WORKER)
+    torch.save(_batch(), tmp_path / "batch.pt")
+    _launch(["worker.py", str(cfg), "batch.pt", "out.pt", "nan_on_rank_1"], 2, tmp_path)
+    out = torch.load(tmp_path / "out.pt", weights_only=True)  # rank 0's view
+    assert out["skipped"].startswith("policy loss is") and "another rank" in out["skipped"]
+    lora_b = [v for k, v in out["state"].items() if "lora_B" in k]
+    assert lora_b and all(float(v.abs().sum()) == 0.0 for v in lora_b)  # B still zero
 
 
 def _initial_weights(model_dir: Path) -> dict:

@@ -243,9 +243,14 @@ from danka.trainer.setup import build_run
 
 cfg, base = load_config(sys.argv[1])
 run = build_run(cfg, base, Path(cfg.output_dir), logging.getLogger("worker"))
-batch = steps.rollout(run, steps.sample_prompts(run))
-rows = [(int(i), ids[m.bool()].tolist()) for i, ids, m in
-        zip(batch.prompt_index, batch.response_ids, batch.response_mask)]
+rows, idx = [], steps.sample_prompts(run)
+for step in range(2):  # the same prompts twice, the weights changed in between
+    batch = steps.rollout(run, idx)
+    rows += [(step, int(i), ids[m.bool()].tolist()) for i, ids, m in
+             zip(batch.prompt_index, batch.response_ids, batch.response_mask)]
+    with torch.no_grad():  # as an optimiser step does: on the (sharded) trained parameters
+        for p in run.models.actor_params:
+            p.add_(0.3)
 parts = [None] * dist.world_size()
 if dist.is_active():
     torch.distributed.all_gather_object(parts, rows, group=dist.cpu_group())
@@ -271,5 +276,8 @@ def test_fast_engine_rolls_out_on_gathered_weights_on_two_ranks(tmp_path, tiny_m
     for nproc in (1, 2):
         _launch(["worker.py", str(cfg), f"rows{nproc}.pt"], nproc, tmp_path)
     one, two = (torch.load(tmp_path / f"rows{n}.pt", weights_only=True) for n in (1, 2))
-    assert sorted(i for i, _ in two) == [0, 0, 1, 1, 2, 2, 3, 3]  # each prompt answered once
-    assert sorted(two) == sorted(one) and any(ids for _, ids in one)
+    assert sorted(i for step, i, _ in two if step == 0) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert sorted(two) == sorted(one) and any(ids for _, _, ids in one)
+    # the change of weights changes the answers (so 2 ranks re-read them, none stale)
+    answers = [sorted((i, ids) for s, i, ids in one if s == step) for step in (0, 1)]
+    assert answers[0] != answers[1]

@@ -228,7 +228,9 @@ def equivalence(paths, work: Path, steps: int, budget_end: float, cases: str) ->
             row["skipped"] = "time budget"
             results.append(row)
             continue
-        two = train(paths, work, f"{name}_2gpu", 2, ov, "0,1", 120)
+        # ends with the budget (+30 s), so the caller's timeout never cuts a run mid-way
+        limit = max(30.0, min(120.0, budget_end + 30 - time.perf_counter()))
+        two = train(paths, work, f"{name}_2gpu", 2, ov, "0,1", limit)
         row["two"] = two
         if ones[name]["exit"] == 0 and two["exit"] == 0:
             row.update(compare(ones[name], two, init, lora="full" not in name))
@@ -243,15 +245,19 @@ def _median(lines: list[dict], key: str) -> float | None:
     return round(statistics.median(vals), 4) if vals else None
 
 
-def scaling(paths, work: Path, steps: int, budget_end: float, model: str) -> list[dict]:
+def scaling(paths, work: Path, steps: int, budget_end: float, model: str, rows: list,
+            written=lambda: None) -> list[dict]:  # fmt: skip
+    """Fills ``rows`` (one per engine) and calls ``written`` after every run, so a run cut
+    short by the outer timeout keeps what was measured. The fast engine (auto's choice on
+    a GPU) goes first: it is the one that should scale."""
     prompts, n, new, micro = (16, 8, 128, 16) if model == "qwen05" else (4, 2, 8, 4)  # tiny: smoke
     common = [f"model.actor_model_name_or_path={paths[model]}", f"trainer.total_steps={steps}",
               f"trainer.batch_size={prompts}", f"trainer.samples_per_prompt={n}",
               f"trainer.micro_batch_size={micro}", f"trainer.max_new_tokens={new}",
               "trainer.max_length=288", "model.torch_dtype=bfloat16", "trainer.lr=1e-5"]  # fmt: skip
-    rows = []
-    for engine in ("hf", "fast"):
+    for engine in ("fast", "hf"):
         row: dict = {"engine": engine, "prompts": prompts, "samples": n, "new_tokens": new}
+        rows.append(row)
         for nproc, gpus in ((1, "0"), (2, "0,1")):
             if time.perf_counter() > budget_end:
                 row[f"{nproc}gpu"] = {"skipped": "time budget"}
@@ -259,18 +265,19 @@ def scaling(paths, work: Path, steps: int, budget_end: float, model: str) -> lis
             mem = GpuMemory()
             run = train(paths, work, f"scale_{engine}_{nproc}gpu", nproc,
                         common + [f"rollout.engine={engine}"], gpus,
-                        max(30.0, min(170.0, budget_end + 30 - time.perf_counter())))  # fmt: skip
+                        max(30.0, min(170.0, budget_end + 25 - time.perf_counter())))  # fmt: skip
             run["peak_gib_per_gpu"] = mem.stop()
             lines = run.pop("lines")
             keys = ["time/step", "time/step_max", "time/rollout", "time/rollout_max",
-                    "time/reward", "time/prepare", "time/update", "time/update_max",
-                    "memory/peak_gib"]  # fmt: skip
+                    "time/reward", "time/logprobs", "time/values", "time/advantages",
+                    "time/update", "time/update_max", "memory/peak_gib"]  # fmt: skip
             run["median"] = {k: _median(lines, k) for k in keys}
             step = run["median"]["time/step_max"] or run["median"]["time/step"]
             if step:
                 run["gen_tokens_per_s"] = round(prompts * n * new / step, 1)
             run["steps_logged"] = len(lines)
             row[f"{nproc}gpu"] = run
+            written()
         one, two = row.get("1gpu", {}).get("median", {}), row.get("2gpu", {}).get("median", {})
         s1, s2 = one.get("time/step"), two.get("time/step_max") or two.get("time/step")
         if s1 and s2:
@@ -283,7 +290,7 @@ def scaling(paths, work: Path, steps: int, budget_end: float, model: str) -> lis
                 )
             if two.get("time/step") and two.get("time/step_max"):
                 row["imbalance_s"] = round(two["time/step_max"] - two["time/step"], 4)
-        rows.append(row)
+        written()
         print(json.dumps({k: v for k, v in row.items() if "gpu" not in k}), flush=True)
     return rows
 
@@ -294,7 +301,7 @@ def main() -> int:
     p.add_argument("--out", action="append", required=True, help="JSON file (repeatable)")
     p.add_argument("--only", default="equivalence,scaling")
     p.add_argument("--steps", type=int, default=3, help="equivalence steps (K)")
-    p.add_argument("--scale-steps", type=int, default=4)
+    p.add_argument("--scale-steps", type=int, default=3, help="scaling steps (median of 2..K)")
     p.add_argument("--budget-s", type=float, default=320, help="stop starting runs after this")
     p.add_argument("--scale-model", default="qwen05", choices=["qwen05", "tiny"])
     p.add_argument("--cases", default="all", help="equivalence cases, e.g. grpo_lora_float32")
@@ -322,10 +329,13 @@ def main() -> int:
             Path(out).write_text(json.dumps(result, indent=2))
 
     if "equivalence" in only:
-        result["equivalence"] = equivalence(paths, work, args.steps, end - 150, args.cases)
+        # with scaling to follow, equivalence leaves it 150 s of the budget
+        eq_end = end - 150 if "scaling" in only else end
+        result["equivalence"] = equivalence(paths, work, args.steps, eq_end, args.cases)
         write()
     if "scaling" in only:
-        result["scaling"] = scaling(paths, work, args.scale_steps, end, args.scale_model)
+        result["scaling"] = []
+        scaling(paths, work, args.scale_steps, end, args.scale_model, result["scaling"], write)
         write()
     eq = result.get("equivalence", [])
     return 1 if eq and not all(r.get("pass") for r in eq) else 0

@@ -61,6 +61,9 @@ class AdvantageInput:
     eps: float = 1e-6  # added to the group std before dividing (grpo)
     valid: torch.Tensor | None = None  # (B,) bool, False = left out of stats, advantage 0
     whiten: bool = True  # gae: whiten the advantages over the batch's valid tokens (verl)
+    # (values (B, R), mask (B, R)) -> (B, R): the batch-wide whitening of gae and the
+    # REINFORCE++ estimators; the trainer passes one whose statistics span all ranks
+    whitener: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = masked_whiten
 
     def __post_init__(self) -> None:
         b, r = self.token_rewards.shape
@@ -167,7 +170,7 @@ def gae(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor | None]:
     returns = (advantages + values) * mask
     if not inp.whiten:
         return advantages * mask, returns
-    return masked_whiten(advantages, mask) * mask, returns
+    return inp.whitener(advantages, mask) * mask, returns
 
 
 def _broadcast(seq_adv: torch.Tensor, inp: AdvantageInput) -> torch.Tensor:
@@ -244,7 +247,7 @@ def reinforce_plus_plus(inp: AdvantageInput) -> tuple[torch.Tensor, None]:
     batch (global normalisation, no critic, no groups). No critic: returns None.
     """
     returns = discounted_returns(inp.token_rewards, inp.mask, inp.gamma)
-    adv = masked_whiten(returns, inp.mask) * inp.mask
+    adv = inp.whitener(returns, inp.mask) * inp.mask
     return adv, None
 
 
@@ -259,5 +262,5 @@ def reinforce_plus_plus_baseline(inp: AdvantageInput) -> tuple[torch.Tensor, Non
     scores = _scores(inp)
     mean, _, _ = _group_mean_std(scores, inp.group_index, inp.valid)
     centred = _broadcast(scores - mean, inp)
-    adv = masked_whiten(centred, inp.mask) * inp.mask
+    adv = inp.whitener(centred, inp.mask) * inp.mask
     return adv, None

@@ -44,9 +44,12 @@ import torch
 import torch.distributed as td
 
 from danka.distributed.state import (  # noqa: F401  (dist.full_state_dict, ...)
+    full_critic_state,
     full_optimizer_state,
     full_state_dict,
+    load_full_model,
     load_full_state_dict,
+    load_optimizer_state,
     shard_optimizer_state,
 )
 from danka.errors import UserError
@@ -59,6 +62,7 @@ SUMMED_METRICS = (
     "actor/kl_loss",
     "actor/kl_token_mean",
     "rollout/logprob_gap",
+    "critic/vf_loss",
 )
 _CPU_GROUP = None  # gloo group for CPU-side data (set by init)
 
@@ -223,6 +227,21 @@ def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
         td.all_reduce(t, op=td.ReduceOp.MAX, group=cpu_group())
         out.update({f"{k}_max": v for k, v in zip(timed, t.tolist())})
     return out
+
+
+def measured_kl(metrics: dict[str, float]) -> float | None:
+    """The step's KL for the adaptive controller, the same on every rank (collective under
+    torchrun; every rank must call it): ``kl`` (the reward penalty's mean per token on this
+    rank, averaged over ranks: exact for equal token counts) or else ``actor/kl_token_mean``
+    (this rank's share of the global per-token mean, as update() normalises by global
+    counts: summed over ranks, not averaged). None when the step measured no KL."""
+    key = "kl" if "kl" in metrics else "actor/kl_token_mean"
+    if key not in metrics:
+        return None
+    value = float(metrics[key])
+    if not is_active():
+        return value
+    return all_sum(value) if key in SUMMED_METRICS else all_mean(value)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -62,3 +62,46 @@ def shard_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> dict:
                     value.to(p.device_mesh.device_type), p.device_mesh, p.placements
                 )
     return state
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
+    """``opt.load_state_dict`` of a single-process (full) state, sharded first when the
+    optimiser holds sharded parameters (several processes). Collective then."""
+    from danka import distributed as dist
+
+    if dist.is_active():
+        state = shard_optimizer_state(opt, state)
+    opt.load_state_dict(state)
+
+
+def full_critic_state(models, critic_opt, policy_full: dict | None) -> tuple[dict, dict] | None:
+    """What a checkpoint writes for the PPO critic, in the single-process layout: (the critic
+    model's full state dict, the critic optimiser's full state); None without a critic.
+
+    Collective under torchrun: EVERY rank calls it (before rank 0 alone writes), as for the
+    policy. The LoRA critic adapter on the actor's base is already in ``policy_full`` (the
+    policy's gathered state dict); a separate critic model is gathered here. The value head
+    is replicated (never sharded): its live tensors are the full ones."""
+    if models.value_head is None:
+        return None
+    if models.critic_model is models.policy and policy_full is not None:
+        model_state = policy_full
+    else:
+        model_state = full_state_dict(models.critic_model)
+    return model_state, full_optimizer_state(critic_opt)
+
+
+def load_full_model(model: torch.nn.Module, folder, dtype: torch.dtype) -> None:
+    """Full-parameter weights saved by ``save_pretrained`` in ``folder`` into ``model``,
+    sharded or not (the policy, or a separate critic model; the critic folder's
+    value_head.safetensors is not a model file and is left alone). Collective under
+    torchrun (every rank reads the folder)."""
+    from transformers import AutoModelForCausalLM
+
+    from danka import distributed as dist
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).state_dict()
+    if dist.is_active():
+        load_full_state_dict(model, loaded)
+    else:
+        model.load_state_dict(loaded)

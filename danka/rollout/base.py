@@ -73,6 +73,7 @@ class EngineMeta:
     quantized_base: bool = False  # samples from a bitsandbytes-quantised base (QLoRA)
     reports_logprobs: bool = False  # fills RolloutBatch.rollout_logprobs
     distributed: bool = False  # works under torchrun with a sharded (FSDP2) policy
+    reads_weights: bool = False  # reads parameters directly: full weights gathered under FSDP2
     banner: str = ""  # the start-up log line naming it
 
 
@@ -98,6 +99,7 @@ ROLLOUT_ENGINES.add(
         auto_devices=("cuda",),
         auto_priority=1,
         reports_logprobs=True,
+        reads_weights=True,
         banner="Using danka fast rollout engine (static KV cache, CUDA graphs) for inference",
     ),
 )

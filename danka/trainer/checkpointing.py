@@ -41,8 +41,9 @@ def _save_adapter(model, adapter: str, folder: Path, full: dict | None = None) -
     model.peft_config[adapter].save_pretrained(str(folder))
 
 
-def _writers(run, full: dict | None = None) -> dict:
-    """``full``: the policy's gathered state dict (several processes), else the live one."""
+def _writers(run, full: dict | None = None, critic_full: dict | None = None) -> dict:
+    """``full`` / ``critic_full``: the policy's / critic's gathered state dicts (several
+    processes), else the live ones."""
     models = run.models
     if models.lora:
         writers = {"actor": lambda d: _save_adapter(models.policy, "default", d, full)}
@@ -56,9 +57,11 @@ def _writers(run, full: dict | None = None) -> dict:
 
         def critic(d: Path) -> None:
             if models.lora:
-                _save_adapter(models.critic_model, "critic", d)
+                _save_adapter(models.critic_model, "critic", d, critic_full)
             else:
-                models.critic_model.save_pretrained(d, safe_serialization=True)
+                models.critic_model.save_pretrained(
+                    d, state_dict=critic_full, safe_serialization=True
+                )
             save_value_head(models.value_head, d)
 
         writers["critic"] = critic
@@ -67,16 +70,19 @@ def _writers(run, full: dict | None = None) -> dict:
 
 def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Path | None:
     full, actor_opt = None, run.actor_opt.state_dict()
+    critic_full, critic_opt = None, run.critic_opt.state_dict() if run.critic_opt else None
     if dist.is_active():  # gather on every rank (collective), write on rank 0 only
         full = dist.full_state_dict(run.models.policy)
         actor_opt = dist.full_optimizer_state(run.actor_opt)
+        if run.critic_opt is not None:
+            critic_full, critic_opt = dist.full_critic_state(run.models, run.critic_opt, full)
         if not dist.is_main():
             return None
     state = {
         "step": step,
         "actor_opt": actor_opt,
         "actor_sched": run.actor_sched.state_dict(),
-        "critic_opt": run.critic_opt.state_dict() if run.critic_opt else None,
+        "critic_opt": critic_opt,
         "critic_sched": run.critic_sched.state_dict() if run.critic_sched else None,
         "rng": capture_rng_state(),
         "update_generator": run.update_generator.get_state(),
@@ -89,7 +95,7 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
     path = save_checkpoint(
         run.output_dir,
         step,
-        _writers(run, full),
+        _writers(run, full, critic_full),
         trainer_state=state,
         config_hash=config_hash,
         config=resolved,  # masked by save_checkpoint
@@ -197,25 +203,18 @@ def _load_parts(run, parts: dict[str, Path], state: dict, state_dir: Path) -> No
     if models.lora:
         _load_adapter(models.policy, "default", parts["actor"], state_dir)
     else:
-        from transformers import AutoModelForCausalLM
-
-        loaded = AutoModelForCausalLM.from_pretrained(parts["actor"], dtype=run.dtype)
-        if dist.is_active():
-            dist.load_full_state_dict(models.policy, loaded.state_dict())
-        else:
-            models.policy.load_state_dict(loaded.state_dict())
+        dist.load_full_model(models.policy, parts["actor"], run.dtype)
     if models.value_head is not None:
         if models.lora:
             _load_adapter(models.critic_model, "critic", parts["critic"], state_dir)
+        else:
+            dist.load_full_model(models.critic_model, parts["critic"], run.dtype)
         head = load_value_head(parts["critic"], models.value_head.hidden_size)
         models.value_head.load_state_dict(head.state_dict())
-    actor_opt = state["actor_opt"]
-    if dist.is_active():
-        actor_opt = dist.shard_optimizer_state(run.actor_opt, actor_opt)
-    run.actor_opt.load_state_dict(actor_opt)
+    dist.load_optimizer_state(run.actor_opt, state["actor_opt"])
     run.actor_sched.load_state_dict(state["actor_sched"])
     if run.critic_opt is not None and state.get("critic_opt"):
-        run.critic_opt.load_state_dict(state["critic_opt"])
+        dist.load_optimizer_state(run.critic_opt, state["critic_opt"])
         run.critic_sched.load_state_dict(state["critic_sched"])
     restore_rng_state(state["rng"])
     run.update_generator.set_state(state["update_generator"])

@@ -289,7 +289,11 @@ def build_model_set(cfg: DankaConfig, device: torch.device, log: logging.Logger)
             base, use_gradient_checkpointing=m.use_gradient_checkpointing
         )
     models = build_models(
-        cfg, base, lambda: load_causal_lm(m.critic_model_name_or_path, **load), log.info
+        cfg,
+        base,
+        # a full-parameter critic without its own path starts from the actor's weights
+        lambda: load_causal_lm(m.critic_model_name_or_path or m.actor_model_name_or_path, **load),
+        log.info,
     )
     if dist.is_active():  # before the optimiser: it must hold the sharded parameters
         dist.shard_models(models)

@@ -4,13 +4,16 @@ earlier stages put on the ``RolloutBatch`` and adds its own fields (see danka/ty
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from danka import distributed as dist
+from danka.algorithms._masked import masked_whiten
 from danka.algorithms.advantages import AdvantageInput, sequence_rewards_to_tokens
 from danka.algorithms.kl import apply_kl_in_reward
 from danka.rewards.shaping import overlong_penalty, response_lengths
-from danka.rollout.base import SamplingParams
+from danka.rollout.base import SamplingParams, engine_meta
 from danka.trainer.dynamic_sampling import mask_truncated
 from danka.trainer.forward import batched, critic_values, policy_logprobs
 from danka.trainer.guards import OutOfMemory, oom_guard
@@ -36,7 +39,9 @@ def rollout(run: Run, prompt_idx: list[int]) -> RolloutBatch:
         top_k=t.top_k,
         max_new_tokens=t.max_new_tokens,
     )
-    with oom_guard("rollout", run), run.models.actor():
+    gather = engine_meta(run.engine.name).reads_weights  # full weights under FSDP2
+    weights = dist.rollout_weights(run.models.policy) if gather else nullcontext()
+    with oom_guard("rollout", run), weights, run.models.actor():
         batch = run.engine.generate(
             run.models.policy,
             [run.train.ids[i] for i in prompt_idx],
@@ -169,6 +174,7 @@ def advantages(run: Run, batch: RolloutBatch) -> dict[str, float]:
         gamma=t.gamma,
         lam=t.lam,
         valid=batch.valid,
+        whitener=dist.global_masked_whiten if dist.is_active() else masked_whiten,
     )
     batch.advantages, batch.returns = algo.estimator(adv_in)
     return metrics
@@ -198,10 +204,8 @@ def update_actor_critic(run: Run, batch: RolloutBatch, step: int) -> dict[str, f
 def adapt_kl(run: Run, metrics: dict[str, float]) -> None:
     """Move the adaptive KL coefficient towards its target with the KL measured this
     step (mean per trained token: from the reward penalty or from the loss term)."""
-    kl = metrics.get("kl", metrics.get("actor/kl_token_mean"))
+    kl = dist.measured_kl(metrics)  # same on every rank (collective under torchrun)
     if kl is None or run.algo.kl_mode is None:
         return
-    if dist.is_active():  # the controller must move the same way on every rank
-        kl = dist.all_mean(kl)
     metrics.setdefault("kl", kl)
     run.kl_ctl.update(kl, n_steps=run.cfg.trainer.batch_size)

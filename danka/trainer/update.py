@@ -24,6 +24,12 @@ class NonFiniteError(RuntimeError):
     """The loss or the gradient was NaN/inf; the optimiser step was skipped."""
 
 
+def _non_finite(what: str, loss: torch.Tensor) -> NonFiniteError:
+    here = float(loss)
+    elsewhere = " (non-finite on another rank)" if math.isfinite(here) else ""
+    return NonFiniteError(f"{what} loss is {here}{elsewhere}")
+
+
 def loss_norm(mini: RolloutBatch, max_response_length: int) -> LossNorm:
     """Counts of the mini-batch's trained tokens and sequences (global over ranks)."""
     tokens, seqs = float(mini.train_mask.sum()), float(mini.valid.sum())
@@ -39,11 +45,9 @@ def _step(optimizer, params, max_grad_norm: float, dry_run: bool = False) -> flo
     ``dry_run`` (the preflight) measures everything but leaves weights and optimizer alone."""
     if dist.is_active():  # gradients become sums over ranks
         dist.sync_grads(params)
-    if max_grad_norm > 0:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-    else:
-        grads = [p.grad.norm() for p in params if p.grad is not None]
-        grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
+    # the global norm (same on every rank, so all skip together), clipped when
+    # max_grad_norm > 0; params may mix sharded (DTensor) and replicated tensors
+    grad_norm = dist.clip_grad_norm(params, max_grad_norm)
     if not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteError(f"gradient norm is {grad_norm}")
@@ -95,9 +99,9 @@ def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool =
             metrics["actor/kl_loss"] += float(kl_loss.detach())
             # the adaptive controller's quantity: mean KL per trained token
             metrics["actor/kl_token_mean"] += float((kl.detach() * mask).sum()) / norm.num_tokens
-        if not torch.isfinite(loss):
+        if not dist.all_finite(loss):  # before backward: every rank skips the same step
             run.actor_opt.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"policy loss is {float(loss)}")
+            raise _non_finite("policy", loss)
         loss.backward()
         # the norm makes micro-batch values add up to the mini-batch value
         metrics["actor/loss"] += float(loss.detach())
@@ -122,9 +126,9 @@ def critic_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool 
             values = critic_values(run.models.critic_model, run.models.value_head, mb, run.pack_len)
         loss, m = value_loss(values, mb.values, mb.returns, mb.train_mask, t.value_clip, norm)
         loss = t.vf_coef * loss
-        if not torch.isfinite(loss):
+        if not dist.all_finite(loss):  # before backward: every rank skips the same step
             run.critic_opt.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"value loss is {float(loss)}")
+            raise _non_finite("value", loss)
         loss.backward()
         metrics["critic/vf_loss"] += float(loss.detach())
         share = float(mb.size) / mini.size

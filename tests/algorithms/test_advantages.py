@@ -208,3 +208,31 @@ def test_gae_with_zero_rewards_and_constant_values_pushes_the_last_token_down():
     inp = AdvantageInput(zero, mask, torch.zeros(1, dtype=torch.long), zero.clone(), lam=0.95)
     adv, ret = ADVANTAGE_ESTIMATORS.get("gae")(inp)
     assert torch.equal(adv, zero) and torch.equal(ret, zero)
+
+
+@pytest.mark.parametrize("name", ["gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+def test_batch_whitening_goes_through_the_injected_whitener(name):
+    """The trainer injects a whitener whose statistics span every rank; the estimators must
+    call it (not masked_whiten directly). A whitener returning 2 * values - 1 everywhere:
+    the advantage is that, zeroed on padding."""
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    seen = []
+
+    def whitener(values, m):
+        seen.append(m.clone())
+        return 2 * values - 1
+
+    inp = AdvantageInput(
+        token_rewards=torch.tensor([[0.0, 1.0], [3.0, 0.0]]),
+        response_mask=mask,
+        group_index=torch.tensor([0, 0]),
+        values=torch.zeros(2, 2),
+        whitener=whitener,
+    )
+    adv, _ = ADVANTAGE_ESTIMATORS.get(name)(inp)
+    # gamma = lam = 1, V = 0: gae's A and REINFORCE++'s G are the returns-to-go [[1, 1], [3, 0]];
+    # the baseline variant centres the sequence scores (1, 3) on their mean 2: [[-1, -1], [1, 0]]
+    raw = torch.tensor([[-1.0, -1.0], [1.0, 0.0]]) if "baseline" in name else None
+    raw = torch.tensor([[1.0, 1.0], [3.0, 0.0]]) if raw is None else raw
+    assert len(seen) == 1 and torch.equal(seen[0], mask)
+    torch.testing.assert_close(adv, (2 * raw - 1) * mask)

@@ -133,3 +133,16 @@ def test_check_config_takes_the_critic_and_fast_engine_and_refuses_odd_batches(m
     trainer.mini_batch_size = 3
     with pytest.raises(UserError, match=r"mini_batch_size \(3\) does not split over 2"):
         dist.check_config(types.SimpleNamespace(trainer=trainer), "hf")
+
+
+def test_measured_kl_is_global(nccl_like):
+    # update() normalises by GLOBAL token counts: actor/kl_token_mean on a rank is its share
+    # (its KL sum / all ranks' tokens), so 2 ranks of 0.25 each measure 0.25 + 0.25 = 0.5
+    assert dist.measured_kl({"actor/kl_token_mean": 0.25, "loss": 1.0}) == 0.5
+    # the reward penalty's "kl" is a mean over a rank's own tokens: averaged, (0.25+0.25)/2
+    assert dist.measured_kl({"kl": 0.25, "actor/kl_token_mean": 9.0}) == 0.25
+    assert dist.measured_kl({"loss": 1.0}) is None
+
+
+def test_measured_kl_on_one_process():
+    assert dist.measured_kl({"actor/kl_token_mean": 0.25}) == 0.25

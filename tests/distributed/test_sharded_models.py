@@ -3,14 +3,13 @@ weights, and batch statistics over all ranks (not per rank)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+
+from .conftest import launch_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,22 +69,8 @@ dist.destroy()
 
 
 def _run(tmp_path: Path, nproc: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    cmd = [sys.executable]
-    if nproc > 1:
-        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     out = tmp_path / f"out{nproc}.pt"
-    proc = subprocess.run(
-        cmd + ["worker.py", "config.yaml", str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    launch_worker(tmp_path, nproc, ["config.yaml", str(out)])
     return torch.load(out, weights_only=True)
 
 

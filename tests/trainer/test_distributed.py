@@ -29,8 +29,9 @@ from pathlib import Path
 import torch
 from danka import distributed as dist
 from danka.config import load_config
+from danka.trainer import steps
 from danka.trainer.setup import build_run
-from danka.trainer.update import update
+from danka.trainer.update import NonFiniteError, update
 from danka.types import RolloutBatch
 
 cfg, base = load_config(sys.argv[1])
@@ -39,15 +40,30 @@ batch = RolloutBatch(**torch.load(sys.argv[2], weights_only=True))
 if dist.is_active():  # this rank's contiguous half: whole GRPO groups
     k = batch.size // dist.world_size()
     batch = batch.select(torch.arange(dist.rank() * k, (dist.rank() + 1) * k))
-metrics = update(run, batch, run.update_generator)
+out = {}
+if run.algo.needs_critic:  # gae, whitened over the whole batch (all ranks)
+    steps.advantages(run, batch)
+    parts = [None] * dist.world_size()
+    if dist.is_active():
+        torch.distributed.all_gather_object(parts, batch.advantages, group=dist.cpu_group())
+    out["advantages"] = torch.cat(parts) if dist.is_active() else batch.advantages
+if sys.argv[4:] == ["nan_on_rank_1"] and dist.rank() == 1:
+    batch.advantages = torch.full_like(batch.advantages, float("nan"))
+try:
+    metrics = update(run, batch, run.update_generator)
+except NonFiniteError as err:  # every rank skips the same optimiser step
+    metrics, out["skipped"] = {}, str(err)
 if dist.is_active():
     metrics = dist.reduce_metrics(metrics)
     state = dist.full_state_dict(run.models.policy)
 else:
     state = run.models.policy.state_dict()
+if run.models.value_head is not None:
+    state.update({"v_head." + k: v for k, v in run.models.value_head.state_dict().items()})
 if dist.is_main():
-    lora = {k: v.detach().cpu() for k, v in state.items() if "lora_" in k}
-    torch.save({"lora": lora, "metrics": dict(metrics)}, sys.argv[3])
+    out["state"] = {k: v.detach().float().cpu() for k, v in state.items()}
+    out["metrics"] = dict(metrics)
+    torch.save(out, sys.argv[3])
 dist.destroy()
 """
 
@@ -71,7 +87,8 @@ def _launch(args: list[str], nproc: int, cwd: Path) -> None:
 
 def _batch() -> dict:
     """8 sequences = 2 prompts x 4 samples; rank 0's half has long responses, rank 1's short
-    ones, so normalising by local token counts (wrong) would weight the ranks differently."""
+    ones, so normalising by local token counts (wrong) would weight the ranks differently,
+    and so would whitening with per-rank statistics (rank 1's rewards are shifted by +3)."""
     g = torch.Generator().manual_seed(0)
     b, p, r = 8, 5, 6
     resp_len = torch.tensor([6, 5, 6, 4, 2, 1, 3, 2])
@@ -85,27 +102,81 @@ def _batch() -> dict:
         response_mask=response_mask,
         group_index=torch.arange(b) // 4,
         truncated=torch.zeros(b, dtype=torch.bool),
-        rewards=torch.randn(b, generator=g),
+        rewards=torch.randn(b, generator=g) + 3.0 * (torch.arange(b) >= 4),
         advantages=torch.randn(b, 1, generator=g).expand(b, r) * response_mask,
+        values=torch.randn(b, r, generator=g) * response_mask,  # read by gae (PPO) only
         old_is_current=True,  # one optimiser step: pi_old is the policy being updated
     )
 
 
-def test_two_ranks_update_equals_one_process(tmp_path, tiny_model_dir):
-    cfg = make_config(tmp_path, tiny_model_dir, trainer={"max_grad_norm": 0.0})
+# (case, config sections): max_grad_norm 0.1 clips, so the global norm over sharded (DTensor)
+# and replicated tensors (full-parameter embeddings; the critic's value head) is exercised
+CASES = {
+    "grpo_lora": {},
+    "grpo_full": {"lora": {"enable_lora": False}},
+    "ppo_lora": {"trainer": {"algorithm": "ppo", "samples_per_prompt": 4}},
+}
+
+
+@pytest.mark.parametrize(
+    "case", ["grpo_lora", pytest.param("grpo_full", marks=pytest.mark.slow), "ppo_lora"]
+)
+def test_two_ranks_update_equals_one_process(tmp_path, tiny_model_dir, case):
+    sections = {k: dict(v) for k, v in CASES[case].items()}
+    sections.setdefault("trainer", {}).update(max_grad_norm=0.1)
+    cfg = make_config(tmp_path, tiny_model_dir, **sections)
     (tmp_path / "worker.py").write_text(WORKER)
     torch.save(_batch(), tmp_path / "batch.pt")
     for nproc in (1, 2):
         _launch(["worker.py", str(cfg), "batch.pt", f"out{nproc}.pt"], nproc, tmp_path)
     one, two = (torch.load(tmp_path / f"out{n}.pt", weights_only=True) for n in (1, 2))
-    assert one["lora"].keys() == two["lora"].keys() and one["lora"]
-    moved = [k for k, v in one["lora"].items() if "lora_B" in k and v.abs().sum() > 0]
-    assert moved  # B starts at zero: the update did change the adapter
-    for key, value in one["lora"].items():
-        torch.testing.assert_close(two["lora"][key], value, atol=1e-5, rtol=1e-5)
-    # the gradient norm is taken before Adam's step: a x2 (mean vs sum) error shows here
-    for key in ("actor/grad_norm", "actor/pg_loss", "actor/entropy"):
+    assert one["state"].keys() == two["state"].keys() and one["state"]
+    init = (
+        {}
+        if case != "grpo_full"
+        else {k: v.float() for k, v in _initial_weights(tiny_model_dir).items()}
+    )
+    moved = [
+        k
+        for k, v in one["state"].items()
+        if ("lora_B" in k and v.abs().sum() > 0) or (k in init and not torch.equal(v, init[k]))
+    ]
+    assert moved  # the update did change the trained weights
+    for key, value in one["state"].items():
+        torch.testing.assert_close(two["state"][key], value, atol=1e-5, rtol=1e-5)
+    # the gradient norm is taken before clipping and Adam's step: a x2 (mean vs sum) error
+    # or a per-rank norm shows here
+    keys = ["actor/grad_norm", "actor/pg_loss", "actor/entropy"]
+    if case == "ppo_lora":
+        keys += ["critic/grad_norm", "critic/vf_loss"]
+        # gae whitened with the statistics of both ranks' tokens, not each rank's own
+        torch.testing.assert_close(two["advantages"], one["advantages"], atol=1e-5, rtol=1e-5)
+        # the critic adapter is compared above; at step 1 only the head learns (it starts
+        # at zero, so no gradient reaches the adapter yet)
+        assert any(".critic." in k for k in one["state"])
+        assert any(v.abs().sum() > 0 for k, v in one["state"].items() if "v_head" in k)
+    for key in keys:
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6)
+    assert one["metrics"]["actor/grad_norm"] > 0.1  # so max_grad_norm did clip
+
+
+def test_non_finite_loss_on_one_rank_skips_the_step_on_both(tmp_path, tiny_model_dir):
+    """Rank 1's loss is NaN, rank 0's finite: both skip the optimiser step (no rank is left
+    waiting in the backward's gradient collectives) and the weights stay as they were."""
+    cfg = make_config(tmp_path, tiny_model_dir)
+    (tmp_path / "worker.py").write_text(WORKER)
+    torch.save(_batch(), tmp_path / "batch.pt")
+    _launch(["worker.py", str(cfg), "batch.pt", "out.pt", "nan_on_rank_1"], 2, tmp_path)
+    out = torch.load(tmp_path / "out.pt", weights_only=True)  # rank 0's view
+    assert out["skipped"].startswith("policy loss is") and "another rank" in out["skipped"]
+    lora_b = [v for k, v in out["state"].items() if "lora_B" in k]
+    assert lora_b and all(float(v.abs().sum()) == 0.0 for v in lora_b)  # B still zero
+
+
+def _initial_weights(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
 
 
 def test_torchrun_training_writes_once_and_resumes_on_one_process(tmp_path, tiny_model_dir):
@@ -159,3 +230,54 @@ def test_bad_input_on_one_rank_exits_2_with_one_message(tmp_path, tiny_model_dir
     assert proc.stderr.count("danka: error:") == 1
     assert "cannot score this completion" in proc.stderr
     assert "ChildFailedError" not in proc.stderr and "distributed/run.py" not in proc.stderr
+
+
+ROLLOUT_WORKER = """
+import logging, sys
+from pathlib import Path
+import torch
+from danka import distributed as dist
+from danka.config import load_config
+from danka.trainer import steps
+from danka.trainer.setup import build_run
+
+cfg, base = load_config(sys.argv[1])
+run = build_run(cfg, base, Path(cfg.output_dir), logging.getLogger("worker"))
+rows, idx = [], steps.sample_prompts(run)
+for step in range(2):  # the same prompts twice, the weights changed in between
+    batch = steps.rollout(run, idx)
+    rows += [(step, int(i), ids[m.bool()].tolist()) for i, ids, m in
+             zip(batch.prompt_index, batch.response_ids, batch.response_mask)]
+    with torch.no_grad():  # as an optimiser step does: on the (sharded) trained parameters
+        for p in run.models.actor_params:
+            p.add_(0.3)
+parts = [None] * dist.world_size()
+if dist.is_active():
+    torch.distributed.all_gather_object(parts, rows, group=dist.cpu_group())
+    rows = [r for part in parts for r in part]
+if dist.is_main():
+    torch.save(rows, sys.argv[2])
+dist.destroy()
+"""
+
+
+def test_fast_engine_rolls_out_on_gathered_weights_on_two_ranks(tmp_path, tiny_model_dir):
+    """The fast engine reads the parameters directly (EngineMeta.reads_weights): under FSDP2
+    the rollout gathers full weights, and each rank answers its own prompts, greedily the
+    same tokens as one process answering all of them."""
+    cfg = make_config(
+        tmp_path,
+        tiny_model_dir,
+        rollout={"engine": "fast"},
+        trainer={"temperature": 0.0, "samples_per_prompt": 2, "batch_size": 4},
+        data={"shuffle": False},
+    )
+    (tmp_path / "worker.py").write_text(ROLLOUT_WORKER)
+    for nproc in (1, 2):
+        _launch(["worker.py", str(cfg), f"rows{nproc}.pt"], nproc, tmp_path)
+    one, two = (torch.load(tmp_path / f"rows{n}.pt", weights_only=True) for n in (1, 2))
+    assert sorted(i for step, i, _ in two if step == 0) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert sorted(two) == sorted(one) and any(ids for _, _, ids in one)
+    # the change of weights changes the answers (so 2 ranks re-read them, none stale)
+    answers = [sorted((i, ids) for s, i, ids in one if s == step) for step in (0, 1)]
+    assert answers[0] != answers[1]

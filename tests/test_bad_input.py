@@ -20,6 +20,7 @@ import yaml
 
 from danka.cli import main
 from danka.logging.runlog import close_run_logger
+from tests.trainer.conftest import make_config, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 REWARD = "def reward(prompts, completions, **columns):\n    return [0.5 for _ in completions]\n"
@@ -33,31 +34,13 @@ def model_dir(tmp_path_factory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("bad_input_model"))
 
 
-def _setup(root: Path, model_dir: Path, *, rows: int = 8, **sections) -> Path:
-    """A valid 1-step GRPO+LoRA config in ``root``; ``sections`` update it key by key."""
-    (root / "reward.py").write_text(REWARD)
-    with (root / "rows.jsonl").open("w") as f:
-        for i in range(rows):
-            f.write(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n")
-    cfg = {
-        "model": {"actor_model_name_or_path": str(model_dir), "device": "cpu"},
-        "trainer": {
-            "total_steps": 1,
-            "batch_size": 2,
-            "samples_per_prompt": 2,
-            "micro_batch_size": 4,
-            "max_new_tokens": 4,
-        },
-        "lora": {"lora_r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-        "data": {"train_dataset": "rows.jsonl"},
-        "reward": {"functions": [{"name": "reward.py:reward"}]},
-        "logging": {"tensorboard": False, "progress": False},
-        "output_dir": str(root / "out"),
-    }
-    for section, values in sections.items():
-        cfg[section].update(values)
-    path = root / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+def _setup(root: Path, model_dir: Path, **sections) -> Path:
+    """The trainer tests' tiny GRPO+LoRA config cut to 1 step and 8 rows (so an appended
+    row is line 9); ``sections`` update it key by key."""
+    trainer = {"total_steps": 1, "samples_per_prompt": 2, "max_new_tokens": 4}
+    path = make_config(root, model_dir, trainer={**trainer, **sections.pop("trainer", {})},
+                       **sections)  # fmt: skip
+    write_rows(root / "rows.jsonl", 8)
     return path
 
 

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
+from danka.data.template import left_pad
 from danka.rollout.base import SamplingParams
 from danka.rollout.fast import FastEngine
 
@@ -84,12 +85,8 @@ def hf_generate(model, prompts, new_tokens: int, greedy: bool, static: bool = Fa
     """HF generate (dynamic cache, or static cache + transformers' automatic torch.compile);
     EOS suppressed via min_new_tokens."""
     device = next(model.parameters()).device
-    plen = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), plen), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, plen - len(p) :] = torch.tensor(p)
-        mask[i, plen - len(p) :] = 1
+    ids, mask = left_pad(prompts, 0)
+    plen = ids.shape[1]
     kw = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_p=1.0)
     out = model.generate(
         input_ids=ids.to(device),

@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import yaml
 
 from danka.cli import main
 from danka.logging.runlog import close_run_logger
+from tests.trainer.conftest import make_config, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 REWARD = "def reward(prompts, completions, **columns):\n    return [0.5 for _ in completions]\n"
@@ -32,31 +34,13 @@ def model_dir(tmp_path_factory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("bad_input_model"))
 
 
-def _setup(root: Path, model_dir: Path, *, rows: int = 8, **sections) -> Path:
-    """A valid 1-step GRPO+LoRA config in ``root``; ``sections`` update it key by key."""
-    (root / "reward.py").write_text(REWARD)
-    with (root / "rows.jsonl").open("w") as f:
-        for i in range(rows):
-            f.write(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n")
-    cfg = {
-        "model": {"actor_model_name_or_path": str(model_dir), "device": "cpu"},
-        "trainer": {
-            "total_steps": 1,
-            "batch_size": 2,
-            "samples_per_prompt": 2,
-            "micro_batch_size": 4,
-            "max_new_tokens": 4,
-        },
-        "lora": {"lora_r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-        "data": {"train_dataset": "rows.jsonl"},
-        "reward": {"functions": [{"name": "reward.py:reward"}]},
-        "logging": {"tensorboard": False, "progress": False},
-        "output_dir": str(root / "out"),
-    }
-    for section, values in sections.items():
-        cfg[section].update(values)
-    path = root / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+def _setup(root: Path, model_dir: Path, **sections) -> Path:
+    """The trainer tests' tiny GRPO+LoRA config cut to 1 step and 8 rows (so an appended
+    row is line 9); ``sections`` update it key by key."""
+    trainer = {"total_steps": 1, "samples_per_prompt": 2, "max_new_tokens": 4}
+    path = make_config(root, model_dir, trainer={**trainer, **sections.pop("trainer", {})},
+                       **sections)  # fmt: skip
+    write_rows(root / "rows.jsonl", 8)
     return path
 
 
@@ -104,15 +88,64 @@ def _nothing_partial(out: Path) -> None:
 # ---------------------------------------------------------------- config
 
 
-def test_unknown_key_suggests_the_right_one(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir, trainer={"batch_sise": 2})
-    _fails(
-        capsys,
-        ["train", str(cfg)],
-        f"{cfg}:",
-        "unknown key 'trainer.batch_sise'",
-        "did you mean trainer.batch_size?",
-    )
+@dataclass(frozen=True)
+class Bad:
+    """A start that must fail: the valid config with ``sections`` changed, ``files`` (name:
+    text) written into the run folder (``"+text"`` appends), ``argv`` added to the command
+    line; ``words`` must be in the message (``{root}`` is the run folder)."""
+
+    words: tuple[str, ...]
+    sections: dict = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    argv: tuple[str, ...] = ()
+    before_model: bool = True  # refused before the model is loaded
+
+
+# fmt: off
+BAD_STARTS = {
+    # config
+    "unknown_key": Bad(("{root}/config.yaml:", "unknown key 'trainer.batch_sise'",
+                        "did you mean trainer.batch_size?"), {"trainer": {"batch_sise": 2}}),
+    "wrong_type_in_an_override": Bad(("trainer.lr", "expected float"), argv=("trainer.lr=fast",)),
+    "impossible_batch_sizes": Bad(
+        ("trainer.mini_batch_size", "batch_size (3) is not a multiple of mini_batch_size (2)"),
+        {"trainer": {"batch_size": 3, "mini_batch_size": 2}}),
+    # data
+    "invalid_json_line": Bad(("{root}/rows.jsonl:9", "invalid JSON"),
+                             files={"rows.jsonl": "+{not json\n"}),
+    "row_without_the_prompt_key": Bad(
+        ("rows.jsonl:9", "missing 'prompt'", "question", "data.prompt_key"),
+        files={"rows.jsonl": "+" + json.dumps({"question": "What is 1 + 1?"}) + "\n"}),
+    "empty_data_file": Bad(("rows.jsonl", "no rows"), files={"rows.jsonl": ""}),
+    "missing_data_file": Bad(("nope.jsonl", "data file not found"),
+                             {"data": {"train_dataset": "nope.jsonl"}}),
+    "overlong_prompt_with_policy_error": Bad(
+        ("rows.jsonl", "longer than max_prompt_length 16", "data.overlong_prompt"),
+        {"data": {"max_prompt_length": 16, "overlong_prompt": "error"}}, before_model=False),
+    # reward code
+    "reward_file_missing": Bad(("nope.py", "reward function file not found"),
+                               {"reward": {"functions": [{"name": "nope.py:reward"}]}},
+                               before_model=False),
+    "reward_function_with_a_wrong_signature": Bad(
+        ("reward.py:reward", "signature", "fn(prompts, completions, **kwargs)"),
+        files={"reward.py": "def reward(x):\n    return 1.0\n"}, before_model=False),
+    "reward_file_that_fails_to_import": Bad(
+        ("reward.py", "importing the reward file failed", "no_such_module_xyz"),
+        files={"reward.py": "import no_such_module_xyz\n" + REWARD}, before_model=False),
+}
+# fmt: on
+
+
+@pytest.mark.parametrize("bad", BAD_STARTS.values(), ids=BAD_STARTS.keys())
+def test_bad_start_exits_2_with_the_fix(tmp_path, model_dir, capsys, bad):
+    cfg = _setup(tmp_path, model_dir, **bad.sections)
+    for name, text in bad.files.items():
+        with (tmp_path / name).open("a" if text.startswith("+") else "w") as f:
+            f.write(text.removeprefix("+"))
+    words = [w.format(root=tmp_path) for w in bad.words]
+    err = _fails(capsys, ["train", str(cfg), *bad.argv], *words)
+    if bad.before_model:
+        assert MODEL_LOADED not in err
     _nothing_partial(tmp_path / "out")
 
 
@@ -130,115 +163,8 @@ def test_wrong_type_names_file_line_and_key(tmp_path, model_dir, capsys):
     _nothing_partial(tmp_path / "out")
 
 
-def test_wrong_type_in_an_override(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir)
-    _fails(capsys, ["train", str(cfg), "trainer.lr=fast"], "trainer.lr", "expected float")
-    _nothing_partial(tmp_path / "out")
-
-
 def test_missing_config_file(tmp_path, capsys):
     _fails(capsys, ["train", str(tmp_path / "nope.yaml")], "nope.yaml", "config file not found")
-
-
-def test_impossible_batch_sizes(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir, trainer={"batch_size": 3, "mini_batch_size": 2})
-    _fails(
-        capsys,
-        ["train", str(cfg)],
-        "trainer.mini_batch_size",
-        "batch_size (3) is not a multiple of mini_batch_size (2)",
-    )
-    _nothing_partial(tmp_path / "out")
-
-
-# ---------------------------------------------------------------- data
-
-
-def test_invalid_json_line_names_file_and_line(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir)
-    with (tmp_path / "rows.jsonl").open("a") as f:
-        f.write("{not json\n")  # line 9
-    err = _fails(capsys, ["train", str(cfg)], f"{tmp_path / 'rows.jsonl'}:9", "invalid JSON")
-    assert MODEL_LOADED not in err
-    _nothing_partial(tmp_path / "out")
-
-
-def test_row_without_the_prompt_key(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir)
-    with (tmp_path / "rows.jsonl").open("a") as f:
-        f.write(json.dumps({"question": "What is 1 + 1?"}) + "\n")  # line 9
-    err = _fails(
-        capsys,
-        ["train", str(cfg)],
-        "rows.jsonl:9",
-        "missing 'prompt'",
-        "question",
-        "data.prompt_key",
-    )
-    assert MODEL_LOADED not in err
-    _nothing_partial(tmp_path / "out")
-
-
-def test_empty_data_file(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir)
-    (tmp_path / "rows.jsonl").write_text("")
-    err = _fails(capsys, ["train", str(cfg)], "rows.jsonl", "no rows")
-    assert MODEL_LOADED not in err
-    _nothing_partial(tmp_path / "out")
-
-
-def test_missing_data_file(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir, data={"train_dataset": "nope.jsonl"})
-    err = _fails(capsys, ["train", str(cfg)], "nope.jsonl", "data file not found")
-    assert MODEL_LOADED not in err
-    _nothing_partial(tmp_path / "out")
-
-
-def test_overlong_prompt_with_policy_error(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir, data={"max_prompt_length": 16, "overlong_prompt": "error"})
-    _fails(
-        capsys,
-        ["train", str(cfg)],
-        "rows.jsonl",
-        "longer than max_prompt_length 16",
-        "data.overlong_prompt",
-    )
-    _nothing_partial(tmp_path / "out")
-
-
-# ---------------------------------------------------------------- reward code
-
-
-def test_reward_file_missing(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir, reward={"functions": [{"name": "nope.py:reward"}]})
-    _fails(capsys, ["train", str(cfg)], "nope.py", "reward function file not found")
-    _nothing_partial(tmp_path / "out")
-
-
-def test_reward_function_with_a_wrong_signature(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir)
-    (tmp_path / "reward.py").write_text("def reward(x):\n    return 1.0\n")
-    _fails(
-        capsys,
-        ["train", str(cfg)],
-        "reward.py:reward",
-        "signature",
-        "fn(prompts, completions, **kwargs)",
-    )
-    _nothing_partial(tmp_path / "out")
-
-
-def test_reward_file_that_fails_to_import(tmp_path, model_dir, capsys):
-    cfg = _setup(tmp_path, model_dir)
-    (tmp_path / "reward.py").write_text("import no_such_module_xyz\n" + REWARD)
-    _fails(
-        capsys,
-        ["train", str(cfg)],
-        "reward.py",
-        "importing the reward file failed",
-        "no_such_module_xyz",
-    )
-    _nothing_partial(tmp_path / "out")
 
 
 def test_reward_function_that_raises_on_the_pre_flight_check(tmp_path, model_dir, capsys):
@@ -296,68 +222,41 @@ def _copy(trained: Path, tmp_path: Path) -> tuple[Path, Path]:
     return root / "config.yaml", root / "out"
 
 
-def test_fresh_start_into_an_output_dir_with_checkpoints(tmp_path, trained, capsys):
-    """Without --resume a new run would interleave its checkpoints with the old ones."""
-    cfg, out = _copy(trained, tmp_path)
+def _refused(capsys, cfg: Path, out: Path, argv: list[str], *words: str) -> None:
+    """``danka train CFG ARGV`` exits 2 naming ``words`` before the model loads; the run
+    folder ``out`` is left as it was."""
     before = _snapshot(out)
-    err = _fails(
-        capsys,
-        ["train", str(cfg)],
-        str(out),
-        "already holds checkpoints",
-        "checkpoint_1",
-        "--resume auto",
-    )
+    err = _fails(capsys, ["train", str(cfg), *argv], *words)
     assert MODEL_LOADED not in err
     assert _snapshot(out) == before
 
 
+def test_fresh_start_into_an_output_dir_with_checkpoints(tmp_path, trained, capsys):
+    """Without --resume a new run would interleave its checkpoints with the old ones."""
+    cfg, out = _copy(trained, tmp_path)
+    words = (str(out), "already holds checkpoints", "checkpoint_1", "--resume auto")
+    _refused(capsys, cfg, out, [], *words)
+
+
 def test_resume_from_a_missing_path(tmp_path, trained, capsys):
     cfg, out = _copy(trained, tmp_path)
-    before = _snapshot(out)
     missing = out / "state" / "checkpoint_7"
-    _fails(
-        capsys,
-        ["train", str(cfg), "--resume", str(missing)],
-        str(missing),
-        "checkpoint not found",
-        "--resume auto",
-    )
-    assert _snapshot(out) == before
+    words = (str(missing), "checkpoint not found", "--resume auto")
+    _refused(capsys, cfg, out, ["--resume", str(missing)], *words)
 
 
 def test_resume_from_a_folder_that_is_no_checkpoint(tmp_path, trained, capsys):
     cfg, out = _copy(trained, tmp_path)
-    before = _snapshot(out)
-    _fails(
-        capsys,
-        ["train", str(cfg), "--resume", str(out / "state")],
-        "not a checkpoint folder",
-        "state/checkpoint_N",
-    )
-    assert _snapshot(out) == before
+    words = ("not a checkpoint folder", "state/checkpoint_N")
+    _refused(capsys, cfg, out, ["--resume", str(out / "state")], *words)
 
 
 def test_resume_from_a_corrupted_checkpoint(tmp_path, trained, capsys):
     cfg, out = _copy(trained, tmp_path)
     adapter = out / "actor" / "checkpoint_1" / "adapter_model.safetensors"
     adapter.write_bytes(adapter.read_bytes()[:100])
-    before = _snapshot(out)
-    err = _fails(
-        capsys,
-        [
-            "train",
-            str(cfg),
-            "trainer.total_steps=2",
-            "--resume",
-            str(out / "state" / "checkpoint_1"),
-        ],
-        str(adapter),
-        "incomplete or corrupted",
-        "bytes",
-    )
-    assert MODEL_LOADED not in err
-    assert _snapshot(out) == before
+    argv = ["trainer.total_steps=2", "--resume", str(out / "state" / "checkpoint_1")]
+    _refused(capsys, cfg, out, argv, str(adapter), "incomplete or corrupted", "bytes")
 
 
 def test_resume_a_checkpoint_of_another_model(tmp_path, trained, capsys):
@@ -365,23 +264,9 @@ def test_resume_a_checkpoint_of_another_model(tmp_path, trained, capsys):
 
     cfg, out = _copy(trained, tmp_path)
     other = save_tiny_model(tmp_path / "other_model", seed=1)
-    before = _snapshot(out)
-    err = _fails(
-        capsys,
-        [
-            "train",
-            str(cfg),
-            "trainer.total_steps=2",
-            f"model.actor_model_name_or_path={other}",
-            "--resume",
-            "auto",
-        ],
-        "checkpoint was trained on",
-        str(other),
-        "model.actor_model_name_or_path",
-    )
-    assert MODEL_LOADED not in err
-    assert _snapshot(out) == before
+    argv = ["trainer.total_steps=2", f"model.actor_model_name_or_path={other}", "--resume", "auto"]
+    words = ("checkpoint was trained on", str(other), "model.actor_model_name_or_path")
+    _refused(capsys, cfg, out, argv, *words)
 
 
 @pytest.mark.parametrize(
@@ -395,17 +280,10 @@ def test_resume_a_checkpoint_of_another_model(tmp_path, trained, capsys):
 def test_resume_with_another_weight_layout(tmp_path, trained, capsys, override, key):
     """Before the fix these raised torch's RuntimeError/KeyError with a traceback."""
     cfg, out = _copy(trained, tmp_path)
-    before = _snapshot(out)
     extra = (
         ["trainer.samples_per_prompt=1", "trainer.micro_batch_size=1"] if "ppo" in override else []
     )
-    err = _fails(
-        capsys,
-        ["train", str(cfg), "trainer.total_steps=2", override, *extra, "--resume", "auto"],
-        key,
-    )
-    assert MODEL_LOADED not in err
-    assert _snapshot(out) == before
+    _refused(capsys, cfg, out, ["trainer.total_steps=2", override, *extra, "--resume", "auto"], key)
 
 
 def test_resume_with_other_training_data(tmp_path, trained, capsys):

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from danka.data.files import read_records
 from danka.data.gsm8k import GSM8K_SOURCE, find_gsm8k_answer
@@ -34,6 +35,7 @@ from danka.types import PromptRow
 
 FORMATS = ("auto", "seed", "trl", "verl", "gsm8k")
 _TRL_ANSWER_KEYS = ("answer", "solution", "ground_truth")
+T = TypeVar("T")
 _DETECT_ROWS = 20  # rows looked at by load_prompt_rows' auto-detection
 
 
@@ -254,30 +256,20 @@ def load_prompt_rows(
             f"unknown on_bad_row {on_bad_row!r}", "data.on_bad_row", "use error or skip"
         )
     skip = on_bad_row == "skip"
-    bad: list[dict[str, Any]] = []
-    bad_lines: list[tuple[str, str]] | None = [] if skip else None
-    records = read_records(
-        source, base_dir=base_dir, split=split, dataset_type=dataset_type, bad_lines=bad_lines
+    records, bad = read_noting_bad_lines(
+        source, skip=skip, base_dir=base_dir, split=split, dataset_type=dataset_type
     )
-    bad += [{"location": w, "reason": r, "record": None} for w, r in bad_lines or []]
     if fmt == "auto":
         fmt = _detect_for_file(records, source, prompt_key, response_key)
-
-    rows: list[PromptRow] = []
-    for index, (where, record) in enumerate(records):
-        if limit is not None and len(rows) >= limit:
-            break
-        try:
-            rows.append(
-                _convert(record, index, fmt, prompt_key, response_key, reward_key, answer_key)
-            )
-        except BadRow as err:
-            if not skip:
-                raise _bad_row_error(err, record, where, fmt) from None
-            bad.append({"location": where, "reason": str(err), "record": record})
-
-    if bad and bad_rows_path is not None:
-        write_bad_rows(bad, Path(bad_rows_path))
+    rows = convert_records(
+        records,
+        lambda i, where, r: _convert(r, i, fmt, prompt_key, response_key, reward_key, answer_key),
+        lambda err, r, where: _bad_row_error(err, r, where, fmt),
+        skip=skip,
+        limit=limit,
+        bad=bad,
+        bad_rows_path=bad_rows_path,
+    )
     if not rows:
         raise UserError(
             f"no usable rows: all {len(bad)} rows are bad"
@@ -286,6 +278,44 @@ def load_prompt_rows(
             "check data.format and data.prompt_key against the file's columns",
         )
     return LoadResult(rows, fmt, len(bad), bad_rows_path if bad else None)
+
+
+def read_noting_bad_lines(
+    source: str, *, skip: bool, **read_kw: Any
+) -> tuple[list[tuple[str, dict]], list[dict[str, Any]]]:
+    """``(records, bad)``: ``read_records(source, **read_kw)``; with ``skip``, lines that do
+    not parse are left out and listed in ``bad`` as ``{"location", "reason", "record"}``."""
+    bad_lines: list[tuple[str, str]] | None = [] if skip else None
+    records = read_records(source, bad_lines=bad_lines, **read_kw)
+    return records, [{"location": w, "reason": r, "record": None} for w, r in bad_lines or []]
+
+
+def convert_records(
+    records: list[tuple[str, dict]],
+    convert: Callable[[int, str, dict], T],
+    error: Callable[[BadRow, dict, str], UserError],
+    *,
+    skip: bool,
+    limit: int | None,
+    bad: list[dict[str, Any]],
+    bad_rows_path: Path | None,
+) -> list[T]:
+    """``convert(index, location, record)`` for each record, up to ``limit`` good ones. A
+    BadRow raises ``error(err, record, location)``, or with ``skip`` joins ``bad``; ``bad``
+    is then appended to ``bad_rows_path`` (if given)."""
+    out: list[T] = []
+    for index, (where, record) in enumerate(records):
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            out.append(convert(index, where, record))
+        except BadRow as err:
+            if not skip:
+                raise error(err, record, where) from None
+            bad.append({"location": where, "reason": str(err), "record": record})
+    if bad and bad_rows_path is not None:
+        write_bad_rows(bad, Path(bad_rows_path))
+    return out
 
 
 def write_bad_rows(bad: list[dict[str, Any]], path: Path) -> None:

@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from danka.data.files import read_records
-from danka.data.formats import BadRow, _prompt, write_bad_rows
+from danka.data.formats import BadRow, _prompt, convert_records, read_noting_bad_lines
 from danka.errors import UserError
 
 Text = str | list[dict[str, str]]
@@ -101,31 +100,30 @@ def load_pairs(
     """``(pairs, n_bad)`` from ``source`` (any file :func:`~danka.data.files.read_records`
     reads). ``limit`` stops after that many good pairs; all pairs bad -> UserError."""
     skip = on_bad_row == "skip"
-    bad_lines: list[tuple[str, str]] | None = [] if skip else None
-    records = read_records(
-        source, base_dir=base_dir, split=split, dataset_type=dataset_type, bad_lines=bad_lines
+    records, bad = read_noting_bad_lines(
+        source, skip=skip, base_dir=base_dir, split=split, dataset_type=dataset_type
     )
-    bad = [{"location": w, "reason": r, "record": None} for w, r in bad_lines or []]
-    pairs: list[PreferencePair] = []
     keys = dict(chosen_key=chosen_key, rejected_key=rejected_key, prompt_key=prompt_key,
                 margin_key=margin_key)  # fmt: skip
-    for where, record in records:
-        if limit is not None and len(pairs) >= limit:
-            break
-        try:
-            pairs.append(to_pair(record, where, **keys))
-        except BadRow as err:
-            if not skip:
-                raise UserError(
-                    f"bad preference pair: {err}; the row has keys {sorted(record)}",
-                    where,
-                    f"fix or remove the row, set rm.chosen_key / rm.rejected_key / "
-                    f"data.prompt_key to the file's columns (now {chosen_key!r}, "
-                    f"{rejected_key!r}, {prompt_key!r}), or set data.on_bad_row: skip",
-                ) from None
-            bad.append({"location": where, "reason": str(err), "record": record})
-    if bad and bad_rows_path is not None:
-        write_bad_rows(bad, bad_rows_path)
+
+    def error(err: BadRow, record: dict, where: str) -> UserError:
+        return UserError(
+            f"bad preference pair: {err}; the row has keys {sorted(record)}",
+            where,
+            f"fix or remove the row, set rm.chosen_key / rm.rejected_key / "
+            f"data.prompt_key to the file's columns (now {chosen_key!r}, "
+            f"{rejected_key!r}, {prompt_key!r}), or set data.on_bad_row: skip",
+        )
+
+    pairs = convert_records(
+        records,
+        lambda i, where, record: to_pair(record, where, **keys),
+        error,
+        skip=skip,
+        limit=limit,
+        bad=bad,
+        bad_rows_path=bad_rows_path,
+    )
     if not pairs:
         raise UserError(
             f"no usable preference pairs: all {len(bad)} rows are bad",

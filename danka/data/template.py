@@ -134,16 +134,24 @@ def encode_prompts(
     return out
 
 
-def left_pad(ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token id lists to ``(B, P)``, ``P = max length``; returns ``(ids, mask)``,
-    both long, mask 1 on real tokens. Left padding keeps every prompt's last token in the
-    last column, where generation continues.
+def left_pad(
+    ids: list[list[int]],
+    pad_id: int,
+    *,
+    width: int | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token id lists to ``(B, P)``, ``P = width`` (default: the longest list);
+    returns ``(ids, mask)``, both long and on ``device`` (default CPU), mask 1 on real
+    tokens. Left padding keeps every prompt's last token in the last column, where
+    generation continues.
     """
-    width = max((len(x) for x in ids), default=0)
+    if width is None:
+        width = max((len(x) for x in ids), default=0)
     out = torch.full((len(ids), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
     for i, row in enumerate(ids):
         if row:
             out[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
             mask[i, width - len(row) :] = 1
-    return out, mask
+    return out.to(device), mask.to(device)

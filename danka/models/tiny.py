@@ -58,28 +58,32 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def decoder_config(cls, vocab, hidden, intermediate, layers, heads, kv_heads, **rest):
+    """A transformers decoder config ``cls`` from the shapes that tell models apart (vocab,
+    hidden and MLP width, layers, query / KV heads); ``rest`` passes other fields."""
+    return cls(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        **rest,
+    )
+
+
 def tiny_config(
     tokenizer: PreTrainedTokenizerFast, *, arch: str = "llama", hidden: int = 64, layers: int = 2
 ) -> PretrainedConfig:
     """A small llama/qwen2 config whose vocab and special ids match ``tokenizer``."""
-    common = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
-    if arch == "llama":
-        return LlamaConfig(**common)
-    if arch == "qwen2":
-        return Qwen2Config(**common)
-    raise ValueError(f"unknown tiny arch {arch!r}: use 'llama' or 'qwen2'")
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}.get(arch)
+    if cls is None:
+        raise ValueError(f"unknown tiny arch {arch!r}: use 'llama' or 'qwen2'")
+    return decoder_config(
+        cls, len(tokenizer), hidden, 2 * hidden, layers, 4, 2,
+        max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
 
 
 def tiny_causal_lm(
@@ -118,39 +122,30 @@ def save_tiny_model(
     return directory
 
 
+# What Qwen2.5's sizes share: 32k positions, RoPE base 1e6, the same special ids.
+_QWEN2 = dict(
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    pad_token_id=151643,
+)
+
+
 def qwen2_0_5b_config() -> Qwen2Config:
     """Qwen2.5-0.5B(-Instruct) shapes: 24 layers, hidden 896, 14 heads / 2 KV heads, tied."""
-    return Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-        bos_token_id=151643,
-        eos_token_id=151645,
-        pad_token_id=151643,
-    )
+    return decoder_config(Qwen2Config, 151936, 896, 4864, 24, 14, 2, tie_word_embeddings=True,
+                          **_QWEN2)  # fmt: skip
 
 
 def qwen2_7b_config() -> Qwen2Config:
     """Qwen2.5-7B(-Instruct) shapes: 28 layers, hidden 3584, 28 heads / 4 KV heads, untied."""
-    return Qwen2Config(
-        vocab_size=152064,
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0,
-        tie_word_embeddings=False,
-        bos_token_id=151643,
-        eos_token_id=151645,
-        pad_token_id=151643,
-    )
+    return decoder_config(Qwen2Config, 152064, 3584, 18944, 28, 28, 4, tie_word_embeddings=False,
+                          **_QWEN2)  # fmt: skip
+
+
+def smollm2_135m_config() -> LlamaConfig:
+    """SmolLM2-135M(-Instruct) shapes: 30 layers, hidden 576, 9 heads / 3 KV heads, tied."""
+    return decoder_config(LlamaConfig, 49152, 576, 1536, 30, 9, 3, max_position_embeddings=8192,
+                          tie_word_embeddings=True)  # fmt: skip

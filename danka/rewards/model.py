@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from danka.data.template import left_pad
 from danka.errors import UserError
 
 Prompt = str | list[dict[str, str]]
@@ -272,10 +273,4 @@ class JudgeReward:
             ]
             for t in texts
         ]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s) :] = 1
-        return ids.to(device), mask.to(device)
+        return left_pad(seqs, pad_id, device=device)

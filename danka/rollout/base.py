@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import importlib
 from dataclasses import dataclass, field, fields
-from typing import Protocol
 
 import torch
 
@@ -33,9 +32,15 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
-class RolloutEngine(Protocol):
+Sampled = tuple[list[list[int]], list[list[float]] | None]  # (responses, their log-probs)
+
+
+class RolloutEngine:
+    """Base of the engines: ``generate`` is the interface, an engine implements ``sample``."""
+
     name: str
 
+    @torch.no_grad()
     def generate(
         self,
         model: torch.nn.Module,
@@ -46,8 +51,24 @@ class RolloutEngine(Protocol):
         pad_id: int,
         generator: torch.Generator | None = None,
     ) -> RolloutBatch:
-        """Sample ``params.n`` responses for each prompt (token ids, no padding)."""
-        ...
+        """Sample ``params.n`` responses for each prompt (token ids, no padding); sample
+        ``i * n + j`` answers prompt ``i``."""
+        responses, logprobs = self.sample(model, prompt_ids, params, eos_ids, pad_id, generator)
+        return finish_batch(
+            prompt_ids,
+            responses,
+            params.n,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            max_new_tokens=params.max_new_tokens,
+            logprobs=logprobs,
+        )
+
+    def sample(self, model, prompt_ids, params, eos_ids, pad_id, generator) -> Sampled:
+        """``generate``'s arguments -> one token list per sample (``i * n + j`` answers
+        prompt ``i``; EOS and what follows it are cut by ``finish_batch``) and, if the
+        engine reports them, each sampled token's log-prob (else None)."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)

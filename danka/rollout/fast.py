@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from danka.data.template import left_pad
 from danka.errors import UserError
-from danka.rollout.base import SamplingParams, finish_batch
+from danka.rollout.base import RolloutEngine, Sampled, SamplingParams
 from danka.rollout.fast_model import decode_forward, prefill, rope_tables
 from danka.rollout.fast_sampling import sample_next
 from danka.rollout.fast_weights import (
@@ -46,7 +47,6 @@ from danka.rollout.fast_weights import (
     model_spec,
     unwrap_causal_lm,
 )
-from danka.types import RolloutBatch
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
 MAX_EOS = 16
@@ -109,16 +109,7 @@ def _draw_seed(generator: torch.Generator | None) -> int:
     return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
 
 
-def _left_pad(prompts: list[list[int]], plen: int, pad_id: int, device: torch.device):
-    ids = torch.full((len(prompts), plen), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, plen - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[i, plen - len(p) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-class FastEngine:
+class FastEngine(RolloutEngine):
     """Static-KV decode engine for Llama/Qwen2 decoders; see the module docstring."""
 
     name = "fast"
@@ -178,22 +169,9 @@ class FastEngine:
         # replays then cannot corrupt a captured graph's RNG state.
         self._gen: torch.Generator | None = None
 
-    @torch.no_grad()
-    def generate(
-        self,
-        model: torch.nn.Module,
-        prompt_ids: list[list[int]],
-        params: SamplingParams,
-        *,
-        eos_ids: list[int],
-        pad_id: int,
-        generator: torch.Generator | None = None,
-    ) -> RolloutBatch:
-        """Sample ``params.n`` responses per prompt; sample ``i * n + j`` answers prompt ``i``.
-
-        ``rollout_logprobs`` holds log_softmax(logits / temperature) of each sampled token
-        (temperature 1 when greedy), before top-k/top-p filtering.
-        """
+    def sample(self, model, prompt_ids, params, eos_ids, pad_id, generator) -> Sampled:
+        """``RolloutEngine.sample``; the log-probs are log_softmax(logits / temperature) of
+        each sampled token (temperature 1 when greedy), before top-k/top-p filtering."""
         if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
             raise UserError("a prompt has no tokens", where="rollout", fix="drop empty prompts")
         if params.max_new_tokens < 1 or params.n < 1:
@@ -240,15 +218,7 @@ class FastEngine:
         finally:
             if not self._keep:
                 self.release()
-        return finish_batch(
-            prompt_ids,
-            responses,
-            params.n,
-            eos_ids=eos_ids,
-            pad_id=pad_id,
-            max_new_tokens=params.max_new_tokens,
-            logprobs=logprobs,
-        )
+        return responses, logprobs
 
     def _ensure_cache(self, root: torch.nn.Module, b: int, t: int) -> None:
         """Grow the shared KV cache to at least (b, t); growing drops every graph."""
@@ -295,7 +265,7 @@ class FastEngine:
         lens = torch.tensor([len(p) for p in prompts], device=spec.device).repeat_interleave(n)
         for j in range(0, len(prompts), self.prefill_batch):
             part = prompts[j : j + self.prefill_batch]
-            ids, mask = _left_pad(part, plen, pad_id, spec.device)
+            ids, mask = left_pad(part, pad_id, width=plen, device=spec.device)
             r = slice(j * n, (j + len(part)) * n)
             logits = prefill(w, spec, ids, mask, self._cos, self._sin, k, v, r, n)
             tok0, lp0 = sample_next(

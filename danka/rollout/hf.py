@@ -11,11 +11,11 @@ from contextlib import contextmanager
 import torch
 from transformers import GenerationConfig
 
-from danka.rollout.base import SamplingParams, finish_batch
-from danka.types import RolloutBatch
+from danka.data.template import left_pad
+from danka.rollout.base import RolloutEngine, Sampled, SamplingParams
 
 
-class HFGenerateEngine:
+class HFGenerateEngine(RolloutEngine):
     name = "hf"
 
     def __init__(self, batch_size: int = 0):
@@ -23,17 +23,7 @@ class HFGenerateEngine:
         # at once; the prompts are chunked so a call holds batch_size // n of them (>= 1).
         self.batch_size = max(0, int(batch_size))
 
-    @torch.no_grad()
-    def generate(
-        self,
-        model: torch.nn.Module,
-        prompt_ids: list[list[int]],
-        params: SamplingParams,
-        *,
-        eos_ids: list[int],
-        pad_id: int,
-        generator: torch.Generator | None = None,
-    ) -> RolloutBatch:
+    def sample(self, model, prompt_ids, params, eos_ids, pad_id, generator) -> Sampled:
         device = next(model.parameters()).device
         chunk = max(1, self.batch_size // params.n) if self.batch_size else len(prompt_ids)
         responses: list[list[int]] = []
@@ -45,23 +35,12 @@ class HFGenerateEngine:
                 responses.extend(self._generate_chunk(model, part, params, eos_ids, pad_id, device))
         finally:
             model.train(was_training)
-        return finish_batch(
-            prompt_ids,
-            responses,
-            params.n,
-            eos_ids=eos_ids,
-            pad_id=pad_id,
-            max_new_tokens=params.max_new_tokens,
-        )
+        return responses, None
 
     @staticmethod
     def _generate_chunk(model, prompts, params, eos_ids, pad_id, device) -> list[list[int]]:
-        plen = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), plen), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, plen - len(p) :] = torch.tensor(p)
-            mask[i, plen - len(p) :] = 1
+        ids, mask = left_pad(prompts, pad_id)
+        plen = ids.shape[1]
         gen_cfg = sampling_config(params, eos_ids, pad_id)
         if params.greedy:
             # greedy search refuses num_return_sequences > 1: repeat the prompts instead

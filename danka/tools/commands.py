@@ -35,6 +35,13 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", help="system message")
 
 
+def _gen_kwargs(args) -> dict:
+    """The ``_gen_args`` flags as keywords of generate_text / generate_file / chat_loop."""
+    return {
+        k: getattr(args, k) for k in ("system", "max_new_tokens", "temperature", "top_p", "seed")
+    }
+
+
 def _generate_args(p: argparse.ArgumentParser) -> None:
     _model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
@@ -65,13 +72,7 @@ def _generate(args) -> int:
     model, tok = load_for_inference(
         args.model, args.adapter, dtype=args.dtype, device=args.device, log=log
     )
-    gen = dict(
-        system=args.system,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
+    gen = _gen_kwargs(args)
     if args.prompt is not None:
         answer = generate_text(model, tok, args.prompt, stream=args.output is None, **gen)
         if args.output:
@@ -117,16 +118,7 @@ def _chat(args) -> int:
             raise EOFError
         return line
 
-    chat_loop(
-        model,
-        tok,
-        system=args.system,
-        read_line=read_line,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
+    chat_loop(model, tok, read_line=read_line, **_gen_kwargs(args))
     return 0
 
 

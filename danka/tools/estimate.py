@@ -70,29 +70,15 @@ QUANT_BYTES = {"4bit": 0.5 + 1 / 64 + 4 / (64 * 256), "8bit": 1.0}
 
 
 def _known_shapes() -> dict[str, Callable[[], Any]]:
-    from transformers import LlamaConfig
-
-    from danka.models.tiny import qwen2_0_5b_config, qwen2_7b_config
-
-    def smollm2_135m() -> LlamaConfig:
-        return LlamaConfig(
-            vocab_size=49152,
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            max_position_embeddings=8192,
-            tie_word_embeddings=True,
-        )
+    from danka.models.tiny import qwen2_0_5b_config, qwen2_7b_config, smollm2_135m_config
 
     shapes: dict[str, Callable[[], Any]] = {}
     for family in ("qwen/qwen2", "qwen/qwen2.5"):
         for suffix in ("", "-instruct"):
             shapes[f"{family}-7b{suffix}"] = qwen2_7b_config
             shapes[f"{family}-0.5b{suffix}"] = qwen2_0_5b_config
-    shapes["huggingfacetb/smollm2-135m-instruct"] = smollm2_135m
-    shapes["smollm2-135m-instruct"] = smollm2_135m
+    shapes["huggingfacetb/smollm2-135m-instruct"] = smollm2_135m_config
+    shapes["smollm2-135m-instruct"] = smollm2_135m_config
     return shapes
 
 

@@ -182,10 +182,22 @@ def test_unknown_key_names_file_line_and_suggestion(tmp_path):
     )
 
 
-def test_wrong_type_says_expected_type(tmp_path):
-    path = write(tmp_path, BASE + "trainer:\n  batch_size: four\n")
-    with pytest.raises(UserError, match=r"expected int, got 'four'"):
-        load_config(path)
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("trainer:\n  batch_size: four\n", r"expected int, got 'four'"),  # wrong type
+        (
+            "trainer:\n  algorithm: grpo\n  samples_per_prompt: 1\n  micro_batch_size: 1\n",
+            "samples_per_prompt >= 2",  # GRPO needs a group
+        ),
+        ("backend:\n  vllm:\n    enable_vllm: true\n", "rollout.engine: fast"),  # what to use
+        ("backend:\n  fsdp:\n    enable_fsdp: true\n", "torchrun"),
+        ("reward:\n  on_error: ignore\n", "fail, skip_sample, zero"),  # lists valid values
+    ],
+)
+def test_bad_value_says_what_to_do(tmp_path, text, words):
+    with pytest.raises(UserError, match=words):
+        load_config(write(tmp_path, BASE + text))
 
 
 def test_inconsistent_batch_sizes_show_the_numbers(tmp_path):
@@ -196,30 +208,6 @@ def test_inconsistent_batch_sizes_show_the_numbers(tmp_path):
     with pytest.raises(UserError) as err:
         load_config(path)
     assert "4 x 3 = 12" in str(err.value) and "micro_batch_size (5)" in str(err.value)
-
-
-def test_grpo_needs_a_group(tmp_path):
-    path = write(
-        tmp_path,
-        BASE + "trainer:\n  algorithm: grpo\n  samples_per_prompt: 1\n  micro_batch_size: 1\n",
-    )
-    with pytest.raises(UserError, match="samples_per_prompt >= 2"):
-        load_config(path)
-
-
-def test_vllm_and_fsdp_rejected_with_what_to_use(tmp_path):
-    path = write(tmp_path, BASE + "backend:\n  vllm:\n    enable_vllm: true\n")
-    with pytest.raises(UserError, match="rollout.engine: fast"):
-        load_config(path)
-    path = write(tmp_path, BASE + "backend:\n  fsdp:\n    enable_fsdp: true\n")
-    with pytest.raises(UserError, match="torchrun"):
-        load_config(path)
-
-
-def test_bad_choice_lists_valid_values(tmp_path):
-    path = write(tmp_path, BASE + "reward:\n  on_error: ignore\n")
-    with pytest.raises(UserError, match="fail, skip_sample, zero"):
-        load_config(path)
 
 
 def test_missing_file_and_bad_yaml(tmp_path):

@@ -24,6 +24,13 @@ def write(tmp_path, name, code):
     return path
 
 
+def load_error(spec, base_dir) -> str:
+    """The message of the UserError ``load_reward_function(spec, base_dir)`` raises."""
+    with pytest.raises(UserError) as err:
+        load_reward_function(spec, base_dir)
+    return str(err.value)
+
+
 def test_verl_signature(tmp_path):
     write(
         tmp_path,
@@ -72,17 +79,13 @@ def test_detect_kind():
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(UserError) as err:
-        load_reward_function("nope.py:compute_score", tmp_path)
-    msg = str(err.value)
+    msg = load_error("nope.py:compute_score", tmp_path)
     assert "not found" in msg and "nope.py" in msg and "compute_score" in msg
 
 
 def test_missing_function(tmp_path):
     write(tmp_path, "r.py", "def other(completions, **kw):\n    return [1.0]\n")
-    with pytest.raises(UserError) as err:
-        load_reward_function("r.py:compute_score", tmp_path)
-    msg = str(err.value)
+    msg = load_error("r.py:compute_score", tmp_path)
     assert "no function 'compute_score'" in msg and "r.py" in msg
     assert "other" in msg  # lists what the file does define
     assert "solution_str" in msg and "completions" in msg  # both expected signatures
@@ -90,18 +93,14 @@ def test_missing_function(tmp_path):
 
 def test_import_error_shows_last_traceback_line(tmp_path):
     write(tmp_path, "broken.py", "import danka_no_such_module_xyz\n")
-    with pytest.raises(UserError) as err:
-        load_reward_function("broken.py:compute_score", tmp_path)
-    msg = str(err.value)
+    msg = load_error("broken.py:compute_score", tmp_path)
     assert "ModuleNotFoundError" in msg and "danka_no_such_module_xyz" in msg
     assert "broken.py" in msg and "compute_score" in msg
 
 
 def test_wrong_signature(tmp_path):
     write(tmp_path, "bad.py", "def score(text, answer):\n    return 1.0\n")
-    with pytest.raises(UserError) as err:
-        load_reward_function("bad.py:score", tmp_path)
-    msg = str(err.value)
+    msg = load_error("bad.py:score", tmp_path)
     assert "neither the verl nor the TRL signature" in msg
     assert "bad.py:score" in msg
     assert "compute_score(data_source, solution_str, ground_truth" in msg

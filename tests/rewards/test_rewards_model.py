@@ -13,6 +13,7 @@ from transformers import (
 )
 
 from danka.errors import UserError
+from danka.models.tiny import decoder_config
 from danka.rewards.model import DEFAULT_JUDGE_TEMPLATE, ClassifierReward, JudgeReward
 
 WORDS = "Question Answer Is this answer correct ? Yes or No . : what is 2 + 3 5 6 the".split()
@@ -29,18 +30,9 @@ def tiny_tokenizer():
 
 def tiny_config(**kw):
     torch.manual_seed(0)
-    return LlamaConfig(
-        vocab_size=len(WORDS) + 3,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        eos_token_id=2,
-        **kw,
-    )
+    # vocab, hidden 32, MLP 64, 2 layers, 4 heads / 2 KV heads
+    return decoder_config(LlamaConfig, len(WORDS) + 3, 32, 64, 2, 4, 2,
+                          max_position_embeddings=128, pad_token_id=0, eos_token_id=2, **kw)  # fmt: skip
 
 
 PROMPTS = ["what is 2 + 3 ?", "what is 2 + 3 + 2 + 3 ?"]

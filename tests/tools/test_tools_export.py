@@ -5,6 +5,14 @@ from danka.cli import main
 from danka.tools.export import export_merged, human_size
 
 
+def _export(adapter, output, **flags) -> int:
+    """Exit code of ``danka export --adapter ADAPTER --output OUTPUT --flag value ...``."""
+    argv = ["export", "--adapter", str(adapter), "--output", str(output)]
+    for flag, value in flags.items():
+        argv += [f"--{flag}", str(value)]
+    return main(argv)
+
+
 def test_export_merges_and_matches_base_plus_adapter(adapter_dir, tiny_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -32,29 +40,12 @@ def test_export_merges_and_matches_base_plus_adapter(adapter_dir, tiny_dir, tmp_
 
 def test_cli_export_bf16_prints_the_check_and_sizes(adapter_dir, tiny_dir, tmp_path, capsys):
     out = tmp_path / "m16"
-    assert (
-        main(
-            [
-                "export",
-                "--adapter",
-                str(adapter_dir),
-                "--output",
-                str(out),
-                "--model",
-                str(tiny_dir),
-                "--dtype",
-                "bf16",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert _export(adapter_dir, out, model=tiny_dir, dtype="bf16", device="cpu") == 0
     text = capsys.readouterr().out
     assert "max |logits(merged) - logits(base + adapter)|" in text
     assert "adapter" in text and "merged model" in text and "bfloat16" in text
     # a second export into the same (now non-empty) folder is refused
-    assert main(["export", "--adapter", str(adapter_dir), "--output", str(out)]) == 2
+    assert _export(adapter_dir, out) == 2
 
 
 def test_export_fails_with_exit_2_when_the_merge_is_wrong(
@@ -65,30 +56,13 @@ def test_export_fails_with_exit_2_when_the_merge_is_wrong(
     # a "merge" that drops the adapter: logits move by the adapter's effect
     monkeypatch.setattr(PeftModel, "merge_and_unload", lambda self: self.unload(), raising=False)
     out = tmp_path / "bad"
-    assert (
-        main(
-            [
-                "export",
-                "--adapter",
-                str(adapter_dir),
-                "--output",
-                str(out),
-                "--dtype",
-                "fp32",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 2
-    )
+    assert _export(adapter_dir, out, dtype="fp32", device="cpu") == 2
     assert "merged logits differ" in capsys.readouterr().err
     assert not out.exists()  # nothing written
 
 
 def test_export_bad_adapter(tmp_path, capsys):
-    assert (
-        main(["export", "--adapter", str(tmp_path / "nope"), "--output", str(tmp_path / "o")]) == 2
-    )
+    assert _export(tmp_path / "nope", tmp_path / "o") == 2
     assert "adapter folder not found" in capsys.readouterr().err
 
 

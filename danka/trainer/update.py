@@ -99,20 +99,28 @@ def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool =
             metrics["actor/kl_loss"] += float(kl_loss.detach())
             # the adaptive controller's quantity: mean KL per trained token
             metrics["actor/kl_token_mean"] += float((kl.detach() * mask).sum()) / norm.num_tokens
-        if not dist.all_finite(loss):  # before backward: every rank skips the same step
-            run.actor_opt.zero_grad(set_to_none=True)
-            raise _non_finite("policy", loss)
-        loss.backward()
+        _backward(loss, run.actor_opt, "policy", metrics, "actor", m, float(mb.size) / mini.size)
         # the norm makes micro-batch values add up to the mini-batch value
         metrics["actor/loss"] += float(loss.detach())
         metrics["actor/pg_loss"] += float(pg_loss.detach())
         metrics["actor/entropy"] += float(ent.detach())
-        share = float(mb.size) / mini.size
-        for key, value in m.items():
-            metrics[f"actor/{key}"] += float(value) * share
     metrics["actor/grad_norm"] += _step(
         run.actor_opt, run.models.actor_params, t.max_grad_norm, dry_run
     )
+
+
+def _backward(
+    loss: torch.Tensor, opt, what: str, metrics: dict, prefix: str, parts: dict, share: float
+) -> None:
+    """Backward of one micro-batch's loss and its per-sample metrics (weighted by the
+    micro-batch's ``share`` of the mini-batch). A NaN/inf loss on ANY rank is found before
+    backward (one collective), so every rank skips the same optimiser step."""
+    if not dist.all_finite(loss):
+        opt.zero_grad(set_to_none=True)
+        raise _non_finite(what, loss)
+    loss.backward()
+    for key, value in parts.items():
+        metrics[f"{prefix}/{key}"] += float(value) * share
 
 
 def critic_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool = False) -> None:
@@ -126,14 +134,8 @@ def critic_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool 
             values = critic_values(run.models.critic_model, run.models.value_head, mb, run.pack_len)
         loss, m = value_loss(values, mb.values, mb.returns, mb.train_mask, t.value_clip, norm)
         loss = t.vf_coef * loss
-        if not dist.all_finite(loss):  # before backward: every rank skips the same step
-            run.critic_opt.zero_grad(set_to_none=True)
-            raise _non_finite("value", loss)
-        loss.backward()
+        _backward(loss, run.critic_opt, "value", metrics, "critic", m, float(mb.size) / mini.size)
         metrics["critic/vf_loss"] += float(loss.detach())
-        share = float(mb.size) / mini.size
-        for key, value in m.items():
-            metrics[f"critic/{key}"] += float(value) * share
     metrics["critic/grad_norm"] += _step(
         run.critic_opt, run.models.critic_params, t.max_grad_norm, dry_run
     )

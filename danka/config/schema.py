@@ -228,6 +228,12 @@ class RolloutConfig:
 class DataConfig:
     train_dataset: str = _f("", "jsonl/json/parquet file, saved dataset folder or hub name")
     eval_dataset: str | None = _f(None, "held-out prompts (null: none, or eval_size split off)")
+    train_split: str = _f(
+        "train", "split read from a dataset folder or hub name for training (files have none)"
+    )
+    eval_split: str = _f(
+        "test", "split read from a dataset folder or hub name for evaluation (files have none)"
+    )
     task: str | None = _f(None, "generate prompts offline instead: arithmetic")
     task_train_size: int = _f(2000, "generated training problems (data.task)")
     eval_size: int = _f(0, "held-out prompts to evaluate (0 = no evaluation)")

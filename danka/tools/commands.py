@@ -127,6 +127,11 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="dotted overrides for the config")
     _model_args(p)
     p.add_argument("--data", help="prompts file (without CONFIG)")
+    p.add_argument(
+        "--split",
+        default="test",
+        help="split read when --data is a dataset folder or hub name (files have none)",
+    )
     p.add_argument("--reward", help="builtin reward (gsm8k, math, ...) or path.py:function")
     p.add_argument("--n", type=int, help="only the first N prompts")
     p.add_argument(
@@ -160,6 +165,7 @@ def _eval(args) -> int:
         dtype=args.dtype,
         device=args.device,
         seed=args.seed,
+        split=args.split,
         log=lambda msg: print(msg, file=sys.stderr),
     )
     print(format_result(result))

@@ -177,7 +177,11 @@ def _from_config(config: str, overrides: list[str]) -> dict[str, Any]:
 
 
 def _from_args(
-    model: str | None, adapter: str | None, data: str | None, reward: str | None
+    model: str | None,
+    adapter: str | None,
+    data: str | None,
+    reward: str | None,
+    split: str = "test",
 ) -> dict[str, Any]:
     from danka.data.formats import load_prompt_rows
     from danka.rewards.combine import RewardSpec
@@ -196,7 +200,8 @@ def _from_args(
         )
     if model is None and adapter is None:
         raise UserError("no model given", where="danka eval", fix="pass --model M (and --adapter)")
-    rows = load_prompt_rows(data).rows
+    # a dataset folder or hub name is read with its held-out split (files have none)
+    rows = load_prompt_rows(data, split=split).rows
     return {
         "model": model,
         "rows": rows,
@@ -226,6 +231,7 @@ def run_eval(
     dtype: str = "auto",
     device: str = "auto",
     seed: int = 0,
+    split: str = "test",
     log: Any = print,
 ) -> dict[str, Any]:
     """Everything ``danka eval`` does: resolve inputs (a config, or model/data/reward),
@@ -240,7 +246,7 @@ def run_eval(
     src = (
         _from_config(config, overrides or [])
         if config
-        else _from_args(model, adapter, data, reward)
+        else _from_args(model, adapter, data, reward, split)
     )
     if config and model:
         src["model"] = model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -62,9 +63,13 @@ def load_rows(cfg: DankaConfig, base_dir: Path, output_dir: Path) -> tuple[list,
         base_dir=base_dir,
         dataset_type=d.dataset_type,
     )
-    train = load_prompt_rows(d.train_dataset, limit=d.limit, **common).rows
+    train = load_prompt_rows(d.train_dataset, limit=d.limit, split=d.train_split, **common).rows
     if d.eval_dataset:
-        held = load_prompt_rows(d.eval_dataset, limit=d.eval_size or None, **common).rows
+        check_eval_source(d, base_dir)
+        held = load_prompt_rows(
+            d.eval_dataset, limit=d.eval_size or None, split=d.eval_split, **common
+        ).rows
+        check_no_overlap(train, held, d.eval_dataset)
     elif d.eval_size:
         if d.eval_size >= len(train):
             raise UserError(
@@ -77,6 +82,35 @@ def load_rows(cfg: DankaConfig, base_dir: Path, output_dir: Path) -> tuple[list,
     else:
         held = []
     return train, held
+
+
+def check_eval_source(d, base_dir: Path) -> None:
+    """Held-out data is never silently the training data: the same source read with the
+    same split (e.g. a `danka data gsm8k` folder given for both with one split) is refused."""
+    same = d.eval_dataset == d.train_dataset or (
+        (base_dir / d.eval_dataset).resolve() == (base_dir / d.train_dataset).resolve()
+    )
+    if same and d.eval_split == d.train_split:
+        raise UserError(
+            f"data.eval_dataset is data.train_dataset read with the same split "
+            f"({d.train_split!r}): the held-out accuracy would be measured on training rows",
+            where="data.eval_split",
+            fix="give a held-out file, or a folder/hub dataset with another split "
+            "(data.eval_split: test), or use data.eval_size to split rows off",
+        )
+
+
+def check_no_overlap(train: list[PromptRow], held: list[PromptRow], where: str) -> None:
+    """Exit 2 when a held-out prompt is also a training prompt (same prompt text/messages)."""
+    seen = {json.dumps(r.prompt, sort_keys=True) for r in train}
+    dup = [r for r in held if json.dumps(r.prompt, sort_keys=True) in seen]
+    if dup:
+        raise UserError(
+            f"{len(dup)} of {len(held)} held-out prompts are also training prompts (first: "
+            f"row {dup[0].index}): the held-out accuracy would not be held out",
+            where=where,
+            fix="remove them from one side, or check data.train_split / data.eval_split",
+        )
 
 
 def encode(cfg: DankaConfig, tokenizer, rows: list[PromptRow], location: str = "data") -> PromptSet:

@@ -11,24 +11,10 @@ from danka.algorithms.kl import KL_ESTIMATORS, KL_MODES
 from danka.algorithms.losses import AGG_MODES, POLICY_LOSSES
 from danka.algorithms.presets import ALGORITHMS
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
+from danka.config.dtypes import canonical_dtype
 from danka.config.schema import DankaConfig
 from danka.errors import UserError
 from danka.rollout.base import ROLLOUT_ENGINES
-
-# short dtype names accepted everywhere a dtype is named (config, --dtype of the tools)
-DTYPE_ALIASES = {
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-    "fp32": "float32",
-    "float": "float32",
-}
-
-
-def canonical_dtype(name: str) -> str:
-    """``bf16`` -> ``bfloat16``, ``fp16`` -> ``float16``, ``fp32`` -> ``float32``; other
-    names pass through (lower-cased)."""
-    return DTYPE_ALIASES.get(name.lower(), name.lower())
 
 
 class ConfigSource(Protocol):

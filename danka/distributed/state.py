@@ -4,6 +4,7 @@ collective: every rank calls them; device tensors only go through the model's ow
 from __future__ import annotations
 
 import torch
+import torch.distributed as td
 
 
 def _options():
@@ -67,9 +68,8 @@ def shard_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> dict:
 def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
     """``opt.load_state_dict`` of a single-process (full) state, sharded first when the
     optimiser holds sharded parameters (several processes). Collective then."""
-    from danka import distributed as dist
 
-    if dist.is_active():
+    if _active():
         state = shard_optimizer_state(opt, state)
     opt.load_state_dict(state)
 
@@ -98,10 +98,14 @@ def load_full_model(model: torch.nn.Module, folder, dtype: torch.dtype) -> None:
     torchrun (every rank reads the folder)."""
     from transformers import AutoModelForCausalLM
 
-    from danka import distributed as dist
-
     loaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).state_dict()
-    if dist.is_active():
+    if _active():
         load_full_state_dict(model, loaded)
     else:
         model.load_state_dict(loaded)
+
+
+def _active() -> bool:
+    """Several processes (the package's ``is_active``; repeated here so this module does not
+    import its own package)."""
+    return td.is_available() and td.is_initialized() and td.get_world_size() > 1

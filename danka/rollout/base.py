@@ -7,7 +7,6 @@ is the j-th answer to prompt ``i``; ``group_index`` records ``i``.
 
 from __future__ import annotations
 
-import copy
 import importlib
 from dataclasses import dataclass, field, fields
 
@@ -196,48 +195,6 @@ def build_engine(name: str, options: EngineOptions | None = None) -> RolloutEngi
             )
         kwargs[meta.options[f.name]] = value
     return cls(**kwargs)
-
-
-def choose_engine(
-    cfg, device: torch.device, *, model_config=None, free_bytes: int | None = None
-) -> tuple[str, str]:
-    """``rollout.engine`` resolved to "hf" or "fast", with the reason to log.
-
-    Order: an explicit ``rollout.engine``; the seed's ``backend.hf_transformers.
-    enable_hf_transformers: true`` (HF); no CUDA device or a quantised base (HF); a model
-    type the fast engine does not run (HF); else fast only when ``danka estimate``'s whole
-    step with the fast engine fits the free GPU memory (``free_bytes``, default: now).
-    """
-    from danka.rollout.fast_weights import SUPPORTED_MODEL_TYPES
-    from danka.tools.estimate import GIB, OVERHEAD_BYTES, estimate_memory, load_model_config
-
-    r, m = cfg.rollout, cfg.model
-    quantized = bool(m.load_in_4bit or m.load_in_8bit)
-    if r.engine != "auto":
-        return resolve_engine(r.engine, device.type, quantized=quantized), (
-            f"rollout.engine: {r.engine}"
-        )
-    if cfg.backend.hf_transformers.enable_hf_transformers:
-        return "hf", "backend.hf_transformers.enable_hf_transformers: true"
-    name = resolve_engine("auto", device.type, quantized=quantized)
-    if name != "fast":
-        why = "a quantised base" if quantized else f"device {device.type}"
-        return name, f"rollout.engine: auto picks {name} for {why}"
-    config = model_config or load_model_config(m.actor_model_name_or_path)
-    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        return "hf", f"the fast engine does not run model type {config.model_type!r}"
-    if free_bytes is None:
-        free_bytes = torch.cuda.mem_get_info(device)[0]
-    plans = {}
-    for name in ("fast", "hf"):
-        c = copy.deepcopy(cfg)
-        c.rollout.engine = name
-        plans[name] = estimate_memory(c, model_config=config)["peak"] + OVERHEAD_BYTES
-    need = f"{plans['fast'] / GIB:.1f} GiB (HF {plans['hf'] / GIB:.1f})"
-    free = f"{free_bytes / GIB:.1f} GiB free"
-    if plans["fast"] <= free_bytes:
-        return "fast", f"the whole step with the fast engine fits: {need} of {free}"
-    return "hf", f"the fast engine's step would need {need}, more than {free}"
 
 
 def finish_batch(

@@ -54,7 +54,7 @@ def trained_dtype(adapter: str | Path) -> str | None:
     import json
     import re
 
-    from danka.config.validate import canonical_dtype
+    from danka.config.dtypes import canonical_dtype
 
     adapter = Path(adapter).expanduser().resolve()
     run_dir = adapter.parent.parent

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import torch
 
-from danka.config.validate import canonical_dtype
+from danka.config.dtypes import canonical_dtype
 from danka.errors import UserError
 from danka.models.loading import pick_device, stop_ids
 from danka.types import PromptRow

@@ -34,7 +34,7 @@ from danka.rollout.base import (
     build_engine,
     engine_meta,
 )
-from danka.rollout.base import choose_engine as choose_rollout_engine
+from danka.rollout.choose import choose_engine as choose_rollout_engine
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler

@@ -7,7 +7,8 @@ import torch
 
 from danka.config.schema import DankaConfig
 from danka.models.tiny import qwen2_7b_config
-from danka.rollout.base import EngineOptions, SamplingParams, build_engine, choose_engine
+from danka.rollout.base import EngineOptions, SamplingParams, build_engine
+from danka.rollout.choose import choose_engine
 from danka.tools.estimate import GIB
 
 CUDA = torch.device("cuda")

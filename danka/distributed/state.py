@@ -40,10 +40,16 @@ def full_optimizer_state(opt: torch.optim.Optimizer) -> dict:
     from torch.distributed.tensor import DTensor
 
     state = opt.state_dict()
-    for per_param in state["state"].values():
-        for key, value in per_param.items():
-            if isinstance(value, DTensor):
-                per_param[key] = value.full_tensor().cpu()
+    # new dicts: state_dict()'s per-parameter dicts ARE the optimizer's live state, so
+    # writing the gathered tensors into them would leave plain tensors next to DTensor
+    # parameters (the next step fails with "mixed torch.Tensor and DTensor")
+    state["state"] = {
+        index: {
+            key: value.full_tensor().cpu() if isinstance(value, DTensor) else value
+            for key, value in per_param.items()
+        }
+        for index, per_param in state["state"].items()
+    }
     return state
 
 

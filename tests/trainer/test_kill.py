@@ -31,9 +31,9 @@ from danka.logging.runlog import close_run_logger
 
 from .conftest import make_config
 
-STEPS = 40
+STEPS = 80
 KILLS = 10  # kill -9 ten times; every third one aimed at the middle of a checkpoint write
-KILL_DELAYS_S = (0.0, 1.5)  # random kill delay range after the run has made progress
+KILL_DELAYS_S = (0.0, 0.1)  # after a new step appears: steps of the tiny model take ~50 ms
 REPO = Path(__file__).resolve().parents[2]
 
 

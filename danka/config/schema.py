@@ -228,7 +228,7 @@ class RolloutConfig:
 class DataConfig:
     train_dataset: str = _f("", "jsonl/json/parquet file, saved dataset folder or hub name")
     eval_dataset: str | None = _f(None, "held-out prompts (null: none, or eval_size split off)")
-    task: str | None = _f(None, "generate prompts offline instead: arithmetic")
+    task: str | None = _f(None, "generate prompts offline instead: arithmetic | calculator")
     task_train_size: int = _f(2000, "generated training problems (data.task)")
     eval_size: int = _f(0, "held-out prompts to evaluate (0 = no evaluation)")
     dataset_type: str | None = _f(None, "json | jsonl | parquet | hf (null = from the extension)")

@@ -170,7 +170,7 @@ def test_an_environment_that_ends_early_adds_its_reward_as_part_env(
     assert m["reward/env"] == 0.5
 
 
-def test_the_prompt_budget_must_leave_room_for_all_turns(tmp_path, tiny_model_dir):
+def test_agent_settings_are_checked_before_training(tmp_path, tiny_model_dir):
     path = make_config(
         tmp_path,
         tiny_model_dir,
@@ -180,6 +180,21 @@ def test_the_prompt_budget_must_leave_room_for_all_turns(tmp_path, tiny_model_di
     )
     with pytest.raises(UserError, match="rollout.max_total_tokens"):
         load_config(path)
+    path = make_config(
+        tmp_path,
+        tiny_model_dir,
+        trainer={"max_length": 512, "max_new_tokens": 40, "dynamic_sampling": True},
+        rollout={"tools": ["calculator"], "max_total_tokens": 200},
+    )
+    with pytest.raises(UserError, match="dynamic_sampling"):  # not wired for agents
+        load_config(path)
+    path = make_config(  # the default prompt budget leaves room for all turns: accepted
+        tmp_path,
+        tiny_model_dir,
+        trainer={"max_length": 512, "max_new_tokens": 40},
+        rollout={"tools": ["calculator"], "max_total_tokens": 200},
+    )
+    assert load_config(path)[0].data.max_prompt_length == 512 - 200
 
 
 @pytest.mark.slow

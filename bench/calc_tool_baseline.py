@@ -1,5 +1,5 @@
 """Held-out accuracy of an untrained model on the calculator task, without and with the
-calculator tool offered (no training): the starting point of examples/experimental/calculator_tool.yaml.
+calculator tool offered (no training): the starting point of examples/calculator_tool.yaml.
 
     python bench/calc_tool_baseline.py [--model HuggingFaceTB/SmolLM2-135M-Instruct] [--n 50]
 """

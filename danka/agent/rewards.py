@@ -18,6 +18,23 @@ from danka.agent.parse import parse_tool_calls, strip_tool_calls
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
+class AgentCompletion(str):
+    """What ``danka train`` passes to reward functions for an agent rollout: the final
+    assistant turn's text (so every rule reward scores the final answer), carrying the
+    messages after the prompt as ``.messages`` (tool turns included) for rewards that look
+    at the calls, such as ``tool_answer``. Pickles (the reward worker gets it whole)."""
+
+    messages: list[dict[str, Any]]
+
+    def __new__(cls, final_text: str, messages: Sequence[dict[str, Any]] = ()):
+        obj = super().__new__(cls, final_text)
+        obj.messages = list(messages)
+        return obj
+
+    def __reduce__(self):
+        return (AgentCompletion, (str(self), self.messages))
+
+
 def _turns(completion: str | Sequence[dict[str, Any]]) -> list[str]:
     """The assistant turns' texts, in order."""
     if isinstance(completion, str):
@@ -57,6 +74,8 @@ def tool_answer_reward(
     """
     scores = []
     for completion, truth in zip(completions, ground_truth):
+        if isinstance(completion, AgentCompletion) and completion.messages:
+            completion = completion.messages
         turns = _turns(completion)
         calls = [c for t in turns for c in parse_tool_calls(t)]
         final = turns[-1] if turns else ""

@@ -88,16 +88,18 @@ Estimator = Callable[[AdvantageInput], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def sequence_rewards_to_tokens(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Put each sequence score (B,) on the last valid token of its response -> (B, R).
+    """Put each sequence score (B,) on the LAST masked token of its response -> (B, R).
 
-    Rows with no valid token get no reward (all zeros).
+    The mask may have holes (an agent rollout's ``loss_mask`` is 0 on tool tokens between
+    the model's turns): the score goes to the highest index with mask 1, the model's final
+    end-of-turn token. Rows with no masked token get no reward (all zeros).
     """
     b, r = response_mask.shape
     out = torch.zeros((b, r), dtype=scores.dtype, device=scores.device)
-    lengths = response_mask.sum(dim=-1).long()
-    has_token = lengths > 0
-    # last valid index; assumes right padding (valid tokens first), as RolloutBatch does
-    last = (lengths - 1).clamp(min=0)
+    on = response_mask > 0
+    has_token = on.any(dim=-1)
+    # the last index with mask 1: position r-1 minus the first hit of the flipped row
+    last = (r - 1) - on.flip(-1).float().argmax(dim=-1)
     rows = torch.arange(b, device=scores.device)
     out[rows[has_token], last[has_token]] = scores[has_token]
     return out

@@ -47,7 +47,7 @@ def choices() -> dict[str, set]:
         "data.format": {"auto", "seed", "trl", "verl", "gsm8k"},
         "data.overlong_prompt": {"error", "drop", "truncate_left"},
         "data.on_bad_row": {"error", "skip"},
-        "data.task": {None, "arithmetic"},
+        "data.task": {None, "arithmetic", "calculator"},
         "reward.on_error": {"fail", "zero", "skip_sample"},
     }
 
@@ -91,7 +91,7 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         fail(
             "data.train_dataset",
             "no training data given",
-            "set data.train_dataset to a .jsonl/.json/.parquet file (or data.task: arithmetic)",
+            "set data.train_dataset to a .jsonl/.json/.parquet file (or data.task: arithmetic | calculator)",
         )
     if m.use_flash_attention_2 and m.attn_implementation not in (None, "flash_attention_2"):
         fail(
@@ -126,7 +126,9 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
     if t.mini_batch_size is None:
         t.mini_batch_size = t.batch_size
     if d.max_prompt_length is None:
-        d.max_prompt_length = t.max_length - t.max_new_tokens
+        agent = cfg.rollout.tools or cfg.rollout.environment  # the response spans all turns
+        response = max(cfg.rollout.max_total_tokens, t.max_new_tokens) if agent else 0
+        d.max_prompt_length = t.max_length - max(response, t.max_new_tokens)
 
     for key in (
         "batch_size",
@@ -282,18 +284,8 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         )
     if ob.penalty < 0:
         fail("reward.overlong_buffer.penalty", f"must be >= 0, got {ob.penalty}", "e.g. 1.0")
-    # Until the training loop applies them, these are refused rather than silently ignored.
-    for key, on in (
-        ("rollout.tools", bool(cfg.rollout.tools)),
-        ("rollout.environment", bool(cfg.rollout.environment)),
-    ):
-        if on and key in NOT_YET_WIRED:
-            fail(
-                key,
-                "is not applied by danka train yet (the multi-turn loop is in danka.agent; "
-                "its trainer wiring is not done)",
-                "leave it off; see README 'Training a model to use tools'",
-            )
+    if cfg.rollout.tools or cfg.rollout.environment:
+        _check_agent(cfg, fail)
     c = cfg.rm.center_rewards_coefficient
     if c is not None and c < 0:
         fail("rm.center_rewards_coefficient", f"must be >= 0, got {c}", "e.g. 0.01, or null")
@@ -304,11 +296,28 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         fail("rm.rejected_key", "is the same column as rm.chosen_key", "name two columns")
 
 
-# settings defined but not yet applied by danka train (see the end of validate)
-NOT_YET_WIRED = {
-    "rollout.tools",  # danka.agent's multi-turn loop exists; danka train does not call it yet
-    "rollout.environment",
-}
+def _check_agent(cfg: DankaConfig, fail) -> None:
+    """rollout.tools / rollout.environment: the agent settings, and a prompt budget that
+    leaves room for the whole multi-turn response (all turns + tool responses)."""
+    from danka.agent.setup import check_agent_config
+
+    t, d = cfg.trainer, cfg.data
+    check_agent_config(cfg.rollout, max_new_tokens=t.max_new_tokens)
+    total = cfg.rollout.max_total_tokens or t.max_new_tokens
+    if d.max_prompt_length + total > t.max_length:
+        fail(
+            "rollout.max_total_tokens",
+            f"data.max_prompt_length ({d.max_prompt_length}) + the multi-turn response budget "
+            f"({total}) exceeds trainer.max_length ({t.max_length})",
+            "raise trainer.max_length, or set data.max_prompt_length to "
+            f"{max(1, t.max_length - total)} or less",
+        )
+    if t.dynamic_sampling:
+        fail(
+            "trainer.dynamic_sampling",
+            "is not supported with rollout.tools / rollout.environment yet",
+            "set trainer.dynamic_sampling: false",
+        )
 
 
 _FROZEN: dict[type, type] = {}

@@ -52,6 +52,16 @@ def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
     if main:
         (out_dir / "config.json").write_text(json.dumps(mask_secrets(resolved), indent=2))
     run = build_run(cfg, base_dir, out_dir, log)
+    try:
+        return _fit(run, cfg, resolved, ckpt, t0, main)
+    finally:
+        if run.agent is not None:  # the tool worker process, also on errors
+            run.agent.close()
+
+
+def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool) -> dict:
+    """``fit`` once the run is built."""
+    log = run.log
     log.info(describe(run))
     if cfg.trainer.preflight:  # before a restore, which then sets every RNG as saved
         preflight(run, log)
@@ -126,6 +136,14 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], RolloutBatch, lis
     rounds: list[tuple[RolloutBatch, list[str], dict[str, float]]] = []
 
     def rollout_and_score(prompt_idx: list[int]) -> RolloutBatch:
+        if run.agent is not None:  # multi-turn: rewards score the final answers
+            with phase(m, "rollout"):
+                got = steps.agent_step(run, prompt_idx)  # 2. rollout (tools / environment)
+            m.update(got.metrics)
+            with phase(m, "reward"):
+                scored = steps.score(run, got.batch, got.completions, got.env_rewards)  # 3.
+            rounds.append((got.batch, got.trajectories, scored))  # the log shows tool turns
+            return got.batch
         with phase(m, "rollout"):
             batch = steps.rollout(run, prompt_idx)  # 2. rollout
         with phase(m, "reward"):

@@ -14,13 +14,14 @@ from danka.trainer.update import update
 
 def preflight(run: Run, log) -> None:
     """One rollout of the longest prompts, then log-probs, values and an update (weights and
-    optimizer untouched) on a batch where every response has max_new_tokens tokens."""
+    optimizer untouched) on a batch where every response has the full response budget
+    (max_new_tokens; with tools, rollout.max_total_tokens)."""
     t = run.cfg.trainer
     order = sorted(range(len(run.train.ids)), key=lambda i: -len(run.train.ids[i]))
     idx = order[: t.batch_size]
     prompts = [run.train.ids[i] for i in idx]
     steps.rollout(run, idx)
-    n, r = t.samples_per_prompt, t.max_new_tokens
+    n, r = t.samples_per_prompt, steps.response_budget(run)  # agent: all turns
     batch = finish_batch(
         prompts,
         [[run.pad_id] * r for _ in range(len(prompts) * n)],  # eos_ids=[]: never cut

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from danka.agent.loop import AgentLoop
 from danka.algorithms.advantages import AdvantageInput, EstimatorMeta
 from danka.algorithms.kl import AdaptiveKLController, FixedKLController, KLModeMeta
 from danka.algorithms.losses import PolicyLossParams
@@ -93,6 +94,8 @@ class Run:
     eos_ids: list[int] = field(default_factory=list)
     pad_id: int = 0
     dynamic: DynamicSampler | None = None  # trainer.dynamic_sampling (DAPO), else None
+    # agentwire: the multi-turn loop of rollout.tools / rollout.environment, else None
+    agent: AgentLoop | None = None
 
     @property
     def pack_len(self) -> int | None:

@@ -10,11 +10,13 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from danka import distributed as dist
+from danka.agent.loop import AgentLoop
 from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from danka.algorithms.kl import KL_ESTIMATORS, KL_MODES, AdaptiveKLController, FixedKLController
 from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
+from danka.data.calc_task import calc_rows
 from danka.data.formats import load_prompt_rows
 from danka.data.tasks import arithmetic_rows
 from danka.data.template import encode_prompts
@@ -35,6 +37,7 @@ from danka.rollout.base import (
     engine_meta,
 )
 from danka.rollout.choose import choose_engine as choose_rollout_engine
+from danka.trainer.agent import build_agent, encode_agent_prompts
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
@@ -46,11 +49,11 @@ from danka.types import PromptRow
 def load_rows(cfg: DankaConfig, base_dir: Path, output_dir: Path) -> tuple[list, list]:
     """Training and held-out rows. A task generates both; files are read and split."""
     d = cfg.data
-    if d.task == "arithmetic":
-        train = arithmetic_rows(d.task_train_size, seed=cfg.trainer.seed, split="train")
-        held = (
-            arithmetic_rows(d.eval_size, seed=cfg.trainer.seed, split="test") if d.eval_size else []
-        )
+    tasks = {"arithmetic": arithmetic_rows, "calculator": calc_rows}
+    if d.task in tasks:
+        make = tasks[d.task]
+        train = make(d.task_train_size, seed=cfg.trainer.seed, split="train")
+        held = make(d.eval_size, seed=cfg.trainer.seed, split="test") if d.eval_size else []
         return train, held
     common = dict(
         fmt=d.format,
@@ -157,7 +160,21 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     train_rows, held_rows = load_rows(cfg, base_dir, output_dir)  # bad rows fail first
     engine_name = choose_engine(cfg, device, log)
     tokenizer = build_tokenizer(cfg, log)
-    train, held = build_prompts(cfg, tokenizer, train_rows, held_rows)
+    agent = build_agent(cfg, tokenizer, base_dir)  # None unless rollout.tools / environment
+    try:
+        return _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows,
+                           engine_name, tokenizer, agent)  # fmt: skip
+    except BaseException:
+        if agent is not None:  # stop the tool worker process
+            agent.close()
+        raise
+
+
+def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, engine_name,
+                tokenizer, agent) -> Run:  # fmt: skip
+    """build_run after the agent loop exists (it is closed if this raises)."""
+    t = cfg.trainer
+    train, held = build_prompts(cfg, tokenizer, train_rows, held_rows, agent)
     specs = reward_specs(cfg, train.rows)
     rewards = build_rule_rewards(cfg, base_dir, specs, train.rows)
     models, load = build_model_set(cfg, device, log)
@@ -201,6 +218,7 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
         eos_ids=stop_ids(tokenizer),
         pad_id=tokenizer.pad_token_id,
         dynamic=build_dynamic_sampler(cfg, tokenizer.pad_token_id),
+        agent=agent,
     )
 
 
@@ -264,13 +282,24 @@ def build_tokenizer(cfg: DankaConfig, log: logging.Logger) -> PreTrainedTokenize
 
 
 def build_prompts(
-    cfg: DankaConfig, tokenizer, train_rows: list[PromptRow], held_rows: list[PromptRow]
+    cfg: DankaConfig,
+    tokenizer,
+    train_rows: list[PromptRow],
+    held_rows: list[PromptRow],
+    agent: AgentLoop | None = None,
 ) -> tuple[PromptSet, PromptSet | None]:
+    """Encoded prompts; with an agent loop, as chat messages offering its tools."""
     d = cfg.data
-    train = encode(cfg, tokenizer, train_rows, d.train_dataset or "data.task")
+
+    def enc(rows: list[PromptRow], where: str) -> PromptSet:
+        if agent is not None:
+            return encode_agent_prompts(cfg, agent, tokenizer, rows, where)
+        return encode(cfg, tokenizer, rows, where)
+
+    train = enc(train_rows, d.train_dataset or "data.task")
     held = None
     if held_rows:
-        held = encode(cfg, tokenizer, held_rows, d.eval_dataset or d.train_dataset or "data.task")
+        held = enc(held_rows, d.eval_dataset or d.train_dataset or "data.task")
     if len(train.rows) < cfg.trainer.batch_size:
         raise UserError(
             f"only {len(train.rows)} usable training prompts, fewer than "

@@ -14,6 +14,7 @@ from danka.algorithms.advantages import AdvantageInput, sequence_rewards_to_toke
 from danka.algorithms.kl import apply_kl_in_reward
 from danka.rewards.shaping import overlong_penalty, response_lengths
 from danka.rollout.base import SamplingParams, engine_meta
+from danka.trainer.agent import AgentStep, agent_rollout
 from danka.trainer.dynamic_sampling import mask_truncated
 from danka.trainer.forward import batched, critic_values, policy_logprobs
 from danka.trainer.guards import OutOfMemory, oom_guard
@@ -30,22 +31,36 @@ def sample_prompts(run: Run) -> list[int]:
 
 
 def rollout(run: Run, prompt_idx: list[int]) -> RolloutBatch:
-    """Sample ``samples_per_prompt`` answers to each prompt from the live policy."""
+    """Sample ``samples_per_prompt`` answers to each prompt from the live policy (multi-turn
+    with ``run.agent``: see :func:`agent_step`)."""
+    if run.agent is not None:
+        return agent_step(run, prompt_idx).batch
+    return _single_turn(run, prompt_idx)
+
+
+def sampling_params(run: Run) -> SamplingParams:
     t = run.cfg.trainer
-    params = SamplingParams(
+    return SamplingParams(
         n=t.samples_per_prompt,
         temperature=t.temperature,
         top_p=t.top_p,
         top_k=t.top_k,
         max_new_tokens=t.max_new_tokens,
     )
+
+
+def _rollout_context(run: Run):
     gather = engine_meta(run.engine.name).reads_weights  # full weights under FSDP2
     weights = dist.rollout_weights(run.models.policy) if gather else nullcontext()
-    with oom_guard("rollout", run), weights, run.models.actor():
+    return weights
+
+
+def _single_turn(run: Run, prompt_idx: list[int]) -> RolloutBatch:
+    with oom_guard("rollout", run), _rollout_context(run), run.models.actor():
         batch = run.engine.generate(
             run.models.policy,
             [run.train.ids[i] for i in prompt_idx],
-            params,
+            sampling_params(run),
             eos_ids=run.eos_ids,
             pad_id=run.pad_id,
         )
@@ -53,8 +68,22 @@ def rollout(run: Run, prompt_idx: list[int]) -> RolloutBatch:
     return batch
 
 
-def score(run: Run, batch: RolloutBatch, completions: list[str]) -> dict[str, float]:
-    """Fill ``rewards`` and ``reward_parts``; a sample whose reward was skipped
+def agent_step(run: Run, prompt_idx: list[int]) -> AgentStep:
+    """Step 2 with ``rollout.tools`` / ``rollout.environment``: the multi-turn loop; its
+    batch's ``loss_mask`` is 0 on tool and environment tokens."""
+    rows = [run.train.rows[i] for i in prompt_idx]
+    with oom_guard("rollout", run), _rollout_context(run), run.models.actor():
+        return agent_rollout(run, rows, prompt_idx, sampling_params(run))
+
+
+def score(
+    run: Run,
+    batch: RolloutBatch,
+    completions: list[str],
+    env_rewards: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """Fill ``rewards`` and ``reward_parts``; ``env_rewards`` (B,) (an environment's summed
+    step rewards) is added as part ``env``. A sample whose reward was skipped
     (reward.on_error: skip_sample) gets ``valid`` False and reward 0. Then DAPO's overlong
     penalty is added (``reward.overlong_buffer``, part ``overlong``) and, with
     ``trainer.mask_truncated``, truncated samples become invalid (no loss).
@@ -69,10 +98,13 @@ def score(run: Run, batch: RolloutBatch, completions: list[str]) -> dict[str, fl
     batch.valid = batch.valid & out.valid.cpu()
     scores = out.scores.float().cpu()
     batch.reward_parts = {name: v.float().cpu() for name, v in out.per_function.items()}
+    if env_rewards is not None:
+        batch.reward_parts["env"] = env_rewards.float().cpu()
+        scores = scores + batch.reward_parts["env"]
     if ob.length > 0:  # DAPO overlong shaping: soft penalty in the last `length` tokens
         pen = overlong_penalty(
             response_lengths(batch.response_mask),
-            max_new_tokens=t.max_new_tokens,
+            max_new_tokens=response_budget(run),
             buffer=ob.length,
             penalty=ob.penalty,
         )
@@ -102,6 +134,13 @@ def score(run: Run, batch: RolloutBatch, completions: list[str]) -> dict[str, fl
     return metrics
 
 
+def response_budget(run: Run) -> int:
+    """Response tokens a sample may have: trainer.max_new_tokens, or for an agent rollout
+    rollout.max_total_tokens (all turns and tool responses; 0 = max_new_tokens)."""
+    t = run.cfg.trainer
+    return (run.cfg.rollout.max_total_tokens or t.max_new_tokens) if run.agent else t.max_new_tokens
+
+
 def logprobs(run: Run, batch: RolloutBatch) -> dict[str, float]:
     """Old log-probs (or the explicit on-policy shortcut), reference log-probs, and the
     rollout/trainer mismatch correction."""
@@ -117,9 +156,10 @@ def logprobs(run: Run, batch: RolloutBatch) -> dict[str, float]:
             with run.models.actor() as policy:
                 batch.old_logprobs = batched(policy_logprobs, policy, batch, micro, **kw)
             if batch.rollout_logprobs is not None:
-                gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * batch.response_mask
+                # over model tokens: inserted tool tokens have no rollout log-prob
+                gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * batch.loss_mask
                 metrics["rollout/logprob_gap"] = float(
-                    gap.sum() / batch.response_mask.sum().clamp(min=1)
+                    gap.sum() / batch.loss_mask.sum().clamp(min=1)
                 )
         if algo.needs_reference:
             with run.models.reference() as ref:

@@ -80,7 +80,7 @@ def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool =
         if mb.old_is_current:  # ratio 1 with the right gradient (see RolloutBatch)
             old = logprobs.detach()
             if mb.rollout_logprobs is not None:
-                gap = ((mb.rollout_logprobs - old).abs() * mb.response_mask).sum()
+                gap = ((mb.rollout_logprobs - old).abs() * mb.loss_mask).sum()
                 metrics["rollout/logprob_gap"] += float(gap) / norm.num_tokens
         elif mb.old_logprobs is None:
             raise ValueError("old_logprobs missing and the batch is not marked old_is_current")

@@ -26,6 +26,18 @@ def test_sequence_rewards_to_tokens_puts_score_on_last_valid_token():
     assert torch.equal(out, torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0], [0.0, 0.0, 0.0]]))
 
 
+def test_sequence_rewards_to_tokens_skips_holes_of_an_agent_loss_mask():
+    # an agent rollout: call turn (2 tokens), tool response (2 tokens, loss 0), answer (2)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
+    out = sequence_rewards_to_tokens(torch.tensor([5.0, 7.0]), mask)
+    # the score sits on the LAST 1 of each row (index 5 and 2), not at sum-1 (3 and 1),
+    # which would be a masked tool token and lose the reward
+    expect = torch.zeros(2, 7)
+    expect[0, 5], expect[1, 2] = 5.0, 7.0
+    assert torch.equal(out, expect)
+    assert torch.equal((out * mask).sum(-1), torch.tensor([5.0, 7.0]))
+
+
 def test_gae_gamma_lam_below_one_three_tokens_and_padding():
     gamma, lam = 0.9, 0.8  # gamma * lam = 0.72
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])

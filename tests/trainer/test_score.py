@@ -22,7 +22,8 @@ def _run(output: RewardOutput, *, length: int = 0, mask_truncated: bool = False)
         reward=SimpleNamespace(overlong_buffer=SimpleNamespace(length=length, penalty=1.0)),
     )
     train = SimpleNamespace(rows=["r0", "r1"], texts=["p0", "p1"])
-    return SimpleNamespace(cfg=cfg, train=train, rewards=lambda rows, texts, completions: output)
+    rewards = lambda rows, texts, completions: output  # noqa: E731
+    return SimpleNamespace(cfg=cfg, train=train, rewards=rewards, agent=None)
 
 
 def _batch() -> RolloutBatch:

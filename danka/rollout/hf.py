@@ -62,7 +62,6 @@ def sampling_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> 
     """
     return GenerationConfig(
         max_new_tokens=params.max_new_tokens,
-        min_new_tokens=0,
         min_length=0,
         eos_token_id=list(eos_ids),
         pad_token_id=pad_id,

@@ -64,6 +64,16 @@ def _child(cmd: list[str], timeout: int) -> dict:
     return {"wall_s": time.perf_counter() - t0}
 
 
+def _side(cmd: list[str], out: Path, timeout: int) -> dict:
+    """Run one side writing its JSON to ``out`` (``--out`` added); that JSON plus the
+    child's status (wall time or error)."""
+    out.unlink(missing_ok=True)
+    status = _child(cmd + ["--out", str(out)], timeout)
+    res = json.loads(out.read_text()) if out.exists() else {}
+    res.update(status)
+    return res
+
+
 def rollout(args) -> dict:
     sides = args.sides.split(",")
     common = ["--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens)]
@@ -82,14 +92,9 @@ def rollout(args) -> dict:
     tmp = Path(args.out_dir) / "_sides"
     tmp.mkdir(parents=True, exist_ok=True)
     for side in sides:
-        path = tmp / f"{side}.json"
-        path.unlink(missing_ok=True)
-        cmd = [sys.executable, "bench/bench_rollout.py", "--side", side, "--out", str(path)]
+        cmd = [sys.executable, "bench/bench_rollout.py", "--side", side]
         cmd += common + (["--lora"] if args.lora and side == "fast" else [])
-        status = _child(cmd, args.timeout)
-        side_res = json.loads(path.read_text()) if path.exists() else {}
-        side_res.update(status)
-        res["sides"][side] = side_res
+        side_res = res["sides"][side] = _side(cmd, tmp / f"{side}.json", args.timeout)
         print(side, {k: v for k, v in side_res.items() if k != "greedy_tokens"}, flush=True)
     s = res["sides"]
     fast = s.get("fast", {})
@@ -149,12 +154,9 @@ def trl(args) -> dict:
     for variant in args.variants.split(","):
         sides = {}
         for side in ("trl", "danka"):
-            path = tmp / f"trl_{variant}_{side}.json"
-            path.unlink(missing_ok=True)
             cmd = [sys.executable, "bench/bench_trl.py", "--side", side, "--variant", variant]
-            status = _child(cmd + common + ["--out", str(path)], args.timeout)
-            sides[side] = json.loads(path.read_text()) if path.exists() else {}
-            sides[side].update(status)
+            path = tmp / f"trl_{variant}_{side}.json"
+            sides[side] = _side(cmd + common, path, args.timeout)
             print(variant, side, {k: v for k, v in sides[side].items() if k != "step_s"})
         entry: dict = {"sides": sides}
         t, d = sides["trl"].get("median_step_s"), sides["danka"].get("median_step_s")

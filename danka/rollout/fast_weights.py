@@ -281,7 +281,8 @@ def _fill(
 
 
 def _fill_bias(owned: Owned, key, parts, spec: ModelSpec, bias: bool, rows, rank, out) -> None:
-    """Bias of the fused rows (LoRA biases folded in); ``rank`` > 0: zeros for folded A rows."""
+    """Bias of the fused rows (LoRA biases folded in); ``rank`` > 0: zeros for folded A rows.
+    Re-copied only when a source bias or a LoRA scaling changed (or a bias is trained)."""
     out[key + ".b"] = None
     if not bias:
         return
@@ -290,7 +291,10 @@ def _fill_bias(owned: Owned, key, parts, spec: ModelSpec, bias: bool, rows, rank
     if plain and b0 is not None and b0.dtype == spec.dtype:
         out[key + ".b"] = b0
         return
-    bbuf = owned.get(key + ".b", (rows + rank,), spec.dtype, spec.device)
+    bbuf = out[key + ".b"] = owned.get(key + ".b", (rows + rank,), spec.dtype, spec.device)
+    sources = [b for _, b, _ in parts] + [lo.bias for p in parts for lo in p[2]]
+    if not owned.stale(key + ".b", sources, tuple(lo.scale for p in parts for lo in p[2])):
+        return  # frozen biases and LoRA biases unchanged since the last copy
     bbuf[rows:].zero_()
     r = 0
     for w, b, loras in parts:
@@ -301,7 +305,6 @@ def _fill_bias(owned: Owned, key, parts, spec: ModelSpec, bias: bool, rows, rank
                 acc = acc + lo.bias.float() * lo.scale
         bbuf[r : r + n].copy_(acc)
         r += n
-    out[key + ".b"] = bbuf
 
 
 def _fill_lora(owned: Owned, key, parts, spec: ModelSpec, rows, dtype, folded, out) -> None:

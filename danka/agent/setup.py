@@ -98,7 +98,7 @@ def tool_loop(
     max_total_tokens: int = 0,
     tool_timeout_s: float = 10.0,
 ) -> AgentLoop:
-    """A tool loop outside training (``danka generate/chat/eval --tools``)."""
+    """A tool loop outside training (for ``agent_generate``; the CLI has no ``--tools`` yet)."""
     from danka.config.schema import RolloutConfig
 
     cfg = RolloutConfig(
@@ -129,9 +129,10 @@ def agent_generate(
     n: int = 1,
     engine: str = "hf",
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """``danka generate/eval --tools``: like ``danka.tools.generate.generate_batch`` (one dict
-    per row with ``completions`` = the final answers) plus ``trajectories`` (the messages
-    after the prompt, tool turns included); and the agent metrics of the whole call."""
+    """Generation with tools (library only: the CLI has no ``--tools`` yet): like
+    ``danka.tools.generate.generate_batch`` (one dict per row with ``completions`` = the
+    final answers) plus ``trajectories`` (the messages after the prompt, tool turns
+    included); and the agent metrics of the whole call."""
     from danka.models.loading import stop_ids
     from danka.rollout.base import SamplingParams, build_engine
 

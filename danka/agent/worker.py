@@ -2,9 +2,10 @@
 
 All calls run in ONE worker process (a fresh ``python -c`` interpreter that imports only
 the standard library, this module and the tool files), one call after another. A call
-over ``timeout_s`` gets the worker SIGKILLed and a new one started for the next call, as
-danka's reward guard does (rewards/guard.py, whose worker speaks the reward contract, so
-it is not reused here); a thread could not be stopped. Requests and replies are JSON
+over ``timeout_s`` gets the worker's process group SIGKILLed and a new one started for
+the next call; a thread could not be stopped. The process machinery (own session and
+process group, death with the trainer, ignoring Ctrl-C, the group kill) is the reward
+worker's (rewards/worker.py: ``guard_child``, ``kill_group``); only the protocol differs. Requests and replies are JSON
 lines on the worker's stdin and on a duplicate of its original stdout; the tool's own
 ``print`` output goes to stderr, so it cannot corrupt the protocol.
 
@@ -29,6 +30,7 @@ from typing import Any
 
 from danka.agent.parse import ToolCall
 from danka.agent.tools import ToolSpec
+from danka.rewards.worker import guard_child, kill_group
 
 _START_TIMEOUT_S = 120.0  # importing the tool files (they may import heavy libraries)
 
@@ -56,7 +58,9 @@ def to_text(value: Any) -> str:
 
 
 def _worker_main() -> None:
-    """``python -c ... <tools json>``: answer one JSON request line with one reply line."""
+    """``python -c ... <tools json> <parent pid>``: answer one JSON request line with one
+    reply line."""
+    guard_child(int(sys.argv[2]))
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # the tools' print() goes to stderr
     sys.stdout = sys.stderr
@@ -110,10 +114,11 @@ class ToolRunner:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_CODE, json.dumps(listing)],
+            [sys.executable, "-c", _WORKER_CODE, json.dumps(listing), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
+            start_new_session=True,
         )
         self._buf = b""
         _LIVE.add(self)
@@ -138,11 +143,9 @@ class ToolRunner:
         return line
 
     def close(self) -> None:
-        """Stop the worker (SIGKILL: it may be stuck in a tool)."""
+        """Stop the worker and its process group (SIGKILL: it may be stuck in a tool)."""
         if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.kill()
-            self._proc.wait()
+            kill_group(self._proc)
             for pipe in (self._proc.stdin, self._proc.stdout):
                 if pipe is not None:
                     pipe.close()

@@ -95,6 +95,27 @@ def _watch_parent(parent_pid: int) -> None:
             _kill_own_group()
 
 
+def guard_child(parent_pid: int) -> None:
+    """Call first thing in a worker process started with ``start_new_session=True``:
+    die with the parent (``parent_pid``), leave Ctrl-C to it, and watch for its death
+    (the tool worker, danka/agent/worker.py, uses this too)."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a worker started with ``start_new_session=True`` and every process in its
+    group (it may be stuck in user code), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group id is the worker's pid
+    except (ProcessLookupError, PermissionError):
+        pass  # group already gone
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
 def _send(outbox: Connection, message: tuple[str, Any]) -> None:
     try:
         outbox.send(message)
@@ -121,9 +142,7 @@ def _worker_entry() -> None:
     <function> <kind> <parent_pid>``: load the function, then answer each ("run", calls,
     kwargs) message with one ("ok", value) or ("err", traceback) message per call."""
     read_fd, write_fd, path, function, kind, parent_pid = sys.argv[1:7]
-    _die_with_parent(int(parent_pid))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    threading.Thread(target=_watch_parent, args=(int(parent_pid),), daemon=True).start()
+    guard_child(int(parent_pid))
     inbox = Connection(int(read_fd), writable=False)
     outbox = Connection(int(write_fd), readable=False)
     try:
@@ -259,13 +278,7 @@ class Worker:
         """Stop the worker and every process in its group (SIGKILL: it may be stuck in
         user code)."""
         if self._proc is not None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)  # the group id is the worker's pid
-            except (ProcessLookupError, PermissionError):
-                pass  # group already gone
-            if self._proc.poll() is None:
-                self._proc.kill()
-            self._proc.wait()
+            kill_group(self._proc)
             self._proc = None
         for conn in (self._send, self._conn):
             if conn is not None:

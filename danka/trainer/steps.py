@@ -92,8 +92,8 @@ def score(
     function returning None does not apply); ``reward/not_applicable`` the fraction of
     samples no function applied to."""
     t, ob = run.cfg.trainer, run.cfg.reward.overlong_buffer
-    rows = [run.train.rows[i] for i in batch.prompt_index.tolist()]
-    texts = [run.train.texts[i] for i in batch.prompt_index.tolist()]
+    idx = batch.prompt_index.tolist()
+    rows, texts = [run.train.rows[i] for i in idx], [run.train.texts[i] for i in idx]
     out = run.rewards(rows, texts, completions)
     batch.valid = batch.valid & out.valid.cpu()
     scores = out.scores.float().cpu()

@@ -32,9 +32,8 @@ def _non_finite(what: str, loss: torch.Tensor) -> NonFiniteError:
 
 def loss_norm(mini: RolloutBatch, max_response_length: int) -> LossNorm:
     """Counts of the mini-batch's trained tokens and sequences (global over ranks)."""
-    tokens, seqs = float(mini.train_mask.sum()), float(mini.valid.sum())
-    if dist.is_active():  # global counts: each rank's loss is its share of the global loss
-        tokens, seqs = dist.all_sum(tokens), dist.all_sum(seqs)
+    # global counts (one collective): each rank's loss is its share of the global loss
+    tokens, seqs = dist.all_sum_many([mini.train_mask.sum(), mini.valid.sum()])
     return LossNorm(
         num_tokens=max(tokens, 1.0), num_seqs=seqs, max_response_length=max_response_length
     )

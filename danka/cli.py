@@ -16,7 +16,8 @@ from danka.commands import COMMANDS, command
 from danka.errors import UserError
 
 
-def _train_args(p: argparse.ArgumentParser) -> None:
+def _config_args(p: argparse.ArgumentParser) -> None:
+    """CONFIG, overrides and the options _load_train_config reads (train and rm)."""
     p.add_argument("config", nargs="?", help="YAML config file")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.batch_size=8")
     p.add_argument(
@@ -27,6 +28,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--output-dir", "--output_dir", dest="output_dir", help="where results go")
     p.add_argument("--seed", type=int, help="random seed (trainer.seed)")
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    _config_args(p)
     p.add_argument(
         "--print-config",
         action="store_true",
@@ -86,6 +91,7 @@ def _train(args) -> int:
     from danka import distributed as dist
     from danka.config import config_to_dict
     from danka.config.compat import fallback_warnings
+    from danka.config.secrets import mask_secrets
 
     if args.help_config:
         from danka.config.help import config_help
@@ -97,7 +103,7 @@ def _train(args) -> int:
         _check_rewards(cfg)
         for line in fallback_warnings(cfg):
             print(f"[WARNING] {line}", file=sys.stderr)
-        print(yaml.safe_dump(_masked(config_to_dict(cfg)), sort_keys=False), end="")
+        print(yaml.safe_dump(mask_secrets(config_to_dict(cfg)), sort_keys=False), end="")
         return 0
     return _run_train(args, cfg, base_dir, dist)
 
@@ -115,12 +121,6 @@ def _train_lifecycle_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="list every config key with its help text and default, then exit",
     )
-
-
-def _masked(d: dict) -> dict:
-    from danka.config.secrets import mask_secrets
-
-    return mask_secrets(d)
 
 
 def _check_rewards(cfg) -> None:
@@ -294,15 +294,7 @@ def _gsm8k_pairs(args) -> int:
     return 0
 
 
-def _rm_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="YAML config file (same sections as danka train)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-4")
-    p.add_argument("--config_file", "--config-file", dest="config_file", help="the config file")
-    p.add_argument("--output-dir", "--output_dir", dest="output_dir", help="where results go")
-    p.add_argument("--seed", type=int, help="random seed (trainer.seed)")
-
-
-@command("rm", "train a reward model on preference pairs (Bradley-Terry)", _rm_args)
+@command("rm", "train a reward model on preference pairs (Bradley-Terry)", _config_args)
 def _rm(args) -> int:
     from danka.rm.train import train_reward_model
 

@@ -28,9 +28,6 @@ from pathlib import Path
 
 from danka.errors import UserError
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_TRAINING_FAULT = 3
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 
@@ -164,7 +161,7 @@ class StopRequest:
 
     @property
     def exit_code(self) -> int:
-        return 128 + self.signum if self.signum is not None else EXIT_OK
+        return 128 + self.signum if self.signum is not None else 0
 
     @property
     def name(self) -> str:
@@ -178,7 +175,7 @@ class StopRequest:
             raise SystemExit(128 + signum)
         self.signum = signum
         self._log.warning(
-            f"{signal.Signals(signum).name} received: saving a checkpoint after this step, "
+            f"{self.name} received: saving a checkpoint after this step, "
             f"then exiting with code {self.exit_code} (Ctrl-C again to abort without saving)"
         )
 

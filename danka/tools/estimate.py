@@ -7,12 +7,21 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
 
 * weights           params x d; a quantised base (``model.load_in_4bit``, QLoRA: NF4 with
                     double quantisation, 0.516 bytes per parameter; ``load_in_8bit``: 1 byte)
-                    only for the decoder's linear layers, plus one dequantised weight
+                    only for the decoder's linear layers, plus one dequantised weight; the
+                    rest (embeddings, lm_head, norms) in fp32: peft's
+                    ``prepare_model_for_kbit_training`` casts them. The fp32 embeddings make
+                    the residual stream fp32 (a bnb linear returns its input's dtype), so
+                    with a quantised base every activation and KV-cache term below takes
+                    4 bytes where it says d.
 * LoRA              lora_params x 16 (fp32 value 4 + grad 4 + Adam m, v 8); full
                     fine-tuning: params x (d grad + 8 Adam)
-* KV cache          L x 2 x kv x (prompt + new tokens) x sequences x d
-* rollout logits    sequences x V x 4 x 3 (fp32 logits, probs, sampling work)
-* prefill           sequences x prompt tokens x d x (4H + 2I): one layer's transient tensors
+* KV cache          L x 2 x kv x (prompt + new tokens) x sequences x d; the fast engine
+                    allocates its CUDA-graph batch bucket of rows (8, 16, 32, ...) and the
+                    length rounded up to 128
+* rollout logits    sequences (fast engine: bucket rows) x V x 4 x 3 (fp32 logits, probs,
+                    sampling work)
+* prefill           sequences x prompt tokens x d x (4H + 2I): one layer's transient tensors;
+                    the fast engine prefills each prompt once, at most 32 at a time
 * activations       per layer and token, what autograd keeps for a Llama/Qwen block whose
                     base weights are frozen (the gradient only flows through them):
                     2 x H x 4 (fp32 RMSNorm inputs) + d x (2q + 2kv) (SDPA q, k, v, out)
@@ -58,6 +67,8 @@ from danka.errors import UserError
 GIB = 2**30
 FUSE_LIMIT_BYTES = GIB  # = danka.rollout.fast_weights.FUSE_LIMIT_BYTES
 KEEP_CACHE_LIMIT_BYTES = 4 * GIB  # = danka.rollout.fast.KEEP_CACHE_LIMIT_BYTES
+SEQ_ROUND = 128  # = FastEngine(seq_round=128): KV cache length rounded up to this
+PREFILL_PROMPTS = 32  # = FastEngine(prefill_batch=32): prompts per prefill forward
 OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation
 LORA_BYTES_PER_PARAM = 16  # fp32 value + fp32 grad + Adam m and v
 ADAM_BYTES_PER_PARAM = 8  # fp32 m and v
@@ -209,6 +220,8 @@ def _dtype_bytes(cfg: DankaConfig) -> tuple[str, int]:
 
 def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> dict[str, Any]:
     """The byte counts of every term and phase (see the module docstring)."""
+    from danka.rollout.fast import bucket_size
+
     t, m = cfg.trainer, cfg.model
     dtype, d = _dtype_bytes(cfg)
     h, i, n_layers, v = shape["H"], shape["I"], shape["L"], shape["V"]
@@ -226,11 +239,16 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
 
     c: dict[str, int] = {"weights": params * d}
     quant = QUANT_BYTES.get("4bit" if m.load_in_4bit else "8bit" if m.load_in_8bit else "")
+    a = d  # bytes per activation element
     if quant:
-        # bitsandbytes quantises the decoder's linear layers; embeddings, lm_head and
-        # norms stay in the compute dtype; each matmul dequantises one weight transiently
+        # bitsandbytes quantises the decoder's linear layers; peft's
+        # prepare_model_for_kbit_training casts the rest (embeddings, lm_head, norms,
+        # biases) to fp32; each matmul dequantises one weight transiently (compute dtype).
+        # The fp32 embeddings make the residual stream fp32 (a bnb linear returns its
+        # input's dtype): activations and the KV cache take 4 bytes.
         lin = n_layers * ((q + 2 * kv) * h + q * h + 3 * i * h)
-        c["weights"] = int(lin * quant) + (params - lin) * d + i * h * d
+        c["weights"] = int(lin * quant) + (params - lin) * 4 + i * h * d
+        a = 4
     if use_lora:
         c["lora + Adam (fp32)"] = lora * LORA_BYTES_PER_PARAM
     else:
@@ -250,11 +268,17 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
             )
     persistent = sum(c.values())
 
-    c["KV cache (rollout)"] = n_layers * 2 * kv * seq_len * seqs * d
     engine = cfg.rollout.engine
     # auto picks the fast engine on a GPU unless the base is quantised (rollout.base.
     # choose_engine also checks that the step fits; the estimate is what it checks with)
     fast = engine == "fast" or (engine == "auto" and not quant)
+    # the fast engine runs a CUDA-graph batch bucket of rows and a length rounded up to
+    # SEQ_ROUND; it prefills each prompt once (at most PREFILL_PROMPTS at a time), HF
+    # generate every sequence
+    prompts = seqs // n
+    rows, cache_len = (bucket_size(seqs, True), _round_up(seq_len)) if fast else (seqs, seq_len)
+    prefill_rows = min(prompts, PREFILL_PROMPTS) if fast else seqs
+    c["KV cache (rollout)"] = n_layers * 2 * kv * cache_len * rows * a
     if fast:
         # fused q|k|v and gate|up copies, made only when they take <= 1 GiB (small models;
         # larger ones read the live weights); LoRA runs unmerged from stacked adapter copies
@@ -266,11 +290,11 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     # before the update
     keep = fast and params * d <= KEEP_CACHE_LIMIT_BYTES
     held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if keep else 0
-    c["logits (rollout)"] = seqs * v * 4 * LOGIT_FACTOR_ROLLOUT
-    c["prefill (rollout)"] = seqs * prompt_len * d * (4 * h + 2 * i)
-    per_layer = _layer_bytes_per_token(shape, d, cfg.lora.target_modules if use_lora else None)
+    c["logits (rollout)"] = rows * v * 4 * LOGIT_FACTOR_ROLLOUT
+    c["prefill (rollout)"] = prefill_rows * prompt_len * a * (4 * h + 2 * i)
+    per_layer = _layer_bytes_per_token(shape, a, cfg.lora.target_modules if use_lora else None)
     full_acts = n_layers * tokens * per_layer
-    ckpt_acts = n_layers * tokens * h * d + tokens * per_layer + tokens * (2 * h + i) * 4
+    ckpt_acts = n_layers * tokens * h * a + tokens * per_layer + tokens * (2 * h + i) * 4
     c["activations (no checkpointing)"] = full_acts
     c["activations (checkpointing)"] = ckpt_acts
     c["logits (chunked, update)"] = chunk * v * 4 * LOGIT_FACTOR_UPDATE
@@ -308,6 +332,10 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
             "lora": use_lora,
         },
     }
+
+
+def _round_up(tokens: int) -> int:
+    return -(-tokens // SEQ_ROUND) * SEQ_ROUND
 
 
 def _shape(config: Any) -> dict[str, int]:

@@ -1,0 +1,123 @@
+"""Where a step's time goes: the top kernels of a few calls under ``torch.profiler``.
+
+``top_kernels(fn, device)`` runs ``fn`` ``steps`` times under the profiler (CPU + CUDA
+activities; call it after a warm-up so allocation, cuBLAS heuristics and CUDA-graph capture
+are not in the trace) and returns a JSON-ready dict:
+
+* ``kernels``: the ``top`` CUDA kernels by total device time, each with ``name`` (cut at
+  160 characters), ``calls`` (per step), ``total_ms`` (per step) and ``pct_of_step``
+  (share of the step's wall time: ``step_s`` when given, i.e. an unprofiled timing, else
+  the profiled wall time per step);
+* ``classes``: the same time summed by kernel class (gemm, attention, norm/softmax/reduce,
+  copy/cast/fill, elementwise/other), ``kernel_ms_per_step`` (all kernels) and
+  ``gpu_busy_frac`` = kernel time / step time: below 1 the GPU waits on the host (launches,
+  syncs) for the rest.
+
+Kernels replayed from a CUDA graph are reported by CUPTI like launched ones. On a device
+without CUDA (``--tiny --device cpu`` checks) the CPU operators by self time stand in, with
+``kind: "cpu_ops"``; only the code path is checked there.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+
+CLASSES = (  # first match wins; names of cuBLAS / CUTLASS / FlashAttention / ATen kernels
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|matmul", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
+    ("norm/softmax/reduce", re.compile(r"norm|softmax|reduce|logsumexp", re.I)),
+    ("copy/cast/fill", re.compile(r"copy|cast|memcpy|memset|fill|cat|index", re.I)),
+)
+
+
+def kernel_class(name: str) -> str:
+    """The class a kernel's name belongs to (``CLASSES``), else ``elementwise/other``."""
+    for cls, pattern in CLASSES:
+        if pattern.search(name):
+            return cls
+    return "elementwise/other"
+
+
+def summarize(
+    times: dict[str, tuple[int, float]], steps: int, step_ms: float, top: int
+) -> dict[str, object]:
+    """``times`` = {name: (calls, total microseconds)} over ``steps`` steps -> the report
+    (per-step values; ``step_ms`` is one step's wall time)."""
+    rows = sorted(times.items(), key=lambda kv: -kv[1][1])
+    total_ms = sum(us for _, us in times.values()) / 1e3 / steps
+    classes: dict[str, float] = defaultdict(float)
+    for name, (_, us) in rows:
+        classes[kernel_class(name)] += us / 1e3 / steps
+    return {
+        "steps": steps,
+        "step_ms": step_ms,
+        "kernel_ms_per_step": total_ms,
+        "gpu_busy_frac": total_ms / step_ms if step_ms > 0 else None,
+        "kernels": [
+            {
+                "name": name[:160],
+                "calls": calls / steps,
+                "total_ms": us / 1e3 / steps,
+                "pct_of_step": 100 * us / 1e3 / steps / step_ms if step_ms > 0 else None,
+            }
+            for name, (calls, us) in rows[:top]
+        ],
+        "classes": {k: v for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
+    }
+
+
+def top_kernels(
+    fn: Callable[[], object],
+    device: torch.device | str,
+    *,
+    steps: int = 3,
+    top: int = 15,
+    step_s: float | None = None,
+) -> dict[str, object]:
+    """Profile ``steps`` calls of ``fn`` (already warmed up) on ``device``; see the module
+    docstring for the fields."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    times: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    if cuda:
+        for evt in prof.events():
+            if evt.device_type == torch.autograd.DeviceType.CUDA:
+                t = times[evt.name]
+                t[0] += 1
+                t[1] += evt.time_range.elapsed_us()
+    else:
+        for avg in prof.key_averages():
+            t = times[avg.key]
+            t[0] += avg.count
+            t[1] += avg.self_cpu_time_total
+    step_ms = step_s * 1e3 if step_s else wall_ms
+    out = summarize({k: (int(c), us) for k, (c, us) in times.items()}, steps, step_ms, top)
+    out["kind"] = "cuda_kernels" if cuda else "cpu_ops"
+    out["profiled_step_ms"] = wall_ms
+    if cuda and not times:
+        out["note"] = "no CUDA kernel events recorded (CUPTI unavailable?)"
+    return out
+
+
+def profile_or_error(fn: Callable[[], object], device, **kwargs) -> dict[str, object]:
+    """:func:`top_kernels`, or ``{"error": ...}`` when profiling fails (the bench goes on)."""
+    try:
+        return top_kernels(fn, device, **kwargs)
+    except Exception as err:  # noqa: BLE001 - a profiler failure must not lose the timings
+        return {"error": f"{type(err).__name__}: {err}"[:500]}

@@ -260,7 +260,13 @@ def scaling(paths, work: Path, steps: int, budget_end: float, model: str, rows: 
               f"trainer.micro_batch_size={micro}", f"trainer.max_new_tokens={new}",
               f"trainer.max_length={160 + new}", "model.torch_dtype=bfloat16", "trainer.lr=1e-5"]  # fmt: skip
     for engine in engines:
-        row: dict = {"engine": engine, "model": str(paths[model]), "prompts": prompts, "samples": n, "new_tokens": new}
+        row: dict = {
+            "engine": engine,
+            "model": str(paths[model]),
+            "prompts": prompts,
+            "samples": n,
+            "new_tokens": new,
+        }
         rows.append(row)
         for nproc, gpus in ((1, "0"), (2, "0,1")):
             if time.perf_counter() > budget_end:
@@ -340,8 +346,16 @@ def main() -> int:
         write()
     if "scaling" in only:
         result["scaling"] = []
-        scaling(paths, work, args.scale_steps, end, args.scale_model, result["scaling"], write,
-                tuple(args.engines.split(",")))
+        scaling(
+            paths,
+            work,
+            args.scale_steps,
+            end,
+            args.scale_model,
+            result["scaling"],
+            write,
+            tuple(args.engines.split(",")),
+        )
         write()
     eq = result.get("equivalence", [])
     return 1 if eq and not all(r.get("pass") for r in eq) else 0

@@ -8,11 +8,8 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
 * weights           params x d; a quantised base (``model.load_in_4bit``, QLoRA: NF4 with
                     double quantisation, 0.516 bytes per parameter; ``load_in_8bit``: 1 byte)
                     only for the decoder's linear layers, plus one dequantised weight; the
-                    rest (embeddings, lm_head, norms) in fp32: peft's
-                    ``prepare_model_for_kbit_training`` casts them. The fp32 embeddings make
-                    the residual stream fp32 (a bnb linear returns its input's dtype), so
-                    with a quantised base every activation and KV-cache term below takes
-                    4 bytes where it says d.
+                    rest (embeddings, lm_head, norms) stays in d (danka.trainer.setup.
+                    freeze_quantized_base does not make peft's fp32 cast)
 * LoRA              lora_params x 16 (fp32 value 4 + grad 4 + Adam m, v 8); full
                     fine-tuning: params x (d grad + 8 Adam)
 * KV cache          L x 2 x kv x (prompt + new tokens) x sequences x d; the fast engine
@@ -239,16 +236,12 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
 
     c: dict[str, int] = {"weights": params * d}
     quant = QUANT_BYTES.get("4bit" if m.load_in_4bit else "8bit" if m.load_in_8bit else "")
-    a = d  # bytes per activation element
     if quant:
-        # bitsandbytes quantises the decoder's linear layers; peft's
-        # prepare_model_for_kbit_training casts the rest (embeddings, lm_head, norms,
-        # biases) to fp32; each matmul dequantises one weight transiently (compute dtype).
-        # The fp32 embeddings make the residual stream fp32 (a bnb linear returns its
-        # input's dtype): activations and the KV cache take 4 bytes.
+        # bitsandbytes quantises the decoder's linear layers; embeddings, lm_head and
+        # norms stay in the compute dtype (trainer.setup.freeze_quantized_base); each
+        # matmul dequantises one weight transiently
         lin = n_layers * ((q + 2 * kv) * h + q * h + 3 * i * h)
-        c["weights"] = int(lin * quant) + (params - lin) * 4 + i * h * d
-        a = 4
+        c["weights"] = int(lin * quant) + (params - lin) * d + i * h * d
     if use_lora:
         c["lora + Adam (fp32)"] = lora * LORA_BYTES_PER_PARAM
     else:
@@ -278,7 +271,7 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     prompts = seqs // n
     rows, cache_len = (bucket_size(seqs, True), _round_up(seq_len)) if fast else (seqs, seq_len)
     prefill_rows = min(prompts, PREFILL_PROMPTS) if fast else seqs
-    c["KV cache (rollout)"] = n_layers * 2 * kv * cache_len * rows * a
+    c["KV cache (rollout)"] = n_layers * 2 * kv * cache_len * rows * d
     if fast:
         # fused q|k|v and gate|up copies, made only when they take <= 1 GiB (small models;
         # larger ones read the live weights); LoRA runs unmerged from stacked adapter copies
@@ -291,10 +284,10 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     keep = fast and params * d <= KEEP_CACHE_LIMIT_BYTES
     held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if keep else 0
     c["logits (rollout)"] = rows * v * 4 * LOGIT_FACTOR_ROLLOUT
-    c["prefill (rollout)"] = prefill_rows * prompt_len * a * (4 * h + 2 * i)
-    per_layer = _layer_bytes_per_token(shape, a, cfg.lora.target_modules if use_lora else None)
+    c["prefill (rollout)"] = prefill_rows * prompt_len * d * (4 * h + 2 * i)
+    per_layer = _layer_bytes_per_token(shape, d, cfg.lora.target_modules if use_lora else None)
     full_acts = n_layers * tokens * per_layer
-    ckpt_acts = n_layers * tokens * h * a + tokens * per_layer + tokens * (2 * h + i) * 4
+    ckpt_acts = n_layers * tokens * h * d + tokens * per_layer + tokens * (2 * h + i) * 4
     c["activations (no checkpointing)"] = full_acts
     c["activations (checkpointing)"] = ckpt_acts
     c["logits (chunked, update)"] = chunk * v * 4 * LOGIT_FACTOR_UPDATE

@@ -333,6 +333,20 @@ def build_rule_rewards(
     return rewards
 
 
+def freeze_quantized_base(model: torch.nn.Module) -> None:
+    """Freeze a bitsandbytes base for QLoRA, keeping its bf16 tensors in bf16.
+
+    peft's ``prepare_model_for_kbit_training`` also casts every tensor that is not quantised
+    (embeddings, LM head, norms) to fp32: on a 7B base that is ~4 GiB more weights, and the
+    fp32 embedding output makes the whole residual stream, activations and KV cache fp32.
+    The cast guards fp16 training; bf16 has fp32's range, so only fp16 tensors are cast
+    (the LoRA adapters are fp32 either way). Checkpointing is set up by ``build_models``."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+        if p.dtype == torch.float16 and type(p).__name__ != "Params4bit":
+            p.data = p.data.float()
+
+
 def build_model_set(cfg: DankaConfig, device: torch.device, log: logging.Logger):
     """Policy (+ reference, + critic) on ``device``; returns (models, load kwargs)."""
     m = cfg.model
@@ -346,11 +360,7 @@ def build_model_set(cfg: DankaConfig, device: torch.device, log: logging.Logger)
     )
     base = load_causal_lm(m.actor_model_name_or_path, quantize=quantize, **load)
     if quantize:
-        from peft import prepare_model_for_kbit_training
-
-        base = prepare_model_for_kbit_training(
-            base, use_gradient_checkpointing=m.use_gradient_checkpointing
-        )
+        freeze_quantized_base(base)
     models = build_models(
         cfg,
         base,

@@ -5,9 +5,10 @@ the standard library, this module and the tool files), one call after another. A
 over ``timeout_s`` gets the worker's process group SIGKILLed and a new one started for
 the next call; a thread could not be stopped. The process machinery (own session and
 process group, death with the trainer, ignoring Ctrl-C, the group kill) is the reward
-worker's (rewards/worker.py: ``guard_child``, ``kill_group``); only the protocol differs. Requests and replies are JSON
-lines on the worker's stdin and on a duplicate of its original stdout; the tool's own
-``print`` output goes to stderr, so it cannot corrupt the protocol.
+worker's (rewards/worker.py: ``spawn_worker``, ``guard_child``, ``kill_group``,
+``forget_worker``); only the protocol differs. Requests and replies are JSON lines on the
+worker's stdin and on a duplicate of its original stdout; the tool's own ``print`` output
+goes to stderr, so it cannot corrupt the protocol.
 
 A tool's return value becomes the tool message: a ``str`` as is, anything JSON can write
 (numbers, lists, dicts) as JSON, anything else ``str(value)``; replies longer than
@@ -16,7 +17,6 @@ A tool's return value becomes the tool message: a ``str`` as is, anything JSON c
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import select
@@ -24,13 +24,12 @@ import subprocess
 import sys
 import time
 import traceback
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from danka.agent.parse import ToolCall
 from danka.agent.tools import ToolSpec
-from danka.rewards.worker import guard_child, kill_group
+from danka.rewards.worker import forget_worker, guard_child, kill_group, spawn_worker
 
 _START_TIMEOUT_S = 120.0  # importing the tool files (they may import heavy libraries)
 
@@ -90,13 +89,6 @@ def _worker_main() -> None:
 
 
 _WORKER_CODE = "from danka.agent.worker import _worker_main; _worker_main()"
-_LIVE: weakref.WeakSet[ToolRunner] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for runner in list(_LIVE):
-        runner.close()
 
 
 class ToolRunner:
@@ -111,17 +103,11 @@ class ToolRunner:
     # -- process management
     def _start(self) -> None:
         listing = [[t.name, t.source, t.function] for t in self.tools.values()]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_CODE, json.dumps(listing), str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
+        args = [json.dumps(listing), str(os.getpid())]
+        self._proc = spawn_worker(
+            self, _WORKER_CODE, args, stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         self._buf = b""
-        _LIVE.add(self)
         if self._readline(_START_TIMEOUT_S) is None:
             self.close()
             raise RuntimeError("the tool worker did not start (see the error above)")
@@ -150,7 +136,7 @@ class ToolRunner:
                 if pipe is not None:
                     pipe.close()
             self._proc = None
-        _LIVE.discard(self)
+        forget_worker(self)
 
     # -- calls
     def run(self, call: ToolCall) -> ToolResult:

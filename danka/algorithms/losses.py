@@ -1,8 +1,7 @@
 """Policy losses, loss aggregation and the critic's value loss.
 
-Every policy loss is
-``fn(logprobs, old_logprobs, advantages, response_mask, params, norm) -> (loss, metrics)``
-with (B, R) tensors for one MICRO-batch, a scalar loss and float metrics.
+Every policy loss is ``fn(inputs, params, norm) -> (loss, metrics)`` with the (B, R) tensors
+of one MICRO-batch in ``inputs`` (:class:`PolicyLossInput`), a scalar loss and float metrics.
 
 Micro-batch invariance: ``LossNorm`` carries counts for the whole MINI-batch (one
 optimiser step), so each micro-batch loss is already divided by the global normaliser
@@ -122,9 +121,18 @@ def aggregate(
     return masked.sum() / (num_seqs * max(norm.max_response_length, 1))
 
 
+@dataclass
+class PolicyLossInput:
+    """What a policy loss reads, for one MICRO-batch; every tensor (B, R)."""
+
+    logprobs: torch.Tensor  # log pi(y_t) under the policy being trained (with gradient)
+    old_logprobs: torch.Tensor  # log pi_old(y_t), the policy that sampled (no gradient)
+    advantages: torch.Tensor  # per-token advantage A
+    response_mask: torch.Tensor  # 1 on the tokens the loss counts, 0 elsewhere
+
+
 PolicyLoss = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PolicyLossParams, LossNorm],
-    tuple[torch.Tensor, dict[str, float]],
+    [PolicyLossInput, PolicyLossParams, LossNorm], tuple[torch.Tensor, dict[str, float]]
 ]
 
 
@@ -133,14 +141,19 @@ def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - 1 - log_ratio
 
 
+def _clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, params: PolicyLossParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(L, clipped)`` per token: L = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))
+    and where the clip bound is the active (larger) term."""
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1 - params.clip_low, 1 + params.clip_high)
+    return torch.maximum(loss_unclipped, loss_clipped), loss_clipped > loss_unclipped
+
+
 @POLICY_LOSSES.register("vanilla")
 def vanilla(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    params: PolicyLossParams,
-    norm: LossNorm,
+    x: PolicyLossInput, params: PolicyLossParams, norm: LossNorm
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) per token:
 
@@ -153,39 +166,33 @@ def vanilla(
     Metrics: clipfrac (tokens where the clip bound is active), clipfrac_lower (tokens
     where the dual clip is active), approx_kl (k3 of KL(old || new)), ratio_mean.
     """
+    mask = x.response_mask
     log_ratio = torch.clamp(
-        logprobs - old_logprobs, -params.log_ratio_clamp, params.log_ratio_clamp
+        x.logprobs - x.old_logprobs, -params.log_ratio_clamp, params.log_ratio_clamp
     )
     ratio = torch.exp(log_ratio)
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1 - params.clip_low, 1 + params.clip_high)
-    loss = torch.maximum(loss_unclipped, loss_clipped)
-    clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
+    loss, clipped = _clipped_surrogate(ratio, x.advantages, params)
+    clipfrac = masked_mean(clipped.float(), mask)
     dual_frac = torch.zeros(())
     if params.dual_clip_c is not None:
-        loss_dual = -advantages * params.dual_clip_c
-        negative = advantages < 0
-        dual_frac = masked_mean(((loss > loss_dual) & negative).float(), response_mask)
+        loss_dual = -x.advantages * params.dual_clip_c
+        negative = x.advantages < 0
+        dual_frac = masked_mean(((loss > loss_dual) & negative).float(), mask)
         loss = torch.where(negative, torch.minimum(loss, loss_dual), loss)
-    total = aggregate(loss, response_mask, params.agg_mode, norm)
+    total = aggregate(loss, mask, params.agg_mode, norm)
     with torch.no_grad():
         metrics = {
             "clipfrac": float(clipfrac),
             "clipfrac_lower": float(dual_frac),
-            "approx_kl": float(masked_mean(_k3(log_ratio.detach()), response_mask)),
-            "ratio_mean": float(masked_mean(ratio.detach(), response_mask)),
+            "approx_kl": float(masked_mean(_k3(log_ratio.detach()), mask)),
+            "ratio_mean": float(masked_mean(ratio.detach(), mask)),
         }
     return total, metrics
 
 
 @POLICY_LOSSES.register("gspo")
 def gspo(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    params: PolicyLossParams,
-    norm: LossNorm,
+    x: PolicyLossInput, params: PolicyLossParams, norm: LossNorm
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Group Sequence Policy Optimisation (Zheng et al. 2025, arXiv:2507.18071).
 
@@ -198,22 +205,20 @@ def gspo(
     Metrics: clipfrac (valid tokens whose sequence ratio is clipped), approx_kl (k3 per
     token), ratio_mean (mean sequence ratio over sequences).
     """
-    log_ratio = logprobs - old_logprobs
-    seq_len = response_mask.sum(dim=-1).clamp(min=1.0)
-    seq_log_ratio = (log_ratio * response_mask).sum(dim=-1) / seq_len  # (B,)
-    token_log_ratio = logprobs - logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    mask = x.response_mask
+    log_ratio = x.logprobs - x.old_logprobs
+    seq_len = mask.sum(dim=-1).clamp(min=1.0)
+    seq_log_ratio = (log_ratio * mask).sum(dim=-1) / seq_len  # (B,)
+    token_log_ratio = x.logprobs - x.logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1)
     token_log_ratio = torch.clamp(token_log_ratio, max=params.log_ratio_clamp)
-    ratio = torch.exp(token_log_ratio)
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1 - params.clip_low, 1 + params.clip_high)
-    loss = torch.maximum(loss_unclipped, loss_clipped)
-    total = aggregate(loss, response_mask, params.agg_mode, norm)
+    loss, clipped = _clipped_surrogate(torch.exp(token_log_ratio), x.advantages, params)
+    total = aggregate(loss, mask, params.agg_mode, norm)
     with torch.no_grad():
-        has_token = response_mask.sum(dim=-1) > 0
+        has_token = mask.sum(dim=-1) > 0
         seq_ratio = torch.exp(seq_log_ratio.detach().clamp(max=params.log_ratio_clamp))
         metrics = {
-            "clipfrac": float(masked_mean((loss_clipped > loss_unclipped).float(), response_mask)),
-            "approx_kl": float(masked_mean(_k3(log_ratio.detach().clamp(-20, 20)), response_mask)),
+            "clipfrac": float(masked_mean(clipped.float(), mask)),
+            "approx_kl": float(masked_mean(_k3(log_ratio.detach().clamp(-20, 20)), mask)),
             "ratio_mean": float(seq_ratio[has_token].mean()) if has_token.any() else 1.0,
         }
     return total, metrics

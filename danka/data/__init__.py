@@ -6,7 +6,15 @@ to verl's layout; ``tasks.py`` generates offline tasks for the quickstart.
 """
 
 from danka.data.files import read_records
-from danka.data.formats import FORMATS, LoadResult, detect_format, load_prompt_rows, to_prompt_row
+from danka.data.formats import (
+    FORMATS,
+    Columns,
+    LoadResult,
+    ReadOptions,
+    detect_format,
+    load_prompt_rows,
+    to_prompt_row,
+)
 from danka.data.gsm8k import (
     GSM8K_INSTRUCTION,
     convert_gsm8k,
@@ -27,8 +35,10 @@ __all__ = [
     "FORMATS",
     "GSM8K_INSTRUCTION",
     "OVERLONG_POLICIES",
+    "Columns",
     "EncodedPrompts",
     "LoadResult",
+    "ReadOptions",
     "arithmetic_rows",
     "convert_gsm8k",
     "describe_first_batch",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,6 +43,36 @@ class BadRow(ValueError):
     """A row that cannot become a PromptRow; turned into UserError or skipped by the caller."""
 
 
+@dataclass(frozen=True)
+class Columns:
+    """A prompt-rows file's layout and which column holds what (``data.format`` and
+    ``data.*_key``; the formats are in the module docstring)."""
+
+    fmt: str = "auto"  # one of FORMATS
+    prompt_key: str = "prompt"
+    response_key: str = "response"  # seed format: the scored answer
+    reward_key: str = "reward"  # seed format: the answer's score
+    answer_key: str | None = None  # the ground-truth column; None: the format's own
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a rows file is read; prompt rows and preference pairs alike."""
+
+    on_bad_row: str = "error"  # error: raise on the first bad row; skip: leave it out
+    bad_rows_path: Path | None = None  # skipped rows are appended here as JSON lines
+    limit: int | None = None  # stop after this many good rows
+    base_dir: Path | None = None  # relative paths are read from here
+    split: str = "train"  # the split read from a dataset folder or hub name
+    dataset_type: str | None = None  # see :func:`danka.data.files.read_records`
+
+    def __post_init__(self) -> None:
+        if self.on_bad_row not in ("error", "skip"):
+            raise UserError(
+                f"unknown on_bad_row {self.on_bad_row!r}", "data.on_bad_row", "use error or skip"
+            )
+
+
 def detect_format(
     record: dict[str, Any], *, prompt_key: str = "prompt", response_key: str = "response"
 ) -> str | None:
@@ -59,21 +89,13 @@ def detect_format(
 
 
 def to_prompt_row(
-    record: dict[str, Any],
-    index: int,
-    location: str,
-    *,
-    fmt: str = "auto",
-    prompt_key: str = "prompt",
-    response_key: str = "response",
-    reward_key: str = "reward",
-    answer_key: str | None = None,
+    record: dict[str, Any], index: int, location: str, columns: Columns = Columns()
 ) -> PromptRow:
     """Convert one raw record; a bad row raises UserError naming ``location`` and its keys."""
     try:
-        return _convert(record, index, fmt, prompt_key, response_key, reward_key, answer_key)
+        return _convert(record, index, columns)
     except BadRow as err:
-        raise _bad_row_error(err, record, location, fmt) from None
+        raise _bad_row_error(err, record, location, columns.fmt) from None
 
 
 def _bad_row_error(err: BadRow, record: dict, location: str, fmt: str) -> UserError:
@@ -85,43 +107,44 @@ def _bad_row_error(err: BadRow, record: dict, location: str, fmt: str) -> UserEr
     )
 
 
-def _convert(record, index, fmt, prompt_key, response_key, reward_key, answer_key) -> PromptRow:
+def _convert(record: dict[str, Any], index: int, c: Columns) -> PromptRow:
+    fmt = c.fmt
     if fmt == "auto":
-        fmt = detect_format(record, prompt_key=prompt_key, response_key=response_key) or ""
+        fmt = detect_format(record, prompt_key=c.prompt_key, response_key=c.response_key) or ""
         if not fmt:
             raise BadRow(
-                f"cannot detect the format: no {prompt_key!r} (seed/trl/verl) or "
+                f"cannot detect the format: no {c.prompt_key!r} (seed/trl/verl) or "
                 "'question'+'answer' (gsm8k) column"
             )
     if fmt not in _CONVERTERS:
         raise UserError(
             f"unknown data format {fmt!r}", "data.format", f"use one of {', '.join(FORMATS)}"
         )
-    return _CONVERTERS[fmt](record, index, prompt_key, response_key, reward_key, answer_key)
+    return _CONVERTERS[fmt](record, index, c)
 
 
-def _seed(record, index, prompt_key, response_key, reward_key, answer_key) -> PromptRow:
-    prompt = _prompt(record, prompt_key)
+def _seed(record, index, c: Columns) -> PromptRow:
+    prompt = _prompt(record, c.prompt_key)
     data_source = record.get("data_source", "unknown")
-    if answer_key is not None:
-        truth = _truth(_required(record, answer_key), answer_key)
+    if c.answer_key is not None:
+        truth = _truth(_required(record, c.answer_key), c.answer_key)
     else:
-        response = record.get(response_key)
+        response = record.get(c.response_key)
         if response is not None and not isinstance(response, str):
-            raise BadRow(f"{response_key!r} must be a string, got {type(response).__name__}")
+            raise BadRow(f"{c.response_key!r} must be a string, got {type(response).__name__}")
         truth = find_gsm8k_answer(response) if response else None
         if truth is not None and "data_source" not in record:
             data_source = GSM8K_SOURCE
-    reward = record.get(reward_key)
+    reward = record.get(c.reward_key)
     if reward is not None and not isinstance(reward, (int, float)):
-        raise BadRow(f"{reward_key!r} must be a number, got {type(reward).__name__}")
-    extra = {k: v for k, v in record.items() if k not in (prompt_key, "data_source")}
+        raise BadRow(f"{c.reward_key!r} must be a number, got {type(reward).__name__}")
+    extra = {k: v for k, v in record.items() if k not in (c.prompt_key, "data_source")}
     return PromptRow(index, prompt, truth, str(data_source), extra)
 
 
-def _trl(record, index, prompt_key, response_key, reward_key, answer_key) -> PromptRow:
-    prompt = _prompt(record, prompt_key)
-    keys = (answer_key,) if answer_key is not None else _TRL_ANSWER_KEYS
+def _trl(record, index, c: Columns) -> PromptRow:
+    prompt = _prompt(record, c.prompt_key)
+    keys = (c.answer_key,) if c.answer_key is not None else _TRL_ANSWER_KEYS
     truth, data_source = None, record.get("data_source", "unknown")
     for key in keys:
         if record.get(key) is not None:
@@ -131,17 +154,17 @@ def _trl(record, index, prompt_key, response_key, reward_key, answer_key) -> Pro
                 data_source = record.get("data_source", GSM8K_SOURCE)
             break
     else:
-        if answer_key is not None:
-            raise BadRow(f"missing answer column {answer_key!r} (data.answer_key)")
-    extra = {k: v for k, v in record.items() if k != prompt_key}
+        if c.answer_key is not None:
+            raise BadRow(f"missing answer column {c.answer_key!r} (data.answer_key)")
+    extra = {k: v for k, v in record.items() if k != c.prompt_key}
     return PromptRow(index, prompt, truth, str(data_source), extra)
 
 
-def _verl(record, index, prompt_key, response_key, reward_key, answer_key) -> PromptRow:
-    prompt = _prompt(record, prompt_key)
+def _verl(record, index, c: Columns) -> PromptRow:
+    prompt = _prompt(record, c.prompt_key)
     reward_model = record.get("reward_model")
-    if answer_key is not None:
-        truth = _truth(_required(record, answer_key), answer_key)
+    if c.answer_key is not None:
+        truth = _truth(_required(record, c.answer_key), c.answer_key)
     elif reward_model is None:
         truth = None
     elif not isinstance(reward_model, dict):
@@ -149,11 +172,11 @@ def _verl(record, index, prompt_key, response_key, reward_key, answer_key) -> Pr
     else:
         value = reward_model.get("ground_truth")
         truth = None if value is None else _truth(value, "reward_model.ground_truth")
-    extra = {k: v for k, v in record.items() if k not in (prompt_key, "data_source")}
+    extra = {k: v for k, v in record.items() if k not in (c.prompt_key, "data_source")}
     return PromptRow(index, prompt, truth, str(record.get("data_source", "unknown")), extra)
 
 
-def _gsm8k(record, index, prompt_key, response_key, reward_key, answer_key) -> PromptRow:
+def _gsm8k(record, index, c: Columns) -> PromptRow:
     question = _required(record, "question")
     answer = _required(record, "answer")
     if not isinstance(question, str) or not question.strip():
@@ -226,95 +249,86 @@ class LoadResult:
 
 
 def load_prompt_rows(
-    source: str,
-    *,
-    fmt: str = "auto",
-    prompt_key: str = "prompt",
-    response_key: str = "response",
-    reward_key: str = "reward",
-    answer_key: str | None = None,
-    on_bad_row: str = "error",
-    bad_rows_path: Path | None = None,
-    limit: int | None = None,
-    base_dir: Path | None = None,
-    split: str = "train",
-    dataset_type: str | None = None,
+    source: str, columns: Columns = Columns(), read: ReadOptions = ReadOptions()
 ) -> LoadResult:
     """Read ``source`` (see :func:`danka.data.files.read_records`) and convert its rows.
 
-    ``on_bad_row="error"`` raises on the first bad row; ``"skip"`` appends each bad row to
-    ``bad_rows_path`` as ``{"location", "reason", "record"}`` JSON lines and goes on; all
-    rows bad -> UserError. ``limit`` stops after that many good rows. ``PromptRow.index``
-    is the row's position among the source's parsed records.
+    Bad rows follow ``read.on_bad_row`` (see :func:`read_and_convert`); all rows bad ->
+    UserError. ``PromptRow.index`` is the row's position among the source's parsed records.
     """
-    if fmt not in FORMATS:
+    if columns.fmt not in FORMATS:
         raise UserError(
-            f"unknown data format {fmt!r}", "data.format", f"use one of {', '.join(FORMATS)}"
+            f"unknown data format {columns.fmt!r}",
+            "data.format",
+            f"use one of {', '.join(FORMATS)}",
         )
-    if on_bad_row not in ("error", "skip"):
-        raise UserError(
-            f"unknown on_bad_row {on_bad_row!r}", "data.on_bad_row", "use error or skip"
-        )
-    skip = on_bad_row == "skip"
-    records, bad = read_noting_bad_lines(
-        source, skip=skip, base_dir=base_dir, split=split, dataset_type=dataset_type
-    )
-    if fmt == "auto":
-        fmt = _detect_for_file(records, source, prompt_key, response_key)
+    records, bad = read_noting_bad_lines(source, read)
+    c = columns
+    if c.fmt == "auto":
+        c = replace(c, fmt=_detect_for_file(records, source, c.prompt_key, c.response_key))
     rows = convert_records(
+        source,
         records,
-        lambda i, where, r: _convert(r, i, fmt, prompt_key, response_key, reward_key, answer_key),
-        lambda err, r, where: _bad_row_error(err, r, where, fmt),
-        skip=skip,
-        limit=limit,
+        lambda i, where, r: _convert(r, i, c),
+        lambda err, r, where: _bad_row_error(err, r, where, c.fmt),
+        read=read,
         bad=bad,
-        bad_rows_path=bad_rows_path,
+        nothing_usable=("rows", "check data.format and data.prompt_key against the file's columns"),
     )
-    if not rows:
-        raise UserError(
-            f"no usable rows: all {len(bad)} rows are bad"
-            + (f" (see {bad_rows_path})" if bad_rows_path and bad else ""),
-            source,
-            "check data.format and data.prompt_key against the file's columns",
-        )
-    return LoadResult(rows, fmt, len(bad), bad_rows_path if bad else None)
+    return LoadResult(rows, c.fmt, len(bad), read.bad_rows_path if bad else None)
 
 
 def read_noting_bad_lines(
-    source: str, *, skip: bool, **read_kw: Any
+    source: str, read: ReadOptions
 ) -> tuple[list[tuple[str, dict]], list[dict[str, Any]]]:
-    """``(records, bad)``: ``read_records(source, **read_kw)``; with ``skip``, lines that do
-    not parse are left out and listed in ``bad`` as ``{"location", "reason", "record"}``."""
-    bad_lines: list[tuple[str, str]] | None = [] if skip else None
-    records = read_records(source, bad_lines=bad_lines, **read_kw)
+    """``(records, bad)``: ``source``'s records (see :func:`danka.data.files.read_records`);
+    with ``on_bad_row: skip``, lines that do not parse are left out and listed in ``bad`` as
+    ``{"location", "reason", "record"}``."""
+    bad_lines: list[tuple[str, str]] | None = [] if read.on_bad_row == "skip" else None
+    records = read_records(
+        source,
+        bad_lines=bad_lines,
+        base_dir=read.base_dir,
+        split=read.split,
+        dataset_type=read.dataset_type,
+    )
     return records, [{"location": w, "reason": r, "record": None} for w, r in bad_lines or []]
 
 
 def convert_records(
+    source: str,
     records: list[tuple[str, dict]],
     convert: Callable[[int, str, dict], T],
     error: Callable[[BadRow, dict, str], UserError],
     *,
-    skip: bool,
-    limit: int | None,
+    read: ReadOptions,
     bad: list[dict[str, Any]],
-    bad_rows_path: Path | None,
+    nothing_usable: tuple[str, str],
 ) -> list[T]:
-    """``convert(index, location, record)`` for each record, up to ``limit`` good ones. A
-    BadRow raises ``error(err, record, location)``, or with ``skip`` joins ``bad``; ``bad``
-    is then appended to ``bad_rows_path`` (if given)."""
+    """``convert(index, location, record)`` for each record, up to ``read.limit`` good ones.
+    A BadRow raises ``error(err, record, location)`` (``on_bad_row: error``), or (``skip``)
+    joins ``bad``, which is then appended to ``read.bad_rows_path`` (if given). No good
+    row -> UserError "no usable WHAT" with the fix ``nothing_usable = (WHAT, FIX)``."""
     out: list[T] = []
     for index, (where, record) in enumerate(records):
-        if limit is not None and len(out) >= limit:
+        if read.limit is not None and len(out) >= read.limit:
             break
         try:
             out.append(convert(index, where, record))
         except BadRow as err:
-            if not skip:
+            if read.on_bad_row != "skip":
                 raise error(err, record, where) from None
             bad.append({"location": where, "reason": str(err), "record": record})
-    if bad and bad_rows_path is not None:
-        write_bad_rows(bad, Path(bad_rows_path))
+    if bad and read.bad_rows_path is not None:
+        write_bad_rows(bad, Path(read.bad_rows_path))
+    if not out:
+        what, fix = nothing_usable
+        raise UserError(
+            f"no usable {what}: all {len(bad)} rows are bad"
+            + (f" (see {read.bad_rows_path})" if read.bad_rows_path and bad else ""),
+            source,
+            fix,
+        )
     return out
 
 

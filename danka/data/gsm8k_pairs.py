@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.data.files import read_records, write_text_atomic
-from danka.data.formats import to_prompt_row
+from danka.data.formats import Columns, to_prompt_row
 from danka.data.gsm8k import GSM8K_INSTRUCTION, find_gsm8k_answer
 from danka.errors import UserError
 
@@ -76,7 +76,7 @@ def build_gsm8k_pairs(
     rng = random.Random(seed)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in PAIR_SETS}
     for index, (where, record) in enumerate(records):
-        row = to_prompt_row(record, index, where, fmt="gsm8k")  # UserError names file:line
+        row = to_prompt_row(record, index, where, Columns(fmt="gsm8k"))  # UserError names file:line
         question, solution = row.prompt, row.extra["answer"]
         try:
             wrong = with_wrong_final_number(solution, rng)

@@ -18,9 +18,14 @@ a UserError naming ``file:line``; ``skip`` appends it to ``bad_rows_path`` and g
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from danka.data.formats import BadRow, _prompt, convert_records, read_noting_bad_lines
+from danka.data.formats import (
+    BadRow,
+    ReadOptions,
+    _prompt,
+    convert_records,
+    read_noting_bad_lines,
+)
 from danka.errors import UserError
 
 Text = str | list[dict[str, str]]
@@ -54,80 +59,64 @@ def split_shared_prefix(chosen: Text, rejected: Text) -> tuple[Text, Text, Text]
     return chosen[:idx], chosen[idx:], rejected[idx:]
 
 
-def to_pair(
-    record: dict,
-    location: str,
-    *,
-    chosen_key: str = "chosen",
-    rejected_key: str = "rejected",
-    prompt_key: str = "prompt",
-    margin_key: str = "margin",
-) -> PreferencePair:
+@dataclass(frozen=True)
+class PairColumns:
+    """Which column holds what in a pairs file (``rm.*_key``, ``data.prompt_key``)."""
+
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
+    prompt_key: str = "prompt"  # absent or null in a row: the prompt is implicit
+    margin_key: str = "margin"
+
+
+def to_pair(record: dict, location: str, columns: PairColumns = PairColumns()) -> PreferencePair:
     """One record as a pair; BadRow says what is wrong with it."""
-    chosen, rejected = _prompt(record, chosen_key), _prompt(record, rejected_key)
+    c = columns
+    chosen, rejected = _prompt(record, c.chosen_key), _prompt(record, c.rejected_key)
     if chosen == rejected:
-        raise BadRow(f"{chosen_key!r} and {rejected_key!r} are identical")
-    implicit = record.get(prompt_key) is None
+        raise BadRow(f"{c.chosen_key!r} and {c.rejected_key!r} are identical")
+    implicit = record.get(c.prompt_key) is None
     if implicit:
         prompt, chosen, rejected = split_shared_prefix(chosen, rejected)
     else:
-        prompt = _prompt(record, prompt_key)
-    for key, value in ((chosen_key, chosen), (rejected_key, rejected)):
+        prompt = _prompt(record, c.prompt_key)
+    for key, value in ((c.chosen_key, chosen), (c.rejected_key, rejected)):
         if _empty(value):
             after = " after the shared prefix (the implicit prompt)" if implicit else ""
             raise BadRow(f"{key!r} is empty{after}")
-    margin = record.get(margin_key)
+    margin = record.get(c.margin_key)
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
-        raise BadRow(f"{margin_key!r} must be a number, got {type(margin).__name__}")
+        raise BadRow(f"{c.margin_key!r} must be a number, got {type(margin).__name__}")
     return PreferencePair(prompt, chosen, rejected, None if margin is None else float(margin),
                           location)  # fmt: skip
 
 
 def load_pairs(
-    source: str,
-    *,
-    chosen_key: str = "chosen",
-    rejected_key: str = "rejected",
-    prompt_key: str = "prompt",
-    margin_key: str = "margin",
-    on_bad_row: str = "error",
-    bad_rows_path: Path | None = None,
-    limit: int | None = None,
-    base_dir: Path | None = None,
-    split: str = "train",
-    dataset_type: str | None = None,
+    source: str, columns: PairColumns = PairColumns(), read: ReadOptions | None = None
 ) -> tuple[list[PreferencePair], int]:
     """``(pairs, n_bad)`` from ``source`` (any file :func:`~danka.data.files.read_records`
-    reads). ``limit`` stops after that many good pairs; all pairs bad -> UserError."""
-    skip = on_bad_row == "skip"
-    records, bad = read_noting_bad_lines(
-        source, skip=skip, base_dir=base_dir, split=split, dataset_type=dataset_type
-    )
-    keys = dict(chosen_key=chosen_key, rejected_key=rejected_key, prompt_key=prompt_key,
-                margin_key=margin_key)  # fmt: skip
+    reads); bad pairs follow ``read.on_bad_row`` (see
+    :func:`~danka.data.formats.convert_records`); all pairs bad -> UserError."""
+    c, read = columns, read or ReadOptions()
+    records, bad = read_noting_bad_lines(source, read)
 
     def error(err: BadRow, record: dict, where: str) -> UserError:
         return UserError(
             f"bad preference pair: {err}; the row has keys {sorted(record)}",
             where,
             f"fix or remove the row, set rm.chosen_key / rm.rejected_key / "
-            f"data.prompt_key to the file's columns (now {chosen_key!r}, "
-            f"{rejected_key!r}, {prompt_key!r}), or set data.on_bad_row: skip",
+            f"data.prompt_key to the file's columns (now {c.chosen_key!r}, "
+            f"{c.rejected_key!r}, {c.prompt_key!r}), or set data.on_bad_row: skip",
         )
 
+    fix = f"each row needs {c.chosen_key!r} and {c.rejected_key!r} (rm.chosen_key/rejected_key)"
     pairs = convert_records(
+        source,
         records,
-        lambda i, where, record: to_pair(record, where, **keys),
+        lambda i, where, record: to_pair(record, where, c),
         error,
-        skip=skip,
-        limit=limit,
+        read=read,
         bad=bad,
-        bad_rows_path=bad_rows_path,
+        nothing_usable=("preference pairs", fix),
     )
-    if not pairs:
-        raise UserError(
-            f"no usable preference pairs: all {len(bad)} rows are bad",
-            source,
-            f"each row needs {chosen_key!r} and {rejected_key!r} (rm.chosen_key/rejected_key)",
-        )
     return pairs, len(bad)

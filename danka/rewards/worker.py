@@ -168,14 +168,34 @@ def _worker_entry() -> None:
 
 
 _WORKER_CODE = "from danka.rewards.worker import _worker_entry; _worker_entry()"
-_LIVE_WORKERS: weakref.WeakSet[Worker] = weakref.WeakSet()
+# owners (reward Worker, agent ToolRunner) of running worker processes: closed at exit
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @atexit.register
-def _kill_live_workers() -> None:
+def _close_live_workers() -> None:
     # A worker stuck in user code would otherwise outlive the trainer by up to 1 s.
-    for worker in list(_LIVE_WORKERS):
-        worker.close()
+    for owner in list(_LIVE):
+        owner.close()
+
+
+def spawn_worker(owner: Any, code: str, args: list[str], **popen_kw: Any) -> subprocess.Popen:
+    """``python -c code *args`` in its own session (see the module docstring), importing
+    this very danka; ``owner.close()`` runs at interpreter exit until :func:`forget_worker`
+    (the tool worker, danka/agent/worker.py, uses this too)."""
+    env = dict(os.environ)
+    # the child must import this very danka, wherever the parent found it
+    env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], env=env, start_new_session=True, **popen_kw
+    )
+    _LIVE.add(owner)
+    return proc
+
+
+def forget_worker(owner: Any) -> None:
+    """``owner`` closed its worker: no need to close it at exit."""
+    _LIVE.discard(owner)
 
 
 @dataclass(frozen=True)
@@ -206,15 +226,9 @@ class Worker:
         t = self.target
         to_child_r, to_child_w = os.pipe()
         to_parent_r, to_parent_w = os.pipe()
-        env = dict(os.environ)
-        # the child must import this very danka, wherever the parent found it
-        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
-        argv = [sys.executable, "-c", _WORKER_CODE, str(to_child_r), str(to_parent_w)]
-        argv += [t.path, t.function, t.kind, str(os.getpid())]
+        args = [str(to_child_r), str(to_parent_w), t.path, t.function, t.kind, str(os.getpid())]
         try:
-            self._proc = subprocess.Popen(
-                argv, env=env, pass_fds=(to_child_r, to_parent_w), start_new_session=True
-            )
+            self._proc = spawn_worker(self, _WORKER_CODE, args, pass_fds=(to_child_r, to_parent_w))
         except BaseException:
             os.close(to_child_w)
             os.close(to_parent_r)
@@ -224,7 +238,6 @@ class Worker:
             os.close(to_parent_w)
         self._send = Connection(to_child_w, readable=False)
         self._conn = Connection(to_parent_r, writable=False)
-        _LIVE_WORKERS.add(self)
         if not self._conn.poll(_LOAD_TIMEOUT_S):
             self.close()
             raise UserError(
@@ -284,4 +297,4 @@ class Worker:
             if conn is not None:
                 conn.close()
         self._send = self._conn = None
-        _LIVE_WORKERS.discard(self)
+        forget_worker(self)

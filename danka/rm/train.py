@@ -33,7 +33,8 @@ import torch
 
 from danka.config.schema import DankaConfig
 from danka.data.files import write_text_atomic
-from danka.data.pairs import PreferencePair, load_pairs
+from danka.data.formats import ReadOptions
+from danka.data.pairs import PairColumns, PreferencePair, load_pairs
 from danka.errors import UserError
 from danka.rm.loss import bradley_terry_loss, pair_stats
 
@@ -109,12 +110,16 @@ def check_rm_config(cfg: DankaConfig) -> None:
 
 def _load_all(cfg: DankaConfig, base_dir: Path, out: Path):
     d, rm = cfg.data, cfg.rm
-    kw = dict(chosen_key=rm.chosen_key, rejected_key=rm.rejected_key, prompt_key=d.prompt_key,
-              margin_key=rm.margin_key, on_bad_row=d.on_bad_row, base_dir=base_dir,
-              dataset_type=d.dataset_type, bad_rows_path=out / "bad_rows.jsonl")  # fmt: skip
-    train, n_bad = load_pairs(d.train_dataset, limit=d.limit, **kw)
+    cols = PairColumns(rm.chosen_key, rm.rejected_key, d.prompt_key, rm.margin_key)
+    read = ReadOptions(
+        on_bad_row=d.on_bad_row,
+        bad_rows_path=out / "bad_rows.jsonl",
+        base_dir=base_dir,
+        dataset_type=d.dataset_type,
+    )
+    train, n_bad = load_pairs(d.train_dataset, cols, dataclasses.replace(read, limit=d.limit))
     if d.eval_dataset:
-        held, n_bad_eval = load_pairs(d.eval_dataset, split="test", **kw)
+        held, n_bad_eval = load_pairs(d.eval_dataset, cols, dataclasses.replace(read, split="test"))
         n_bad += n_bad_eval
     else:
         random.Random(cfg.trainer.seed).shuffle(train)

@@ -70,7 +70,7 @@ def distill(
     log=print,
 ) -> dict:
     """Score ``data`` with the teacher, train the student on the scores, save it."""
-    from danka.data.formats import load_prompt_rows
+    from danka.data.formats import Columns, ReadOptions, load_prompt_rows
     from danka.models.classifier import encode, load_score_model, save_score_model, score
     from danka.rewards.model import ClassifierReward
 
@@ -85,7 +85,9 @@ def distill(
             "output folder is not empty", where=str(output), fix="choose a new --output folder"
         )
     rows = load_prompt_rows(
-        data, limit=limit, base_dir=Path.cwd(), response_key=response_key, answer_key=answer_key
+        data,
+        Columns(response_key=response_key, answer_key=answer_key),
+        ReadOptions(limit=limit, base_dir=Path.cwd()),
     ).rows
     if len(rows) < 4:
         raise UserError(

@@ -183,7 +183,7 @@ def _from_args(
     reward: str | None,
     split: str = "test",
 ) -> dict[str, Any]:
-    from danka.data.formats import load_prompt_rows
+    from danka.data.formats import ReadOptions, load_prompt_rows
     from danka.rewards.combine import RewardSpec
 
     if data is None:
@@ -201,7 +201,7 @@ def _from_args(
     if model is None and adapter is None:
         raise UserError("no model given", where="danka eval", fix="pass --model M (and --adapter)")
     # a dataset folder or hub name is read with its held-out split (files have none)
-    rows = load_prompt_rows(data, split=split).rows
+    rows = load_prompt_rows(data, read=ReadOptions(split=split)).rows
     return {
         "model": model,
         "rows": rows,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
 from danka.data.calc_task import calc_rows
-from danka.data.formats import load_prompt_rows
+from danka.data.formats import Columns, ReadOptions, load_prompt_rows
 from danka.data.tasks import arithmetic_rows
 from danka.data.template import encode_prompts
 from danka.errors import UserError
@@ -55,22 +56,20 @@ def load_rows(cfg: DankaConfig, base_dir: Path, output_dir: Path) -> tuple[list,
         train = make(d.task_train_size, seed=cfg.trainer.seed, split="train")
         held = make(d.eval_size, seed=cfg.trainer.seed, split="test") if d.eval_size else []
         return train, held
-    common = dict(
-        fmt=d.format,
-        prompt_key=d.prompt_key,
-        response_key=d.response_key,
-        reward_key=d.reward_key,
-        answer_key=d.answer_key,
+    cols = Columns(d.format, d.prompt_key, d.response_key, d.reward_key, d.answer_key)
+    read = ReadOptions(
         on_bad_row=d.on_bad_row,
         bad_rows_path=output_dir / "bad_rows.jsonl",
         base_dir=base_dir,
         dataset_type=d.dataset_type,
     )
-    train = load_prompt_rows(d.train_dataset, limit=d.limit, split=d.train_split, **common).rows
+    train = load_prompt_rows(
+        d.train_dataset, cols, replace(read, limit=d.limit, split=d.train_split)
+    ).rows
     if d.eval_dataset:
         check_eval_source(d, base_dir)
         held = load_prompt_rows(
-            d.eval_dataset, limit=d.eval_size or None, split=d.eval_split, **common
+            d.eval_dataset, cols, replace(read, limit=d.eval_size or None, split=d.eval_split)
         ).rows
         check_no_overlap(train, held, d.eval_dataset)
     elif d.eval_size:

@@ -14,7 +14,7 @@ from collections import defaultdict
 import torch
 
 from danka import distributed as dist
-from danka.algorithms.losses import LossNorm, aggregate, value_loss
+from danka.algorithms.losses import LossNorm, PolicyLossInput, aggregate, value_loss
 from danka.trainer.forward import critic_values, micro_batch_indices, policy_logprobs, trim
 from danka.trainer.run import Run
 from danka.types import RolloutBatch
@@ -88,7 +88,8 @@ def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool =
         # a non-negative per-token weight w folds into the advantage: w * L(A) = L(w * A)
         # for the clipped surrogate (max of two terms linear in A) and its dual clip
         adv = mb.advantages if mb.is_weights is None else mb.advantages * mb.is_weights
-        pg_loss, m = algo.policy_loss(logprobs, old, adv, mask, algo.loss_params, norm)
+        inputs = PolicyLossInput(logprobs, old, adv, mask)
+        pg_loss, m = algo.policy_loss(inputs, algo.loss_params, norm)
         ent = aggregate(entropy, mask, t.loss_agg_mode, norm)
         loss = pg_loss - t.entropy_coef * ent if t.entropy_coef else pg_loss
         if kl_in_loss:

@@ -7,6 +7,7 @@ from danka.algorithms import (
     AGG_MODES,
     POLICY_LOSSES,
     LossNorm,
+    PolicyLossInput,
     PolicyLossParams,
     aggregate,
     value_loss,
@@ -64,7 +65,7 @@ def test_vanilla_ppo_clip_values_and_gradients():
     # c: A=-1 r=0.5 -> max(0.5, 0.8) = 0.8 (clipped)       d: A=-1 r=1.5 -> max(1.5, 1.2) = 1.5
     new, old, adv, mask, norm = _inputs([1.5, 0.5, 0.5, 1.5], [1.0, 1.0, -1.0, -1.0])
     params = PolicyLossParams(dual_clip_c=None)
-    loss, metrics = POLICY_LOSSES.get("vanilla")(new, old, adv, mask, params, norm)
+    loss, metrics = POLICY_LOSSES.get("vanilla")(PolicyLossInput(new, old, adv, mask), params, norm)
     assert math.isclose(loss.item(), (-1.2 - 0.5 + 0.8 + 1.5) / 4, rel_tol=1e-6)  # 0.15
     assert metrics["clipfrac"] == 0.5  # a and c
     assert math.isclose(metrics["ratio_mean"], 1.0, rel_tol=1e-6)  # (1.5+0.5+0.5+1.5)/4
@@ -81,13 +82,15 @@ def test_vanilla_dual_clip_triggers_only_for_negative_advantages():
     # A=+1 r=5: max(-5, -1.2) = -1.2, dual clip not applied to A > 0
     new, old, adv, mask, norm = _inputs([5.0, 2.0, 5.0], [-1.0, -1.0, 1.0])
     fn = POLICY_LOSSES.get("vanilla")
-    loss, metrics = fn(new, old, adv, mask, PolicyLossParams(dual_clip_c=3.0), norm)
+    loss, metrics = fn(
+        PolicyLossInput(new, old, adv, mask), PolicyLossParams(dual_clip_c=3.0), norm
+    )
     assert math.isclose(loss.item(), (3.0 + 2.0 - 1.2) / 3, rel_tol=1e-6)
     assert math.isclose(metrics["clipfrac_lower"], 1 / 3, rel_tol=1e-6)
     loss.backward()
     # dual-clipped and ratio-clipped tokens get no gradient; token 2: -A r / 3 = 2/3
     assert torch.allclose(new.grad, torch.tensor([[0.0, 2 / 3, 0.0]]), atol=1e-6)
-    off, _ = fn(new, old, adv, mask, PolicyLossParams(dual_clip_c=None), norm)
+    off, _ = fn(PolicyLossInput(new, old, adv, mask), PolicyLossParams(dual_clip_c=None), norm)
     assert math.isclose(off.item(), (5.0 + 2.0 - 1.2) / 3, rel_tol=1e-6)
 
 
@@ -96,10 +99,12 @@ def test_vanilla_clip_higher_asymmetric():
     # A=-1 r=0.75 -> max(0.75, 0.8) = 0.8
     new, old, adv, mask, norm = _inputs([1.25, 1.4, 0.75], [1.0, 1.0, -1.0])
     fn = POLICY_LOSSES.get("vanilla")
-    loss, _ = fn(new, old, adv, mask, PolicyLossParams(clip_low=0.2, clip_high=0.28), norm)
+    loss, _ = fn(
+        PolicyLossInput(new, old, adv, mask), PolicyLossParams(clip_low=0.2, clip_high=0.28), norm
+    )
     assert math.isclose(loss.item(), (-1.25 - 1.28 + 0.8) / 3, rel_tol=1e-6)
     # symmetric 0.2 clips both positive tokens at 1.2: (-1.2 - 1.2 + 0.8) / 3
-    sym, _ = fn(new, old, adv, mask, PolicyLossParams(), norm)
+    sym, _ = fn(PolicyLossInput(new, old, adv, mask), PolicyLossParams(), norm)
     assert math.isclose(sym.item(), (-1.2 - 1.2 + 0.8) / 3, rel_tol=1e-6)
 
 
@@ -109,7 +114,7 @@ def test_vanilla_log_ratio_clamp_keeps_loss_finite():
     mask = torch.ones(1, 1)
     params = PolicyLossParams(dual_clip_c=None)
     loss, _ = POLICY_LOSSES.get("vanilla")(
-        new, old, torch.tensor([[-1.0]]), mask, params, LossNorm.from_mask(mask)
+        PolicyLossInput(new, old, torch.tensor([[-1.0]]), mask), params, LossNorm.from_mask(mask)
     )
     assert math.isclose(loss.item(), math.exp(20), rel_tol=1e-5)  # -A * e^20
 
@@ -123,7 +128,9 @@ def test_gspo_sequence_ratio_values_and_gradients():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])  # 5.0 is padding
     adv = torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, 0.0]])
     params = PolicyLossParams(clip_low=0.1, clip_high=0.1, agg_mode="seq-mean-token-mean")
-    loss, metrics = POLICY_LOSSES.get("gspo")(new, old, adv, mask, params, LossNorm.from_mask(mask))
+    loss, metrics = POLICY_LOSSES.get("gspo")(
+        PolicyLossInput(new, old, adv, mask), params, LossNorm.from_mask(mask)
+    )
     # seq 0: s = exp((0.1 + 0.3)/2) = exp(0.2) = 1.221403, A=+1 -> max(-1.2214, -1.1) = -1.1
     # seq 1: s = exp((-0.1 + 0.05)/2) = exp(-0.025) = 0.975310, A=-1 -> inside clip -> 0.975310
     # seq-mean-token-mean: (-1.1 + 0.975310) / 2
@@ -155,13 +162,15 @@ def test_micro_batches_sum_to_the_mini_batch(loss_name, mode):
     fn = POLICY_LOSSES.get(loss_name)
 
     whole_in = base.clone().requires_grad_(True)
-    whole, _ = fn(whole_in, old, adv, mask, params, norm)
+    whole, _ = fn(PolicyLossInput(whole_in, old, adv, mask), params, norm)
     whole.backward()
 
     micro_in = base.clone().requires_grad_(True)
     total = torch.zeros(())
     for rows in (slice(0, 2), slice(2, 6)):  # uneven micro-batches
-        part, _ = fn(micro_in[rows], old[rows], adv[rows], mask[rows], params, norm)
+        part, _ = fn(
+            PolicyLossInput(micro_in[rows], old[rows], adv[rows], mask[rows]), params, norm
+        )
         part.backward()
         total = total + part.detach()
     assert torch.allclose(total, whole.detach(), atol=1e-6)

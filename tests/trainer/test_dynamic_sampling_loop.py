@@ -12,11 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from danka.checkpoint import load_trainer_state
-from danka.cli import main
-from danka.logging.runlog import close_run_logger
 from danka.trainer import steps
 
-from .conftest import make_config
+from .conftest import make_config, train_cli
 
 # prompts "What is i + (i+1)?": an even i gets the same reward for every answer (a flat
 # group, dropped), an odd i a reward that varies with the answer's characters
@@ -45,13 +43,6 @@ def _config(tmp_path: Path, model_dir: Path, reward: str, **trainer) -> Path:
     )
 
 
-def _train(config: Path, out: Path, *args: str) -> int:
-    try:
-        return main(["train", str(config), *args, "--output-dir", str(out)])
-    finally:
-        close_run_logger()
-
-
 def _metrics(out: Path) -> list[dict]:
     clock = ("timestamp", "time/", "throughput/")
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -68,7 +59,7 @@ def test_no_update_trains_on_a_group_of_equal_rewards(tmp_path, tiny_model_dir, 
 
     monkeypatch.setattr(steps, "update_actor_critic", spy)
     config = _config(tmp_path, tiny_model_dir, HALF_FLAT, total_steps=3)
-    assert _train(config, tmp_path / "out") == 0
+    assert train_cli(config, tmp_path / "out") == 0
     assert len(seen) == 3
     for rewards, groups, valid in seen:
         for g in groups.unique():
@@ -86,7 +77,7 @@ def test_a_step_without_informative_groups_skips_the_update(tmp_path, tiny_model
     ends normally (a skipped update is not a non-finite step)."""
     config = _config(tmp_path, tiny_model_dir, FLAT, total_steps=4, max_sampling_rounds=2)
     out = tmp_path / "out"
-    assert _train(config, out) == 0
+    assert train_cli(config, out) == 0
     m = _metrics(out)
     assert [x["dynamic_sampling/rounds"] for x in m] == [2.0] * 4
     assert all(x["dynamic_sampling/skipped_update"] == 1.0 for x in m)
@@ -101,11 +92,11 @@ def test_a_step_without_informative_groups_skips_the_update(tmp_path, tiny_model
 def test_resume_with_dynamic_sampling_is_exact(tmp_path, tiny_model_dir):
     config = _config(tmp_path, tiny_model_dir, HALF_FLAT, save_steps=1)
     full, half = tmp_path / "full", tmp_path / "half"
-    assert _train(config, full, "trainer.total_steps=4") == 0
-    assert _train(config, half, "trainer.total_steps=2") == 0
+    assert train_cli(config, full, "trainer.total_steps=4") == 0
+    assert train_cli(config, half, "trainer.total_steps=2") == 0
     resumed = tmp_path / "resumed"
     shutil.copytree(half, resumed)
-    assert _train(config, resumed, "trainer.total_steps=4", "--resume", "auto") == 0
+    assert train_cli(config, resumed, "trainer.total_steps=4", "--resume", "auto") == 0
     name = "checkpoint_4/adapter_model.safetensors"
     a, b = load_file(full / "actor" / name), load_file(resumed / "actor" / name)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -26,10 +26,8 @@ import torch
 from safetensors.torch import load_file
 
 from danka.checkpoint import find_latest_checkpoint, verify_checkpoint
-from danka.cli import main
-from danka.logging.runlog import close_run_logger
 
-from .conftest import make_config
+from .conftest import make_config, train_cli
 
 STEPS = 80
 KILLS = 10  # kill -9 ten times; every third one aimed at the middle of a checkpoint write
@@ -178,10 +176,7 @@ def test_sigkill_at_random_moments_then_resume_auto(tmp_path, tiny_model_dir):
     assert steps == [STEPS - 1, STEPS]
     # and the weights are bit-identical to a run that was never killed
     reference = tmp_path / "reference"
-    try:
-        assert main(["train", str(config), "--output-dir", str(reference)]) == 0
-    finally:
-        close_run_logger()
+    assert train_cli(config, reference) == 0
     name = f"checkpoint_{STEPS}/adapter_model.safetensors"
     killed, clean = load_file(out / "actor" / name), load_file(reference / "actor" / name)
     assert killed.keys() == clean.keys()

@@ -18,20 +18,11 @@ from pathlib import Path
 import pytest
 
 from danka.checkpoint import find_latest_checkpoint, verify_checkpoint
-from danka.cli import main
-from danka.logging.runlog import close_run_logger
 
-from .conftest import make_config
+from .conftest import make_config, train_cli
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 40  # far more than run before the signal: the stop, not the end, saves
-
-
-def _train(config: Path, out: Path, *args: str) -> int:
-    try:
-        return main(["train", str(config), *args, "--output-dir", str(out)])
-    finally:
-        close_run_logger()
 
 
 def _metric_steps(out: Path) -> list[int]:
@@ -88,7 +79,7 @@ def test_signal_saves_a_checkpoint_and_exits_with_its_code_then_resume_finishes(
     log = (out / "logs" / "train.log").read_text()
     assert f"{sig.name}: stopped after step {stopped_at} (checkpoint saved)" in log
     # --resume auto continues from there and finishes
-    assert _train(config, out, "--resume", "auto") == 0
+    assert train_cli(config, out, "--resume", "auto") == 0
     assert f"at step {stopped_at}" in (out / "logs" / "train.log").read_text()
     assert _metric_steps(out) == list(range(1, STEPS + 1))
     assert "stopped" not in json.loads((out / "result.json").read_text())
@@ -106,7 +97,7 @@ def test_default_cadence_saves_every_tenth_of_the_run_and_config_json_masks_secr
         reward={"functions": [{"name": "reward.py:reward", "kwargs": {"api_key": "sk-live-9"}}]},
     )
     out = tmp_path / "out"
-    assert _train(config, out) == 0
+    assert train_cli(config, out) == 0
     saved = sorted(p.name for p in (out / "state").glob("checkpoint_*"))
     assert saved == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
     text = (out / "config.json").read_text()
@@ -115,7 +106,7 @@ def test_default_cadence_saves_every_tenth_of_the_run_and_config_json_masks_secr
     # a resumed run with a changed lr trains with the new one (not the checkpoint's)
     shutil.rmtree(out / "state" / "checkpoint_3")  # resume at step 2
     shutil.rmtree(out / "actor" / "checkpoint_3")
-    assert _train(config, out, "trainer.lr=0.005", "--resume", "auto") == 0
+    assert train_cli(config, out, "trainer.lr=0.005", "--resume", "auto") == 0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["lr"] for x in lines] == [0.01, 0.01, 0.005]  # constant schedule
     log = (out / "logs" / "train.log").read_text()
@@ -125,6 +116,6 @@ def test_default_cadence_saves_every_tenth_of_the_run_and_config_json_masks_secr
 @pytest.mark.parametrize("key", ["trainer.tf32", "trainer.compile"])
 def test_tf32_and_compile_are_refused_on_cpu(tmp_path, tiny_model_dir, key, capsys):
     config = make_config(tmp_path, tiny_model_dir, trainer={"total_steps": 1})
-    assert _train(config, tmp_path / "out", f"{key}=true") == 2
+    assert train_cli(config, tmp_path / "out", f"{key}=true") == 2
     err = capsys.readouterr().err
     assert key in err and "false" in err and "Traceback" not in err

@@ -3,15 +3,8 @@ import math
 import pytest
 import torch
 
-from danka.algorithms import (
-    AGG_MODES,
-    POLICY_LOSSES,
-    LossNorm,
-    PolicyLossInput,
-    PolicyLossParams,
-    aggregate,
-    value_loss,
-)
+from danka.algorithms import AGG_MODES, POLICY_LOSSES, value_loss
+from danka.algorithms.losses import LossNorm, PolicyLossInput, PolicyLossParams, aggregate
 from danka.errors import UserError
 
 

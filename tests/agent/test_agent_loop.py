@@ -34,8 +34,9 @@ class ScriptedEngine:
 
 
 def calculator_script(prompt: str) -> str:
-    """Question "What is A * B?" -> call the tool once, then answer with its result."""
-    if "<tool_response>" in prompt:
+    """Question "What is A * B?" -> call the tool once, then answer with its result (the
+    newest question counts: a chat holds earlier ones)."""
+    if prompt.rfind("<tool_response>") > prompt.rfind("What is "):
         return prompt.rsplit("<tool_response>\n", 1)[1].split("\n", 1)[0]
     question = prompt.rsplit("What is ", 1)[1].split("?")[0]
     return CALL % question

@@ -103,9 +103,15 @@ def default_tool_system(schemas: list[dict[str, Any]], tool_prompt: str = "herme
 class ChatFormat:
     """Renders prompts with tools and the inserted turns for one tokenizer."""
 
-    def __init__(self, tokenizer: Any, tool_prompt: str = DEFAULT_TOOL_PROMPT):
+    def __init__(
+        self,
+        tokenizer: Any,
+        tool_prompt: str = DEFAULT_TOOL_PROMPT,
+        demo: list[dict[str, str]] | None = None,
+    ):
         check_tool_prompt(tool_prompt)
         self.tokenizer, self.tool_prompt = tokenizer, tool_prompt
+        self.demo = list(demo or [])  # worked examples (demo.py): user/assistant/tool turns
         self.templated = bool(getattr(tokenizer, "chat_template", None))
         # auto: the template's own tool format when it has one; a named or own text wins
         self.native_tools = tool_prompt == "auto" and self.templated and self._renders_tools()
@@ -127,16 +133,22 @@ class ChatFormat:
         return "danka_probe_tool" in text
 
     def prompt_messages(self, messages: list[dict], schemas: list[dict]) -> list[dict]:
-        """``messages`` with the default tool system text merged in (no native support)."""
-        if not schemas or self.native_tools:
-            return [dict(m) for m in messages]
-        text = default_tool_system(schemas, self.tool_prompt)
+        """``messages`` offering ``schemas``: the tool system text merged in (unless the
+        template renders the tools), then the worked examples after the system message."""
         out = [dict(m) for m in messages]
-        if out and out[0]["role"] == "system":
-            out[0]["content"] = f"{out[0]['content']}\n\n{text}"
-        else:
-            out.insert(0, {"role": "system", "content": text})
-        return out
+        if not schemas:
+            return out
+        if not self.native_tools:
+            text = default_tool_system(schemas, self.tool_prompt)
+            if out and out[0]["role"] == "system":
+                out[0]["content"] = f"{out[0]['content']}\n\n{text}"
+            else:
+                out.insert(0, {"role": "system", "content": text})
+        at = 1 if out and out[0]["role"] == "system" else 0
+        demo = [
+            self.tool_message(m["content"]) if m["role"] == "tool" else dict(m) for m in self.demo
+        ]
+        return out[:at] + demo + out[at:]
 
     def prompt(self, messages: list[dict], schemas: list[dict]) -> str:
         """The prompt text offering ``schemas``, ending with the assistant header."""

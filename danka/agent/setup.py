@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.agent.chat import DEFAULT_TOOL_PROMPT, ChatFormat, check_tool_prompt
+from danka.agent.demo import load_demo
 from danka.agent.env import ToolEnvironment, UserEnvironment, load_environment_class
 from danka.agent.loop import AgentLimits, AgentLoop
 from danka.agent.tools import load_tools
@@ -67,7 +68,8 @@ def build_agent_loop(
         )
     tools = load_tools(list(rollout.tools), base_dir)
     runner = ToolRunner(tools, timeout_s=rollout.tool_timeout_s, max_chars=rollout.tool_max_chars)
-    chat = ChatFormat(tokenizer, rollout.tool_prompt)
+    demo = load_demo(rollout.tool_demo, [t.name for t in tools if t.source == "builtin"], base_dir)
+    chat = ChatFormat(tokenizer, rollout.tool_prompt, demo)
     return AgentLoop(
         tokenizer,
         lambda: ToolEnvironment(runner, chat, rollout.max_tool_calls),
@@ -96,7 +98,8 @@ def validate_agent(rollout: Any, *, base_dir: Path | str, max_new_tokens: int) -
     if rollout.environment:
         load_environment_class(rollout.environment, base_dir)
     else:
-        load_tools(list(rollout.tools), base_dir)
+        tools = load_tools(list(rollout.tools), base_dir)
+        load_demo(rollout.tool_demo, [t.name for t in tools if t.source == "builtin"], base_dir)
 
 
 def cli_rollout_config(
@@ -106,6 +109,7 @@ def cli_rollout_config(
     max_turns: int | None = None,
     max_tool_calls: int | None = None,
     tool_prompt: str | None = None,
+    tool_demo: str | None = None,
     max_new_tokens: int = 256,
 ) -> Any:
     """The rollout settings of ``danka generate/chat/eval --tools``: ``base`` (a config's
@@ -125,6 +129,8 @@ def cli_rollout_config(
         cfg.max_tool_calls = max_tool_calls
     if tool_prompt is not None:
         cfg.tool_prompt = tool_prompt
+    if tool_demo is not None:
+        cfg.tool_demo = tool_demo
     if base is None or not (base.tools or base.environment):  # no training budget to keep
         cfg.max_total_tokens = max(cfg.max_turns, 1) * max_new_tokens
     return cfg
@@ -141,6 +147,7 @@ def tool_loop(
     max_total_tokens: int = 0,
     tool_timeout_s: float = 10.0,
     tool_prompt: str = DEFAULT_TOOL_PROMPT,
+    tool_demo: str = "auto",
 ) -> AgentLoop:
     """A tool loop outside training, from plain arguments."""
     from danka.config.schema import RolloutConfig
@@ -152,6 +159,7 @@ def tool_loop(
         max_total_tokens=max_total_tokens,
         tool_timeout_s=tool_timeout_s,
         tool_prompt=tool_prompt,
+        tool_demo=tool_demo,
     )
     loop = build_agent_loop(cfg, tokenizer, base_dir=base_dir, max_new_tokens=max_new_tokens)
     assert loop is not None

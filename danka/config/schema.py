@@ -229,6 +229,11 @@ class RolloutConfig:
         "else hermes) | hermes (Qwen2.5's system text) | smollm (SmolLM2-Instruct's) | your "
         "own system text with {schemas}",
     )
+    tool_demo: str = _f(
+        "auto",
+        "worked examples (question, <tool_call>, <tool_response>, answer) before every prompt: "
+        "auto (the builtin tools' own, e.g. calculator's) | none | path/to/demo.json (messages)",
+    )
 
 
 @dataclass

@@ -56,7 +56,13 @@ def _tool_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tool-prompt",
-        help="with --tools: how the tools are shown (rollout.tool_prompt; default: default)",
+        help="with --tools: the system text offering them (rollout.tool_prompt: auto | hermes | "
+        "smollm | own text with {schemas}; default auto)",
+    )
+    p.add_argument(
+        "--tool-demo",
+        help="with --tools: worked examples before the prompt (rollout.tool_demo: auto | none | "
+        "demo.json; default auto)",
     )
 
 
@@ -65,7 +71,8 @@ def _tool_specs(args) -> list[str]:
     specs = [s.strip() for arg in args.tools or [] for s in arg.split(",") if s.strip()]
     if args.tools is not None and not specs:
         raise UserError("--tools is empty", where="--tools", fix="--tools calculator")
-    given = [f for f in ("max_turns", "max_tool_calls", "tool_prompt") if getattr(args, f)]
+    flags = ("max_turns", "max_tool_calls", "tool_prompt", "tool_demo")
+    given = [f for f in flags if getattr(args, f) is not None]
     if given and not specs and not getattr(args, "config", None):
         flag = "--" + given[0].replace("_", "-")
         raise UserError(f"{flag} needs --tools", where=flag, fix="add --tools calculator")
@@ -85,6 +92,7 @@ def _tool_rollout(args, max_new_tokens: int):
         max_turns=args.max_turns,
         max_tool_calls=args.max_tool_calls,
         tool_prompt=args.tool_prompt,
+        tool_demo=args.tool_demo,
         max_new_tokens=max_new_tokens,
     )
     validate_agent(cfg, base_dir=Path.cwd(), max_new_tokens=max_new_tokens)
@@ -245,6 +253,7 @@ def _eval(args) -> int:
         max_turns=args.max_turns,
         max_tool_calls=args.max_tool_calls,
         tool_prompt=args.tool_prompt,
+        tool_demo=args.tool_demo,
     )
     print(format_result(result))
     if args.output:

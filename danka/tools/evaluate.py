@@ -255,6 +255,7 @@ def run_eval(
     max_turns: int | None = None,
     max_tool_calls: int | None = None,
     tool_prompt: str | None = None,
+    tool_demo: str | None = None,
 ) -> dict[str, Any]:
     """Everything ``danka eval`` does: resolve inputs (a config, or model/data/reward),
     generate, score, write ``output`` (JSON) when given; returns the result dict.
@@ -275,7 +276,9 @@ def run_eval(
     if config and model:
         src["model"] = model
     budget = max_new_tokens or src["max_new_tokens"]
-    agent = _agent_settings(src, tools, max_turns, max_tool_calls, tool_prompt, budget)
+    flags = {"max_turns": max_turns, "max_tool_calls": max_tool_calls}
+    flags.update(tool_prompt=tool_prompt, tool_demo=tool_demo)
+    agent = _agent_settings(src, tools, flags, budget)
     rows = src["rows"][:n] if n else src["rows"]
     rewards = build_reward_computer(
         src["specs"], base_dir=src["base_dir"], timeout_s=src["timeout_s"], on_error="fail"
@@ -319,30 +322,22 @@ def run_eval(
     return result
 
 
-def _agent_settings(src, tools, max_turns, max_tool_calls, tool_prompt, max_new_tokens):
+def _agent_settings(src, tools, flags: dict, max_new_tokens: int):
     """The rollout settings to evaluate through (None: single-turn), checked before any
     model loads: the config's ``rollout`` with the command-line tool flags applied."""
     from danka.agent.setup import cli_rollout_config, validate_agent
 
     base = src["rollout"]
     from_config = base is not None and (base.tools or base.environment)
-    flags = (max_turns, max_tool_calls, tool_prompt)
     if not tools and not from_config:
-        if any(f is not None for f in flags):
+        if any(v is not None for v in flags.values()):
             raise UserError(
                 "tool settings given without tools",
                 where="danka eval",
                 fix="add --tools calculator (or a config with rollout.tools)",
             )
         return None
-    cfg = cli_rollout_config(
-        tools or [],
-        base=base,
-        max_turns=max_turns,
-        max_tool_calls=max_tool_calls,
-        tool_prompt=tool_prompt,
-        max_new_tokens=max_new_tokens,
-    )
+    cfg = cli_rollout_config(tools or [], base=base, max_new_tokens=max_new_tokens, **flags)
     validate_agent(cfg, base_dir=src["base_dir"], max_new_tokens=max_new_tokens)
     return cfg
 

@@ -112,6 +112,8 @@ def test_eval_of_a_tool_config_uses_its_tools(tiny_dir, scripted, calc_file, tmp
         (["--tools", ","], "--tools is empty"),
         (["--max-turns", "2"], "--max-turns needs --tools"),
         (["--tools", "calculator", "--max-turns", "0"], "max_turns must be >= 1"),
+        (["--tools", "calculator", "--tool-prompt", "hermez"], "rollout.tool_prompt"),
+        (["--tools", "calculator", "--tool-demo", "nodemo.json"], "tool demo file not found"),
     ],
 )
 @pytest.mark.parametrize("command", ["generate", "chat", "eval"])

@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from gsm8k_learning import run_danka_train  # bench/ is this script's folder
 
 AGENT_KEYS = {
     "valid_call_samples": "eval/agent/valid_call_samples",  # share of answers with a valid call
@@ -74,24 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     run_dir = Path(args.output_dir or f"output/{out.stem}")
-    cmd = [
-        sys.executable,
-        "-m",
-        "danka",
-        "train",
-        args.config,
-        f"trainer.max_train_minutes={args.minutes}",
-        "logging.progress=false",
-        *args.overrides,
-        "--output-dir",
-        str(run_dir),
-    ]
-    print("+", " ".join(cmd), flush=True)
-    t0 = time.time()
-    rc = subprocess.call(cmd)
-    wall = time.time() - t0
+    cmd, rc, wall = run_danka_train(args.config, args.minutes, run_dir, args.overrides)
     if rc != 0:
-        print(f"danka train exited {rc}", flush=True)
         return rc
     import torch
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _module():
+    if str(ROOT / "bench") not in sys.path:  # as when run as a script: its folder is on the path
+        sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location(
         "calc_tool_learning", ROOT / "bench/calc_tool_learning.py"
     )

@@ -81,8 +81,8 @@ def main() -> None:
         tool_prompt=args.tool_prompt,
         tool_demo=args.tool_demo,
     )
-    loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=96)
     hint = WITH_TOOL + (ONE_SHOT if args.one_shot else "")
+    loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=96, instruction=hint.strip())
     msgs = [[{"role": "user", "content": r.prompt + hint}] for r in rows]
     runs = [("tool_greedy", 0.0)] + ([("tool_sampled_t1", 1.0)] if args.sampled else [])
     for name, temperature in runs:

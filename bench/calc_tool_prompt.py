@@ -42,7 +42,7 @@ def measure(model, tok, rows, tool_prompt: str, tool_demo: str, args) -> dict:
         tool_prompt=SHORT_TEXT if tool_prompt == "short" else tool_prompt,
         tool_demo=tool_demo,
     )
-    loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=96)
+    loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=96, instruction=args.instruction)
     t0 = time.time()
     try:
         items, metrics = agent_generate(

@@ -46,12 +46,18 @@ def check_agent_config(rollout: Any, *, max_new_tokens: int) -> None:
 
 
 def build_agent_loop(
-    rollout: Any, tokenizer: Any, *, base_dir: Path | str, max_new_tokens: int
+    rollout: Any,
+    tokenizer: Any,
+    *,
+    base_dir: Path | str,
+    max_new_tokens: int,
+    instruction: str | None = None,
 ) -> AgentLoop | None:
     """The loop for ``rollout.tools`` or ``rollout.environment``; None when neither is set.
 
     ``max_new_tokens`` (trainer.max_new_tokens) is the per-turn cap; the whole response
-    gets ``rollout.max_total_tokens`` (0: the same ``max_new_tokens``).
+    gets ``rollout.max_total_tokens`` (0: the same ``max_new_tokens``). ``instruction``
+    (data.instruction) ends the questions of the builtin worked examples, as every prompt.
     """
     if not rollout.tools and not rollout.environment:
         return None
@@ -68,7 +74,8 @@ def build_agent_loop(
         )
     tools = load_tools(list(rollout.tools), base_dir)
     runner = ToolRunner(tools, timeout_s=rollout.tool_timeout_s, max_chars=rollout.tool_max_chars)
-    demo = load_demo(rollout.tool_demo, [t.name for t in tools if t.source == "builtin"], base_dir)
+    builtin = [t.name for t in tools if t.source == "builtin"]
+    demo = load_demo(rollout.tool_demo, builtin, base_dir, instruction)
     chat = ChatFormat(tokenizer, rollout.tool_prompt, demo)
     return AgentLoop(
         tokenizer,

@@ -247,7 +247,13 @@ def tool_generate_batch(
 
     own = loop is None
     if own:
-        loop = build_agent_loop(tools, tokenizer, base_dir=base_dir, max_new_tokens=max_new_tokens)
+        loop = build_agent_loop(
+            tools,
+            tokenizer,
+            base_dir=base_dir,
+            max_new_tokens=max_new_tokens,
+            instruction=kwargs.get("instruction"),
+        )
     try:
         kwargs.pop("max_prompt_length", None)
         return agent_generate(model, tokenizer, rows, loop, max_new_tokens=max_new_tokens, **kwargs)

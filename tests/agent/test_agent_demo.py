@@ -27,6 +27,13 @@ def test_auto_is_the_builtin_calculator_examples_with_computed_results():
         {"role": "assistant", "content": "408"},
     ]
     assert demo[6]["content"] == "78"
+    # phrased like the real prompts: data.instruction ends every example question
+    asked = load_demo("auto", ["calculator"], instruction="Use the calculator.")
+    assert [m["content"] for m in asked if m["role"] == "user"] == [
+        "What is 12 * 34? Use the calculator.",
+        "What is 5226 / 67? Use the calculator.",
+        "What is 903 * 41? Use the calculator.",
+    ]
     assert load_demo("auto", ["python"]) == [] and load_demo("none", ["calculator"]) == []
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from types import SimpleNamespace
 
 import torch
 
 from danka.agent.rewards import final_number, same_number, tool_answer_reward
 from danka.agent.setup import build_agent_loop
+from danka.config.schema import RolloutConfig
 from danka.data.calc_task import calc_rows
 from danka.models.loading import load_causal_lm, load_tokenizer, pick_device, stop_ids
 from danka.rollout.base import SamplingParams, build_engine
@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--sampled", action="store_true", help="also sample the tool run at T=1")
     ap.add_argument("--one-shot", action="store_true", help="show an example call in the prompt")
     ap.add_argument("--skip-no-tool", action="store_true")
+    ap.add_argument("--tool-prompt", default="auto", help="rollout.tool_prompt")
+    ap.add_argument("--tool-demo", default="auto", help="rollout.tool_demo (none: no examples)")
     args = ap.parse_args()
     device = pick_device(args.device)
     quiet = lambda *_: None  # noqa: E731
@@ -71,17 +73,16 @@ def main() -> None:
         result["no_tool_greedy"] = no_tool_accuracy(engine, model, tok, rows)
     print(json.dumps(result), flush=True)
 
-    cfg = SimpleNamespace(
+    cfg = RolloutConfig(
         tools=["calculator"],
-        environment=None,
         max_turns=3,
         max_tool_calls=4,
         max_total_tokens=320,
-        tool_timeout_s=10.0,
-        tool_max_chars=2000,
+        tool_prompt=args.tool_prompt,
+        tool_demo=args.tool_demo,
     )
-    loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=96)
     hint = WITH_TOOL + (ONE_SHOT if args.one_shot else "")
+    loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=96, instruction=hint.strip())
     msgs = [[{"role": "user", "content": r.prompt + hint}] for r in rows]
     runs = [("tool_greedy", 0.0)] + ([("tool_sampled_t1", 1.0)] if args.sampled else [])
     for name, temperature in runs:

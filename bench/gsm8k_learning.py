@@ -87,6 +87,22 @@ def _plot(metrics: list[dict], evals: list[dict], path: Path, title: str) -> Non
     plt.close(fig)
 
 
+def run_danka_train(
+    config: str, minutes: float, run_dir: Path, overrides: list[str]
+) -> tuple[list[str], int, float]:
+    """``danka train CONFIG`` in its own process, time-limited, into ``run_dir``:
+    (the command, its exit code, wall seconds)."""
+    cmd = [sys.executable, "-m", "danka", "train", config]
+    cmd += [f"trainer.max_train_minutes={minutes}", "logging.progress=false", *overrides]
+    cmd += ["--output-dir", str(run_dir)]
+    print("+", " ".join(cmd), flush=True)
+    t0 = time.time()
+    rc = subprocess.call(cmd)
+    if rc != 0:
+        print(f"danka train exited {rc}", flush=True)
+    return cmd, rc, time.time() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("config")
@@ -101,27 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     run_dir = Path(args.output_dir or f"output/{out.stem}")
-    cmd = [
-        sys.executable,
-        "-m",
-        "danka",
-        "train",
-        args.config,
-        f"data.train_dataset={args.train}",
-        f"data.eval_dataset={args.test}",
-        "data.eval_size=0",
-        f"trainer.max_train_minutes={args.minutes}",
-        "logging.progress=false",
-        *args.overrides,
-        "--output-dir",
-        str(run_dir),
-    ]
-    print("+", " ".join(cmd), flush=True)
-    t0 = time.time()
-    rc = subprocess.call(cmd)
-    wall = time.time() - t0
+    overrides = [f"data.train_dataset={args.train}", f"data.eval_dataset={args.test}"]
+    overrides += ["data.eval_size=0", *args.overrides]
+    cmd, rc, wall = run_danka_train(args.config, args.minutes, run_dir, overrides)
     if rc != 0:
-        print(f"danka train exited {rc}", flush=True)
         return rc
     config = json.loads((run_dir / "config.json").read_text())
     roles = _reward_roles(config)

@@ -48,18 +48,73 @@ _PROBE_TOOL = {
 _CHATML = "<|im_start|>{role}\n{content}<|im_end|>\n"
 
 
-def default_tool_system(schemas: list[dict[str, Any]]) -> str:
-    """The default system text listing ``schemas`` (one JSON object per line)."""
-    return DEFAULT_TOOL_SYSTEM.format(schemas="\n".join(json.dumps(s) for s in schemas))
+# SmolLM2-Instruct's own wording (its SFT data, argilla/Synth-APIGen): a JSON *list* of
+# calls inside one <tool_call> block, which parse.py accepts.
+SMOLLM_TOOL_SYSTEM = """You are an expert in composing functions. You are given a question \
+and a set of possible functions.
+Based on the question, you will need to make one or more function/tool calls to achieve \
+the purpose.
+If none of the functions can be used, point it out and refuse to answer.
+If the given question lacks the parameters required by the function, also point it out.
+
+You have access to the following tools:
+<tools>{schemas}</tools>
+
+The output MUST strictly adhere to the following format, and NO other text MUST be \
+included.
+The example format is as follows. Please make sure the parameter type is correct. If no \
+function call is needed, please make the tool calls an empty list '[]'.
+<tool_call>[
+{{"name": "func_name1", "arguments": {{"argument1": "value1", "argument2": "value2"}}}},
+... (more tool calls as required)
+]</tool_call>"""
+
+# rollout.tool_prompt: a name here, or the user's own text with {schemas}
+TOOL_PROMPTS = {"hermes": DEFAULT_TOOL_SYSTEM, "smollm": SMOLLM_TOOL_SYSTEM}
+DEFAULT_TOOL_PROMPT = "auto"
+
+
+def check_tool_prompt(value: str) -> None:
+    """``auto``, a name of :data:`TOOL_PROMPTS`, or a text holding ``{schemas}``."""
+    from danka.errors import UserError
+
+    if value == "auto" or value in TOOL_PROMPTS:
+        return
+    try:
+        ok = "{schemas}" in value and bool(value.format(schemas="[]"))
+    except (KeyError, IndexError, ValueError):
+        ok = False
+    if not ok:
+        raise UserError(
+            f"rollout.tool_prompt {value[:60]!r} is neither a known name nor a text with "
+            "{schemas}",
+            where="rollout.tool_prompt",
+            fix=f"use auto, one of {', '.join(TOOL_PROMPTS)}, or your own system text with "
+            "{schemas} where the tool schemas go (double any other { and })",
+        )
+
+
+def default_tool_system(schemas: list[dict[str, Any]], tool_prompt: str = "hermes") -> str:
+    """The system text of ``tool_prompt`` (a name or a text) listing ``schemas``."""
+    text = TOOL_PROMPTS.get("hermes" if tool_prompt == "auto" else tool_prompt, tool_prompt)
+    return text.format(schemas="\n".join(json.dumps(s) for s in schemas))
 
 
 class ChatFormat:
     """Renders prompts with tools and the inserted turns for one tokenizer."""
 
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
+    def __init__(
+        self,
+        tokenizer: Any,
+        tool_prompt: str = DEFAULT_TOOL_PROMPT,
+        demo: list[dict[str, str]] | None = None,
+    ):
+        check_tool_prompt(tool_prompt)
+        self.tokenizer, self.tool_prompt = tokenizer, tool_prompt
+        self.demo = list(demo or [])  # worked examples (demo.py): user/assistant/tool turns
         self.templated = bool(getattr(tokenizer, "chat_template", None))
-        self.native_tools = self.templated and self._renders_tools()
+        # auto: the template's own tool format when it has one; a named or own text wins
+        self.native_tools = tool_prompt == "auto" and self.templated and self._renders_tools()
 
     def _render(self, messages: list[dict], *, tools=None, generation_prompt=False) -> str:
         if not self.templated:
@@ -78,16 +133,22 @@ class ChatFormat:
         return "danka_probe_tool" in text
 
     def prompt_messages(self, messages: list[dict], schemas: list[dict]) -> list[dict]:
-        """``messages`` with the default tool system text merged in (no native support)."""
-        if not schemas or self.native_tools:
-            return [dict(m) for m in messages]
-        text = default_tool_system(schemas)
+        """``messages`` offering ``schemas``: the tool system text merged in (unless the
+        template renders the tools), then the worked examples after the system message."""
         out = [dict(m) for m in messages]
-        if out and out[0]["role"] == "system":
-            out[0]["content"] = f"{out[0]['content']}\n\n{text}"
-        else:
-            out.insert(0, {"role": "system", "content": text})
-        return out
+        if not schemas:
+            return out
+        if not self.native_tools:
+            text = default_tool_system(schemas, self.tool_prompt)
+            if out and out[0]["role"] == "system":
+                out[0]["content"] = f"{out[0]['content']}\n\n{text}"
+            else:
+                out.insert(0, {"role": "system", "content": text})
+        at = 1 if out and out[0]["role"] == "system" else 0
+        demo = [
+            self.tool_message(m["content"]) if m["role"] == "tool" else dict(m) for m in self.demo
+        ]
+        return out[:at] + demo + out[at:]
 
     def prompt(self, messages: list[dict], schemas: list[dict]) -> str:
         """The prompt text offering ``schemas``, ending with the assistant header."""

@@ -252,13 +252,15 @@ class AgentLoop:
 
 
 def rollout_metrics(samples: list[Any]) -> dict[str, float]:
-    """Means over samples; ``agent/valid_call_rate`` is over all attempted calls."""
+    """Means over samples; ``agent/valid_call_rate`` is over all attempted calls,
+    ``agent/valid_call_samples`` the share of samples with at least one valid call."""
     b = max(1, len(samples))
     calls = sum(s.calls for s in samples)
     metrics = {
         "agent/turns": sum(s.turns for s in samples) / b,
         "agent/tool_calls": calls / b,
         "agent/valid_call_rate": sum(s.valid_calls for s in samples) / calls if calls else 0.0,
+        "agent/valid_call_samples": sum(s.valid_calls > 0 for s in samples) / b,
         "agent/tool_errors": sum(s.tool_errors for s in samples) / b,
         "agent/tool_time_s": sum(s.tool_seconds for s in samples),
         "agent/loss_tokens": sum(sum(s.loss) for s in samples) / b,

@@ -4,11 +4,12 @@
     {"name": "calculator", "arguments": {"expression": "12 * 34"}}
     </tool_call>
 
-Every ``<tool_call>`` block gives one :class:`ToolCall`; a block whose body is not a JSON
-object with a string ``name`` and an object ``arguments`` (``parameters`` is accepted as
-an alias, and ``arguments`` may be a JSON string holding an object, as some models write)
-gives a call with ``error`` set, which the loop answers with an error message and counts
-as an invalid call. An opening tag without its closing tag (the turn was cut, or the model
+Every ``<tool_call>`` block gives one :class:`ToolCall` (a block holding a JSON list of
+calls, as SmolLM2-Instruct was trained to write, gives one per item); a body that is not
+a JSON object with a string ``name`` and an object ``arguments`` (``parameters`` is
+accepted as an alias, and ``arguments`` may be a JSON string holding an object, as some
+models write) gives a call with ``error`` set, which the loop answers with an error
+message and counts as an invalid call. An opening tag without its closing tag (the turn was cut, or the model
 forgot it) is parsed up to the end of the text and, if its JSON is valid, accepted.
 """
 
@@ -41,14 +42,20 @@ class ToolCall:
         return {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def _parse_block(raw: str) -> ToolCall:
+def _parse_block(raw: str) -> list[ToolCall]:
     body = raw.strip()
     if body.startswith("```"):  # a fenced block inside the tags
         body = body.strip("`").removeprefix("json").strip()
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
-        return ToolCall(None, raw=raw, error=f"the tool call is not valid JSON ({exc.msg})")
+        return [ToolCall(None, raw=raw, error=f"the tool call is not valid JSON ({exc.msg})")]
+    if isinstance(obj, list) and obj:  # SmolLM2's format: a list of calls in one block
+        return [_parse_call(item, raw) for item in obj]
+    return [_parse_call(obj, raw)]
+
+
+def _parse_call(obj: Any, raw: str) -> ToolCall:
     if not isinstance(obj, dict):
         return ToolCall(None, raw=raw, error="the tool call must be a JSON object")
     name = obj.get("name")
@@ -67,7 +74,7 @@ def _parse_block(raw: str) -> ToolCall:
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """All tool calls in ``text``, in order (empty when the turn calls no tool)."""
-    return [_parse_block(m.group(1)) for m in _BLOCK.finditer(text)]
+    return [call for m in _BLOCK.finditer(text) for call in _parse_block(m.group(1))]
 
 
 def strip_tool_calls(text: str) -> str:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from danka.agent.chat import ChatFormat
+from danka.agent.chat import DEFAULT_TOOL_PROMPT, ChatFormat, check_tool_prompt
+from danka.agent.demo import load_demo
 from danka.agent.env import ToolEnvironment, UserEnvironment, load_environment_class
 from danka.agent.loop import AgentLimits, AgentLoop
 from danka.agent.tools import load_tools
@@ -22,6 +25,7 @@ def check_agent_config(rollout: Any, *, max_new_tokens: int) -> None:
             fix="use one: tools (the model calls functions) or an environment class "
             "(which can run its own tools inside step())",
         )
+    check_tool_prompt(rollout.tool_prompt)
     for key in ("max_turns", "max_tool_calls", "tool_max_chars"):
         if getattr(rollout, key) < 1:
             raise UserError(f"rollout.{key} must be >= 1, got {getattr(rollout, key)}")
@@ -42,12 +46,18 @@ def check_agent_config(rollout: Any, *, max_new_tokens: int) -> None:
 
 
 def build_agent_loop(
-    rollout: Any, tokenizer: Any, *, base_dir: Path | str, max_new_tokens: int
+    rollout: Any,
+    tokenizer: Any,
+    *,
+    base_dir: Path | str,
+    max_new_tokens: int,
+    instruction: str | None = None,
 ) -> AgentLoop | None:
     """The loop for ``rollout.tools`` or ``rollout.environment``; None when neither is set.
 
     ``max_new_tokens`` (trainer.max_new_tokens) is the per-turn cap; the whole response
-    gets ``rollout.max_total_tokens`` (0: the same ``max_new_tokens``).
+    gets ``rollout.max_total_tokens`` (0: the same ``max_new_tokens``). ``instruction``
+    (data.instruction) ends the questions of the builtin worked examples, as every prompt.
     """
     if not rollout.tools and not rollout.environment:
         return None
@@ -64,7 +74,9 @@ def build_agent_loop(
         )
     tools = load_tools(list(rollout.tools), base_dir)
     runner = ToolRunner(tools, timeout_s=rollout.tool_timeout_s, max_chars=rollout.tool_max_chars)
-    chat = ChatFormat(tokenizer)
+    builtin = [t.name for t in tools if t.source == "builtin"]
+    demo = load_demo(rollout.tool_demo, builtin, base_dir, instruction)
+    chat = ChatFormat(tokenizer, rollout.tool_prompt, demo)
     return AgentLoop(
         tokenizer,
         lambda: ToolEnvironment(runner, chat, rollout.max_tool_calls),
@@ -87,6 +99,50 @@ def prompt_messages(
     ]
 
 
+def validate_agent(rollout: Any, *, base_dir: Path | str, max_new_tokens: int) -> None:
+    """Every agent setting and tool spec checked before any model loads (UserError)."""
+    check_agent_config(rollout, max_new_tokens=max_new_tokens)
+    if rollout.environment:
+        load_environment_class(rollout.environment, base_dir)
+    else:
+        tools = load_tools(list(rollout.tools), base_dir)
+        load_demo(rollout.tool_demo, [t.name for t in tools if t.source == "builtin"], base_dir)
+
+
+def cli_rollout_config(
+    tools: list[str],
+    *,
+    base: Any = None,
+    max_turns: int | None = None,
+    max_tool_calls: int | None = None,
+    tool_prompt: str | None = None,
+    tool_demo: str | None = None,
+    max_new_tokens: int = 256,
+) -> Any:
+    """The rollout settings of ``danka generate/chat/eval --tools``: ``base`` (a config's
+    ``rollout`` section, or the defaults) with the flags given on the command line. Without
+    a config's tool settings the whole answer may take ``max_turns * max_new_tokens`` tokens."""
+    from danka.config.schema import RolloutConfig
+
+    cfg = RolloutConfig()
+    if base is not None:  # a plain copy: a validated config is read-only
+        for f in fields(RolloutConfig):
+            setattr(cfg, f.name, copy.copy(getattr(base, f.name)))
+    if tools:
+        cfg.tools, cfg.environment = list(tools), None
+    if max_turns is not None:
+        cfg.max_turns = max_turns
+    if max_tool_calls is not None:
+        cfg.max_tool_calls = max_tool_calls
+    if tool_prompt is not None:
+        cfg.tool_prompt = tool_prompt
+    if tool_demo is not None:
+        cfg.tool_demo = tool_demo
+    if base is None or not (base.tools or base.environment):  # no training budget to keep
+        cfg.max_total_tokens = max(cfg.max_turns, 1) * max_new_tokens
+    return cfg
+
+
 def tool_loop(
     tokenizer: Any,
     tools: list[str],
@@ -97,8 +153,10 @@ def tool_loop(
     max_tool_calls: int = 8,
     max_total_tokens: int = 0,
     tool_timeout_s: float = 10.0,
+    tool_prompt: str = DEFAULT_TOOL_PROMPT,
+    tool_demo: str = "auto",
 ) -> AgentLoop:
-    """A tool loop outside training (for ``agent_generate``; the CLI has no ``--tools`` yet)."""
+    """A tool loop outside training, from plain arguments."""
     from danka.config.schema import RolloutConfig
 
     cfg = RolloutConfig(
@@ -107,6 +165,8 @@ def tool_loop(
         max_tool_calls=max_tool_calls,
         max_total_tokens=max_total_tokens,
         tool_timeout_s=tool_timeout_s,
+        tool_prompt=tool_prompt,
+        tool_demo=tool_demo,
     )
     loop = build_agent_loop(cfg, tokenizer, base_dir=base_dir, max_new_tokens=max_new_tokens)
     assert loop is not None
@@ -117,44 +177,38 @@ def agent_generate(
     model: Any,
     tokenizer: Any,
     rows: list[Any],
-    tools: list[str],
+    loop: AgentLoop,
     *,
-    base_dir: Path | str = ".",
     system: str | None = None,
     instruction: str | None = None,
     max_new_tokens: int = 256,
-    max_turns: int = 4,
     temperature: float = 0.7,
     top_p: float = 0.95,
     n: int = 1,
+    seed: int | None = 0,
+    batch_size: int = 16,
     engine: str = "hf",
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Generation with tools (library only: the CLI has no ``--tools`` yet): like
-    ``danka.tools.generate.generate_batch`` (one dict per row with ``completions`` = the
-    final answers) plus ``trajectories`` (the messages after the prompt, tool turns
-    included); and the agent metrics of the whole call."""
-    from danka.models.loading import stop_ids
-    from danka.rollout.base import SamplingParams, build_engine
+    """Generation with tools for ``danka generate/chat/eval --tools``: the training loop
+    (``loop.rollout``) over ``rows``, ``batch_size`` rows per generate call. Like
+    ``danka.tools.generate.generate_batch`` one dict per row, ``completions`` = the final
+    answers, plus ``trajectories`` (the messages after the prompt, tool turns included);
+    and the agent metrics of the call."""
+    import torch
 
-    loop = tool_loop(
-        tokenizer, tools, base_dir=base_dir, max_new_tokens=max_new_tokens, max_turns=max_turns
+    from danka.models.loading import stop_ids
+    from danka.rollout.base import EngineOptions, SamplingParams, build_engine
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    gen = build_engine(engine, EngineOptions(generation_batch_size=batch_size * n))
+    params = SamplingParams(
+        n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
     )
-    try:
-        params = SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
-        )
-        msgs = prompt_messages(rows, system_prompt=system, instruction=instruction)
-        out = loop.rollout(
-            build_engine(engine),
-            model,
-            rows,
-            msgs,
-            params,
-            eos_ids=stop_ids(tokenizer),
-            pad_id=tokenizer.pad_token_id,
-        )
-    finally:
-        loop.close()
+    msgs = prompt_messages(rows, system_prompt=system, instruction=instruction)
+    out = loop.rollout(  # every row at once: the engine splits each turn into batches
+        gen, model, rows, msgs, params, eos_ids=stop_ids(tokenizer), pad_id=tokenizer.pad_token_id
+    )
     items = []
     for i, row in enumerate(rows):
         ks = range(i * n, (i + 1) * n)

@@ -222,6 +222,18 @@ class RolloutConfig:
     )
     tool_timeout_s: float = _f(10.0, "wall-clock limit per tool call (the worker is killed)")
     tool_max_chars: int = _f(2000, "tool responses longer than this are cut")
+    # tools2:
+    tool_prompt: str = _f(
+        "auto",
+        "how the tools are offered: auto (the chat template's own tool format if it has one, "
+        "else hermes) | hermes (Qwen2.5's system text) | smollm (SmolLM2-Instruct's) | your "
+        "own system text with {schemas}",
+    )
+    tool_demo: str = _f(
+        "auto",
+        "worked examples (question, <tool_call>, <tool_response>, answer) before every prompt: "
+        "auto (the builtin tools' own, e.g. calculator's) | none | path/to/demo.json (messages)",
+    )
 
 
 @dataclass

@@ -42,6 +42,63 @@ def _gen_kwargs(args) -> dict:
     }
 
 
+# tools2: --tools for generate / chat / eval (the training loop: danka.agent)
+def _tool_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tools",
+        action="append",
+        help="offer tools as rollout.tools does: calculator | python | path/to/file.py:function "
+        "(repeat, or comma-separate); the answer runs through the training's agent loop",
+    )
+    p.add_argument("--max-turns", type=int, help="with --tools: assistant turns (default 4)")
+    p.add_argument(
+        "--max-tool-calls", type=int, help="with --tools: tool calls per answer (default 8)"
+    )
+    p.add_argument(
+        "--tool-prompt",
+        help="with --tools: the system text offering them (rollout.tool_prompt: auto | hermes | "
+        "smollm | own text with {schemas}; default auto)",
+    )
+    p.add_argument(
+        "--tool-demo",
+        help="with --tools: worked examples before the prompt (rollout.tool_demo: auto | none | "
+        "demo.json; default auto)",
+    )
+
+
+def _tool_specs(args) -> list[str]:
+    """``--tools a,b --tools c`` -> ``[a, b, c]``; the tool flags refused without tools."""
+    specs = [s.strip() for arg in args.tools or [] for s in arg.split(",") if s.strip()]
+    if args.tools is not None and not specs:
+        raise UserError("--tools is empty", where="--tools", fix="--tools calculator")
+    flags = ("max_turns", "max_tool_calls", "tool_prompt", "tool_demo")
+    given = [f for f in flags if getattr(args, f) is not None]
+    if given and not specs and not getattr(args, "config", None):
+        flag = "--" + given[0].replace("_", "-")
+        raise UserError(f"{flag} needs --tools", where=flag, fix="add --tools calculator")
+    return specs
+
+
+def _tool_rollout(args, max_new_tokens: int):
+    """The validated rollout settings of ``--tools`` (None without it); bad specs fail
+    here, before any model loads."""
+    from danka.agent.setup import cli_rollout_config, validate_agent
+
+    specs = _tool_specs(args)
+    if not specs:
+        return None
+    cfg = cli_rollout_config(
+        specs,
+        max_turns=args.max_turns,
+        max_tool_calls=args.max_tool_calls,
+        tool_prompt=args.tool_prompt,
+        tool_demo=args.tool_demo,
+        max_new_tokens=max_new_tokens,
+    )
+    validate_agent(cfg, base_dir=Path.cwd(), max_new_tokens=max_new_tokens)
+    return cfg
+
+
 def _generate_args(p: argparse.ArgumentParser) -> None:
     _model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
@@ -50,6 +107,7 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     _gen_args(p)
     p.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (--file)")
     p.add_argument("--output", help="write JSON lines here instead of stdout")
+    _tool_args(p)
 
 
 def _need_model(args) -> None:
@@ -68,11 +126,16 @@ def _generate(args) -> int:
     _need_model(args)
     if args.file and not Path(args.file).exists():
         raise UserError("prompts file not found", where=args.file, fix="check the path")
+    tools = _tool_rollout(args, args.max_new_tokens)
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - keep stdout for answers
     model, tok = load_for_inference(
         args.model, args.adapter, dtype=args.dtype, device=args.device, log=log
     )
     gen = _gen_kwargs(args)
+    if tools is not None:
+        gen["tools"] = tools
+    if args.prompt is not None and tools is not None:
+        return _generate_prompt_with_tools(model, tok, args, gen)
     if args.prompt is not None:
         answer = generate_text(model, tok, args.prompt, stream=args.output is None, **gen)
         if args.output:
@@ -92,9 +155,26 @@ def _generate(args) -> int:
     return 0
 
 
+def _generate_prompt_with_tools(model, tok, args, gen) -> int:
+    """``generate --prompt P --tools T``: every turn printed (or written with --output)."""
+    from danka.tools.generate import format_turns, tool_generate_batch
+    from danka.types import PromptRow
+
+    tools = gen.pop("tools")
+    [item], _ = tool_generate_batch(model, tok, [PromptRow(0, args.prompt)], tools, **gen)
+    turns = item["trajectories"][0]
+    if not args.output:
+        print(format_turns(turns))
+        return 0
+    line = {"prompt": args.prompt, "completion": item["completions"][0], "messages": turns}
+    Path(args.output).write_text(json.dumps(line, ensure_ascii=False) + "\n", encoding="utf-8")
+    return 0
+
+
 def _chat_args(p: argparse.ArgumentParser) -> None:
     _model_args(p)
     _gen_args(p)
+    _tool_args(p)
 
 
 @command("chat", "chat with a model in the terminal (/exit quits)", _chat_args)
@@ -102,6 +182,7 @@ def _chat(args) -> int:
     from danka.tools.generate import chat_loop, load_for_inference
 
     _need_model(args)
+    tools = _tool_rollout(args, args.max_new_tokens)
     model, tok = load_for_inference(
         args.model,
         args.adapter,
@@ -118,7 +199,7 @@ def _chat(args) -> int:
             raise EOFError
         return line
 
-    chat_loop(model, tok, read_line=read_line, **_gen_kwargs(args))
+    chat_loop(model, tok, read_line=read_line, tools=tools, **_gen_kwargs(args))
     return 0
 
 
@@ -143,6 +224,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, help="answer tokens (default: config or 256)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", help="write the result JSON here")
+    _tool_args(p)
 
 
 @command("eval", "accuracy / pass@k of a model (+ adapter) under a reward function", _eval_args)
@@ -167,6 +249,11 @@ def _eval(args) -> int:
         seed=args.seed,
         split=args.split,
         log=lambda msg: print(msg, file=sys.stderr),
+        tools=_tool_specs(args),
+        max_turns=args.max_turns,
+        max_tool_calls=args.max_tool_calls,
+        tool_prompt=args.tool_prompt,
+        tool_demo=args.tool_demo,
     )
     print(format_result(result))
     if args.output:

@@ -110,15 +110,18 @@ def evaluate_rows(
     threshold: float = 1.0,
     seed: int = 0,
     batch_size: int = 16,
+    tools: Any = None,
+    base_dir: str | Path = ".",
 ) -> dict[str, Any]:
     """Generate ``samples`` answers per row (greedy for 1, temperature 1 otherwise), score
-    them, and summarize; ``completions`` holds the first rows' first answers."""
-    from danka.tools.generate import generate_batch
+    them, and summarize; ``completions`` holds the first rows' first answers. With
+    ``tools`` (rollout settings) the answers come from the training's agent loop: rewards
+    score the final answer (an ``AgentCompletion`` carrying the turns, as in training),
+    and the result holds the ``agent/*`` metrics and each kept answer's ``messages``."""
+    from danka.agent.rewards import AgentCompletion
+    from danka.tools.generate import generate_batch, tool_generate_batch
 
-    items = generate_batch(
-        model,
-        tokenizer,
-        rows,
+    gen = dict(
         system=system,
         instruction=instruction,
         max_new_tokens=max_new_tokens,
@@ -128,6 +131,17 @@ def evaluate_rows(
         top_p=1.0,
         batch_size=max(1, batch_size // samples),
     )
+    metrics: dict[str, float] = {}
+    if tools is not None:
+        items, metrics = tool_generate_batch(
+            model, tokenizer, rows, tools, base_dir=base_dir, **gen
+        )
+        for it in items:
+            it["completions"] = [
+                AgentCompletion(c, t) for c, t in zip(it["completions"], it["trajectories"])
+            ]
+    else:
+        items = generate_batch(model, tokenizer, rows, **gen)
     kept = [it["row"] for it in items]
     scores, correct, per_fn = score_samples(
         kept,
@@ -140,11 +154,13 @@ def evaluate_rows(
         correct, [it["response_tokens"] for it in items], [it["truncated"] for it in items], scores
     )
     result["correct_per_function"] = per_fn
+    result.update(metrics)
     result["completions"] = [
         {
             "index": it["index"],
             "prompt": it["prompt"],
-            "completion": it["completions"][0],
+            "completion": str(it["completions"][0]),
+            **({"messages": it["trajectories"][0]} if tools is not None else {}),
             "ground_truth": it["row"].ground_truth,
             "reward": s[0],
             "correct": c[0],
@@ -173,6 +189,7 @@ def _from_config(config: str, overrides: list[str]) -> dict[str, Any]:
         "max_new_tokens": t.eval_max_new_tokens or t.max_new_tokens,
         "data": cfg.data.eval_dataset or cfg.data.task or cfg.data.train_dataset,
         "trust_remote_code": cfg.model.trust_remote_code,
+        "rollout": cfg.rollout,
     }
 
 
@@ -213,6 +230,7 @@ def _from_args(
         "max_new_tokens": 256,
         "data": data,
         "trust_remote_code": False,
+        "rollout": None,
     }
 
 
@@ -233,9 +251,16 @@ def run_eval(
     seed: int = 0,
     split: str = "test",
     log: Any = print,
+    tools: list[str] | None = None,
+    max_turns: int | None = None,
+    max_tool_calls: int | None = None,
+    tool_prompt: str | None = None,
+    tool_demo: str | None = None,
 ) -> dict[str, Any]:
     """Everything ``danka eval`` does: resolve inputs (a config, or model/data/reward),
-    generate, score, write ``output`` (JSON) when given; returns the result dict."""
+    generate, score, write ``output`` (JSON) when given; returns the result dict.
+    ``tools`` (and the tool limits) set or replace the config's ``rollout.tools``; a
+    config with ``rollout.tools`` or ``rollout.environment`` is evaluated through them."""
     from danka.rewards.combine import build_reward_computer
     from danka.tools.generate import load_for_inference, read_adapter_config
 
@@ -250,6 +275,10 @@ def run_eval(
     )
     if config and model:
         src["model"] = model
+    budget = max_new_tokens or src["max_new_tokens"]
+    flags = {"max_turns": max_turns, "max_tool_calls": max_tool_calls}
+    flags.update(tool_prompt=tool_prompt, tool_demo=tool_demo)
+    agent = _agent_settings(src, tools, flags, budget)
     rows = src["rows"][:n] if n else src["rows"]
     rewards = build_reward_computer(
         src["specs"], base_dir=src["base_dir"], timeout_s=src["timeout_s"], on_error="fail"
@@ -269,10 +298,12 @@ def run_eval(
             rows,
             rewards,
             samples=samples,
-            max_new_tokens=max_new_tokens or src["max_new_tokens"],
+            max_new_tokens=budget,
             system=src["system"],
             instruction=src["instruction"],
             seed=seed,
+            tools=agent,
+            base_dir=src["base_dir"],
         )
     finally:
         rewards.close()
@@ -281,6 +312,7 @@ def run_eval(
         "adapter": adapter,
         "data": str(src["data"]),
         "reward": [s.name for s in src["specs"]],
+        **({"tools": list(agent.tools)} if agent is not None else {}),
         **result,
     }
     if output:
@@ -288,6 +320,26 @@ def run_eval(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
     return result
+
+
+def _agent_settings(src, tools, flags: dict, max_new_tokens: int):
+    """The rollout settings to evaluate through (None: single-turn), checked before any
+    model loads: the config's ``rollout`` with the command-line tool flags applied."""
+    from danka.agent.setup import cli_rollout_config, validate_agent
+
+    base = src["rollout"]
+    from_config = base is not None and (base.tools or base.environment)
+    if not tools and not from_config:
+        if any(v is not None for v in flags.values()):
+            raise UserError(
+                "tool settings given without tools",
+                where="danka eval",
+                fix="add --tools calculator (or a config with rollout.tools)",
+            )
+        return None
+    cfg = cli_rollout_config(tools or [], base=base, max_new_tokens=max_new_tokens, **flags)
+    validate_agent(cfg, base_dir=src["base_dir"], max_new_tokens=max_new_tokens)
+    return cfg
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -302,4 +354,10 @@ def format_result(result: dict[str, Any]) -> str:
         f"{result['response_length']:.1f} tokens, truncated "
         f"{100 * result['truncation_rate']:.1f}%"
     )
+    if "agent/tool_calls" in result:
+        lines.append(
+            f"tools: {result['agent/tool_calls']:.2f} calls per answer, "
+            f"{100 * result.get('agent/valid_call_samples', 0.0):.1f}% of answers with a "
+            f"valid call, valid-call rate {100 * result['agent/valid_call_rate']:.1f}%"
+        )
     return "\n".join(lines)

@@ -226,21 +226,69 @@ def generate_batch(
     return out
 
 
+@torch.no_grad()
+def tool_generate_batch(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    rows: list[PromptRow],
+    tools: Any,
+    *,
+    base_dir: str | Path = ".",
+    max_new_tokens: int = 256,
+    loop: Any = None,
+    **kwargs: Any,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """:func:`generate_batch` with tools: the training's agent loop (``danka.agent``) for
+    the rollout settings ``tools`` (a ``RolloutConfig``; ``max_new_tokens`` per turn).
+    Each dict also holds ``trajectories`` (per answer, the messages after the prompt, tool
+    turns included); ``completions`` are the final answers. Returns the agent metrics too.
+    ``loop``: an open loop to reuse (kept open), else one is built and closed."""
+    from danka.agent.setup import agent_generate, build_agent_loop
+
+    own = loop is None
+    if own:
+        loop = build_agent_loop(
+            tools,
+            tokenizer,
+            base_dir=base_dir,
+            max_new_tokens=max_new_tokens,
+            instruction=kwargs.get("instruction"),
+        )
+    try:
+        kwargs.pop("max_prompt_length", None)
+        return agent_generate(model, tokenizer, rows, loop, max_new_tokens=max_new_tokens, **kwargs)
+    finally:
+        if own:
+            loop.close()
+
+
+def format_turns(messages: list[dict[str, Any]]) -> str:
+    """A trajectory for the terminal: one ``[role] text`` block per message."""
+    return "\n".join(f"[{m['role']}] {m.get('content', '')}" for m in messages)
+
+
 def generate_file(
     model: torch.nn.Module,
     tokenizer: Any,
     path: str,
     output: TextIO,
+    tools: Any = None,
     **kwargs: Any,
 ) -> int:
     """Answer every prompt of ``path`` (any format danka reads); one JSON line per answer
-    on ``output``: ``{"index", "prompt", "completion", "response_tokens", "truncated"}``.
+    on ``output``: ``{"index", "prompt", "completion", "response_tokens", "truncated"}``,
+    with ``tools`` (rollout settings) also ``messages``: the turns after the prompt, tool
+    calls and responses included (``completion`` is the final answer).
     Returns the number of lines written."""
     from danka.data.formats import load_prompt_rows
 
     rows = load_prompt_rows(path).rows
+    if tools is not None:
+        items, _ = tool_generate_batch(model, tokenizer, rows, tools, **kwargs)
+    else:
+        items = generate_batch(model, tokenizer, rows, **kwargs)
     written = 0
-    for item in generate_batch(model, tokenizer, rows, **kwargs):
+    for item in items:
         line = {
             "index": item["index"],
             "prompt": item["prompt"],
@@ -248,6 +296,8 @@ def generate_file(
             "response_tokens": item["response_tokens"][0],
             "truncated": item["truncated"][0],
         }
+        if tools is not None:
+            line["messages"] = item["trajectories"][0]
         output.write(json.dumps(line, ensure_ascii=False) + "\n")
         written += 1
     output.flush()
@@ -261,31 +311,59 @@ def chat_loop(
     system: str | None = None,
     read_line: Callable[[str], str] = input,
     out: TextIO | None = None,
+    tools: Any = None,
     **gen: Any,
 ) -> list[dict[str, str]]:
     """Interactive chat: each line read is a user turn; the whole conversation is the
     prompt of the next answer. ``/exit`` (or end of input) quits; ``/reset`` starts over.
-    Returns the conversation."""
+    With ``tools`` (rollout settings) each answer runs through the agent loop and every
+    turn is printed (``[assistant]`` calls, tool responses, the final answer); the tool
+    turns stay in the conversation. Returns the conversation."""
     out = out or sys.stdout
     messages: list[dict[str, str]] = []
+    loop = None
+    if tools is not None:
+        from danka.agent.setup import build_agent_loop
+
+        loop = build_agent_loop(
+            tools, tokenizer, base_dir=".", max_new_tokens=gen.get("max_new_tokens", 256)
+        )
     out.write("danka chat: /exit quits, /reset clears the conversation\n")
-    while True:
-        try:
-            line = read_line("> ")
-        except EOFError:
-            break
-        text = line.strip()
-        if text in EXIT_WORDS:
-            break
-        if text == "/reset":
-            messages.clear()
-            continue
-        if not text:
-            continue
-        messages.append({"role": "user", "content": text})
-        answer = generate_text(model, tokenizer, list(messages), system=system, **gen)
-        if not gen.get("stream", True):
-            out.write(answer + "\n")
-        messages.append({"role": "assistant", "content": answer})
-        out.flush()
+    try:
+        while True:
+            try:
+                line = read_line("> ")
+            except EOFError:
+                break
+            text = line.strip()
+            if text in EXIT_WORDS:
+                break
+            if text == "/reset":
+                messages.clear()
+                continue
+            if not text:
+                continue
+            messages.append({"role": "user", "content": text})
+            if loop is not None:
+                turns = _tool_turns(model, tokenizer, messages, tools, loop, system, gen)
+                out.write(format_turns(turns) + "\n")
+                messages += turns
+            else:
+                answer = generate_text(model, tokenizer, list(messages), system=system, **gen)
+                if not gen.get("stream", True):
+                    out.write(answer + "\n")
+                messages.append({"role": "assistant", "content": answer})
+            out.flush()
+    finally:
+        if loop is not None:
+            loop.close()
     return messages
+
+
+def _tool_turns(model, tokenizer, messages, tools, loop, system, gen) -> list[dict[str, str]]:
+    """The turns answering ``messages`` through the agent loop (role/content only: the
+    ``<tool_call>`` text stays in the assistant content, as the model wrote it)."""
+    kw = {k: v for k, v in gen.items() if k != "stream"}
+    row = PromptRow(index=0, prompt=[dict(m) for m in messages])
+    [item], _ = tool_generate_batch(model, tokenizer, [row], tools, loop=loop, system=system, **kw)
+    return [{"role": m["role"], "content": m["content"]} for m in item["trajectories"][0]]

@@ -31,7 +31,11 @@ from danka.types import PromptRow, RolloutBatch
 def build_agent(cfg: DankaConfig, tokenizer: Any, base_dir: Path) -> AgentLoop | None:
     """The agent loop of ``rollout.tools`` / ``rollout.environment``; None when neither."""
     return build_agent_loop(
-        cfg.rollout, tokenizer, base_dir=base_dir, max_new_tokens=cfg.trainer.max_new_tokens
+        cfg.rollout,
+        tokenizer,
+        base_dir=base_dir,
+        max_new_tokens=cfg.trainer.max_new_tokens,
+        instruction=cfg.data.instruction,  # the worked examples are phrased like the prompts
     )
 
 

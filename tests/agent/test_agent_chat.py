@@ -44,3 +44,27 @@ def test_plain_chatml_gets_the_default_tool_system_text():
         "content": "<tool_response>\n6\n</tool_response>",
     }
     assert chat.prompt(USER, []).startswith("<|im_start|>system\nYou are a helpful assistant.")
+
+
+def test_tool_prompt_picks_the_system_text():
+    import pytest
+
+    from danka.agent.chat import SMOLLM_TOOL_SYSTEM
+    from danka.errors import UserError
+
+    schema = load_tool("calculator").schema
+    smol = ChatFormat(tiny_tokenizer(), "smollm").prompt_messages(USER, [schema])[0]["content"]
+    assert smol.startswith(SMOLLM_TOOL_SYSTEM.split("{schemas}")[0])
+    assert '<tools>{"type": "function", "function": {"name": "calculator"' in smol
+    own = ChatFormat(tiny_tokenizer(), "Tools: {schemas}. Call with <tool_call>.")
+    assert own.prompt_messages(USER, [schema])[0]["content"].startswith('Tools: {"type"')
+    # a tools-aware template is used under auto, and overridden by a named text
+    tok = tiny_tokenizer()
+    tok.chat_template = TOOLS_TEMPLATE
+    assert ChatFormat(tok, "auto").native_tools and not ChatFormat(tok, "hermes").native_tools
+    forced = ChatFormat(tok, "hermes")
+    assert forced.prompt_messages(USER, [schema])[0]["content"].startswith("# Tools")
+    assert forced.tool_message("6")["role"] == "user"
+    for bad in ("hermez", "no placeholder", "{schemas} {other}"):
+        with pytest.raises(UserError, match="rollout.tool_prompt"):
+            ChatFormat(tok, bad)

@@ -34,8 +34,9 @@ class ScriptedEngine:
 
 
 def calculator_script(prompt: str) -> str:
-    """Question "What is A * B?" -> call the tool once, then answer with its result."""
-    if "<tool_response>" in prompt:
+    """Question "What is A * B?" -> call the tool once, then answer with its result (the
+    newest question counts: a chat holds earlier ones)."""
+    if prompt.rfind("<tool_response>") > prompt.rfind("What is "):
         return prompt.rsplit("<tool_response>\n", 1)[1].split("\n", 1)[0]
     question = prompt.rsplit("What is ", 1)[1].split("?")[0]
     return CALL % question
@@ -53,7 +54,13 @@ def tool_loop(tok):
     def make(limits=LIMITS):
         kw = {k: getattr(limits, k) for k in ("max_turns", "max_tool_calls", "max_total_tokens")}
         loops.append(
-            tool_loop_for(tok, ["calculator"], max_new_tokens=limits.max_total_tokens, **kw)
+            tool_loop_for(
+                tok,
+                ["calculator"],
+                max_new_tokens=limits.max_total_tokens,
+                tool_demo="none",  # the exact prompt, no worked examples
+                **kw,
+            )
         )
         return loops[-1]
 
@@ -253,9 +260,14 @@ def test_agent_generate_for_the_cli(tok, monkeypatch):
     from danka.agent import setup
 
     engine = ScriptedEngine(tok, calculator_script)
-    monkeypatch.setattr("danka.rollout.base.build_engine", lambda name: engine)
+    monkeypatch.setattr("danka.rollout.base.build_engine", lambda *a, **k: engine)
     rows = [PromptRow(index=7, prompt="What is 3 * 5?")]
-    [item], metrics = setup.agent_generate(None, tok, rows, ["calculator"], n=2, max_new_tokens=200)
+    loop = setup.tool_loop(tok, ["calculator"], max_new_tokens=200)
+    [item], metrics = setup.agent_generate(None, tok, rows, loop, n=2, max_new_tokens=200)
+    loop.close()
     assert item["index"] == 7 and item["completions"] == ["15", "15"]
     assert item["trajectories"][0][1]["content"] == "<tool_response>\n15\n</tool_response>"
     assert "<tools>" in item["prompt"] and metrics["agent/tool_calls"] == 1.0
+    # the calculator's worked examples (tool_demo auto) precede the question in the prompt
+    assert item["prompt"].index("What is 12 * 34?") < item["prompt"].index("What is 3 * 5?")
+    assert "<tool_response>\n408\n</tool_response>" in item["prompt"]

@@ -1,0 +1,107 @@
+"""Calculator-tool learning run: train examples/calculator_tool.yaml for a few minutes, and
+write one result JSON with the held-out accuracy WITH the tool before and after training,
+the valid-call rates (held-out, greedy) before and after, and the per-step training curve.
+
+    python bench/calc_tool_learning.py examples/calculator_tool.yaml --minutes 6 \\
+        --out bench/results/calc_tool_learning_h200.json [key=value ...]
+
+The training runs in its own ``danka train`` process (what a user runs); this script only
+reads what that run wrote: ``eval/step_N.json`` (greedy, through the agent loop: the
+``eval/agent/*`` metrics), ``metrics.jsonl`` and ``config.json``; a few trajectories of
+the last evaluation (tool turns included) go into the result too. The evaluation before
+training is the one at step 0, the one after is the run's last (``trainer.eval_steps``
+and the final step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from gsm8k_learning import run_danka_train  # bench/ is this script's folder
+
+AGENT_KEYS = {
+    "valid_call_samples": "eval/agent/valid_call_samples",  # share of answers with a valid call
+    "valid_call_rate": "eval/agent/valid_call_rate",  # valid calls / attempted calls
+    "tool_calls": "eval/agent/tool_calls",  # calls per answer
+    "turns": "eval/agent/turns",
+}
+TRAIN_KEYS = ("reward", "agent/valid_call_samples", "agent/valid_call_rate", "agent/tool_calls")
+
+
+def eval_summary(data: dict) -> dict:
+    """One ``eval/step_N.json`` -> accuracy and tool use (None where not logged)."""
+    out = {"step": data["step"], "n": int(data["eval/n"]), "accuracy": data["eval/accuracy"]}
+    out.update({name: data.get(key) for name, key in AGENT_KEYS.items()})
+    out["mean_length"] = data.get("eval/response_length")
+    return out
+
+
+def summarize_run(run_dir: Path) -> dict:
+    """Before/after evaluations, the training curve and example trajectories of a run."""
+    raw = sorted(
+        (json.loads(f.read_text()) for f in (run_dir / "eval").glob("step_*.json")),
+        key=lambda d: d["step"],
+    )
+    evals = [eval_summary(d) for d in raw]
+    metrics = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line
+    ]
+    curve = [{"step": m["step"], **{k: m.get(k) for k in TRAIN_KEYS}} for m in metrics]
+    return {
+        "before": evals[0] if evals else None,
+        "after": evals[-1] if evals else None,
+        "evaluations": evals,
+        "train_curve": curve,
+        "steps": len(metrics),
+        "train_minutes": round(sum(m.get("time/step", 0.0) for m in metrics) / 60, 2),
+        "example_trajectories": (raw[-1].get("samples") or [])[:4] if raw else [],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("config", help="examples/calculator_tool.yaml")
+    p.add_argument("--minutes", type=float, required=True, help="trainer.max_train_minutes")
+    p.add_argument("--out", required=True, help="result JSON")
+    p.add_argument("--output-dir", default=None, help="the run's folder (default: from --out)")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = p.parse_intermixed_args(argv)
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(args.output_dir or f"output/{out.stem}")
+    cmd, rc, wall = run_danka_train(args.config, args.minutes, run_dir, args.overrides)
+    if rc != 0:
+        return rc
+    import torch
+
+    result = {
+        "command": " ".join(cmd),
+        "date": time.strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.node(),
+        **summarize_run(run_dir),
+        "wall_minutes": round(wall / 60, 2),
+        "config": json.loads((run_dir / "config.json").read_text()),
+    }
+    out.write_text(json.dumps(result, indent=2))
+    b, a = result["before"], result["after"]
+    if b and a:
+        pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+        print(
+            f"held-out accuracy with the tool {pct(b['accuracy'])} -> {pct(a['accuracy'])}, "
+            f"answers with a valid call {pct(b['valid_call_samples'])} -> "
+            f"{pct(a['valid_call_samples'])}, valid-call rate {pct(b['valid_call_rate'])} -> "
+            f"{pct(a['valid_call_rate'])}, {result['steps']} steps, "
+            f"{result['train_minutes']} min ({out})",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,6 +16,9 @@ of a step gives every sample; each line holds ``rewards: {reward_model, <rule>}`
   group-relative advantage actually uses.
 
 A sample is "correct" when its rule reward is >= ``--correct-at`` (1.0: verl's strict score).
+``pooled_with_marker`` repeats the pooled statistics over the samples whose completion
+contains ``--marker`` ("####": answers that reached a final answer), separating "the RM
+prefers correct answers" from "the RM prefers finished, well-formatted ones".
 """
 
 from __future__ import annotations
@@ -99,8 +102,9 @@ def read_samples(output_dir: Path, rule: str) -> dict[int, list[dict]]:
             if "reward_model" not in parts or rule not in parts:
                 raise SystemExit(f"{path}: needs rewards 'reward_model' and {rule!r}, got {parts}")
             samples.append(
-                {"rm": parts["reward_model"], "rule": parts[rule], "prompt": row["prompt"]}
-            )
+                {"rm": parts["reward_model"], "rule": parts[rule], "prompt": row["prompt"],
+                 "completion": row["completion"]}
+            )  # fmt: skip
         steps[int(path.stem.split("_")[1])] = samples
     if not steps:
         raise SystemExit(f"no completions/step_*.jsonl under {output_dir}")
@@ -113,13 +117,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rule", default="gsm8k", help="the logged rule reward's name")
     ap.add_argument("--correct-at", type=float, default=1.0)
+    ap.add_argument("--marker", default="####", help="see pooled_with_marker")
     ap.add_argument("--command", default=None, help="the training command, recorded")
     ap.add_argument("--device", default=None, help="where it ran, recorded")
     ap.add_argument("--date", default=None)
     args = ap.parse_args()
     steps = read_samples(args.output_dir, args.rule)
     per_step = [{"step": k, **summarize(v, args.correct_at)} for k, v in steps.items()]
-    pooled = summarize([s for v in steps.values() for s in v], args.correct_at)
+    every = [s for v in steps.values() for s in v]
+    pooled = summarize(every, args.correct_at)
+    marked = [s for s in every if args.marker in s["completion"]]
     metrics = args.output_dir / "metrics.jsonl"
     evals = sorted((args.output_dir / "eval").glob("step_*.json"))
     result = {
@@ -129,6 +136,12 @@ def main() -> None:
         "device": args.device,
         "date": args.date,
         "pooled": pooled,
+        "marker": args.marker,
+        "pooled_with_marker": summarize(marked, args.correct_at),
+        "rm_mean_without_marker": (
+            sum(s["rm"] for s in every if args.marker not in s["completion"])
+            / max(1, len(every) - len(marked))
+        ),
         "per_step": per_step,
         "train_steps": sum(1 for _ in metrics.open()) if metrics.exists() else None,
         "eval": [

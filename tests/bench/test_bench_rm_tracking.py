@@ -46,8 +46,9 @@ def test_summarize_within_prompt_uses_only_pairs_of_one_prompt():
 def test_script_reads_completions_of_a_run(tmp_path):
     (tmp_path / "completions").mkdir()
     rows = [
-        {"prompt": "p", "rewards": {"reward_model": 1.0, "gsm8k": 1.0}},
-        {"prompt": "p", "rewards": {"reward_model": 0.0, "gsm8k": 0.0}},
+        {"prompt": "p", "completion": "#### 1", "rewards": {"reward_model": 1.0, "gsm8k": 1.0}},
+        {"prompt": "p", "completion": "#### 2", "rewards": {"reward_model": 0.0, "gsm8k": 0.0}},
+        {"prompt": "p", "completion": "cut off", "rewards": {"reward_model": -3.0, "gsm8k": 0.0}},
     ]
     text = "".join(json.dumps(r) + "\n" for r in rows)
     (tmp_path / "completions" / "step_3.jsonl").write_text(text)
@@ -56,4 +57,11 @@ def test_script_reads_completions_of_a_run(tmp_path):
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=60)
     got = json.loads(out.read_text())
     assert got["per_step"][0]["step"] == 3
-    assert got["pooled"]["pearson"] == pytest.approx(1.0) and got["pooled"]["auc"] == 1.0
+    assert got["pooled"]["auc"] == 1.0  # 1.0 beats 0.0 and -3.0
+    # rm [1, 0, -3] (mean -2/3) vs rule [1, 0, 0] (mean 1/3): deviations [5, 2, -7]/3 and
+    # [2, -1, -1]/3; sxy = (10 - 2 + 7)/9 = 15/9, sxx = 78/9, syy = 6/9
+    # -> r = 15 / sqrt(78 * 6) = 15 / 21.633 = 0.6934
+    assert got["pooled"]["pearson"] == pytest.approx(0.6934, abs=1e-4)
+    # only the two answers with "####": correct 1.0 vs wrong 0.0; the cut one's mean is -3
+    assert got["pooled_with_marker"]["n"] == 2 and got["pooled_with_marker"]["auc"] == 1.0
+    assert got["rm_mean_without_marker"] == -3.0

@@ -139,7 +139,9 @@ def _parse_json_array(path: Path, text: str) -> list[Record]:
 
 def _parse_json_lines(path: Path, text: str, bad_lines: list | None) -> list[Record]:
     records = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # JSON Lines ends a record at "\n" only: str.splitlines() would also split at U+2028,
+    # U+0085 ... which JSON allows unescaped inside strings (json.dumps(ensure_ascii=False))
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"

@@ -23,6 +23,17 @@ def test_jsonl_locations_are_one_based_lines_and_skip_blank_lines(tmp_path):
     assert [w for w, _ in got] == [f"{path}:1", f"{path}:3"]
 
 
+def test_jsonl_string_with_unicode_line_separator_is_one_record(tmp_path):
+    # U+2028 / U+0085 are legal unescaped inside a JSON string (json.dumps with
+    # ensure_ascii=False writes them so); only "\n" (or "\r\n") ends a JSON Lines record
+    rows = [{"prompt": "a\u2028b\x85c", "answer": "1"}, {"prompt": "d", "answer": "2"}]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows), newline="")
+    got = read_records(str(path))
+    assert [r for _, r in got] == rows
+    assert [w for w, _ in got] == [f"{path}:1", f"{path}:2"]
+
+
 def test_json_array_and_json_lines_in_dot_json(tmp_path):
     array = tmp_path / "array.json"
     array.write_text(json.dumps(ROWS, indent=2))

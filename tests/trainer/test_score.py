@@ -82,3 +82,31 @@ def test_mask_truncated_makes_truncated_samples_invalid_with_no_loss():
     off = _batch()
     steps.score(_run(_output()), off, ["x"] * 4)
     assert off.valid.all() and off.loss_mask[3].sum() == 8
+
+
+def test_weight_zero_rule_reward_is_logged_next_to_a_reward_model_but_not_trained_on(tmp_path):
+    """An RL run on a reward model with the rule reward as a pure metric: config
+    ``reward.functions: [{name: gsm8k, weight: 0}]`` + ``model.reward_model_name_or_path``."""
+    from danka.rewards.combine import RewardSpec, build_reward_computer
+    from danka.types import PromptRow
+
+    rm_scores = [0.5, -1.0, 2.0, 0.25]  # what the reward model says about the 4 samples
+    rows = [PromptRow(index=i, prompt=f"q{i}", ground_truth="7") for i in (0, 1)]
+    computer = build_reward_computer(
+        [RewardSpec("gsm8k", weight=0.0)],
+        base_dir=tmp_path,
+        reward_model=lambda prompts, completions: rm_scores,
+    )
+    run = _run(None)  # its reward output is replaced by the real computer below
+    run.train = SimpleNamespace(rows=rows, texts=["p0", "p1"])
+    run.rewards = lambda rows, texts, completions: computer(rows, texts, completions)
+    batch = _batch()
+    batch.prompt_index = torch.tensor([0, 0, 1, 1])
+    m = steps.score(run, batch, ["#### 7", "#### 8", "#### 7", "no answer"])
+    # trained on: the reward model alone, 0 * gsm8k + 1 * rm = [0.5, -1, 2, 0.25]
+    assert batch.rewards.tolist() == rm_scores
+    assert m["reward"] == (0.5 - 1.0 + 2.0 + 0.25) / 4  # 0.4375
+    # logged: the rule reward (correct, wrong, correct, no answer) = [1, 0, 1, 0] -> mean 0.5
+    assert batch.reward_parts["gsm8k"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert m["reward/gsm8k"] == 0.5
+    assert m["reward/reward_model"] == 0.4375

@@ -243,7 +243,9 @@ def step_schedules(run: Run) -> None:
 
 def step_metrics(run: Run, batch: RolloutBatch, m: dict[str, float]) -> dict[str, float]:
     """The step's summary numbers (reduced over ranks under torchrun)."""
-    m["loss"] = m.get("actor/loss", float("nan"))
+    # the actor's loss; during trainer.critic_warmup_steps (no actor update) the critic's,
+    # the only loss optimised then (a missing actor loss is not a non-finite one)
+    m["loss"] = m.get("actor/loss", m.get("critic/vf_loss", float("nan")))
     m["lr"] = run.actor_sched.get_last_lr()[0]
     m["kl_coef"] = float(run.kl_ctl.value)
     m["packing/effective_token_ratio"] = effective_token_ratio(

@@ -75,6 +75,17 @@ def test_critic_warmup_updates_only_the_critic(tmp_path, tiny_model_dir):
     assert head["linear.weight"].abs().sum() > 0
 
 
+def test_critic_warmup_longer_than_max_bad_steps_is_not_a_fault(tmp_path, tiny_model_dir):
+    # found on the H200 (GSM8K PPO, critic_warmup_steps 3 = max_bad_steps 3): the warm-up
+    # steps have no actor loss, `loss` was NaN and the run ended "3 non-finite steps in a row"
+    trainer = {**PPO, "total_steps": 4, "critic_warmup_steps": 3, "max_bad_steps": 3}
+    lines, _ = _fit(tmp_path, tiny_model_dir, trainer=trainer)
+    assert [x["step"] for x in lines] == [1, 2, 3, 4]
+    assert all(x["loss"] == x["critic/vf_loss"] for x in lines[:3])  # warm-up: the critic's
+    assert lines[3]["loss"] == lines[3]["actor/loss"]
+    assert all(x["skipped_step"] == 0.0 for x in lines)
+
+
 def test_rollout_correction_needs_engine_logprobs(tmp_path, tiny_model_dir, capsys):
     rc = {"rollout_correction": {"mode": "token_tis"}}
     path = make_config(tmp_path, tiny_model_dir, trainer=rc, rollout={"engine": "hf"})

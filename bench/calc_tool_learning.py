@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from gsm8k_learning import run_danka_train  # bench/ is this script's folder
+from gsm8k_learning import add_run_args, run_danka_train, run_paths  # bench/: this folder
 
 AGENT_KEYS = {
     "valid_call_samples": "eval/agent/valid_call_samples",  # share of answers with a valid call
@@ -66,15 +66,9 @@ def summarize_run(run_dir: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("config", help="examples/calculator_tool.yaml")
-    p.add_argument("--minutes", type=float, required=True, help="trainer.max_train_minutes")
-    p.add_argument("--out", required=True, help="result JSON")
-    p.add_argument("--output-dir", default=None, help="the run's folder (default: from --out)")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    add_run_args(p)
     args = p.parse_intermixed_args(argv)
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(args.output_dir or f"output/{out.stem}")
+    out, run_dir = run_paths(args)
     cmd, rc, wall = run_danka_train(args.config, args.minutes, run_dir, args.overrides)
     if rc != 0:
         return rc

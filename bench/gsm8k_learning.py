@@ -87,6 +87,21 @@ def _plot(metrics: list[dict], evals: list[dict], path: Path, title: str) -> Non
     plt.close(fig)
 
 
+def add_run_args(p: argparse.ArgumentParser, out_help: str = "result JSON") -> None:
+    """--minutes, --out, --output-dir and the key=value overrides of a learning run."""
+    p.add_argument("--minutes", type=float, required=True, help="trainer.max_train_minutes")
+    p.add_argument("--out", required=True, help=out_help)
+    p.add_argument("--output-dir", default=None, help="the run's folder (default: from --out)")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+
+
+def run_paths(args) -> tuple[Path, Path]:
+    """(the result file, its folder created; the run's output folder)."""
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out, Path(args.output_dir or f"output/{out.stem}")
+
+
 def run_danka_train(
     config: str, minutes: float, run_dir: Path, overrides: list[str]
 ) -> tuple[list[str], int, float]:
@@ -108,15 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config")
     p.add_argument("--train", required=True, help="GSM8K train.jsonl")
     p.add_argument("--test", required=True, help="GSM8K test.jsonl (all rows are evaluated)")
-    p.add_argument("--minutes", type=float, required=True, help="trainer.max_train_minutes")
-    p.add_argument("--out", required=True, help="result JSON (a .png is written beside it)")
-    p.add_argument("--output-dir", default=None, help="the run's folder (default: from --out)")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    add_run_args(p, out_help="result JSON (a .png is written beside it)")
     args = p.parse_intermixed_args(argv)
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(args.output_dir or f"output/{out.stem}")
+    out, run_dir = run_paths(args)
     overrides = [f"data.train_dataset={args.train}", f"data.eval_dataset={args.test}"]
     overrides += ["data.eval_size=0", *args.overrides]
     cmd, rc, wall = run_danka_train(args.config, args.minutes, run_dir, overrides)

@@ -61,6 +61,7 @@ from kernel_profile import profile_or_error
 from danka.algorithms.kl import FixedKLController
 from danka.config import load_config
 from danka.models import tiny
+from danka.models.loading import configure_attention_backends
 from danka.models.logprobs import chunked_logprobs_entropy
 from danka.models.lora import count_parameters
 from danka.rewards.combine import RewardOutput
@@ -789,6 +790,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.tiny:
         args.steps = min(args.steps, 3)
     dev = torch.device(args.device)
+    # as in every danka run (load_causal_lm): no cuDNN SDPA. The sections build random
+    # models without danka's loader; with cuDNN on, the unpacked micro-batch-8 packing
+    # variant hit its NaN gradients on the H200 (2026-11-30, issue 11 #1)
+    configure_attention_backends()
     log = quiet_log(args.verbose)
     import transformers
 

@@ -33,6 +33,7 @@ def measure(model, tok, rows, tool_prompt: str, tool_demo: str, args) -> dict:
     from danka.agent.rewards import tool_answer_reward
     from danka.agent.setup import agent_generate, build_agent_loop
     from danka.config.schema import RolloutConfig
+    from danka.rollout.base import AnswerOptions
 
     cfg = RolloutConfig(
         tools=["calculator"],
@@ -50,12 +51,14 @@ def measure(model, tok, rows, tool_prompt: str, tool_demo: str, args) -> dict:
             tok,
             rows,
             loop,
-            instruction=args.instruction,
-            max_new_tokens=96,
-            temperature=args.temperature,
-            top_p=1.0,
-            seed=args.seed,
-            batch_size=len(rows),
+            AnswerOptions(
+                instruction=args.instruction,
+                max_new_tokens=96,
+                temperature=args.temperature,
+                top_p=1.0,
+                seed=args.seed,
+                batch_size=len(rows),
+            ),
         )
     finally:
         loop.close()

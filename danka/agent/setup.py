@@ -14,6 +14,7 @@ from danka.agent.loop import AgentLimits, AgentLoop
 from danka.agent.tools import load_tools
 from danka.agent.worker import ToolRunner
 from danka.errors import UserError
+from danka.rollout.base import AnswerOptions
 
 
 def check_agent_config(rollout: Any, *, max_new_tokens: int) -> None:
@@ -178,34 +179,21 @@ def agent_generate(
     tokenizer: Any,
     rows: list[Any],
     loop: AgentLoop,
+    opts: AnswerOptions | None = None,
     *,
-    system: str | None = None,
-    instruction: str | None = None,
-    max_new_tokens: int = 256,
-    temperature: float = 0.7,
-    top_p: float = 0.95,
-    n: int = 1,
-    seed: int | None = 0,
-    batch_size: int = 16,
     engine: str = "hf",
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Generation with tools for ``danka generate/chat/eval --tools``: the training loop
-    (``loop.rollout``) over ``rows``, ``batch_size`` rows per generate call. Like
+    (``loop.rollout``) over ``rows``, ``opts.batch_size`` rows per generate call. Like
     ``danka.tools.generate.generate_batch`` one dict per row, ``completions`` = the final
     answers, plus ``trajectories`` (the messages after the prompt, tool turns included);
     and the agent metrics of the call."""
-    import torch
-
     from danka.models.loading import stop_ids
-    from danka.rollout.base import EngineOptions, SamplingParams, build_engine
 
-    if seed is not None:
-        torch.manual_seed(seed)
-    gen = build_engine(engine, EngineOptions(generation_batch_size=batch_size * n))
-    params = SamplingParams(
-        n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
-    )
-    msgs = prompt_messages(rows, system_prompt=system, instruction=instruction)
+    opts = opts or AnswerOptions()
+    n = opts.n
+    gen, params = opts.start(engine, opts.batch_size * n)
+    msgs = prompt_messages(rows, system_prompt=opts.system, instruction=opts.instruction)
     out = loop.rollout(  # every row at once: the engine splits each turn into batches
         gen, model, rows, msgs, params, eos_ids=stop_ids(tokenizer), pad_id=tokenizer.pad_token_id
     )

@@ -197,6 +197,35 @@ def build_engine(name: str, options: EngineOptions | None = None) -> RolloutEngi
     return cls(**kwargs)
 
 
+@dataclass(frozen=True)
+class AnswerOptions:
+    """How ``danka generate/chat/eval`` answer prompts outside training: the options shared
+    by ``danka.tools.generate.generate_batch`` and ``danka.agent.setup.agent_generate``."""
+
+    system: str | None = None  # system prompt (None: the chat template's default)
+    instruction: str | None = None  # text added to every prompt, as data.instruction
+    max_new_tokens: int = 256  # per answer (per turn with tools)
+    temperature: float = 0.7  # 0 means greedy
+    top_p: float = 0.95
+    n: int = 1  # answers per prompt
+    seed: int | None = 0  # torch.manual_seed before generating (None: leave the RNG)
+    batch_size: int = 16  # prompts per generate call
+
+    def start(self, engine: str, sequences_per_call: int) -> tuple[RolloutEngine, SamplingParams]:
+        """Seed the RNG, build ``engine`` generating ``sequences_per_call`` sequences per
+        call, and return it with the sampling parameters."""
+        if self.seed is not None:
+            torch.manual_seed(self.seed)
+        gen = build_engine(engine, EngineOptions(generation_batch_size=sequences_per_call))
+        params = SamplingParams(
+            n=self.n,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+        )
+        return gen, params
+
+
 def finish_batch(
     prompt_ids: list[list[int]],
     responses: list[list[int]],

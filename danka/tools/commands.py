@@ -157,11 +157,13 @@ def _generate(args) -> int:
 
 def _generate_prompt_with_tools(model, tok, args, gen) -> int:
     """``generate --prompt P --tools T``: every turn printed (or written with --output)."""
+    from danka.rollout.base import AnswerOptions
     from danka.tools.generate import format_turns, tool_generate_batch
     from danka.types import PromptRow
 
     tools = gen.pop("tools")
-    [item], _ = tool_generate_batch(model, tok, [PromptRow(0, args.prompt)], tools, **gen)
+    opts = AnswerOptions(**gen)
+    [item], _ = tool_generate_batch(model, tok, [PromptRow(0, args.prompt)], tools, opts)
     turns = item["trajectories"][0]
     if not args.output:
         print(format_turns(turns))

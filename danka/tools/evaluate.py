@@ -119,9 +119,10 @@ def evaluate_rows(
     score the final answer (an ``AgentCompletion`` carrying the turns, as in training),
     and the result holds the ``agent/*`` metrics and each kept answer's ``messages``."""
     from danka.agent.rewards import AgentCompletion
+    from danka.rollout.base import AnswerOptions
     from danka.tools.generate import generate_batch, tool_generate_batch
 
-    gen = dict(
+    gen = AnswerOptions(
         system=system,
         instruction=instruction,
         max_new_tokens=max_new_tokens,
@@ -133,15 +134,13 @@ def evaluate_rows(
     )
     metrics: dict[str, float] = {}
     if tools is not None:
-        items, metrics = tool_generate_batch(
-            model, tokenizer, rows, tools, base_dir=base_dir, **gen
-        )
+        items, metrics = tool_generate_batch(model, tokenizer, rows, tools, gen, base_dir=base_dir)
         for it in items:
             it["completions"] = [
                 AgentCompletion(c, t) for c, t in zip(it["completions"], it["trajectories"])
             ]
     else:
-        items = generate_batch(model, tokenizer, rows, **gen)
+        items = generate_batch(model, tokenizer, rows, gen)
     kept = [it["row"] for it in items]
     scores, correct, per_fn = score_samples(
         kept,

@@ -20,6 +20,7 @@ import torch
 from danka.config.dtypes import canonical_dtype
 from danka.errors import UserError
 from danka.models.loading import pick_device, stop_ids
+from danka.rollout.base import AnswerOptions
 from danka.types import PromptRow
 
 EXIT_WORDS = ("/exit", "/quit")
@@ -165,35 +166,24 @@ def generate_batch(
     model: torch.nn.Module,
     tokenizer: Any,
     rows: list[PromptRow],
+    opts: AnswerOptions | None = None,
     *,
-    system: str | None = None,
-    instruction: str | None = None,
-    max_new_tokens: int = 256,
-    temperature: float = 0.7,
-    top_p: float = 0.95,
-    n: int = 1,
-    seed: int | None = 0,
-    batch_size: int = 16,
     max_prompt_length: int = 1_000_000,
 ) -> list[dict[str, Any]]:
-    """``n`` answers per row through the HF rollout engine. Returns one dict per row:
+    """``opts.n`` answers per row through the HF rollout engine. Returns one dict per row:
     ``{"index", "row", "prompt", "completions": [n texts], "response_tokens": [n],
     "truncated": [n]}`` (``prompt`` is the rendered text the model saw)."""
     from danka.data.template import encode_prompts
-    from danka.rollout.base import EngineOptions, SamplingParams, build_engine
 
-    if seed is not None:
-        torch.manual_seed(seed)
+    opts = opts or AnswerOptions()
+    engine, params = opts.start("hf", opts.batch_size)
+    batch_size, n = opts.batch_size, opts.n
     enc = encode_prompts(
         tokenizer,
         rows,
         max_prompt_length=max_prompt_length,
-        system_prompt=system,
-        instruction=instruction,
-    )
-    engine = build_engine("hf", EngineOptions(generation_batch_size=batch_size))
-    params = SamplingParams(
-        n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
+        system_prompt=opts.system,
+        instruction=opts.instruction,
     )
     out: list[dict[str, Any]] = []
     for row, text in zip(enc.rows, enc.texts):
@@ -232,31 +222,30 @@ def tool_generate_batch(
     tokenizer: Any,
     rows: list[PromptRow],
     tools: Any,
+    opts: AnswerOptions | None = None,
     *,
     base_dir: str | Path = ".",
-    max_new_tokens: int = 256,
     loop: Any = None,
-    **kwargs: Any,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """:func:`generate_batch` with tools: the training's agent loop (``danka.agent``) for
-    the rollout settings ``tools`` (a ``RolloutConfig``; ``max_new_tokens`` per turn).
+    the rollout settings ``tools`` (a ``RolloutConfig``; ``opts.max_new_tokens`` per turn).
     Each dict also holds ``trajectories`` (per answer, the messages after the prompt, tool
     turns included); ``completions`` are the final answers. Returns the agent metrics too.
     ``loop``: an open loop to reuse (kept open), else one is built and closed."""
     from danka.agent.setup import agent_generate, build_agent_loop
 
+    opts = opts or AnswerOptions()
     own = loop is None
     if own:
         loop = build_agent_loop(
             tools,
             tokenizer,
             base_dir=base_dir,
-            max_new_tokens=max_new_tokens,
-            instruction=kwargs.get("instruction"),
+            max_new_tokens=opts.max_new_tokens,
+            instruction=opts.instruction,
         )
     try:
-        kwargs.pop("max_prompt_length", None)
-        return agent_generate(model, tokenizer, rows, loop, max_new_tokens=max_new_tokens, **kwargs)
+        return agent_generate(model, tokenizer, rows, loop, opts)
     finally:
         if own:
             loop.close()
@@ -283,10 +272,11 @@ def generate_file(
     from danka.data.formats import load_prompt_rows
 
     rows = load_prompt_rows(path).rows
+    opts = AnswerOptions(**kwargs)
     if tools is not None:
-        items, _ = tool_generate_batch(model, tokenizer, rows, tools, **kwargs)
+        items, _ = tool_generate_batch(model, tokenizer, rows, tools, opts)
     else:
-        items = generate_batch(model, tokenizer, rows, **kwargs)
+        items = generate_batch(model, tokenizer, rows, opts)
     written = 0
     for item in items:
         line = {
@@ -363,7 +353,7 @@ def chat_loop(
 def _tool_turns(model, tokenizer, messages, tools, loop, system, gen) -> list[dict[str, str]]:
     """The turns answering ``messages`` through the agent loop (role/content only: the
     ``<tool_call>`` text stays in the assistant content, as the model wrote it)."""
-    kw = {k: v for k, v in gen.items() if k != "stream"}
+    opts = AnswerOptions(system=system, **{k: v for k, v in gen.items() if k != "stream"})
     row = PromptRow(index=0, prompt=[dict(m) for m in messages])
-    [item], _ = tool_generate_batch(model, tokenizer, [row], tools, loop=loop, system=system, **kw)
+    [item], _ = tool_generate_batch(model, tokenizer, [row], tools, opts, loop=loop)
     return [{"role": m["role"], "content": m["content"]} for m in item["trajectories"][0]]

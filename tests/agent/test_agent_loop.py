@@ -258,12 +258,15 @@ def test_an_environment_that_raises_is_a_user_error_naming_the_row(tok, tmp_path
 
 def test_agent_generate_for_the_cli(tok, monkeypatch):
     from danka.agent import setup
+    from danka.rollout.base import AnswerOptions
 
     engine = ScriptedEngine(tok, calculator_script)
     monkeypatch.setattr("danka.rollout.base.build_engine", lambda *a, **k: engine)
     rows = [PromptRow(index=7, prompt="What is 3 * 5?")]
     loop = setup.tool_loop(tok, ["calculator"], max_new_tokens=200)
-    [item], metrics = setup.agent_generate(None, tok, rows, loop, n=2, max_new_tokens=200)
+    [item], metrics = setup.agent_generate(
+        None, tok, rows, loop, AnswerOptions(n=2, max_new_tokens=200)
+    )
     loop.close()
     assert item["index"] == 7 and item["completions"] == ["15", "15"]
     assert item["trajectories"][0][1]["content"] == "<tool_response>\n15\n</tool_response>"

@@ -56,8 +56,8 @@ def test_evaluate_rows_scores_sampled_answers(monkeypatch, tmp_path):
     answers = [["right", "wrong", "wrong", "wrong"], ["right", "right", "wrong", "wrong"]]
     seen = {}
 
-    def fake_generate(model, tok, rows, **kw):
-        seen.update(kw)
+    def fake_generate(model, tok, rows, opts):
+        seen.update(vars(opts))
         return [
             {
                 "index": r.index,

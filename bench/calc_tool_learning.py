@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
-import time
 from pathlib import Path
 
-from gsm8k_learning import add_run_args, run_danka_train, run_paths  # bench/: this folder
+from gsm8k_learning import (  # bench/: this folder
+    add_run_args,
+    run_danka_train,
+    run_paths,
+    write_result,
+)
 
 AGENT_KEYS = {
     "valid_call_samples": "eval/agent/valid_call_samples",  # share of answers with a valid call
@@ -72,17 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rc, wall = run_danka_train(args.config, args.minutes, run_dir, args.overrides)
     if rc != 0:
         return rc
-    import torch
-
-    result = {
-        "command": " ".join(cmd),
-        "date": time.strftime("%Y-%m-%d"),
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.node(),
-        **summarize_run(run_dir),
-        "wall_minutes": round(wall / 60, 2),
-        "config": json.loads((run_dir / "config.json").read_text()),
-    }
-    out.write_text(json.dumps(result, indent=2))
+    config = json.loads((run_dir / "config.json").read_text())
+    result = write_result(out, cmd, wall, config, summarize_run(run_dir))
     b, a = result["before"], result["after"]
     if b and a:
         pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731

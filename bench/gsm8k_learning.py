@@ -118,6 +118,30 @@ def run_danka_train(
     return cmd, rc, time.time() - t0
 
 
+def write_result(out: Path, cmd: list[str], wall: float, config: dict, fields: dict) -> dict:
+    """Write the result JSON of a learning run to ``out`` and return it: the command, date,
+    device and library versions, then ``fields`` (the benchmark's own numbers), the wall
+    minutes and the run's resolved ``config``."""
+    import torch
+    import transformers
+
+    result = {
+        "command": " ".join(cmd),
+        "date": time.strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.node(),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+        **fields,
+        "wall_minutes": round(wall / 60, 2),
+        "config": config,
+    }
+    out.write_text(json.dumps(result, indent=2))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("config")
@@ -141,28 +165,15 @@ def main(argv: list[str] | None = None) -> int:
         json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line
     ]
     train_seconds = sum(m.get("time/step", 0.0) for m in metrics)
-    import torch
-    import transformers
-
-    result = {
-        "command": " ".join(cmd),
-        "date": time.strftime("%Y-%m-%d"),
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.node(),
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
+    fields = {
         "before": evals[0] if evals else None,
         "after": evals[-1] if evals else None,
         "evaluations": evals,
         "steps": len(metrics),
         "skipped_steps": int(sum(m.get("skipped_step", 0.0) for m in metrics)),
         "train_minutes": round(train_seconds / 60, 2),
-        "wall_minutes": round(wall / 60, 2),
-        "config": config,
     }
-    out.write_text(json.dumps(result, indent=2))
+    result = write_result(out, cmd, wall, config, fields)
     title = f"{config['trainer']['algorithm']} on GSM8K ({out.stem})"
     _plot(metrics, evals, out.with_suffix(".png"), title)
     b, a = result["before"], result["after"]

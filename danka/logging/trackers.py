@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from danka.config.schema import LoggingConfig
 from danka.errors import UserError
 
 
@@ -165,21 +166,22 @@ class MlflowTracker:
 
 def build_trackers(
     output_dir: Path,
+    settings: LoggingConfig,
     *,
-    tensorboard: bool,
-    wandb_project: str | None,
-    mlflow_experiment: str | None,
     run_name: str | None,
     config: dict,
     log: logging.Logger,
 ) -> list[Tracker]:
-    """The trackers the config asks for. Missing packages are checked first, so a
+    """The trackers ``settings`` (the config's ``logging``: tensorboard, wandb_project,
+    mlflow_experiment) asks for. Missing packages are checked first, so a
     UserError comes before any tracker starts; failing services only warn. Secrets in
     ``config`` (keys named like token/key/secret/password) are masked before any tracker
     sees it."""
     from danka.config.secrets import mask_secrets
 
     config = mask_secrets(config)
+    tensorboard = settings.tensorboard
+    wandb_project, mlflow_experiment = settings.wandb_project, settings.mlflow_experiment
     if wandb_project:
         _import_extra("wandb", "wandb", "wandb_project")
     if mlflow_experiment:

@@ -54,18 +54,8 @@ class Outputs:
             remove_completions_after(out, start)
         trackers = dist.Null()
         if main:
-            lg = cfg.logging
             trackers = SafeTrackers(
-                build_trackers(
-                    out,
-                    tensorboard=lg.tensorboard,
-                    wandb_project=lg.wandb_project,
-                    mlflow_experiment=lg.mlflow_experiment,
-                    run_name=out.name,
-                    config=resolved,
-                    log=log,
-                ),
-                log,
+                build_trackers(out, cfg.logging, run_name=out.name, config=resolved, log=log), log
             )
         return cls(
             output_dir=out,

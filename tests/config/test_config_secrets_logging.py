@@ -8,6 +8,7 @@ import json
 import logging
 
 from danka.checkpoint import save_checkpoint
+from danka.config.schema import LoggingConfig
 from danka.config.secrets import mask_secrets
 from danka.logging import trackers
 
@@ -47,9 +48,7 @@ def test_trackers_get_the_masked_config(tmp_path, monkeypatch):
     monkeypatch.setattr(trackers, "TensorBoardTracker", Fake)
     trackers.build_trackers(
         tmp_path,
-        tensorboard=True,
-        wandb_project=None,
-        mlflow_experiment=None,
+        LoggingConfig(tensorboard=True),
         run_name="r",
         config=CONFIG,
         log=logging.getLogger("t"),

@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from danka.config.schema import LoggingConfig
 from danka.errors import UserError
 from danka.logging import SafeTrackers, TensorBoardTracker, build_trackers
 
@@ -16,11 +17,9 @@ log = logging.getLogger("danka.test")
 
 
 def _build(tmp_path, **kw):
-    args = dict(
-        tensorboard=False, wandb_project=None, mlflow_experiment=None, run_name="r", config={}
-    )
-    args.update(kw)
-    return build_trackers(tmp_path, log=log, **args)
+    config = kw.pop("config", {})
+    settings = LoggingConfig(**{"tensorboard": False, **kw})
+    return build_trackers(tmp_path, settings, run_name="r", config=config, log=log)
 
 
 def test_tensorboard_events_round_trip(tmp_path):

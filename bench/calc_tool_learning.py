@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gsm8k_learning import (  # bench/: this folder
     add_run_args,
+    print_before_after,
     run_danka_train,
     run_paths,
     write_result,
@@ -77,17 +78,17 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     config = json.loads((run_dir / "config.json").read_text())
     result = write_result(out, cmd, wall, config, summarize_run(run_dir))
-    b, a = result["before"], result["after"]
-    if b and a:
-        pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
-        print(
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    print_before_after(
+        result,
+        lambda b, a: (
             f"held-out accuracy with the tool {pct(b['accuracy'])} -> {pct(a['accuracy'])}, "
             f"answers with a valid call {pct(b['valid_call_samples'])} -> "
             f"{pct(a['valid_call_samples'])}, valid-call rate {pct(b['valid_call_rate'])} -> "
             f"{pct(a['valid_call_rate'])}, {result['steps']} steps, "
-            f"{result['train_minutes']} min ({out})",
-            flush=True,
-        )
+            f"{result['train_minutes']} min ({out})"
+        ),
+    )
     return 0
 
 

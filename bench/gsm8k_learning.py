@@ -21,6 +21,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -142,6 +143,13 @@ def write_result(out: Path, cmd: list[str], wall: float, config: dict, fields: d
     return result
 
 
+def print_before_after(result: dict, line: Callable[[dict, dict], str]) -> None:
+    """Print ``line(before, after)`` when the run was evaluated both before and after."""
+    b, a = result["before"], result["after"]
+    if b and a:
+        print(line(b, a), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("config")
@@ -176,17 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     result = write_result(out, cmd, wall, config, fields)
     title = f"{config['trainer']['algorithm']} on GSM8K ({out.stem})"
     _plot(metrics, evals, out.with_suffix(".png"), title)
-    b, a = result["before"], result["after"]
-    if b and a:
-        print(
+    print_before_after(
+        result,
+        lambda b, a: (
             f"strict {100 * b['strict']:.2f}% -> {100 * a['strict']:.2f}%, "
             f"flexible {100 * b['flexible']:.2f}% -> {100 * a['flexible']:.2f}%, "
             f"format {100 * b['format']:.1f}% -> {100 * a['format']:.1f}%, "
             f"length {b['mean_length']:.0f} -> {a['mean_length']:.0f}, "
             f"{result['steps']} steps, {result['skipped_steps']} skipped, "
-            f"{result['train_minutes']} min",
-            flush=True,
-        )
+            f"{result['train_minutes']} min"
+        ),
+    )
     return 0
 
 

@@ -113,19 +113,14 @@ def _set_lr(opt, sched, new_lr: float) -> None:
             sched._last_lr = [g["lr"] for g in opt.param_groups]
 
 
-def apply_resume_changes(
-    old: dict,
-    new: dict,
-    *,
-    actor_opt,
-    actor_sched=None,
-    critic_opt=None,
-    critic_sched=None,
-    kl_ctl=None,
-) -> list[str]:
-    """Write the changed :data:`APPLIED_KEYS` of ``new`` into the state just restored from
-    a checkpoint whose config was ``old``; returns ``"key: old -> new"`` per applied change.
-    Call it after the optimiser, schedulers and KL controller were loaded."""
+def apply_resume_changes(old: dict, new: dict, state: Any) -> list[str]:
+    """Write the changed :data:`APPLIED_KEYS` of ``new`` into the ``state`` just restored
+    from a checkpoint whose config was ``old``; returns ``"key: old -> new"`` per applied
+    change. ``state`` (the trainer's ``Run``) holds ``actor_opt``, ``actor_sched``,
+    ``critic_opt``, ``critic_sched`` and ``kl_ctl`` (None where the run has none). Call it
+    after the optimiser, schedulers and KL controller were loaded."""
+    actor_opt, actor_sched = state.actor_opt, state.actor_sched
+    critic_opt, critic_sched, kl_ctl = state.critic_opt, state.critic_sched, state.kl_ctl
     a, b = _flatten(old), _flatten(new)
     applied = []
 

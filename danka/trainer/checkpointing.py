@@ -183,15 +183,7 @@ def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
             "was trained with, or start a new output_dir",
         ) from err
     if old_cfg:
-        apply_resume_changes(
-            old_cfg,
-            new_cfg,
-            actor_opt=run.actor_opt,
-            actor_sched=run.actor_sched,
-            critic_opt=run.critic_opt,
-            critic_sched=run.critic_sched,
-            kl_ctl=run.kl_ctl,
-        )
+        apply_resume_changes(old_cfg, new_cfg, run)
         changes = describe_changes(old_cfg, new_cfg)
         if changes:
             run.log.warning("resuming with a changed config: " + "; ".join(changes))

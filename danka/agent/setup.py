@@ -7,7 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from danka.agent.chat import DEFAULT_TOOL_PROMPT, ChatFormat, check_tool_prompt
+from danka.agent.chat import ChatFormat, check_tool_prompt
 from danka.agent.demo import load_demo
 from danka.agent.env import ToolEnvironment, UserEnvironment, load_environment_class
 from danka.agent.loop import AgentLimits, AgentLoop
@@ -142,36 +142,6 @@ def cli_rollout_config(
     if base is None or not (base.tools or base.environment):  # no training budget to keep
         cfg.max_total_tokens = max(cfg.max_turns, 1) * max_new_tokens
     return cfg
-
-
-def tool_loop(
-    tokenizer: Any,
-    tools: list[str],
-    *,
-    base_dir: Path | str = ".",
-    max_new_tokens: int = 256,
-    max_turns: int = 4,
-    max_tool_calls: int = 8,
-    max_total_tokens: int = 0,
-    tool_timeout_s: float = 10.0,
-    tool_prompt: str = DEFAULT_TOOL_PROMPT,
-    tool_demo: str = "auto",
-) -> AgentLoop:
-    """A tool loop outside training, from plain arguments."""
-    from danka.config.schema import RolloutConfig
-
-    cfg = RolloutConfig(
-        tools=list(tools),
-        max_turns=max_turns,
-        max_tool_calls=max_tool_calls,
-        max_total_tokens=max_total_tokens,
-        tool_timeout_s=tool_timeout_s,
-        tool_prompt=tool_prompt,
-        tool_demo=tool_demo,
-    )
-    loop = build_agent_loop(cfg, tokenizer, base_dir=base_dir, max_new_tokens=max_new_tokens)
-    assert loop is not None
-    return loop
 
 
 def agent_generate(

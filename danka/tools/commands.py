@@ -132,10 +132,8 @@ def _generate(args) -> int:
         args.model, args.adapter, dtype=args.dtype, device=args.device, log=log
     )
     gen = _gen_kwargs(args)
-    if tools is not None:
-        gen["tools"] = tools
     if args.prompt is not None and tools is not None:
-        return _generate_prompt_with_tools(model, tok, args, gen)
+        return _generate_prompt_with_tools(model, tok, args, tools, gen)
     if args.prompt is not None:
         answer = generate_text(model, tok, args.prompt, stream=args.output is None, **gen)
         if args.output:
@@ -148,20 +146,21 @@ def _generate(args) -> int:
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         with open(args.output, "w", encoding="utf-8") as f:
-            count = generate_file(model, tok, args.file, f, batch_size=args.batch_size, **gen)
+            count = generate_file(
+                model, tok, args.file, f, tools, batch_size=args.batch_size, **gen
+            )
         log(f"wrote {count} answers to {args.output}")
     else:
-        generate_file(model, tok, args.file, sys.stdout, batch_size=args.batch_size, **gen)
+        generate_file(model, tok, args.file, sys.stdout, tools, batch_size=args.batch_size, **gen)
     return 0
 
 
-def _generate_prompt_with_tools(model, tok, args, gen) -> int:
+def _generate_prompt_with_tools(model, tok, args, tools, gen: dict) -> int:
     """``generate --prompt P --tools T``: every turn printed (or written with --output)."""
     from danka.rollout.base import AnswerOptions
     from danka.tools.generate import format_turns, tool_generate_batch
     from danka.types import PromptRow
 
-    tools = gen.pop("tools")
     opts = AnswerOptions(**gen)
     [item], _ = tool_generate_batch(model, tok, [PromptRow(0, args.prompt)], tools, opts)
     turns = item["trajectories"][0]

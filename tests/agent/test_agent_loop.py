@@ -7,7 +7,8 @@ import torch
 
 from danka.agent.env import UserEnvironment, load_environment_class
 from danka.agent.loop import AgentLimits, AgentLoop
-from danka.agent.setup import tool_loop as tool_loop_for
+from danka.agent.setup import build_agent_loop
+from danka.config.schema import RolloutConfig
 from danka.models.tiny import tiny_tokenizer
 from danka.rollout.base import SamplingParams, finish_batch
 from danka.types import PromptRow
@@ -54,12 +55,11 @@ def tool_loop(tok):
     def make(limits=LIMITS):
         kw = {k: getattr(limits, k) for k in ("max_turns", "max_tool_calls", "max_total_tokens")}
         loops.append(
-            tool_loop_for(
+            build_agent_loop(
+                RolloutConfig(tools=["calculator"], tool_demo="none", **kw),  # no worked examples
                 tok,
-                ["calculator"],
+                base_dir=".",
                 max_new_tokens=limits.max_total_tokens,
-                tool_demo="none",  # the exact prompt, no worked examples
-                **kw,
             )
         )
         return loops[-1]
@@ -263,7 +263,9 @@ def test_agent_generate_for_the_cli(tok, monkeypatch):
     engine = ScriptedEngine(tok, calculator_script)
     monkeypatch.setattr("danka.rollout.base.build_engine", lambda *a, **k: engine)
     rows = [PromptRow(index=7, prompt="What is 3 * 5?")]
-    loop = setup.tool_loop(tok, ["calculator"], max_new_tokens=200)
+    loop = build_agent_loop(
+        RolloutConfig(tools=["calculator"]), tok, base_dir=".", max_new_tokens=200
+    )
     [item], metrics = setup.agent_generate(
         None, tok, rows, loop, AnswerOptions(n=2, max_new_tokens=200)
     )

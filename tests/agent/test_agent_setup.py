@@ -20,11 +20,12 @@ def test_no_tools_no_loop_and_a_tool_loop_from_config():
     loop2.close()
 
 
-def test_tool_loop_for_the_cli_and_prompt_messages():
-    from danka.agent.setup import prompt_messages, tool_loop
+def test_tool_loop_outside_training_and_prompt_messages():
+    from danka.agent.setup import prompt_messages
     from danka.types import PromptRow
 
-    loop = tool_loop(tiny_tokenizer(), ["calculator"], max_new_tokens=32, max_turns=2)
+    cfg = RolloutConfig(tools=["calculator"], max_turns=2)
+    loop = build_agent_loop(cfg, tiny_tokenizer(), base_dir=".", max_new_tokens=32)
     assert loop.limits.max_total_tokens == 32 and loop.limits.max_turns == 2
     loop.close()
     rows = [PromptRow(0, "What is 2 * 3?")]

@@ -44,6 +44,8 @@ def test_tool_loop_outside_training_and_prompt_messages():
         ({"max_turns": 0}, "max_turns must be >= 1"),
         ({"tool_timeout_s": 0.0}, "tool_timeout_s must be > 0"),
         ({"max_total_tokens": 10}, "below the per-turn"),
+        ({"tool_prompt": "Use the tools."}, "neither a known name nor a text with"),  # no {schemas}
+        ({"tool_prompt": "{schemas} {oops}"}, "neither a known name nor a text with"),  # bad braces
     ],
 )
 def test_bad_agent_settings_are_refused(changes, message):

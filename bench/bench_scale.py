@@ -250,11 +250,14 @@ def _median(lines: list[dict], key: str) -> float | None:
 
 
 def scaling(paths, work: Path, steps: int, budget_end: float, model: str, rows: list,
-            written=lambda: None, engines: tuple[str, ...] = ("fast", "hf")) -> list[dict]:  # fmt: skip
+            written=lambda: None, engines: tuple[str, ...] = ("fast", "hf"),
+            prompts: int = 0) -> list[dict]:  # fmt: skip
     """Fills ``rows`` (one per engine) and calls ``written`` after every run, so a run cut
     short by the outer timeout keeps what was measured. The fast engine (auto's choice on
-    a GPU) goes first: it is the one that should scale."""
-    prompts, n, new, micro = SCALE_SIZES[model]
+    a GPU) goes first: it is the one that should scale. ``prompts`` > 0 replaces the
+    model's default prompts per step (the global batch; samples, tokens, micro-batch kept)."""
+    default_prompts, n, new, micro = SCALE_SIZES[model]
+    prompts = prompts or default_prompts
     common = [f"model.actor_model_name_or_path={paths[model]}", f"trainer.total_steps={steps}",
               f"trainer.batch_size={prompts}", f"trainer.samples_per_prompt={n}",
               f"trainer.micro_batch_size={micro}", f"trainer.max_new_tokens={new}",
@@ -315,6 +318,7 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=320, help="stop starting runs after this")
     p.add_argument("--scale-model", default="qwen05", choices=sorted(SCALE_SIZES))
     p.add_argument("--engines", default="fast,hf", help="scaling: rollout engines, in order")
+    p.add_argument("--prompts", type=int, default=0, help="scaling: prompts per step")
     p.add_argument("--cases", default="all", help="equivalence cases, e.g. grpo_lora_float32")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (gloo)")
     args = p.parse_args()
@@ -355,6 +359,7 @@ def main() -> int:
             result["scaling"],
             write,
             tuple(args.engines.split(",")),
+            args.prompts,
         )
         write()
     eq = result.get("equivalence", [])

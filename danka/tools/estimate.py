@@ -34,7 +34,9 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
                     on all 7 projections, measured 40.2 / 80.1; with checkpointing
                     predicted 0.58 GiB, measured 0.60 GiB peak.
 * logits            danka's chunked log-probs keep chunk x V x 4 x 4 bytes (fp32 logits,
-                    log-softmax, softmax for the entropy, their grad) instead of T x V x 4
+                    log-softmax, softmax for the entropy, their grad) instead of T x V x 4;
+                    chunk = min(trainer.logprob_chunk_size, micro-batch x max_new_tokens):
+                    the head runs over response positions only
 * fast engine       the fast rollout engine (``rollout.engine: fast``, auto on a GPU) keeps
                     fused q|k|v and gate|up weight copies when they take <= 1 GiB (none for
                     larger models), fp32 copies of the LoRA matrices, and its KV cache;
@@ -228,8 +230,10 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     seqs = min(prompts_per_call, t.batch_size) * n
     prompt_len = cfg.data.max_prompt_length or max(1, t.max_length - t.max_new_tokens)
     seq_len = min(t.max_length, prompt_len + t.max_new_tokens)
-    tokens = min(t.micro_batch_size, t.batch_size * n) * seq_len
-    chunk = min(t.logprob_chunk_size, tokens)
+    micro = min(t.micro_batch_size, t.batch_size * n)
+    tokens = micro * seq_len
+    # the LM head runs only over the response positions (trainer.forward.policy_logprobs)
+    chunk = min(t.logprob_chunk_size, micro * t.max_new_tokens)
     use_lora = cfg.lora.enable_lora
     ppo = t.algorithm == "ppo"
     need_ref = t.kl.coef > 0
@@ -312,7 +316,7 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
         "peak_phase": peak_phase,
         "peak": phases[peak_phase],
         "overhead": OVERHEAD_BYTES,
-        "full_logits_would_be": tokens * v * 4,
+        "full_logits_would_be": micro * t.max_new_tokens * v * 4,
         "assumptions": {
             "rollout_engine": "fast" if fast else "hf",
             "rollout_cache_kept_for_update": keep,

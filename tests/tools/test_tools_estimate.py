@@ -194,3 +194,21 @@ def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_di
     acts = c["activations (no checkpointing)"]
     update = small["persistent"] + held + acts + c["logits (chunked, update)"]
     assert small["phases"]["update"] == update
+
+
+def test_logits_chunk_counts_response_positions_only(tmp_path):
+    """The LM head runs over response positions only (trainer.forward.policy_logprobs), so
+    the chunk is min(logprob_chunk_size, micro x max_new_tokens), not micro x sequence.
+    Measured on an H200 (bench/results/train_ppo_7b.json, 4 x (512 + 128)): counting the
+    prompt too over-estimated the update by ~1.2 GiB."""
+    v = 152064
+    short = ["trainer.micro_batch_size=4", "trainer.max_new_tokens=128", "trainer.max_length=640"]
+    cfg, base = load_config(str(_config(tmp_path)), short)
+    plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
+    # 4 x 128 = 512 response rows < chunk 1024: 512 x V x 4 bytes x 4 (z, log-softmax, p, grad)
+    assert plan["components"]["logits (chunked, update)"] == 512 * v * 4 * 4
+    assert plan["full_logits_would_be"] == 512 * v * 4
+    cfg, base = load_config(str(_config(tmp_path)), ["trainer.micro_batch_size=4"])
+    plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
+    # 4 x 512 = 2048 response rows > 1024: the chunk is capped at logprob_chunk_size
+    assert plan["components"]["logits (chunked, update)"] == 1024 * v * 4 * 4

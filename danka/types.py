@@ -91,5 +91,15 @@ class RolloutBatch:
         """Rows ``idx`` of every tensor field (for mini- and micro-batches)."""
         return self._map(lambda v: v[idx])
 
-    def to(self, device: torch.device | str) -> RolloutBatch:
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> RolloutBatch:
+        """The batch on ``device``. ``non_blocking`` to a CUDA device copies CPU tensors
+        through pinned memory without waiting for the GPU (a plain copy from pageable
+        memory synchronises the stream: a host sync per micro-batch); the source tensors
+        must not be modified afterwards (the update's micro-batches are fresh copies)."""
+        if non_blocking and torch.device(device).type == "cuda":
+            return self._map(
+                lambda v: (v.pin_memory() if v.device.type == "cpu" else v).to(
+                    device, non_blocking=True
+                )
+            )
         return self._map(lambda v: v.to(device))

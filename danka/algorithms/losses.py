@@ -1,7 +1,8 @@
 """Policy losses, loss aggregation and the critic's value loss.
 
 Every policy loss is ``fn(inputs, params, norm) -> (loss, metrics)`` with the (B, R) tensors
-of one MICRO-batch in ``inputs`` (:class:`PolicyLossInput`), a scalar loss and float metrics.
+of one MICRO-batch in ``inputs`` (:class:`PolicyLossInput`), a scalar loss and metrics as
+detached 0-d tensors (no host sync per micro-batch; the trainer reads them once per update).
 
 Micro-batch invariance: ``LossNorm`` carries counts for the whole MINI-batch (one
 optimiser step), so each micro-batch loss is already divided by the global normaliser
@@ -132,7 +133,7 @@ class PolicyLossInput:
 
 
 PolicyLoss = Callable[
-    [PolicyLossInput, PolicyLossParams, LossNorm], tuple[torch.Tensor, dict[str, float]]
+    [PolicyLossInput, PolicyLossParams, LossNorm], tuple[torch.Tensor, dict[str, torch.Tensor]]
 ]
 
 
@@ -154,7 +155,7 @@ def _clipped_surrogate(
 @POLICY_LOSSES.register("vanilla")
 def vanilla(
     x: PolicyLossInput, params: PolicyLossParams, norm: LossNorm
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) per token:
 
     r = exp(clamp(logp - logp_old, +-log_ratio_clamp))
@@ -173,7 +174,7 @@ def vanilla(
     ratio = torch.exp(log_ratio)
     loss, clipped = _clipped_surrogate(ratio, x.advantages, params)
     clipfrac = masked_mean(clipped.float(), mask)
-    dual_frac = torch.zeros(())
+    dual_frac = torch.zeros((), device=mask.device)
     if params.dual_clip_c is not None:
         loss_dual = -x.advantages * params.dual_clip_c
         negative = x.advantages < 0
@@ -182,10 +183,10 @@ def vanilla(
     total = aggregate(loss, mask, params.agg_mode, norm)
     with torch.no_grad():
         metrics = {
-            "clipfrac": float(clipfrac),
-            "clipfrac_lower": float(dual_frac),
-            "approx_kl": float(masked_mean(_k3(log_ratio.detach()), mask)),
-            "ratio_mean": float(masked_mean(ratio.detach(), mask)),
+            "clipfrac": clipfrac.detach(),
+            "clipfrac_lower": dual_frac,
+            "approx_kl": masked_mean(_k3(log_ratio.detach()), mask),
+            "ratio_mean": masked_mean(ratio.detach(), mask),
         }
     return total, metrics
 
@@ -193,7 +194,7 @@ def vanilla(
 @POLICY_LOSSES.register("gspo")
 def gspo(
     x: PolicyLossInput, params: PolicyLossParams, norm: LossNorm
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimisation (Zheng et al. 2025, arXiv:2507.18071).
 
     Sequence ratio s_i = exp(mean_t (logp - logp_old)) over valid tokens, clipped to
@@ -217,9 +218,14 @@ def gspo(
         has_token = mask.sum(dim=-1) > 0
         seq_ratio = torch.exp(seq_log_ratio.detach().clamp(max=params.log_ratio_clamp))
         metrics = {
-            "clipfrac": float(masked_mean(clipped.float(), mask)),
-            "approx_kl": float(masked_mean(_k3(log_ratio.detach().clamp(-20, 20)), mask)),
-            "ratio_mean": float(seq_ratio[has_token].mean()) if has_token.any() else 1.0,
+            "clipfrac": masked_mean(clipped.float(), mask),
+            "approx_kl": masked_mean(_k3(log_ratio.detach().clamp(-20, 20)), mask),
+            # mean over sequences with a token; 1.0 when none has one
+            "ratio_mean": torch.where(
+                has_token.any(),
+                (seq_ratio * has_token).sum() / has_token.sum().clamp(min=1),
+                torch.ones((), device=seq_ratio.device),
+            ),
         }
     return total, metrics
 
@@ -232,7 +238,7 @@ def value_loss(
     clip_range: float,
     norm: LossNorm,
     agg_mode: str = "token-mean",
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped critic loss (PPO, as in verl/OpenAI baselines), (B, R) inputs:
 
     v_clip = old_values + clamp(values - old_values, -clip_range, clip_range)
@@ -245,7 +251,7 @@ def value_loss(
     loss = 0.5 * aggregate(torch.maximum(err_unclipped, err_clipped), mask, agg_mode, norm)
     with torch.no_grad():
         metrics = {
-            "vf_clipfrac": float(masked_mean((err_clipped > err_unclipped).float(), mask)),
-            "vpred_mean": float(masked_mean(values.detach(), mask)),
+            "vf_clipfrac": masked_mean((err_clipped > err_unclipped).float(), mask),
+            "vpred_mean": masked_mean(values.detach(), mask),
         }
     return loss, metrics

@@ -26,9 +26,10 @@ Failure on one rank (see :func:`destroy` and :mod:`danka.distributed.launch`): t
 rank leaves at once with its exit code, aborting its communicators instead of a graceful
 destroy that would wait for peers; torchrun's agent then stops the other ranks (SIGTERM)
 within its monitor interval, and ``danka train --nproc N`` exits with the failing rank's
-code (2 bad input, 3 training fault). A non-finite loss is not a failure of one rank: the
-ranks agree on it with :func:`all_finite` before any gradient collective, so all skip the
-same step and reach ``trainer.max_bad_steps`` together.
+code (2 bad input, 3 training fault). A non-finite loss is not a failure of one rank: every
+rank runs every micro-batch's backward, then the ranks agree on the mini-batch's losses with
+:func:`all_finite` before the optimiser step, so all skip the same step and reach
+``trainer.max_bad_steps`` together.
 """
 
 from __future__ import annotations
@@ -179,9 +180,9 @@ def all_mean(x: float) -> float:
 
 def all_finite(ok: bool | torch.Tensor) -> bool:
     """True when ``ok`` holds on EVERY rank (``ok`` a bool, or a tensor checked with
-    ``torch.isfinite(...).all()``). Call it where a rank would otherwise skip work alone:
-    on the loss, BEFORE ``backward`` (FSDP2's backward reduce-scatters gradients, so a rank
-    that skips it leaves the others blocked), so every rank skips the same step."""
+    ``torch.isfinite(...).all()``). Call it where a rank would otherwise skip work alone
+    (e.g. the optimiser step after a non-finite loss: FSDP2's collectives would leave the
+    others blocked), so every rank skips the same step."""
     if isinstance(ok, torch.Tensor):
         ok = bool(torch.isfinite(ok.detach()).all())
     return all_sum(0.0 if ok else 1.0) == 0.0
@@ -266,12 +267,41 @@ def _fully_shard(model: torch.nn.Module) -> None:
 
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (world_size(),))
+    # small models (weights <= ACCUMULATE_UNSHARDED_BYTES): ZeRO-2 style, the gathered
+    # layers stay whole from forward to backward and across the micro-batches of one
+    # optimiser step (see accumulate); larger ones reshard after every forward (ZeRO-3)
+    small = sum(p.numel() * p.element_size() for p in model.parameters()) <= (
+        ACCUMULATE_UNSHARDED_BYTES
+    )
     for layer in _decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=not small)
+    model._danka_accumulate_unsharded = small
     # HF generate then keeps stepping until every rank is done (synced_gpus): ranks whose
     # answers end early still join the other ranks' all-gathers
     for m in (model, getattr(model, "get_base_model", lambda: model)()):
         m._is_fsdp_managed_module = True
+
+
+ACCUMULATE_UNSHARDED_BYTES = 4 * 1024**3  # the fast engine's keep-cache limit, same reason
+
+
+def accumulate(model: torch.nn.Module, last: bool) -> None:
+    """Before each micro-batch's forward: on a small sharded model (see :func:`_fully_shard`)
+    FSDP2 keeps the gathered weights and this rank's local gradients until the ``last``
+    micro-batch of an optimiser step, whose backward reduce-scatters the accumulated sum
+    once and reshards: one gradient collective per layer and step instead of one per
+    micro-batch (measured on 2 H200s: the per-micro-batch collectives cost the 0.5B update
+    1.7 s of 5.5 s at 16 micro-batches). The memory is that of the one-process update
+    (whole weights, local gradients), which is why only models <= 4 GiB do it. Larger
+    models and one process: no-op."""
+    if not is_active() or not getattr(model, "_danka_accumulate_unsharded", False):
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_requires_gradient_sync(last, recurse=False)
+            m.set_reshard_after_backward(last, recurse=False)
 
 
 def sync_grads(params: list[torch.nn.Parameter]) -> None:

@@ -24,10 +24,32 @@ class NonFiniteError(RuntimeError):
     """The loss or the gradient was NaN/inf; the optimiser step was skipped."""
 
 
-def _non_finite(what: str, loss: torch.Tensor) -> NonFiniteError:
-    here = float(loss)
+def _check_losses(losses: list[torch.Tensor], opt, what: str) -> None:
+    """After the micro-batches of one mini-batch: a NaN/inf loss on ANY rank drops the
+    gradients and raises on every rank (one collective), so all ranks skip the same
+    optimiser step. Checked once per mini-batch, not per micro-batch, so the micro-batch
+    loop never waits for the GPU; a non-finite micro-batch only poisons gradients that are
+    dropped here."""
+    stacked = torch.stack(losses)
+    if dist.all_finite(stacked):
+        return
+    opt.zero_grad(set_to_none=True)
+    bad = stacked[~torch.isfinite(stacked)]
+    here = float(bad[0]) if bad.numel() else float(stacked.sum())
     elsewhere = " (non-finite on another rank)" if math.isfinite(here) else ""
-    return NonFiniteError(f"{what} loss is {here}{elsewhere}")
+    raise NonFiniteError(f"{what} loss is {here}{elsewhere}")
+
+
+def host_metrics(metrics: dict, steps: int) -> dict[str, float]:
+    """The update's summed metrics / ``steps`` as floats; device tensors are read in ONE
+    transfer (the micro-batch loop keeps them on the device: no host sync per micro-batch)."""
+    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) / steps for k, v in metrics.items() if k not in keys}
+    if keys:
+        device = metrics[keys[0]].device
+        values = torch.stack([metrics[k].detach().float().reshape(()).to(device) for k in keys])
+        out.update({k: v / steps for k, v in zip(keys, values.tolist())})
+    return out
 
 
 def loss_norm(mini: RolloutBatch, max_response_length: int) -> LossNorm:
@@ -64,9 +86,12 @@ def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool =
     norm = loss_norm(mini, t.max_new_tokens)
     kl_in_loss = algo.kl_mode is not None and algo.kl_mode.in_loss
     lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
-    for idx in micro_batch_indices(lengths, run.state.micro_batch_size):
-        mb = trim(mini.select(idx)).to(run.device)
+    losses: list[torch.Tensor] = []
+    micro = list(micro_batch_indices(lengths, run.state.micro_batch_size))
+    for i, idx in enumerate(micro):
+        mb = trim(mini.select(idx)).to(run.device, non_blocking=True)
         mask = mb.train_mask
+        dist.accumulate(run.models.policy, last=i == len(micro) - 1)
         with run.models.actor():
             logprobs, entropy = policy_logprobs(
                 run.models.policy,
@@ -80,7 +105,7 @@ def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool =
             old = logprobs.detach()
             if mb.rollout_logprobs is not None:
                 gap = ((mb.rollout_logprobs - old).abs() * mb.loss_mask).sum()
-                metrics["rollout/logprob_gap"] += float(gap) / norm.num_tokens
+                metrics["rollout/logprob_gap"] += gap / norm.num_tokens
         elif mb.old_logprobs is None:
             raise ValueError("old_logprobs missing and the batch is not marked old_is_current")
         else:
@@ -96,31 +121,31 @@ def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool =
             kl = algo.kl_estimator(logprobs, mb.ref_logprobs)
             kl_loss = aggregate(kl, mask, t.loss_agg_mode, norm)
             loss = loss + run.kl_ctl.value * kl_loss
-            metrics["actor/kl_loss"] += float(kl_loss.detach())
+            metrics["actor/kl_loss"] += kl_loss.detach()
             # the adaptive controller's quantity: mean KL per trained token
-            metrics["actor/kl_token_mean"] += float((kl.detach() * mask).sum()) / norm.num_tokens
-        _backward(loss, run.actor_opt, "policy", metrics, "actor", m, float(mb.size) / mini.size)
+            metrics["actor/kl_token_mean"] += (kl.detach() * mask).sum() / norm.num_tokens
+        _backward(loss, losses, metrics, "actor", m, float(mb.size) / mini.size)
         # the norm makes micro-batch values add up to the mini-batch value
-        metrics["actor/loss"] += float(loss.detach())
-        metrics["actor/pg_loss"] += float(pg_loss.detach())
-        metrics["actor/entropy"] += float(ent.detach())
+        metrics["actor/pg_loss"] += pg_loss.detach()
+        metrics["actor/entropy"] += ent.detach()
+    _check_losses(losses, run.actor_opt, "policy")
     metrics["actor/grad_norm"] += _step(
         run.actor_opt, run.models.actor_params, t.max_grad_norm, dry_run
     )
 
 
 def _backward(
-    loss: torch.Tensor, opt, what: str, metrics: dict, prefix: str, parts: dict, share: float
+    loss: torch.Tensor, losses: list, metrics: dict, prefix: str, parts: dict, share: float
 ) -> None:
-    """Backward of one micro-batch's loss and its per-sample metrics (weighted by the
-    micro-batch's ``share`` of the mini-batch). A NaN/inf loss on ANY rank is found before
-    backward (one collective), so every rank skips the same optimiser step."""
-    if not dist.all_finite(loss):
-        opt.zero_grad(set_to_none=True)
-        raise _non_finite(what, loss)
+    """Backward of one micro-batch's loss; the loss and its per-sample metrics (weighted
+    by the micro-batch's ``share`` of the mini-batch) are summed as device tensors. Every
+    rank runs every backward (FSDP2's reduce-scatters stay matched); non-finite losses
+    are handled once per mini-batch by :func:`_check_losses`."""
     loss.backward()
+    losses.append(loss.detach())
+    metrics[f"{prefix}/loss"] += losses[-1]
     for key, value in parts.items():
-        metrics[f"{prefix}/{key}"] += float(value) * share
+        metrics[f"{prefix}/{key}"] += value * share
 
 
 def critic_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool = False) -> None:
@@ -128,14 +153,18 @@ def critic_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool 
     t = run.cfg.trainer
     norm = loss_norm(mini, t.max_new_tokens)
     lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
-    for idx in micro_batch_indices(lengths, run.state.micro_batch_size):
-        mb = trim(mini.select(idx)).to(run.device)
+    losses: list[torch.Tensor] = []
+    micro = list(micro_batch_indices(lengths, run.state.micro_batch_size))
+    for i, idx in enumerate(micro):
+        mb = trim(mini.select(idx)).to(run.device, non_blocking=True)
+        dist.accumulate(run.models.critic_model, last=i == len(micro) - 1)
         with run.models.critic():
             values = critic_values(run.models.critic_model, run.models.value_head, mb, run.pack_len)
         loss, m = value_loss(values, mb.values, mb.returns, mb.train_mask, t.value_clip, norm)
         loss = t.vf_coef * loss
-        _backward(loss, run.critic_opt, "value", metrics, "critic", m, float(mb.size) / mini.size)
-        metrics["critic/vf_loss"] += float(loss.detach())
+        _backward(loss, losses, metrics, "critic", m, float(mb.size) / mini.size)
+    _check_losses(losses, run.critic_opt, "value")
+    metrics["critic/vf_loss"] += metrics.pop("critic/loss")
     metrics["critic/grad_norm"] += _step(
         run.critic_opt, run.models.critic_params, t.max_grad_norm, dry_run
     )
@@ -169,4 +198,4 @@ def update(
             if run.models.value_head is not None:
                 critic_minibatch(run, mini, metrics, dry_run)
             steps += 1
-    return {k: v / steps for k, v in metrics.items()}
+    return host_metrics(metrics, steps)

@@ -63,6 +63,7 @@ if run.models.value_head is not None:
 if dist.is_main():
     out["state"] = {k: v.detach().float().cpu() for k, v in state.items()}
     out["metrics"] = dict(metrics)
+    out["accumulate"] = getattr(run.models.policy, "_danka_accumulate_unsharded", None)
     torch.save(out, sys.argv[3])
 dist.destroy()
 """
@@ -115,11 +116,23 @@ CASES = {
     "grpo_lora": {},
     "grpo_full": {"lora": {"enable_lora": False}},
     "ppo_lora": {"trainer": {"algorithm": "ppo", "samples_per_prompt": 4}},
-}
+    # 2 micro-batches per rank (4 in one process): FSDP2 accumulates the local gradients
+    # unsharded and reduce-scatters once, on the last micro-batch (dist.accumulate)
+    "grpo_lora_micro2": {"trainer": {"micro_batch_size": 2}},
+    "ppo_lora_micro2": {"trainer": {"algorithm": "ppo", "samples_per_prompt": 4,
+                                    "micro_batch_size": 2}},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "case", ["grpo_lora", pytest.param("grpo_full", marks=pytest.mark.slow), "ppo_lora"]
+    "case",
+    [
+        "grpo_lora",
+        pytest.param("grpo_full", marks=pytest.mark.slow),
+        "ppo_lora",
+        "grpo_lora_micro2",
+        pytest.param("ppo_lora_micro2", marks=pytest.mark.slow),
+    ],
 )
 def test_two_ranks_update_equals_one_process(tmp_path, tiny_model_dir, case):
     sections = {k: dict(v) for k, v in CASES[case].items()}
@@ -147,7 +160,9 @@ def test_two_ranks_update_equals_one_process(tmp_path, tiny_model_dir, case):
     # the gradient norm is taken before clipping and Adam's step: a x2 (mean vs sum) error
     # or a per-rank norm shows here
     keys = ["actor/grad_norm", "actor/pg_loss", "actor/entropy"]
-    if case == "ppo_lora":
+    # the tiny model is small: its layers accumulate unsharded (None: one process)
+    assert one["accumulate"] is None and two["accumulate"] is True
+    if case.startswith("ppo_lora"):
         keys += ["critic/grad_norm", "critic/vf_loss"]
         # gae whitened with the statistics of both ranks' tokens, not each rank's own
         torch.testing.assert_close(two["advantages"], one["advantages"], atol=1e-5, rtol=1e-5)

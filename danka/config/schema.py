@@ -177,6 +177,12 @@ class LoraConfig:
 @dataclass
 class FsdpBackend:
     enable_fsdp: bool = _f(False, "one card needs no FSDP; several GPUs: torchrun (see README)")
+    sharding: str = _f(
+        "auto",
+        "under torchrun (N > 1): auto = replicate models whose weights take <= 4 GiB (each "
+        "rank a whole copy, gradients all-reduced once per optimiser step) and FSDP2-shard "
+        "larger ones; shard = always FSDP2; replicate = never shard",
+    )
 
 
 @dataclass

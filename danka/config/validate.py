@@ -49,6 +49,7 @@ def choices() -> dict[str, set]:
         "data.on_bad_row": {"error", "skip"},
         "data.task": {None, "arithmetic", "calculator"},
         "reward.on_error": {"fail", "zero", "skip_sample"},
+        "backend.fsdp.sharding": {"auto", "shard", "replicate"},
     }
 
 

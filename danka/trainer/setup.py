@@ -368,8 +368,14 @@ def build_model_set(cfg: DankaConfig, device: torch.device, log: logging.Logger)
         log.info,
     )
     if dist.is_active():  # before the optimiser: it must hold the sharded parameters
-        dist.shard_models(models)
-        log.info(f"FSDP2: policy sharded over {dist.world_size()} processes")
+        how = dist.shard_models(models, cfg.backend.fsdp.sharding)
+        if how == "sharded":
+            log.info(f"FSDP2: policy sharded over {dist.world_size()} processes")
+        else:
+            log.info(
+                f"policy replicated on {dist.world_size()} processes (weights <= 4 GiB, "
+                "backend.fsdp.sharding: auto; gradients all-reduced once per step)"
+            )
     return models, load
 
 

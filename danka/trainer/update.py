@@ -87,11 +87,9 @@ def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool =
     kl_in_loss = algo.kl_mode is not None and algo.kl_mode.in_loss
     lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
     losses: list[torch.Tensor] = []
-    micro = list(micro_batch_indices(lengths, run.state.micro_batch_size))
-    for i, idx in enumerate(micro):
+    for idx in micro_batch_indices(lengths, run.state.micro_batch_size):
         mb = trim(mini.select(idx)).to(run.device, non_blocking=True)
         mask = mb.train_mask
-        dist.accumulate(run.models.policy, last=i == len(micro) - 1)
         with run.models.actor():
             logprobs, entropy = policy_logprobs(
                 run.models.policy,
@@ -154,10 +152,8 @@ def critic_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool 
     norm = loss_norm(mini, t.max_new_tokens)
     lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
     losses: list[torch.Tensor] = []
-    micro = list(micro_batch_indices(lengths, run.state.micro_batch_size))
-    for i, idx in enumerate(micro):
+    for idx in micro_batch_indices(lengths, run.state.micro_batch_size):
         mb = trim(mini.select(idx)).to(run.device, non_blocking=True)
-        dist.accumulate(run.models.critic_model, last=i == len(micro) - 1)
         with run.models.critic():
             values = critic_values(run.models.critic_model, run.models.value_head, mb, run.pack_len)
         loss, m = value_loss(values, mb.values, mb.returns, mb.train_mask, t.value_clip, norm)

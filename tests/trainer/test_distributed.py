@@ -63,7 +63,7 @@ if run.models.value_head is not None:
 if dist.is_main():
     out["state"] = {k: v.detach().float().cpu() for k, v in state.items()}
     out["metrics"] = dict(metrics)
-    out["accumulate"] = getattr(run.models.policy, "_danka_accumulate_unsharded", None)
+    out["replicated"] = getattr(run.models.policy, "_danka_replicated", False)
     torch.save(out, sys.argv[3])
 dist.destroy()
 """
@@ -112,26 +112,26 @@ def _batch() -> dict:
 
 # (case, config sections): max_grad_norm 0.1 clips, so the global norm over sharded (DTensor)
 # and replicated tensors (full-parameter embeddings; the critic's value head) is exercised
-CASES = {
+SHARD = {"backend": {"fsdp": {"sharding": "shard"}}}
+CASES = {  # backend.fsdp.sharding auto replicates the tiny model; "_shard" forces FSDP2
     "grpo_lora": {},
+    "grpo_lora_shard": SHARD,
     "grpo_full": {"lora": {"enable_lora": False}},
+    "grpo_full_shard": {"lora": {"enable_lora": False}, **SHARD},
     "ppo_lora": {"trainer": {"algorithm": "ppo", "samples_per_prompt": 4}},
-    # 2 micro-batches per rank (4 in one process): FSDP2 accumulates the local gradients
-    # unsharded and reduce-scatters once, on the last micro-batch (dist.accumulate)
-    "grpo_lora_micro2": {"trainer": {"micro_batch_size": 2}},
-    "ppo_lora_micro2": {"trainer": {"algorithm": "ppo", "samples_per_prompt": 4,
-                                    "micro_batch_size": 2}},
-}  # fmt: skip
+    "ppo_lora_shard": {"trainer": {"algorithm": "ppo", "samples_per_prompt": 4}, **SHARD},
+}
 
 
 @pytest.mark.parametrize(
     "case",
     [
         "grpo_lora",
+        "grpo_lora_shard",
         pytest.param("grpo_full", marks=pytest.mark.slow),
+        pytest.param("grpo_full_shard", marks=pytest.mark.slow),
         "ppo_lora",
-        "grpo_lora_micro2",
-        pytest.param("ppo_lora_micro2", marks=pytest.mark.slow),
+        pytest.param("ppo_lora_shard", marks=pytest.mark.slow),
     ],
 )
 def test_two_ranks_update_equals_one_process(tmp_path, tiny_model_dir, case):
@@ -146,7 +146,7 @@ def test_two_ranks_update_equals_one_process(tmp_path, tiny_model_dir, case):
     assert one["state"].keys() == two["state"].keys() and one["state"]
     init = (
         {}
-        if case != "grpo_full"
+        if not case.startswith("grpo_full")
         else {k: v.float() for k, v in _initial_weights(tiny_model_dir).items()}
     )
     moved = [
@@ -160,8 +160,8 @@ def test_two_ranks_update_equals_one_process(tmp_path, tiny_model_dir, case):
     # the gradient norm is taken before clipping and Adam's step: a x2 (mean vs sum) error
     # or a per-rank norm shows here
     keys = ["actor/grad_norm", "actor/pg_loss", "actor/entropy"]
-    # the tiny model is small: its layers accumulate unsharded (None: one process)
-    assert one["accumulate"] is None and two["accumulate"] is True
+    # auto replicates the tiny model (weights <= 4 GiB); one process never does
+    assert not one["replicated"] and two["replicated"] is not case.endswith("_shard")
     if case.startswith("ppo_lora"):
         keys += ["critic/grad_norm", "critic/vf_loss"]
         # gae whitened with the statistics of both ranks' tokens, not each rank's own
@@ -194,8 +194,13 @@ def _initial_weights(model_dir: Path) -> dict:
     return load_file(str(model_dir / "model.safetensors"))
 
 
-def test_torchrun_training_writes_once_and_resumes_on_one_process(tmp_path, tiny_model_dir):
-    cfg_path = make_config(tmp_path, tiny_model_dir, data={"eval_size": 2})
+@pytest.mark.parametrize("sharding", ["shard", pytest.param("auto", marks=pytest.mark.slow)])
+def test_torchrun_training_writes_once_and_resumes_on_one_process(
+    tmp_path, tiny_model_dir, sharding
+):
+    cfg_path = make_config(
+        tmp_path, tiny_model_dir, data={"eval_size": 2}, backend={"fsdp": {"sharding": sharding}}
+    )
     danka = ["-m", "danka", "train", str(cfg_path), "--nproc", "2"]
     _launch(danka, 1, tmp_path)  # the --nproc shortcut re-runs itself through torchrun
     out = tmp_path / "out"
@@ -203,7 +208,8 @@ def test_torchrun_training_writes_once_and_resumes_on_one_process(tmp_path, tiny
     assert [x["step"] for x in lines] == [1, 2]  # rank 0 alone writes
     assert all(torch.isfinite(torch.tensor(x["loss"])) for x in lines)
     log = (out / "logs" / "train.log").read_text()
-    assert log.count("FSDP2: policy sharded over 2 processes") == 1
+    line = {"shard": "FSDP2: policy sharded over 2 processes", "auto": "policy replicated on 2"}
+    assert log.count(line[sharding]) == 1
     assert (out / "actor" / "checkpoint_2" / "adapter_model.safetensors").exists()
     assert sorted(p.name for p in (out / "eval").iterdir()) == ["step_0.json", "step_2.json"]
     # the gathered checkpoint has the single-process layout: one process resumes it

@@ -9,8 +9,8 @@ collective, fails in turn ("connection closed by peer", exit 1); under CPU load 
 EXIT first, and the agent then SIGTERMs rank 1 (perhaps before it printed its message).
 
 So the failing rank writes its report BEFORE it aborts anything (:func:`record_failure`,
-called by ``danka.distributed.destroy``): ``failure.json`` in a folder this launcher makes
-and names in ``DANKA_FAILURE_DIR``, the first writer wins. Whatever fails after the abort
+called by ``danka.distributed.destroy``): ``failure.ATTEMPT.json`` in a folder this
+launcher makes and names in ``DANKA_FAILURE_DIR``, the first writer wins. Whatever fails after the abort
 finds the report there and is a consequence: it exits quietly (no "closed by peer"
 traceback). When the agent reports failed workers, the launcher prints the report (the
 ``danka: error: ...`` line, or a real bug's traceback) once, last, and exits with its code
@@ -33,7 +33,12 @@ import traceback
 from pathlib import Path
 
 FAILURE_DIR_ENV = "DANKA_FAILURE_DIR"
-_REPORT = "failure.json"
+
+
+def _report_name(attempt: int) -> str:
+    """One report per attempt of the worker group (torchrun ``--max-restarts`` restarts it:
+    a failure of the new group must not read as a consequence of the old group's)."""
+    return f"failure.{attempt}.json"
 
 
 def launcher_argv(torchrun_args: list[str]) -> list[str]:
@@ -61,29 +66,33 @@ def record_failure(exc: BaseException, rank: int) -> bool | None:
     The report appears atomically (written aside, then hard-linked: the link fails if a
     report exists), so of two ranks failing at once exactly one is the cause."""
     folder = os.environ.get(FAILURE_DIR_ENV)
-    if not folder:
+    if not folder or not Path(folder).is_dir():
         return None
-    final = Path(folder) / _REPORT
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    final = Path(folder) / _report_name(attempt)
     if final.exists():
         return False
     code, text = failure_report(exc)
+    report = {"rank": rank, "exit_code": code, "text": text, "time": time.time()}
     aside = Path(folder) / f".rank{rank}.{os.getpid()}.json"
-    aside.write_text(
-        json.dumps({"rank": rank, "exit_code": code, "text": text, "time": time.time()})
-    )
     try:
+        aside.write_text(json.dumps(report))
         os.link(aside, final)
     except FileExistsError:
         return False
+    except OSError:  # the folder went away: report as under plain torchrun
+        return None
     finally:
         aside.unlink(missing_ok=True)
     return True
 
 
 def read_failure(folder: str | Path) -> dict | None:
-    """The report a worker left in ``folder`` (rank, exit_code, text, time), or None."""
+    """The report a worker of the LAST attempt left in ``folder`` (rank, exit_code, text,
+    time), or None."""
+    reports = sorted(Path(folder).glob("failure.*.json"), key=lambda p: int(p.name.split(".")[1]))
     try:
-        return json.loads((Path(folder) / _REPORT).read_text())
+        return json.loads(reports[-1].read_text()) if reports else None
     except (OSError, ValueError):
         return None
 

@@ -27,6 +27,7 @@ from danka.distributed.launch import (
     record_failure,
 )
 from danka.errors import UserError
+from danka.trainer.guards import TrainingFault
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,6 +134,7 @@ def test_crash_on_one_rank_ends_both(tmp_path, mode):
 
 def test_the_first_report_wins_and_later_failures_are_consequences(tmp_path, monkeypatch):
     monkeypatch.delenv(FAILURE_DIR_ENV, raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)  # the first attempt
     assert record_failure(UserError("bad"), rank=0) is None  # plain torchrun: not reported
     monkeypatch.setenv(FAILURE_DIR_ENV, str(tmp_path))
     assert read_failure(tmp_path) is None
@@ -142,8 +144,16 @@ def test_the_first_report_wins_and_later_failures_are_consequences(tmp_path, mon
     report = read_failure(tmp_path)
     assert report["rank"] == 1 and report["exit_code"] == 2
     assert report["text"] == "danka: error: rows.jsonl:7: row 7 has no answer\n  fix: add an answer"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["failure.json"]  # no leftovers
-    json.loads((tmp_path / "failure.json").read_text())  # complete JSON
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["failure.0.json"]  # no leftovers
+    json.loads((tmp_path / "failure.0.json").read_text())  # complete JSON
+    # torchrun --max-restarts: the restarted group's failure is a cause again, and is the
+    # one the launcher reports
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert record_failure(TrainingFault("3 steps in a row had a non-finite loss"), rank=0)
+    assert read_failure(tmp_path)["exit_code"] == 3
+    # the folder is gone (a process outliving the launcher): nothing written, no error
+    monkeypatch.setenv(FAILURE_DIR_ENV, str(tmp_path / "gone"))
+    assert record_failure(UserError("bad"), rank=0) is None
 
 
 def test_a_crash_report_is_its_traceback_with_code_1(tmp_path, monkeypatch):

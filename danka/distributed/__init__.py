@@ -27,9 +27,10 @@ rank writes its report (exit code and message) for the launcher, then leaves at 
 aborting its communicators instead of a graceful destroy that would wait for peers; a rank
 that fails because of that abort finds the report and exits quietly; torchrun's agent stops
 the others (SIGTERM), and ``danka train --nproc N`` prints the report once and exits with
-its code (2 bad input, 3 training fault, 1 a crash), whichever rank exits first. A non-finite loss is not a failure of one rank: the
-ranks agree on it with :func:`all_finite` before any gradient collective, so all skip the
-same step and reach ``trainer.max_bad_steps`` together.
+its code (2 bad input, 3 training fault, 1 a crash), whichever rank exits first. A
+non-finite loss is not a failure of one rank: the ranks agree on it with :func:`all_finite`
+before any gradient collective, so all skip the same step and reach
+``trainer.max_bad_steps`` together.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ EXIT first, and the agent then SIGTERMs rank 1 (perhaps before it printed its me
 
 So the failing rank writes its report BEFORE it aborts anything (:func:`record_failure`,
 called by ``danka.distributed.destroy``): ``failure.ATTEMPT.json`` in a folder this
-launcher makes and names in ``DANKA_FAILURE_DIR``, the first writer wins. Whatever fails after the abort
-finds the report there and is a consequence: it exits quietly (no "closed by peer"
-traceback). When the agent reports failed workers, the launcher prints the report (the
+launcher makes and names in ``DANKA_FAILURE_DIR``, the first writer wins. Whatever fails
+after the abort finds the report there and is a consequence: it exits quietly (no "closed
+by peer" traceback). When the agent reports failed workers, the launcher prints the report (the
 ``danka: error: ...`` line, or a real bug's traceback) once, last, and exits with its code
 (2 bad input, 3 training fault, 1 a crash). Without a report (a worker killed by a signal,
 a failure outside ``destroy``) it falls back to :func:`exit_code` over the agent's failures.

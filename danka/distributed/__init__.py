@@ -25,12 +25,14 @@ goes through :func:`cpu_group`, a gloo group made at :func:`init` (the default g
 when that is gloo already).
 
 Failure on one rank (see :func:`destroy` and :mod:`danka.distributed.launch`): the failing
-rank leaves at once with its exit code, aborting its communicators instead of a graceful
-destroy that would wait for peers; torchrun's agent then stops the other ranks (SIGTERM)
-within its monitor interval, and ``danka train --nproc N`` exits with the failing rank's
-code (2 bad input, 3 training fault). A non-finite loss is not a failure of one rank: every
-rank runs every micro-batch's backward, then the ranks agree on the mini-batch's losses with
-:func:`all_finite` before the optimiser step, so all skip the same step and reach
+rank writes its report (exit code and message) for the launcher, then leaves at once,
+aborting its communicators instead of a graceful destroy that would wait for peers; a rank
+that fails because of that abort finds the report and exits quietly; torchrun's agent stops
+the others (SIGTERM), and ``danka train --nproc N`` prints the report once and exits with
+its code (2 bad input, 3 training fault, 1 a crash), whichever rank exits first. A
+non-finite loss is not a failure of one rank: every rank runs every micro-batch's backward,
+then the ranks agree on the mini-batch's losses with :func:`all_finite` before the
+optimiser step, so all skip the same step and reach
 ``trainer.max_bad_steps`` together.
 """
 
@@ -129,18 +131,30 @@ def destroy() -> None:
     """Leave the process group. Called while an exception propagates (a ``finally`` on the
     way out of a failed run), the communicators are ABORTED instead: a graceful destroy
     can wait for peers that are still blocked in a collective this rank will never join.
-    The process then exits with its code and torchrun stops the other ranks."""
+
+    Under :mod:`danka.distributed.launch`, first the failure is reported
+    (:func:`~danka.distributed.launch.record_failure`, before the abort, so a peer failing
+    because of the abort always finds it), then ``SystemExit`` replaces the exception: the
+    launcher prints the report once, so this rank prints nothing, and a rank whose failure
+    is a consequence of another's exits quietly too (code 1; the launcher uses the report's).
+    Under plain torchrun the exception propagates as before and its rank reports it."""
     global _CPU_GROUP
     if not (td.is_available() and td.is_initialized()):
         return
-    failing = sys.exc_info()[0] is not None and is_active()
+    exc = sys.exc_info()[1]
+    failing = exc is not None and is_active()
     _CPU_GROUP = None
-    if failing:
-        from torch.distributed.distributed_c10d import _abort_process_group
-
-        _abort_process_group()
-    else:
+    if not failing:
         td.destroy_process_group()
+        return
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    from danka.distributed.launch import failure_report, record_failure
+
+    cause = record_failure(exc, rank()) if isinstance(exc, Exception) else None
+    _abort_process_group()
+    if cause is not None:
+        raise SystemExit(failure_report(exc)[0] if cause else 1)
 
 
 def check_config(cfg, engine_name: str) -> None:

@@ -94,10 +94,13 @@ def save_score_model(
     *,
     reward_mean: float | None = None,
     reward_std: float | None = None,
+    max_length: int | None = None,
 ) -> torch.nn.Module:
     """Write ``output`` (safetensors + tokenizer); a peft model is merged first.
 
-    Returns the saved (merged) model. ``reward_mean``/``reward_std`` go to config.json.
+    Returns the saved (merged) model. ``reward_mean``/``reward_std`` go to config.json, and
+    ``max_length`` (the tokens per text it was trained on) as ``reward_max_length``, which
+    :class:`~danka.rewards.model.ClassifierReward` uses when it scores.
     """
     from peft import PeftModel
 
@@ -106,6 +109,8 @@ def save_score_model(
     if reward_mean is not None:
         model.config.reward_mean = float(reward_mean)
         model.config.reward_std = float(reward_std if reward_std is not None else 1.0)
+    if max_length is not None:
+        model.config.reward_max_length = int(max_length)
     output.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output, safe_serialization=True)
     # saved with the tokenizer, so a loaded reward model also keeps a long text's end

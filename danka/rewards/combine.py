@@ -2,6 +2,11 @@
 
     score_i = sum_k w_k * r_k(completion_i, row_i) + w_rm * rm(prompt_i, completion_i)
 
+The reward model reads prompt_i as the policy read it: the row's prompt with
+``data.system_prompt`` and ``data.instruction`` applied (as chat messages, which it renders
+with its own tokenizer's chat template), so that an RM trained by ``danka rm`` on pairs
+whose prompt carries the instruction scores the same text at RL time.
+
 Each r_k is a builtin rule reward or a user function (``file.py:function``), called
 through guard.py (timeouts, on_error). Whatever the functions return (python numbers,
 numpy, CPU or CUDA tensors, bools) is converted to floats first, and the result tensors
@@ -24,6 +29,7 @@ from typing import Any
 
 import torch
 
+from danka.data.template import build_messages
 from danka.errors import UserError
 from danka.rewards.builtin import REWARDS
 from danka.rewards.custom import CustomReward, is_custom_spec, load_reward_function
@@ -83,9 +89,22 @@ class RewardComputer:
         terms: list[tuple[str, float, GuardedReward]],
         reward_model: RewardModel | None = None,
         reward_model_weight: float = 1.0,
+        *,
+        system_prompt: str | None = None,
+        instruction: str | None = None,
     ):
         self.terms = terms
         self.reward_model, self.reward_model_weight = reward_model, float(reward_model_weight)
+        self.system_prompt, self.instruction = system_prompt, instruction
+
+    def reward_model_prompt(self, row: PromptRow) -> Any:
+        """The prompt the reward model reads for ``row``: the policy's (``data.system_prompt``
+        and ``data.instruction`` applied, as chat messages); the row's own when neither is set."""
+        if not (self.system_prompt or self.instruction):
+            return row.prompt
+        return build_messages(
+            row.prompt, system_prompt=self.system_prompt, instruction=self.instruction
+        )
 
     @property
     def names(self) -> list[str]:
@@ -127,7 +146,7 @@ class RewardComputer:
             per_function[name] = values.to(device=device, dtype=dtype)
             applicable[name] = applies.to(device)
         if self.reward_model is not None:
-            rm = self.reward_model([r.prompt for r in rows], list(completions))
+            rm = self.reward_model([self.reward_model_prompt(r) for r in rows], list(completions))
             rm = torch.as_tensor(rm).detach().to(device="cpu", dtype=torch.float64).reshape(-1)
             if rm.numel() != b:
                 raise ValueError(f"reward model returned {rm.numel()} scores for {b} completions")
@@ -202,9 +221,12 @@ def build_reward_computer(
     on_error: str = "fail",
     reward_model: RewardModel | None = None,
     reward_model_weight: float = 1.0,
+    system_prompt: str | None = None,
+    instruction: str | None = None,
 ) -> RewardComputer:
     """Resolve every spec (builtin name or ``file.py:function`` relative to ``base_dir``,
-    the config file's folder) and wrap it in a :class:`GuardedReward`. UserError for an
+    the config file's folder) and wrap it in a :class:`GuardedReward`. ``system_prompt`` and
+    ``instruction`` (``data.*``) make the reward model's prompts the policy's. UserError for an
     unknown builtin or builtin option (see specs.check_reward_specs), a bad
     file/function, or nothing to compute."""
     if not specs and reward_model is None:
@@ -231,4 +253,10 @@ def build_reward_computer(
             ) from None
         guarded = GuardedReward(short, fn, spec.kwargs, timeout_s=timeout_s, on_error=on_error)
         terms.append((_unique(short, taken), weight, guarded))
-    return RewardComputer(terms, reward_model, reward_model_weight)
+    return RewardComputer(
+        terms,
+        reward_model,
+        reward_model_weight,
+        system_prompt=system_prompt,
+        instruction=instruction,
+    )

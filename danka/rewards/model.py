@@ -55,6 +55,9 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+DEFAULT_MAX_LENGTH = 4096  # tokens a classifier reads when its config records no length
+
+
 class ClassifierReward:
     """Score = the classifier's output on (prompt, completion).
 
@@ -63,7 +66,10 @@ class ClassifierReward:
     when the model's config records them (``danka rm`` does), else raw. ``num_labels >= 2``: the PROBABILITY (softmax,
     in [0, 1]) of ``positive_label`` (an index, or a name looked up in
     ``config.label2id``). The text is the tokenizer's chat template over
-    [user: prompt, assistant: completion] when it has one, else ``prompt + completion``.
+    [user: prompt, assistant: completion] when it has one, else ``prompt + completion``,
+    cut to ``max_length`` tokens: by default the length it was trained on
+    (``config.reward_max_length``, which ``danka rm`` and ``danka distill`` record), else
+    :data:`DEFAULT_MAX_LENGTH`.
     """
 
     def __init__(
@@ -73,9 +79,11 @@ class ClassifierReward:
         *,
         positive_label: int | str = 1,
         batch_size: int = 8,
-        max_length: int = 4096,
+        max_length: int | None = None,
     ):
         self.model, self.tokenizer = model, tokenizer
+        if max_length is None:
+            max_length = getattr(model.config, "reward_max_length", None) or DEFAULT_MAX_LENGTH
         self.batch_size, self.max_length = int(batch_size), int(max_length)
         num_labels = int(model.config.num_labels)
         if isinstance(positive_label, str):

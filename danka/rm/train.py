@@ -12,11 +12,16 @@ with ``lora.enable_lora: false``) trained with the Bradley-Terry loss of
 4. every ``trainer.eval_steps`` steps (and at the start and end) held-out pairwise
    accuracy, margin and reward mean/std -> train.log and metrics.jsonl;
 5. save ``OUTPUT/model`` (safetensors, adapter merged, the trained head, the held-out
-   reward mean/std in config.json) and ``OUTPUT/rm_result.json``.
+   reward mean/std and ``trainer.max_length`` as ``reward_max_length`` in config.json)
+   and ``OUTPUT/rm_result.json``.
 
 The saved folder is a reward model for RL: ``model.reward_model_name_or_path: OUTPUT/model``
 with ``model.reward_model_type: classifier``. The texts are built exactly as
-:class:`~danka.rewards.model.ClassifierReward` builds them when it scores rollouts.
+:class:`~danka.rewards.model.ClassifierReward` builds them when it scores rollouts, cut at
+the same ``max_length``. At RL time the prompt it reads is the one the policy read
+(``data.system_prompt`` and ``data.instruction`` applied, see
+:class:`~danka.rewards.combine.RewardComputer`): write the pairs' prompts that way (as
+``danka data gsm8k-pairs`` does with danka's GSM8K instruction).
 """
 
 from __future__ import annotations
@@ -327,7 +332,8 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     # 5. save: the merged model (temp folder + rename: never half a model) and the result
     tmp = out / ".model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_score_model(model, tokenizer, tmp, reward_mean=final["mean"], reward_std=final["std"])
+    save_score_model(model, tokenizer, tmp, reward_mean=final["mean"], reward_std=final["std"],
+                     max_length=t.max_length)  # fmt: skip
     tmp.rename(out / "model")
     result = {**{k: final[k] for k in ("accuracy", "n", "mean", "std", "margin", "loss")},
               "accuracy_before": before["accuracy"], "steps": step,

@@ -136,7 +136,7 @@ def distill(
     pred = predict(held)
     target = scores[held]
     corr = float(torch.corrcoef(torch.stack([pred, target]))[0, 1]) if len(held) > 1 else math.nan
-    save_score_model(model, tokenizer, output)
+    save_score_model(model, tokenizer, output, max_length=max_length)
     result = {
         "pairs": len(rows), "train": len(train), "held_out": len(held),
         "teacher": teacher or teacher_model, "student": student, "epochs": epochs,

@@ -327,6 +327,8 @@ def build_rule_rewards(
         on_error=cfg.reward.on_error,
         reward_model=reward_model,
         reward_model_weight=cfg.reward.model_weight,
+        system_prompt=cfg.data.system_prompt,  # the RM reads the prompt the policy read
+        instruction=cfg.data.instruction,
     )
     rewards.check(rows[:4])
     return rewards

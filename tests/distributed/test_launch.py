@@ -4,10 +4,13 @@ Two gloo processes started by ``python -m danka.distributed.launch`` (torchrun's
 each running a small worker that handles errors the way ``danka``'s CLI does (UserError:
 one line on stderr, exit ``err.exit_code``; anything else: traceback, exit 1), with
 ``dist.destroy()`` in a ``finally``. Every launch has a timeout: a hang fails the test.
+The ``*_slow_exit`` modes make the failing rank's interpreter shutdown slow (an atexit
+sleep), as CPU load does: its peer, failing on the aborted collective, then exits first.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -16,23 +19,35 @@ from types import SimpleNamespace
 
 import pytest
 
-from danka.distributed.launch import exit_code, launcher_argv
+from danka.distributed.launch import (
+    FAILURE_DIR_ENV,
+    exit_code,
+    launcher_argv,
+    read_failure,
+    record_failure,
+)
+from danka.errors import UserError
+from danka.trainer.guards import TrainingFault
 
 ROOT = Path(__file__).resolve().parents[2]
 
 WORKER = """
-import sys, time
+import atexit, sys, time
 import torch
 from danka import distributed as dist
 from danka.errors import UserError
 from danka.trainer.guards import TrainingFault
 
 mode = sys.argv[1]
+slow_exit = mode.endswith("_slow_exit")
+mode = mode.removesuffix("_slow_exit")
 
 
 def body():
     dist.init(torch.device("cpu"))
     assert dist.all_sum(1.0) == 2.0  # the group works
+    if slow_exit and dist.rank() == 1:
+        atexit.register(time.sleep, 20)  # a slow shutdown: the agent stops it (SIGTERM)
     if mode == "user_error" and dist.rank() == 1:
         raise UserError("row 7 has no answer", where="rows.jsonl:7", fix="add an answer")
     if mode == "crash" and dist.rank() == 1:
@@ -90,23 +105,66 @@ def test_exit_code_prefers_the_rank_that_failed_by_itself():
 
 
 @pytest.mark.slow
-def test_user_error_on_one_rank_exits_2_with_one_line(tmp_path):
-    proc, seconds = _launch(tmp_path, "user_error")
+@pytest.mark.parametrize("mode", ["user_error", "user_error_slow_exit"])
+def test_user_error_on_one_rank_exits_2_with_one_line(tmp_path, mode):
+    # _slow_exit: rank 0 fails on the aborted collective and exits 1 BEFORE rank 1 exits 2,
+    # so the agent stops rank 1 (SIGTERM); the old launcher then exited 1 with rank 0's
+    # "closed by peer" traceback (what CPU load did at random); the report decides now
+    proc, seconds = _launch(tmp_path, mode)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count("danka: error: rows.jsonl:7: row 7 has no answer") == 1
-    # no launcher traceback (rank 0 on gloo may show its own "closed by peer" error; under
-    # NCCL it waits in the collective and is stopped by the agent)
+    assert proc.stderr.count("fix: add an answer") == 1
+    # no launcher traceback, and none from rank 0, whose failure is a consequence
+    assert "Traceback" not in proc.stderr and "closed by peer" not in proc.stderr
     assert "ChildFailedError" not in proc.stderr and "distributed/run.py" not in proc.stderr
     assert seconds < 40  # rank 0 was stopped, not left waiting (it sleeps 60 s otherwise)
 
 
 @pytest.mark.slow
-def test_crash_on_one_rank_ends_both(tmp_path):
-    proc, seconds = _launch(tmp_path, "crash")
+@pytest.mark.parametrize("mode", ["crash", "crash_slow_exit"])
+def test_crash_on_one_rank_ends_both(tmp_path, mode):
+    proc, seconds = _launch(tmp_path, mode)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "RuntimeError: boom" in proc.stderr  # a real bug keeps its traceback
+    # a real bug keeps its traceback, once; rank 0's consequence stays quiet
+    assert proc.stderr.count("RuntimeError: boom") == 1
+    assert proc.stderr.count("Traceback") == 1 and "closed by peer" not in proc.stderr
     assert "ChildFailedError" not in proc.stderr and "distributed/run.py" not in proc.stderr
     assert seconds < 40
+
+
+def test_the_first_report_wins_and_later_failures_are_consequences(tmp_path, monkeypatch):
+    monkeypatch.delenv(FAILURE_DIR_ENV, raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)  # the first attempt
+    assert record_failure(UserError("bad"), rank=0) is None  # plain torchrun: not reported
+    monkeypatch.setenv(FAILURE_DIR_ENV, str(tmp_path))
+    assert read_failure(tmp_path) is None
+    err = UserError("row 7 has no answer", where="rows.jsonl:7", fix="add an answer")
+    assert record_failure(err, rank=1) is True
+    assert record_failure(RuntimeError("connection closed by peer"), rank=0) is False
+    report = read_failure(tmp_path)
+    assert report["rank"] == 1 and report["exit_code"] == 2
+    assert report["text"] == "danka: error: rows.jsonl:7: row 7 has no answer\n  fix: add an answer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["failure.0.json"]  # no leftovers
+    json.loads((tmp_path / "failure.0.json").read_text())  # complete JSON
+    # torchrun --max-restarts: the restarted group's failure is a cause again, and is the
+    # one the launcher reports
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert record_failure(TrainingFault("3 steps in a row had a non-finite loss"), rank=0)
+    assert read_failure(tmp_path)["exit_code"] == 3
+    # the folder is gone (a process outliving the launcher): nothing written, no error
+    monkeypatch.setenv(FAILURE_DIR_ENV, str(tmp_path / "gone"))
+    assert record_failure(UserError("bad"), rank=0) is None
+
+
+def test_a_crash_report_is_its_traceback_with_code_1(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAILURE_DIR_ENV, str(tmp_path))
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        assert record_failure(exc, rank=0) is True
+    report = read_failure(tmp_path)
+    assert report["exit_code"] == 1
+    assert report["text"].startswith("Traceback") and report["text"].endswith("RuntimeError: boom")
 
 
 def test_nan_on_one_rank_is_skipped_by_all_then_fault_3(tmp_path):

@@ -236,3 +236,73 @@ def test_check_passes_good_functions(base):
     specs = [RewardSpec("gsm8k"), RewardSpec("math"), RewardSpec("my_rewards.py:as_bool")]
     with build_reward_computer(specs, base_dir=base) as rc:
         rc.check(rows)
+
+
+class _PromptsSeen:
+    """A reward model that records the prompts it is given and scores 0."""
+
+    def __init__(self):
+        self.prompts = []
+
+    def __call__(self, prompts, completions):
+        self.prompts += list(prompts)
+        return [0.0] * len(completions)
+
+
+def test_reward_model_reads_the_prompt_the_policy_read(base):
+    # issue 16 follow-up: the RM got the raw row prompt, without data.system_prompt and
+    # data.instruction, i.e. not the text an RM trained on the policy's prompts saw
+    rm = _PromptsSeen()
+    rows = [PromptRow(index=0, prompt="What is 2+3?", ground_truth="5")]
+    computer = build_reward_computer(
+        [], base_dir=base, reward_model=rm, system_prompt="Be brief.", instruction="End with ####."
+    )
+    computer(rows, ["rendered"], ["#### 5"])
+    assert rm.prompts == [
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is 2+3? End with ####."},
+        ]
+    ]
+    rm.prompts.clear()  # neither set: the row's own prompt, unchanged
+    build_reward_computer([], base_dir=base, reward_model=rm)(rows, ["rendered"], ["#### 5"])
+    assert rm.prompts == ["What is 2+3?"]
+
+
+def test_rm_trained_on_gsm8k_pairs_scores_the_same_text_at_rl_time(tmp_path, base):
+    """The text ``danka rm`` trains on for a ``danka data gsm8k-pairs`` pair equals the text
+    the reward model scores during RL on the same question with data.instruction set to
+    danka's GSM8K instruction (the plain question/answer jsonl layout)."""
+    import json
+
+    from danka.data.gsm8k import GSM8K_INSTRUCTION
+    from danka.data.gsm8k_pairs import build_gsm8k_pairs
+    from danka.models.tiny import tiny_tokenizer
+    from danka.rewards.model import ClassifierReward
+    from danka.rm.train import pair_text
+
+    question, solution = "Tom has 3 apples and buys 4. How many?", "3+4=7\n#### 7"
+    rows = [{"question": question, "answer": solution}, {"question": "1+1?", "answer": "#### 2"}]
+    (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    build_gsm8k_pairs(input_path=tmp_path / "gsm8k.jsonl", output_dir=tmp_path / "pairs")
+    pairs = [
+        json.loads(line)
+        for split in ("train", "test")
+        for line in (tmp_path / "pairs" / "refusal" / f"{split}.jsonl").read_text().splitlines()
+    ]
+    pair = next(p for p in pairs if p["chosen"] == solution)
+
+    from types import SimpleNamespace
+
+    # only the text matters here: a stand-in for the classifier (its config alone is read)
+    model = SimpleNamespace(config=SimpleNamespace(num_labels=1, label2id={}, pad_token_id=0))
+    scorer = ClassifierReward(model, tiny_tokenizer())
+    trained_on = pair_text(scorer, pair["prompt"], pair["chosen"])
+
+    rm = _PromptsSeen()
+    computer = build_reward_computer(
+        [], base_dir=base, reward_model=rm, instruction=GSM8K_INSTRUCTION
+    )
+    computer([PromptRow(index=0, prompt=question, ground_truth="7")], ["rendered"], [solution])
+    assert scorer._text(rm.prompts[0], solution) == trained_on
+    assert GSM8K_INSTRUCTION in trained_on

@@ -80,6 +80,26 @@ def test_classifier_normalises_with_recorded_mean_and_std():
     assert torch.allclose(normalised, (raw - 0.5) / 2.0, atol=1e-6)
 
 
+def test_classifier_reads_as_many_tokens_as_it_was_trained_on():
+    # danka rm / distill record the training max_length as config.reward_max_length; it
+    # was ignored (4096 always), so a long rollout was scored on text it never saw in training
+    model = LlamaForSequenceClassification(tiny_config(num_labels=1))
+    tok = tiny_tokenizer()
+    tok.truncation_side = "left"  # as danka saves its classifiers: the end is kept
+    # no chat template: the text is prompt + completion, "what is 2 + 3 + 2 + 3 ?the answer
+    # is 6 . 6" (14 tokens: "?the" is one); its last 4 tokens are "is 6 . 6"
+    full = ClassifierReward(model, tok)
+    assert full.max_length == 4096  # nothing recorded: the default
+    long_score = full(PROMPTS[1:], COMPLETIONS[1:])
+    tail_score = full(["is 6"], [" . 6"])
+    model.config.reward_max_length = 4
+    cut = ClassifierReward(model, tok)
+    assert cut.max_length == 4
+    assert torch.allclose(cut(PROMPTS[1:], COMPLETIONS[1:]), tail_score, atol=1e-6)
+    assert not torch.allclose(long_score, tail_score, atol=1e-4)
+    assert ClassifierReward(model, tok, max_length=7).max_length == 7  # explicit wins
+
+
 def test_classifier_without_head_is_refused(tmp_path):
     # a causal LM checkpoint has no `score.*` weights: transformers would init them randomly
     LlamaForCausalLM(tiny_config()).save_pretrained(tmp_path)

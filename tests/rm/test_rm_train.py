@@ -74,10 +74,16 @@ def test_tiny_rm_learns_to_rank_held_out_pairs_and_loads_as_classifier(tmp_path,
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["reward_mean"] == pytest.approx(result["mean"])
     assert config["reward_std"] == pytest.approx(result["std"])
+    assert config["reward_max_length"] == 64  # trainer.max_length, used when it scores
     rm = ClassifierReward.from_pretrained(out / "model")  # refuses an untrained head
+    assert rm.max_length == 64
     assert rm.tokenizer.truncation_side == "left"  # as trained: a long text keeps its end
-    scores = rm(["Item 5: rate it."] * 2, ["It is correct.", "It is wrong."])
-    assert bool(scores[0] > scores[1])
+    # scored as trained (64 tokens, the text's end): fresh pairs of every (good, bad) word,
+    # items numbered like the training pairs' (mostly 3 digits), ranked right >= 80%
+    combos = [(i, g, b) for i in (123, 456, 999) for g in GOOD for b in BAD]
+    scores = rm([f"Item {i}: rate it." for i, _, _ in combos for _ in range(2)],
+                [f"It is {w}." for _, g, b in combos for w in (g, b)])  # fmt: skip
+    assert float((scores[0::2] > scores[1::2]).float().mean()) >= 0.8
 
 
 def test_full_finetune_without_lora(tmp_path, tiny):

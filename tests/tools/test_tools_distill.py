@@ -22,7 +22,7 @@ def test_distill_gsm8k_rule_into_a_tiny_classifier(tmp_path, capsys):
     out = tmp_path / "rm"
     code = main(["distill", "--data", str(data), "--teacher", "gsm8k", "--answer-key", "answer",
                  "--student", str(student), "--output", str(out), "--epochs", "4",
-                 "--lr", "3e-3", "--batch-size", "8"])  # fmt: skip
+                 "--lr", "3e-3", "--batch-size", "8", "--max-length", "96"])  # fmt: skip
     assert code == 0
     result = json.loads((out / "distill_result.json").read_text())
     assert result["pairs"] == 40 and result["held_out"] == 4 and result["train"] == 36
@@ -30,6 +30,7 @@ def test_distill_gsm8k_rule_into_a_tiny_classifier(tmp_path, capsys):
     assert result["held_out_mse_after"] < result["held_out_mse_before"]
     assert result["last_loss"] < result["first_loss"]
     rm = ClassifierReward.from_pretrained(out)  # accepted: the head is in the checkpoint
+    assert rm.max_length == 96  # the length it was trained on (recorded in config.json)
     scores = rm(["What is 2 + 1?", "What is 2 + 1?"], ["2 + 1 = 3\n#### 3", "I do not know."])
     assert scores.shape == (2,) and bool(scores[0] > scores[1])
 

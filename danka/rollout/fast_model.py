@@ -170,6 +170,61 @@ def prefill(
     return _logits(w, spec, x[:, -1])
 
 
+def extend(
+    w: Weights,
+    spec: ModelSpec,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    pos: torch.Tensor,
+    start: torch.Tensor,
+    cos_t: torch.Tensor,
+    sin_t: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: slice,
+    lo: int,
+) -> torch.Tensor:
+    """Prefill only NEW tokens after a cached prefix -> last-position logits (p, V).
+
+    ``ids``/``mask`` (p, N) are left-padded new tokens at cache slots ``[lo, lo + N)`` of
+    rows ``rows``; ``pos`` (p, N) their RoPE positions (the prefix length plus their index);
+    row i's prefix is cached at slots ``[start[i], lo + N - n_i)`` (n_i = its new tokens).
+    Keys/values are written for real tokens only (a padded window slot keeps the prefix
+    token cached there); each new token attends to slots ``[start[i], its slot]``.
+    """
+    p, n = ids.shape
+    hi = lo + n
+    cos, sin = cos_t[pos][:, :, None], sin_t[pos][:, :, None]  # (p, N, 1, D)
+    nqk = spec.heads + spec.kv_heads
+    qk_dim = nqk * spec.head_dim
+    slots = torch.arange(hi, device=ids.device)
+    qslot = slots[lo:, None]  # (N, 1)
+    allowed = (slots[None, None, :] >= start[:, None, None]) & (slots[None] <= qslot[None])
+    allowed = (allowed | (slots[None] == qslot[None]))[:, None]  # (p, 1, N, hi); pads: self
+    write = mask.bool()[:, None, :, None]  # (p, 1, N, 1)
+    group = spec.heads // spec.kv_heads
+    x = _embed(w, ids)
+    for i in range(spec.layers):
+        r = rms_norm(x, w[f"{i}.ln1"], spec.eps)
+        qkv = _lin(w, f"{i}.qkv", r)
+        qk = _rope(qkv[..., :qk_dim].view(p, n, nqk, spec.head_dim), cos, sin).transpose(1, 2)
+        q, k = qk[:, : spec.heads], qk[:, spec.heads :]
+        v = qkv[..., qk_dim:].view(p, n, spec.kv_heads, spec.head_dim).transpose(1, 2)
+        for cache, new in ((k_cache, k), (v_cache, v)):
+            window = cache[i, rows, :, lo:hi]
+            window.copy_(torch.where(write, new, window))
+        att = F.scaled_dot_product_attention(
+            q,
+            k_cache[i, rows, :, :hi].repeat_interleave(group, dim=1),
+            v_cache[i, rows, :, :hi].repeat_interleave(group, dim=1),
+            attn_mask=allowed,
+        )
+        att = att.transpose(1, 2).reshape(p, n, spec.q_dim)
+        x = x + _lin(w, f"{i}.o", att)
+        x = x + _mlp(w, i, rms_norm(x, w[f"{i}.ln2"], spec.eps))
+    return _logits(w, spec, x[:, -1])
+
+
 def decode_forward(
     w: Weights,
     spec: ModelSpec,

@@ -110,7 +110,7 @@ class FastSession:
         root, w, graphs = eng._prepare(self.model, self.generator)
         held = self.held if eng._owner is self else {}
         eng._owner, self.held = None, {}  # until this turn has finished
-        spec, dev = eng._spec, eng._spec.device
+        dev = eng._spec.device
         # 1. match
         reuse = [
             min(common_prefix(held[k].tokens, s), len(s) - 1) if k in held else 0
@@ -128,41 +128,14 @@ class FastSession:
             src = [held[key_].row if r else 0 for key_, r in zip(keys, reuse)]
             offset = [held[key_].start - s if r else 0 for key_, r, s in zip(keys, reuse, start)]
             _relayout(eng._k, eng._v, src, offset, plen)  # whole cache: rows may leave b
-        # 3. extend: new tokens of row i at window slots [plen - n_i, plen)
-        new = [s[r:] for s, r in zip(seqs, reuse)]
-        width = max(len(x) for x in new)
-        logits = []
-        for j in range(0, rows, eng.prefill_batch):
-            r = slice(j, min(rows, j + eng.prefill_batch))
-            if not any(reuse[r]):
-                ids, mask = left_pad(seqs[r], self.pad_id, width=plen, device=dev)
-                logits.append(prefill(w, spec, ids, mask, eng._cos, eng._sin, k, v, r, 1))
-                continue
-            ids, mask = left_pad(new[r], self.pad_id, width=width, device=dev)
-            pos = torch.tensor(reuse[r], device=dev)[:, None] + mask.cumsum(-1) - 1
-            first = torch.tensor(start[r], device=dev)
-            logits.append(
-                extend(
-                    w,
-                    spec,
-                    ids,
-                    mask,
-                    pos.clamp_min(0),
-                    first,
-                    eng._cos,
-                    eng._sin,
-                    k,
-                    v,
-                    r,
-                    plen - width,
-                )  # fmt: skip
-            )
-        self.stats["prefill_tokens"] += sum(len(x) for x in new)
-        self.stats["reused_tokens"] += sum(reuse)
+            logits = self._extend(w, k, v, seqs, reuse, start, plen)  # 3.
+        else:  # nothing cached (the first turn): prefill each distinct sequence once
+            logits = self._prefill_distinct(w, k, v, seqs, plen)
         # 4. decode (the graph's warm-up writes slots t-3, t-2 >= plen: nothing held there)
         eng._ensure_graph(w, st, key, k, v, graphs)
-        for j, lg in zip(range(0, rows, eng.prefill_batch), logits):
-            eng._sample_first(st, key, lg, slice(j, j + lg.shape[0]))
+        for j in range(0, rows, eng.prefill_batch):  # as FastEngine._run samples them
+            r = slice(j, min(rows, j + eng.prefill_batch))
+            eng._sample_first(st, key, logits[r], r)
         n_tok = torch.tensor(lens, device=dev)
         toks, lps = eng._decode(w, st, key, k, v, n_tok, plen, params.max_new_tokens, graphs)
         eos = set(self.eos_ids)
@@ -172,6 +145,44 @@ class FastSession:
             self.held[key_] = _Held(seq + fed[:end], row=i, start=start[i])
         eng._owner = self
         return toks, lps
+
+    def _extend(self, w, k, v, seqs, reuse, start, plen) -> torch.Tensor:
+        """Step 3: prefill row i's tokens after its first ``reuse[i]`` (cached at slots
+        ``[start[i], start[i] + reuse[i])``) -> last-position logits (rows, V)."""
+        eng, dev = self.engine, self.engine._spec.device
+        new = [s[r:] for s, r in zip(seqs, reuse)]
+        width = max(len(x) for x in new)  # new tokens of row i at slots [plen - n_i, plen)
+        logits = []
+        for j in range(0, len(seqs), eng.prefill_batch):
+            r = slice(j, j + eng.prefill_batch)
+            ids, mask = left_pad(new[r], self.pad_id, width=width, device=dev)
+            pos = (torch.tensor(reuse[r], device=dev)[:, None] + mask.cumsum(-1) - 1).clamp_min(0)
+            first = torch.tensor(start[r], device=dev)
+            args = (eng._cos, eng._sin, k, v, slice(j, j + len(new[r])), plen - width)
+            logits.append(extend(w, eng._spec, ids, mask, pos, first, *args))
+        self.stats["prefill_tokens"] += sum(len(x) for x in new)
+        self.stats["reused_tokens"] += sum(reuse)
+        return torch.cat(logits)
+
+    def _prefill_distinct(self, w, k, v, seqs, plen) -> torch.Tensor:
+        """Prefill each distinct sequence once into rows ``[0, u)``, then copy row by row
+        (the loop's first turn holds ``n`` copies of every prompt) -> logits (rows, V)."""
+        eng, dev = self.engine, self.engine._spec.device
+        first: dict[tuple[int, ...], int] = {}
+        src = [first.setdefault(tuple(s), len(first)) for s in seqs]
+        distinct = [list(s) for s in first]
+        logits = []
+        for j in range(0, len(distinct), eng.prefill_batch):
+            part = distinct[j : j + eng.prefill_batch]
+            ids, mask = left_pad(part, self.pad_id, width=plen, device=dev)
+            r = slice(j, j + len(part))
+            logits.append(prefill(w, eng._spec, ids, mask, eng._cos, eng._sin, k, v, r, 1))
+        if len(distinct) < len(seqs):
+            _relayout(eng._k, eng._v, src, [0] * len(seqs), plen)
+        done = sum(len(s) for s in distinct)
+        self.stats["prefill_tokens"] += done
+        self.stats["reused_tokens"] += sum(len(s) for s in seqs) - done
+        return torch.cat(logits)[torch.tensor(src, device=dev)]
 
 
 def _relayout(k: torch.Tensor, v: torch.Tensor, src: list[int], offset: list[int], plen: int):

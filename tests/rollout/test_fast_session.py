@@ -81,6 +81,21 @@ def test_turns_reuse_the_cache_and_equal_full_prefill(kind):
     assert engine._owner is None and engine._k is not None  # a small model keeps its cache
 
 
+def test_first_turn_prefills_each_distinct_prompt_once():
+    model = tiny("qwen2")
+    session = FastEngine().session(model, eos_ids=EOS, pad_id=0)
+    keys = [0, 1, 2, 3, 4]  # the loop's first turn: n copies of each prompt
+    seqs = [list(PROMPTS[i]) for i in (0, 0, 1, 0, 1)]
+    resp = check_turn(session, model, keys, seqs)
+    # prefilled: prompt 0 (7) and prompt 1 (2) once; copied: 7 + 2 + 7 = 16
+    assert session.stats == {"prefill_tokens": 9, "reused_tokens": 16}
+    assert resp[0] == resp[1] == resp[3] and resp[2] == resp[4]
+    # every copy is a row of its own: the samples go on with different tool responses
+    seqs = [s + r + tool_tokens(k) for k, s, r in zip(keys, seqs, resp)]
+    check_turn(session, model, keys, seqs)
+    assert session.stats["reused_tokens"] == 16 + (7 + 9) * 3 + (2 + 9) * 2
+
+
 def test_a_sample_that_emitted_eos_holds_it_once_fed_back():
     model = tiny("llama")
     first = FastEngine().generate(model, PROMPTS, GREEDY, eos_ids=EOS, pad_id=0)

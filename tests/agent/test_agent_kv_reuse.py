@@ -78,3 +78,60 @@ def test_rollout_with_kv_reuse_equals_full_reprefill(arch, tmp_path):
     assert round(prefilled + reused) == full_engine.prefilled
     assert reused > prefilled  # most of the prefix is read from the cache
     assert "agent/reused_tokens" not in full.metrics  # no session, nothing reported
+
+
+@pytest.mark.gpu
+def test_smollm2_calculator_rollout_with_kv_reuse_on_gpu():
+    """examples/calculator_tool.yaml's rollout (16 prompts x 8 samples, 3 turns; fp32 so
+    greedy ties cannot flip): the same tokens with and without KV re-use; prints the
+    prefill tokens and rollout seconds of both (pytest -m gpu -s tests/agent/...)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    report = calculator_ab("cuda", prompts=16, n=8)
+    print("kv reuse on GPU:", report)
+    assert report["same_tokens"]
+    assert report["reuse"]["prefill_tokens"] < report["full"]["prefill_tokens"]
+
+
+def calculator_ab(device: str, *, prompts: int, n: int) -> dict:
+    """Greedy calculator-tool rollouts of SmolLM2-135M-Instruct (fp32) on the fast engine
+    with and without a session: tokens prefilled and seconds (second of two runs each)."""
+    import time
+
+    from danka.agent.setup import build_agent_loop, prompt_messages
+    from danka.config.schema import RolloutConfig
+    from danka.data.calc_task import calc_rows
+    from danka.models.loading import load_causal_lm, load_tokenizer, stop_ids
+
+    name = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    tok = load_tokenizer(name, log=lambda *_: None)
+    model = load_causal_lm(name, dtype="float32", log=lambda *_: None).to(device).eval()
+    instruction = "Use the calculator tool, then reply with only the number."
+    cfg = RolloutConfig(tools=["calculator"], max_turns=3, max_tool_calls=4, max_total_tokens=384)
+    rows = calc_rows(prompts, seed=0)
+    msgs = prompt_messages(rows, instruction=instruction)
+    params = SamplingParams(n=n, temperature=0.0, max_new_tokens=96)
+    kw = {"eos_ids": stop_ids(tok), "pad_id": tok.pad_token_id}
+    outs, report = {}, {}
+    for label, engine in (("reuse", FastEngine()), ("full", FullPrefill())):
+        loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=96, instruction=instruction)
+        for _ in range(2):  # the first run captures the CUDA graphs
+            engine.prefilled = 0
+            sync = torch.cuda.synchronize if device == "cuda" else lambda: None
+            sync()
+            t0 = time.perf_counter()
+            out = loop.rollout(engine, model, rows, msgs, params, **kw)
+            sync()
+            seconds = time.perf_counter() - t0
+        loop.close()
+        outs[label] = out
+        b = len(out.stop_reasons)
+        report[label] = {
+            "rollout_s": round(seconds, 3),
+            "turns": out.metrics["agent/turns"],
+            "prefill_tokens": out.metrics.get("agent/prefill_tokens", 0.0) * b or engine.prefilled,
+            "reused_tokens": out.metrics.get("agent/reused_tokens", 0.0) * b,
+        }
+    ids = [outs[k].batch.response_ids.tolist() for k in ("reuse", "full")]
+    report["same_tokens"] = ids[0] == ids[1]
+    return report

@@ -12,7 +12,8 @@ turn; a session prefills only what its cache does not hold yet. Per turn:
    sequence ends at slot ``plen - 1`` (the decode writes one slot for all rows); a cached
    key carries its RoPE position (tokens before it), not its slot, so moving it is exact;
 3. extend: only the new tokens run through the model (:func:`fast_model.extend`),
-   attending to the cached prefix; a chunk with nothing cached runs the engine's prefill;
+   attending to the cached prefix; when nothing is cached (the first turn) each distinct
+   sequence is prefilled once and its rows copied (the loop holds n copies of a prompt);
 4. decode with the engine's step (and CUDA graphs); row i then holds its sequence plus
    the sampled tokens that were fed back, up to the first EOS.
 
@@ -72,7 +73,7 @@ class FastSession:
         self.held = {}
         if self.engine._owner is self:
             self.engine._owner = None
-        if self._used and not self.engine._keep:
+        if self._used and not getattr(self.engine, "_keep", True):
             self.engine.release()
 
     @torch.no_grad()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -178,6 +180,12 @@ def test_bad_calls():
         session.generate([0], [[]], GREEDY)
     with pytest.raises(UserError, match="at most 16"):
         FastSession(FastEngine(), model, eos_ids=list(range(17)), pad_id=0)
+    fake = torch.nn.Linear(2, 2)
+    fake.config = SimpleNamespace(model_type="gpt2")
+    session = FastEngine().session(fake, eos_ids=EOS, pad_id=0)
+    with pytest.raises(UserError, match="gpt2"):
+        session.generate([0], [[1]], GREEDY)
+    session.close()  # after a failed turn: no error of its own
 
 
 @pytest.mark.gpu

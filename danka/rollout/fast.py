@@ -302,16 +302,18 @@ class FastEngine(RolloutEngine):
 
     def _sample_first(self, st: _Slots, key, logits: torch.Tensor, r: slice) -> None:
         """The first token of rows ``r`` from their prefill logits, into output column 0."""
-        tok0, lp0 = sample_next(
-            logits,
-            greedy=key[0],
-            temperature=st.temperature,
-            top_k=key[1],
-            top_p=st.top_p if key[2] else None,
-            gen=self._gen,
-        )
+        tok0, lp0 = self._sample(st, key, logits)
         st.out_tok[r, 0] = tok0
         st.out_lp[r, 0] = lp0
+
+    def _sample(self, st: _Slots, key, logits: torch.Tensor):
+        """Next tokens and log-probs of ``logits`` (b, V) under the batch's sampling settings
+        (``key``: greedy, top-k, top-p on)."""
+        top_p = st.top_p if key[2] else None
+        return sample_next(
+            logits, greedy=key[0], temperature=st.temperature, top_k=key[1], top_p=top_p,
+            gen=self._gen,
+        )  # fmt: skip
 
     def _decode(self, w, st: _Slots, key, k, v, lens: torch.Tensor, plen: int, new: int, graphs):
         """Decode after a prefill: sequence i holds ``lens[i]`` tokens ending at slot
@@ -347,14 +349,7 @@ class FastEngine(RolloutEngine):
             logits = decode_forward(
                 w, self._spec, st.tok, st.pos, st.slot, st.start, self._cos, self._sin, k, v
             )
-        tok, lp = sample_next(
-            logits,
-            greedy=key[0],
-            temperature=st.temperature,
-            top_k=key[1],
-            top_p=st.top_p if key[2] else None,
-            gen=self._gen,
-        )
+        tok, lp = self._sample(st, key, logits)
         tok = torch.where(st.done, st.pad, tok)
         lp = lp.masked_fill(st.done, 0.0)
         st.out_tok.index_copy_(1, st.gen, tok[:, None])

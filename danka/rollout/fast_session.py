@@ -55,8 +55,9 @@ class FastSession:
     """The turns of one multi-turn rollout on a :class:`~danka.rollout.fast.FastEngine`
     (see the module docstring); open with ``engine.session(...)``, ``close()`` at the end.
 
-    ``stats``: ``prefill_tokens`` (tokens run through a prefill), ``reused_tokens`` (read
-    from the cache instead); without a session every token would be prefilled.
+    ``stats``: ``prefill_tokens`` (tokens run through a prefill), ``reused_tokens`` (their
+    keys/values copied instead: held from an earlier turn, or, in the first turn, from
+    another sample with the same prompt); without a session every token is prefilled.
     """
 
     def __init__(self, engine, model, *, eos_ids, pad_id, generator=None):

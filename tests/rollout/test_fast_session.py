@@ -9,7 +9,7 @@ import torch
 
 from danka.rollout.base import SamplingParams
 from danka.rollout.fast import FastEngine
-from danka.rollout.fast_session import FastSession, common_prefix
+from danka.rollout.fast_session import FastSession, _relayout, common_prefix
 from tests.rollout.test_fast_engine import PROMPTS, tiny
 
 GREEDY = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
@@ -42,6 +42,19 @@ def tool_tokens(key: int) -> list[int]:
 def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
     assert common_prefix([1, 2], [1, 2, 3]) == 2 and common_prefix([], [1]) == 0
+
+
+def test_relayout_moves_rows_and_shifts_slots():
+    # caches (layers=1, B=3, Hkv=1, T=6, D=1) holding 10 * row + slot
+    k = (10 * torch.arange(3)[:, None] + torch.arange(6)[None]).float().view(1, 3, 1, 6, 1)
+    v = -k.clone()
+    _relayout(k, v, src=[2, 0], offset=[1, -2], plen=4)
+    # new row 0, slot s <- old row 2, slot s + 1: 21..24; new row 1, slot s <- old row 0,
+    # slot s - 2 (clamped at 0; slots before the prefix are padding): 0, 0, 0, 1
+    assert k[0, :2, 0, :4, 0].tolist() == [[21, 22, 23, 24], [0, 0, 0, 1]]
+    assert v[0, :2, 0, :4, 0].tolist() == [[-21, -22, -23, -24], [0, 0, 0, -1]]
+    assert k[0, 2, 0, :, 0].tolist() == [20, 21, 22, 23, 24, 25]  # row 2 untouched
+    assert k[0, 0, 0, 4:, 0].tolist() == [4, 5]  # slots >= plen untouched
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])

@@ -17,10 +17,13 @@ turn; a session prefills only what its cache does not hold yet. Per turn:
 4. decode with the engine's step (and CUDA graphs); row i then holds its sequence plus
    the sampled tokens that were fed back, up to the first EOS.
 
-Greedy tokens equal ``FastEngine.generate`` on the same sequences; log-probs agree to
-float rounding (the prefix's keys come from other kernels). Full re-prefill instead when
-the batch exceeds one decode batch (``max_batch``), or when another call used the cache
-in between. The model must not change while a session is open (its cache would be stale).
+Against ``FastEngine.generate`` on the same sequences the logits agree to float rounding
+(the prefix's keys/values come from other kernels), so greedy tokens agree but at exact
+near-ties (the tests check equality in fp32). Full re-prefill instead when the batch
+exceeds one decode batch (``max_batch``: the cache holds one), or when another call used
+the cache in between. A cache too short for the next turn grows, its contents copied
+(old and new cache both alive for that moment). The model must not change while a
+session is open (its cache would be stale).
 """
 
 from __future__ import annotations

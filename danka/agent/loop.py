@@ -4,7 +4,7 @@ Per step, with ``B = len(prompts) * n`` samples (sample ``i * n + j`` answers pr
 
 1. every sample starts from its prompt ids; its environment is reset with its row;
 2. all still-active samples generate their next assistant turn in ONE
-   ``engine.generate`` call (``n=1``: the samples are already expanded), each up to the
+   ``session.generate`` call (``n=1``: the samples are already expanded), each up to the
    end-of-turn token or the per-turn cap ``params.max_new_tokens``;
 3. each turn is decoded and passed to the environment (tools: parse the ``<tool_call>``
    blocks and run them in the guarded worker); a turn without a call, ``done``, a cut
@@ -15,8 +15,10 @@ Per step, with ``B = len(prompts) * n`` samples (sample ``i * n + j`` answers pr
 
 Limits: ``max_turns`` (assistant turns), ``max_tool_calls`` (per sample),
 ``max_total_tokens`` (response tokens over all turns, tool tokens included). Works with
-every engine through its public ``generate``; each turn re-encodes the whole prefix (no
-KV cache reuse across turns), so turn k costs a prefill of everything before it.
+every engine: through its ``session`` when it has one (the fast engine keeps each
+sample's KV cache across turns and prefills only the inserted tokens; ``agent/prefill_tokens``
+and ``agent/reused_tokens`` report it per sample), else through ``generate``, which
+re-encodes the whole prefix each turn.
 """
 
 from __future__ import annotations
@@ -145,26 +147,30 @@ class AgentLoop:
                 shown = self.chat.prompt_messages(msgs_k, self.schemas)
                 samples.append(_Sample(prompt, env, shown, len(shown)))
         has_logprobs = True
-        for turn in range(lim.max_turns):
-            active = [s for s in samples if s.active]
-            if not active:
-                break
-            budget = max(lim.max_total_tokens - len(s.ids) for s in active)
-            turn_params = replace(params, n=1, max_new_tokens=min(params.max_new_tokens, budget))
-            out = engine.generate(  # 2. one batched call for every active sample
-                model,
-                [s.prompt + s.ids for s in active],
-                turn_params,
-                eos_ids=eos_ids,
-                pad_id=pad_id,
-                generator=generator,
-            )
-            has_logprobs &= out.rollout_logprobs is not None
-            for k, s in enumerate(active):
-                self._take_turn(s, out, k, set(eos_ids), last=turn == lim.max_turns - 1)
+        session = open_session(engine, model, eos_ids=eos_ids, pad_id=pad_id, generator=generator)
+        try:
+            for turn in range(lim.max_turns):
+                keys = [i for i, s in enumerate(samples) if s.active]
+                if not keys:
+                    break
+                active = [samples[i] for i in keys]
+                budget = max(lim.max_total_tokens - len(s.ids) for s in active)
+                turn_params = replace(
+                    params, n=1, max_new_tokens=min(params.max_new_tokens, budget)
+                )
+                # 2. one batched call for every active sample (the session drops the others)
+                out = session.generate(keys, [s.prompt + s.ids for s in active], turn_params)
+                has_logprobs &= out.rollout_logprobs is not None
+                for k, s in enumerate(active):
+                    self._take_turn(s, out, k, set(eos_ids), last=turn == lim.max_turns - 1)
+        finally:
+            session.close()
         for s in samples:
             s.active = False
-        return self._pack(samples, has_logprobs, pad_id, params.n)
+        rollout = self._pack(samples, has_logprobs, pad_id, params.n)
+        for name, value in getattr(session, "stats", {}).items():  # KV re-use across turns
+            rollout.metrics[f"agent/{name}"] = value / len(samples)
+        return rollout
 
     def _take_turn(self, s: _Sample, out: RolloutBatch, k: int, eos: set[int], last: bool):
         """Steps 3 and 4 for sample ``s`` (row ``k`` of this turn's ``out``)."""
@@ -249,6 +255,27 @@ class AgentLoop:
             metrics=rollout_metrics(samples),
             prompt_lengths=[s.n_prompt_messages for s in samples],
         )
+
+
+class _Regenerate:
+    """The turns of an engine without sessions: ``generate`` re-prefills every prefix."""
+
+    def __init__(self, engine: RolloutEngine, model: torch.nn.Module, **generate_kw: Any):
+        self.engine, self.model, self.generate_kw = engine, model, generate_kw
+
+    def generate(self, keys: list[int], sequences: list[list[int]], params: SamplingParams):
+        return self.engine.generate(self.model, sequences, params, **self.generate_kw)
+
+    def close(self) -> None:
+        pass
+
+
+def open_session(engine: RolloutEngine, model: torch.nn.Module, **generate_kw: Any):
+    """The engine's multi-turn session (``engine.session``: the fast engine keeps each
+    sample's KV cache across turns and prefills only new tokens), else one that calls
+    ``engine.generate`` each turn. ``generate_kw``: ``eos_ids``, ``pad_id``, ``generator``."""
+    opener = getattr(engine, "session", None)
+    return opener(model, **generate_kw) if opener else _Regenerate(engine, model, **generate_kw)
 
 
 def rollout_metrics(samples: list[Any]) -> dict[str, float]:

@@ -164,6 +164,7 @@ class FastEngine(RolloutEngine):
         self._slots: dict[tuple[int, int], _Slots] = {}
         self._pool = None
         self._weight_ptrs: tuple[int, ...] = ()
+        self._owner = None  # the FastSession whose prefixes the cache holds, if any
         # The engine samples with its own generator, registered with its CUDA graphs: code
         # that saves/restores the default CUDA RNG (e.g. activation checkpointing) between
         # replays then cannot corrupt a captured graph's RNG state.
@@ -182,6 +183,32 @@ class FastEngine(RolloutEngine):
             )
         if len(eos_ids) > MAX_EOS:
             raise UserError(f"{len(eos_ids)} EOS ids; the fast engine takes at most {MAX_EOS}")
+        root, w, graphs = self._prepare(model, generator)
+        per_batch = max(1, self.max_batch // params.n)
+        responses: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        try:
+            for i in range(0, len(prompt_ids), per_batch):
+                toks, lps = self._run(
+                    root, w, prompt_ids[i : i + per_batch], params, eos_ids, pad_id, graphs
+                )
+                responses += toks
+                logprobs += lps
+        finally:
+            if not self._keep:
+                self.release()
+        return responses, logprobs
+
+    def session(self, model, *, eos_ids, pad_id, generator=None):
+        """A :class:`~danka.rollout.fast_session.FastSession`: generate turn after turn for
+        the same samples, re-using each one's KV cache for the prefix it already holds."""
+        from danka.rollout.fast_session import FastSession
+
+        return FastSession(self, model, eos_ids=eos_ids, pad_id=pad_id, generator=generator)
+
+    def _prepare(self, model, generator):
+        """Per call: the model's spec and live weights (re-fused if they changed), whether
+        to capture graphs, and the engine's generator seeded from ``generator``."""
         root = unwrap_causal_lm(model)
         spec = model_spec(root)  # raises UserError for unsupported models
         if spec != self._spec:
@@ -202,29 +229,19 @@ class FastEngine(RolloutEngine):
             self._pool = None  # a pool whose graphs are all gone cannot take new captures
             self._weight_ptrs = ptrs
         self.stats = {"graphs_captured": 0, "capture_s": 0.0, "steps": 0}
-        per_batch = max(1, self.max_batch // params.n)
-        responses: list[list[int]] = []
-        logprobs: list[list[float]] = []
         if self._gen is None:
             self._gen = torch.Generator(device=spec.device)
         self._gen.manual_seed(_draw_seed(generator))
-        try:
-            for i in range(0, len(prompt_ids), per_batch):
-                toks, lps = self._run(
-                    root, w, prompt_ids[i : i + per_batch], params, eos_ids, pad_id, graphs
-                )
-                responses += toks
-                logprobs += lps
-        finally:
-            if not self._keep:
-                self.release()
-        return responses, logprobs
+        return root, w, graphs
 
-    def _ensure_cache(self, root: torch.nn.Module, b: int, t: int) -> None:
-        """Grow the shared KV cache to at least (b, t); growing drops every graph."""
+    def _ensure_cache(self, root: torch.nn.Module, b: int, t: int, keep: bool = False) -> None:
+        """Grow the shared KV cache to at least (b, t); growing drops every graph and, unless
+        ``keep``, the cached keys/values (``keep`` copies them over: old and new cache are
+        both alive for that moment)."""
         spec = self._spec
         if self._k is not None and b <= self._k.shape[1] and t <= self._k.shape[3]:
             return
+        old = (self._k, self._v) if keep and self._k is not None else None
         if self._k is not None:
             b, t = max(b, self._k.shape[1]), max(t, self._k.shape[3])
         self._slots.clear()
@@ -233,6 +250,10 @@ class FastEngine(RolloutEngine):
         shape = (spec.layers, b, spec.kv_heads, t, spec.head_dim)
         self._k = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
         self._v = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
+        if old is not None:
+            _, ob, _, ot, _ = old[0].shape
+            self._k[:, :ob, :, :ot] = old[0]
+            self._v[:, :ob, :, :ot] = old[1]
         self._cos, self._sin = rope_tables(root, spec, t)
 
     def _run(self, root, w, prompts, params: SamplingParams, eos_ids, pad_id, graphs: bool):
@@ -241,25 +262,9 @@ class FastEngine(RolloutEngine):
         rows = len(prompts) * n
         plen = max(len(p) for p in prompts)
         t = -(-(plen + new) // self.seq_round) * self.seq_round
-        b = bucket_size(rows, graphs)
-        self._ensure_cache(root, b, t)
-        k, v = self._k[:, :b, :, :t], self._v[:, :b, :, :t]
-        st = self._slots.get((b, t))
-        if st is None:
-            st = self._slots[(b, t)] = _Slots.new(b, t, spec.device)
-        key = (params.greedy, 0 if params.greedy else params.top_k,
-               not params.greedy and params.top_p < 1.0)  # fmt: skip
-        st.temperature.fill_(max(params.temperature, 1e-6))
-        st.top_p.fill_(params.top_p)
-        st.pad.fill_(pad_id)
-        st.eos.fill_(-1)
-        st.eos[: len(eos_ids)] = torch.tensor(eos_ids, dtype=torch.long)
-
-        def step() -> None:
-            self._step(w, st, k, v, key)
-
-        if graphs and key not in st.graphs:
-            st.graphs[key] = self._capture(st, step, t)
+        self._owner = None  # the cache no longer holds a session's prefixes
+        st, key, k, v = self._slots_for(root, rows, t, params, eos_ids, pad_id, graphs)
+        self._ensure_graph(w, st, key, k, v, graphs)
 
         # Prefill (writes cache slots [0, plen)) and the first sampled token.
         lens = torch.tensor([len(p) for p in prompts], device=spec.device).repeat_interleave(n)
@@ -268,17 +273,54 @@ class FastEngine(RolloutEngine):
             ids, mask = left_pad(part, pad_id, width=plen, device=spec.device)
             r = slice(j * n, (j + len(part)) * n)
             logits = prefill(w, spec, ids, mask, self._cos, self._sin, k, v, r, n)
-            tok0, lp0 = sample_next(
-                logits.repeat_interleave(n, dim=0),
-                greedy=key[0],
-                temperature=st.temperature,
-                top_k=key[1],
-                top_p=st.top_p if key[2] else None,
-                gen=self._gen,
-            )
-            st.out_tok[r, 0] = tok0
-            st.out_lp[r, 0] = lp0
-        st.tok.fill_(pad_id)
+            self._sample_first(st, key, logits.repeat_interleave(n, dim=0), r)
+        return self._decode(w, st, key, k, v, lens, plen, new, graphs)
+
+    def _slots_for(self, root, rows, t, params, eos_ids, pad_id, graphs, keep=False):
+        """The static slots of the (bucket, t) batch that runs ``rows`` sequences, filled
+        with the sampling settings, its graph key and its views of the KV cache."""
+        b = bucket_size(rows, graphs)
+        self._ensure_cache(root, b, t, keep=keep)
+        k, v = self._k[:, :b, :, :t], self._v[:, :b, :, :t]
+        st = self._slots.get((b, t))
+        if st is None:
+            st = self._slots[(b, t)] = _Slots.new(b, t, self._spec.device)
+        key = (params.greedy, 0 if params.greedy else params.top_k,
+               not params.greedy and params.top_p < 1.0)  # fmt: skip
+        st.temperature.fill_(max(params.temperature, 1e-6))
+        st.top_p.fill_(params.top_p)
+        st.pad.fill_(pad_id)
+        st.eos.fill_(-1)
+        st.eos[: len(eos_ids)] = torch.tensor(eos_ids, dtype=torch.long)
+        return st, key, k, v
+
+    def _ensure_graph(self, w, st: _Slots, key, k, v, graphs: bool) -> None:
+        """Capture the decode step for ``key`` once (its warm-up writes cache slots t-3 and
+        t-2: call it while those hold nothing that will be read)."""
+        if graphs and key not in st.graphs:
+            st.graphs[key] = self._capture(st, lambda: self._step(w, st, k, v, key), k.shape[3])
+
+    def _sample_first(self, st: _Slots, key, logits: torch.Tensor, r: slice) -> None:
+        """The first token of rows ``r`` from their prefill logits, into output column 0."""
+        tok0, lp0 = self._sample(st, key, logits)
+        st.out_tok[r, 0] = tok0
+        st.out_lp[r, 0] = lp0
+
+    def _sample(self, st: _Slots, key, logits: torch.Tensor):
+        """Next tokens and log-probs of ``logits`` (b, V) under the batch's sampling settings
+        (``key``: greedy, top-k, top-p on)."""
+        top_p = st.top_p if key[2] else None
+        return sample_next(
+            logits, greedy=key[0], temperature=st.temperature, top_k=key[1], top_p=top_p,
+            gen=self._gen,
+        )  # fmt: skip
+
+    def _decode(self, w, st: _Slots, key, k, v, lens: torch.Tensor, plen: int, new: int, graphs):
+        """Decode after a prefill: sequence i holds ``lens[i]`` tokens ending at slot
+        ``plen - 1`` and its first token is in output column 0; run up to ``new - 1`` steps
+        -> (token lists, log-prob lists) of the ``len(lens)`` sequences."""
+        rows = len(lens)
+        st.tok.fill_(st.pad)
         st.tok[:rows] = st.out_tok[:rows, 0]
         st.pos.zero_()
         st.pos[:rows] = lens
@@ -292,7 +334,7 @@ class FastEngine(RolloutEngine):
         graph = st.graphs.get(key) if graphs else None
         ran = 0
         while ran < new - 1:
-            graph.replay() if graph is not None else step()
+            graph.replay() if graph is not None else self._step(w, st, k, v, key)
             ran += 1
             if ran % self.check_every == 0 and bool(st.done.all()):
                 break
@@ -307,14 +349,7 @@ class FastEngine(RolloutEngine):
             logits = decode_forward(
                 w, self._spec, st.tok, st.pos, st.slot, st.start, self._cos, self._sin, k, v
             )
-        tok, lp = sample_next(
-            logits,
-            greedy=key[0],
-            temperature=st.temperature,
-            top_k=key[1],
-            top_p=st.top_p if key[2] else None,
-            gen=self._gen,
-        )
+        tok, lp = self._sample(st, key, logits)
         tok = torch.where(st.done, st.pad, tok)
         lp = lp.masked_fill(st.done, 0.0)
         st.out_tok.index_copy_(1, st.gen, tok[:, None])

@@ -121,6 +121,18 @@ def _logits(w: Weights, spec: ModelSpec, h: torch.Tensor) -> torch.Tensor:
     return _lin(w, "lm_head", rms_norm(h, w["norm"], spec.eps)).float()
 
 
+def _qkv(w: Weights, spec: ModelSpec, i: int, x: torch.Tensor, cos, sin):
+    """Layer i's attention inputs for ``x`` (p, L, H): q (p, Hq, L, D) and k, v
+    (p, Hkv, L, D), RoPE applied to q and k together (one set of kernels for both)."""
+    p, length = x.shape[:2]
+    nqk = spec.heads + spec.kv_heads
+    qk_dim = nqk * spec.head_dim
+    qkv = _lin(w, f"{i}.qkv", rms_norm(x, w[f"{i}.ln1"], spec.eps))
+    qk = _rope(qkv[..., :qk_dim].view(p, length, nqk, spec.head_dim), cos, sin).transpose(1, 2)
+    v = qkv[..., qk_dim:].view(p, length, spec.kv_heads, spec.head_dim).transpose(1, 2)
+    return qk[:, : spec.heads], qk[:, spec.heads :], v
+
+
 def prefill(
     w: Weights,
     spec: ModelSpec,
@@ -141,8 +153,6 @@ def prefill(
     p, plen = ids.shape
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
     cos, sin = cos_t[pos][:, :, None], sin_t[pos][:, :, None]  # (p, P, 1, D)
-    nqk = spec.heads + spec.kv_heads
-    qk_dim = nqk * spec.head_dim
     causal = torch.ones(plen, plen, dtype=torch.bool, device=ids.device).tril()
     allowed = causal[None] & mask.bool()[:, None, :]
     # Padding query rows see only themselves: keeps them finite; nothing reads them.
@@ -151,11 +161,7 @@ def prefill(
     group = spec.heads // spec.kv_heads
     x = _embed(w, ids)
     for i in range(spec.layers):
-        r = rms_norm(x, w[f"{i}.ln1"], spec.eps)
-        qkv = _lin(w, f"{i}.qkv", r)
-        qk = _rope(qkv[..., :qk_dim].view(p, plen, nqk, spec.head_dim), cos, sin).transpose(1, 2)
-        q, k = qk[:, : spec.heads], qk[:, spec.heads :]
-        v = qkv[..., qk_dim:].view(p, plen, spec.kv_heads, spec.head_dim).transpose(1, 2)
+        q, k, v = _qkv(w, spec, i, x, cos, sin)
         k_cache[i, rows, :, :plen] = k.repeat_interleave(n, dim=0)
         v_cache[i, rows, :, :plen] = v.repeat_interleave(n, dim=0)
         att = F.scaled_dot_product_attention(
@@ -165,6 +171,55 @@ def prefill(
             attn_mask=allowed,
         )
         att = att.transpose(1, 2).reshape(p, plen, spec.q_dim)
+        x = x + _lin(w, f"{i}.o", att)
+        x = x + _mlp(w, i, rms_norm(x, w[f"{i}.ln2"], spec.eps))
+    return _logits(w, spec, x[:, -1])
+
+
+def extend(
+    w: Weights,
+    spec: ModelSpec,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    pos: torch.Tensor,
+    start: torch.Tensor,
+    cos_t: torch.Tensor,
+    sin_t: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: slice,
+    lo: int,
+) -> torch.Tensor:
+    """Prefill only NEW tokens after a cached prefix -> last-position logits (p, V).
+
+    ``ids``/``mask`` (p, N) are left-padded new tokens at cache slots ``[lo, lo + N)`` of
+    rows ``rows``; ``pos`` (p, N) their RoPE positions (the prefix length plus their index);
+    row i's prefix is cached at slots ``[start[i], lo + N - n_i)`` (n_i = its new tokens).
+    Keys/values are written for real tokens only (a padded window slot keeps the prefix
+    token cached there); each new token attends to slots ``[start[i], its slot]``.
+    """
+    p, n = ids.shape
+    hi = lo + n
+    cos, sin = cos_t[pos][:, :, None], sin_t[pos][:, :, None]  # (p, N, 1, D)
+    slots = torch.arange(hi, device=ids.device)
+    qslot = slots[lo:, None]  # (N, 1)
+    allowed = (slots[None, None, :] >= start[:, None, None]) & (slots[None] <= qslot[None])
+    allowed = (allowed | (slots[None] == qslot[None]))[:, None]  # (p, 1, N, hi); pads: self
+    write = mask.bool()[:, None, :, None]  # (p, 1, N, 1)
+    group = spec.heads // spec.kv_heads
+    x = _embed(w, ids)
+    for i in range(spec.layers):
+        q, k, v = _qkv(w, spec, i, x, cos, sin)
+        for cache, new in ((k_cache, k), (v_cache, v)):
+            window = cache[i, rows, :, lo:hi]
+            window.copy_(torch.where(write, new, window))
+        att = F.scaled_dot_product_attention(
+            q,
+            k_cache[i, rows, :, :hi].repeat_interleave(group, dim=1),
+            v_cache[i, rows, :, :hi].repeat_interleave(group, dim=1),
+            attn_mask=allowed,
+        )
+        att = att.transpose(1, 2).reshape(p, n, spec.q_dim)
         x = x + _lin(w, f"{i}.o", att)
         x = x + _mlp(w, i, rms_norm(x, w[f"{i}.ln2"], spec.eps))
     return _logits(w, spec, x[:, -1])

@@ -33,6 +33,7 @@ from danka.agent.chat import ChatFormat
 from danka.agent.env import Step
 from danka.agent.worker import ToolRunner
 from danka.data.template import left_pad
+from danka.errors import UserError
 from danka.rollout.base import RolloutEngine, SamplingParams
 from danka.types import PromptRow, RolloutBatch
 
@@ -102,8 +103,10 @@ class AgentLoop:
         limits: AgentLimits = AgentLimits(),
         chat: ChatFormat | None = None,
         runner: ToolRunner | None = None,
+        kv_reuse: bool = False,
     ):
         self.tokenizer, self.make_env, self.limits = tokenizer, make_env, limits
+        self.kv_reuse = kv_reuse  # rollout.kv_reuse: the engine's session, else refused
         self.schemas = list(schemas or [])
         self.chat = chat or ChatFormat(tokenizer)
         self.runner = runner  # the tool worker, stopped by close()
@@ -147,7 +150,9 @@ class AgentLoop:
                 shown = self.chat.prompt_messages(msgs_k, self.schemas)
                 samples.append(_Sample(prompt, env, shown, len(shown)))
         has_logprobs = True
-        session = open_session(engine, model, eos_ids=eos_ids, pad_id=pad_id, generator=generator)
+        session = open_session(
+            engine, model, self.kv_reuse, eos_ids=eos_ids, pad_id=pad_id, generator=generator
+        )
         try:
             for turn in range(lim.max_turns):
                 keys = [i for i, s in enumerate(samples) if s.active]
@@ -270,12 +275,23 @@ class _Regenerate:
         pass
 
 
-def open_session(engine: RolloutEngine, model: torch.nn.Module, **generate_kw: Any):
-    """The engine's multi-turn session (``engine.session``: the fast engine keeps each
-    sample's KV cache across turns and prefills only new tokens), else one that calls
+def open_session(
+    engine: RolloutEngine, model: torch.nn.Module, kv_reuse: bool = True, **generate_kw: Any
+):
+    """With ``kv_reuse`` (rollout.kv_reuse) the engine's multi-turn session
+    (``engine.session``: the fast engine keeps each sample's KV cache across turns and
+    prefills only new tokens; an engine without one is refused), else one that calls
     ``engine.generate`` each turn. ``generate_kw``: ``eos_ids``, ``pad_id``, ``generator``."""
+    if not kv_reuse:
+        return _Regenerate(engine, model, **generate_kw)
     opener = getattr(engine, "session", None)
-    return opener(model, **generate_kw) if opener else _Regenerate(engine, model, **generate_kw)
+    if opener is None:
+        raise UserError(
+            f"rollout.kv_reuse needs the fast rollout engine; this run uses {engine.name!r}",
+            where="rollout.kv_reuse",
+            fix="set rollout.engine: fast (a CUDA GPU), or rollout.kv_reuse: false",
+        )
+    return opener(model, **generate_kw)
 
 
 def rollout_metrics(samples: list[Any]) -> dict[str, float]:

@@ -71,7 +71,10 @@ def build_agent_loop(
     if rollout.environment:
         cls = load_environment_class(rollout.environment, base_dir)
         return AgentLoop(
-            tokenizer, lambda: UserEnvironment(cls, rollout.environment), limits=limits
+            tokenizer,
+            lambda: UserEnvironment(cls, rollout.environment),
+            limits=limits,
+            kv_reuse=rollout.kv_reuse,
         )
     tools = load_tools(list(rollout.tools), base_dir)
     runner = ToolRunner(tools, timeout_s=rollout.tool_timeout_s, max_chars=rollout.tool_max_chars)
@@ -85,6 +88,7 @@ def build_agent_loop(
         limits=limits,
         chat=chat,
         runner=runner,
+        kv_reuse=rollout.kv_reuse,
     )
 
 

@@ -57,7 +57,8 @@ def test_rollout_with_kv_reuse_equals_full_reprefill(arch, tmp_path):
 
     def run(engine):
         limits = AgentLimits(max_turns=4, max_total_tokens=160)
-        loop = AgentLoop(tok, lambda: UserEnvironment(cls, "env.py:Echo"), limits=limits)
+        env = lambda: UserEnvironment(cls, "env.py:Echo")  # noqa: E731
+        loop = AgentLoop(tok, env, limits=limits, kv_reuse=engine.session is not None)
         return loop.rollout(engine, model, rows, msgs, params, eos_ids=EOS, pad_id=0)
 
     full_engine = FullPrefill()
@@ -96,6 +97,7 @@ def test_smollm2_calculator_rollout_with_kv_reuse_on_gpu():
 def calculator_ab(device: str, *, prompts: int, n: int) -> dict:
     """Greedy calculator-tool rollouts of SmolLM2-135M-Instruct (fp32) on the fast engine
     with and without a session: tokens prefilled and seconds (second of two runs each)."""
+    import dataclasses
     import time
 
     from danka.agent.setup import build_agent_loop, prompt_messages
@@ -114,7 +116,8 @@ def calculator_ab(device: str, *, prompts: int, n: int) -> dict:
     kw = {"eos_ids": stop_ids(tok), "pad_id": tok.pad_token_id}
     outs, report = {}, {}
     for label, engine in (("reuse", FastEngine()), ("full", FullPrefill())):
-        loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=96, instruction=instruction)
+        on = dataclasses.replace(cfg, kv_reuse=label == "reuse")
+        loop = build_agent_loop(on, tok, base_dir=".", max_new_tokens=96, instruction=instruction)
         for _ in range(2):  # the first run captures the CUDA graphs
             engine.prefilled = 0
             sync = torch.cuda.synchronize if device == "cuda" else lambda: None
@@ -135,3 +138,22 @@ def calculator_ab(device: str, *, prompts: int, n: int) -> dict:
     ids = [outs[k].batch.response_ids.tolist() for k in ("reuse", "full")]
     report["same_tokens"] = ids[0] == ids[1]
     return report
+
+
+def test_kv_reuse_is_off_by_default_and_refused_without_a_session():
+    """rollout.kv_reuse false (the default): every turn re-prefills through ``generate``
+    even on the fast engine; true on an engine without sessions (HF) is a UserError naming
+    the key, not a silent full re-prefill."""
+    from danka.agent.loop import _Regenerate, open_session
+    from danka.config.schema import RolloutConfig
+    from danka.errors import UserError
+    from danka.rollout.hf import HFGenerateEngine
+
+    assert RolloutConfig().kv_reuse is False
+    model = tiny_causal_lm(tiny_tokenizer()).eval()
+    kw = {"eos_ids": EOS, "pad_id": 0, "generator": None}
+    assert isinstance(open_session(FastEngine(), model, False, **kw), _Regenerate)
+    assert not isinstance(open_session(FastEngine(), model, True, **kw), _Regenerate)
+    with pytest.raises(UserError) as err:
+        open_session(HFGenerateEngine(), model, True, **kw)
+    assert "rollout.kv_reuse" in str(err.value) and "fast" in str(err.value)

@@ -1,0 +1,164 @@
+"""The headline numbers of BENCHMARKS.md, read back from the bench's JSON files.
+
+    python bench/summary.py                 # markdown table from bench/results/*.json
+    python bench/summary.py --results DIR   # another results folder
+
+Each row names the file it comes from and computes every ratio from the two sides stored in
+that file, so a number in BENCHMARKS.md's summary can be checked against the run that made
+it. A file that is missing gives no row (a machine that ran only part of the suite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+Row = tuple[str, str, str]  # what, measured, file
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def rollout(d: dict, name: str) -> Iterator[Row]:
+    sides = d["sides"]
+    fast = sides.get("fast", {})
+    parts = [f"fast {fast['tok_s']:,.0f} tok/s"] if "tok_s" in fast else []
+    if "lora_tok_s" in fast:
+        parts.append(f"LoRA live {fast['lora_tok_s']:,.0f}")
+    for side in ("hf-dynamic", "hf-static"):
+        if "tok_s" in sides.get(side, {}):
+            ratio = fast["tok_s"] / sides[side]["tok_s"]
+            parts.append(f"{side} {sides[side]['tok_s']:,.0f} ({ratio:.2f}x)")
+    shape = f"{d['model']} {d['prompts']} x {d['new_tokens']}"
+    yield f"rollout {shape}", "; ".join(parts), name
+
+
+def update(d: dict, name: str) -> Iterator[Row]:
+    res = d["result"]["sections"]["update_05b"]["results"]
+    for variant, v in res["variants"].items():
+        yield (
+            f"full update, {res['shape']} shape, {res['tokens_per_step']} tokens, {variant}",
+            f"{v['tok_s']:,.0f} tok/s, MFU {_pct(v['mfu'])}, peak {v['peak_gib']:.2f} GiB",
+            name,
+        )
+
+
+def ppo_7b(d: dict, name: str) -> Iterator[Row]:
+    res = d["result"]["sections"]["ppo_7b"]["results"]
+    for engine, r in res["engines"].items():
+        if "peak_gib" not in r:
+            continue
+        step = (r.get("vs_estimate") or {}).get("step") or {}
+        err = step.get("rel_error")
+        est = f", estimate in the file {err:+.1%}" if err is not None else ""
+        yield (
+            f"PPO step, {res['shape']} shape, {engine}",
+            f"peak {r['peak_gib']:.2f} GiB, median step {r['median_step_s']:.2f} s{est}",
+            name,
+        )
+
+
+def trl(d: dict, name: str) -> Iterator[Row]:
+    for variant, entry in d["variants"].items():
+        t, k = entry["sides"]["trl"], entry["sides"]["danka"]
+        if not t.get("median_step_s") or not k.get("median_step_s"):
+            continue
+        yield (
+            f"GRPO step vs TRL {t.get('trl', '?')}, {variant}",
+            f"danka {k['median_step_s']:.2f} s vs TRL {t['median_step_s']:.2f} s "
+            f"({t['median_step_s'] / k['median_step_s']:.1f}x); peak {k['peak_gib']:.2f} vs "
+            f"{t['peak_gib']:.2f} GiB",
+            name,
+        )
+
+
+def equivalence(d: dict, name: str) -> Iterator[Row]:
+    cases = [
+        f"{c['name']} {c['rel']:.1e} {'pass' if c.get('pass') else 'FAIL'}"
+        if c.get("rel") is not None
+        else f"{c['name']} {c.get('skipped') or 'no result'}"
+        for c in d["equivalence"]
+    ]
+    yield "2 GPUs vs 1, relative weight difference", "; ".join(cases), name
+
+
+def scaling(d: dict, name: str) -> Iterator[Row]:
+    for r in d["scaling"]:
+        one, two = r.get("1gpu", {}).get("median", {}), r.get("2gpu", {}).get("median", {})
+        s1, s2 = one.get("time/step"), two.get("time/step_max") or two.get("time/step")
+        measured = f"{s1:.2f} s -> {s2:.2f} s ({s1 / s2:.2f}x)" if s1 and s2 else "incomplete"
+        model = Path(str(r.get("model", "?"))).name
+        shape = f"{model} {r.get('prompts', '?')} x {r.get('samples', '?')} x {r.get('new_tokens', '?')}"
+        yield f"2-GPU scaling, {r['engine']} engine, {shape}", measured, name
+
+
+def learning(d: dict, name: str) -> Iterator[Row]:
+    b, a = d["before"], d["after"]
+    key = "strict" if "strict" in b else "accuracy"
+    yield (
+        f"learning run ({d.get('device', '?')}), held-out {key}",
+        f"{_pct(b[key])} -> {_pct(a[key])} in {d['steps']} steps, {d['train_minutes']} min"
+        + (f", {d['skipped_steps']} skipped" if "skipped_steps" in d else ""),
+        name,
+    )
+
+
+def packing(d: dict, name: str) -> Iterator[Row]:
+    r = d["sections"]["packing"]["results"]
+    yield (
+        "effective-token ratio (GSM8K lengths)",
+        f"padded {_pct(r['padded_ratio'])}, grouped {_pct(r['danka_ratio'])}, "
+        f"packed {_pct(r['packed_ratio'])}",
+        name,
+    )
+
+
+# file pattern -> row maker; a file matching several patterns uses the first
+READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
+    ("rollout_*x*.json", rollout),
+    ("train_logprob_memory_update_05b.json", update),
+    ("train_ppo_7b*.json", ppo_7b),
+    ("trl_*.json", trl),
+    ("equivalence_2x*.json", equivalence),
+    ("scale_2x_*.json", scaling),
+    ("*_result.json", learning),
+    ("calc_tool_learning_h200.json", learning),
+    ("packing_gsm8k_lengths.json", packing),
+]
+
+
+def rows(results: Path) -> list[Row]:
+    out: list[Row] = []
+    seen: set[Path] = set()
+    for pattern, reader in READERS:
+        for path in sorted(results.glob(pattern)):
+            if path in seen or path.name.endswith("_profile.json"):
+                continue
+            seen.add(path)
+            try:
+                out.extend(reader(json.loads(path.read_text()), path.name))
+            except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+                out.append((f"unreadable: {path.name}", f"{type(err).__name__}: {err}", path.name))
+    return out
+
+
+def table(items: list[Row]) -> str:
+    lines = ["| what | measured | file |", "|---|---|---|"]
+    lines += [f"| {w} | {m} | `{f}` |" for w, m, f in items]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    print(table(rows(args.results)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""bench/summary.py: the headline table computed from the JSON files, not typed in."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import summary  # noqa: E402
+
+
+def test_ratio_comes_from_both_sides_of_the_file(tmp_path):
+    # TRL 12.0 s / danka 3.0 s = 4.0x; peaks copied from the file
+    sides = {"trl": {"median_step_s": 12.0, "peak_gib": 1.5, "trl": "1.16.0"},
+             "danka": {"median_step_s": 3.0, "peak_gib": 2.0}}  # fmt: skip
+    (tmp_path / "trl_x.json").write_text(json.dumps({"variants": {"lora": {"sides": sides}}}))
+    scale = {"scaling": [{"engine": "fast", "model": "/m/qwen", "prompts": 4, "samples": 2,
+                          "new_tokens": 8, "1gpu": {"median": {"time/step": 9.0}},
+                          "2gpu": {"median": {"time/step": 5.0, "time/step_max": 6.0}}}]}  # fmt: skip
+    (tmp_path / "scale_2x_a.json").write_text(json.dumps(scale))
+    (tmp_path / "scale_2x_b.json").write_text("{}")  # broken: a row says so, no crash
+    rows = {what: (measured, f) for what, measured, f in summary.rows(tmp_path)}
+    assert rows["GRPO step vs TRL 1.16.0, lora"] == (
+        "danka 3.00 s vs TRL 12.00 s (4.0x); peak 2.00 vs 1.50 GiB",
+        "trl_x.json",
+    )
+    # the slowest rank's step counts: 9.0 / 6.0 = 1.50x, not 9.0 / 5.0
+    assert rows["2-GPU scaling, fast engine, qwen 4 x 2 x 8"][0] == "9.00 s -> 6.00 s (1.50x)"
+    assert rows["unreadable: scale_2x_b.json"][1] == "scale_2x_b.json"
+
+
+def test_every_committed_result_file_reads():
+    table = summary.table(summary.rows(summary.RESULTS))
+    assert "unreadable" not in table
+    assert "`train_ppo_7b.json`" in table and "`equivalence_2x.json`" in table

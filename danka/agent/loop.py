@@ -286,11 +286,9 @@ def open_session(
         return _Regenerate(engine, model, **generate_kw)
     opener = getattr(engine, "session", None)
     if opener is None:
-        raise UserError(
-            f"rollout.kv_reuse needs the fast rollout engine; this run uses {engine.name!r}",
-            where="rollout.kv_reuse",
-            fix="set rollout.engine: fast (a CUDA GPU), or rollout.kv_reuse: false",
-        )
+        what = f"rollout.kv_reuse needs the fast rollout engine; this run uses {engine.name!r}"
+        fix = "set rollout.engine: fast (a CUDA GPU), or rollout.kv_reuse: false"
+        raise UserError(what, where="rollout.kv_reuse", fix=fix)
     return opener(model, **generate_kw)
 
 

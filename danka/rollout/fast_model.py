@@ -158,22 +158,25 @@ def prefill(
     # Padding query rows see only themselves: keeps them finite; nothing reads them.
     allowed |= torch.eye(plen, dtype=torch.bool, device=ids.device)[None]
     allowed = allowed[:, None]  # (p, 1, P, P)
-    group = spec.heads // spec.kv_heads
     x = _embed(w, ids)
     for i in range(spec.layers):
         q, k, v = _qkv(w, spec, i, x, cos, sin)
         k_cache[i, rows, :, :plen] = k.repeat_interleave(n, dim=0)
         v_cache[i, rows, :, :plen] = v.repeat_interleave(n, dim=0)
-        att = F.scaled_dot_product_attention(
-            q,
-            k.repeat_interleave(group, dim=1),
-            v.repeat_interleave(group, dim=1),
-            attn_mask=allowed,
-        )
-        att = att.transpose(1, 2).reshape(p, plen, spec.q_dim)
-        x = x + _lin(w, f"{i}.o", att)
-        x = x + _mlp(w, i, rms_norm(x, w[f"{i}.ln2"], spec.eps))
+        x = _attend_and_mlp(w, spec, i, x, q, k, v, allowed)
     return _logits(w, spec, x[:, -1])
+
+
+def _attend_and_mlp(w: Weights, spec: ModelSpec, i: int, x, q, k, v, allowed) -> torch.Tensor:
+    """The rest of layer ``i`` after q/k/v: attention of q (p, H, N, D) over k/v
+    (p, KV, S, D) under ``allowed`` (p, 1, N, S), output projection, MLP (residuals)."""
+    group = spec.heads // spec.kv_heads
+    att = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), attn_mask=allowed
+    )
+    att = att.transpose(1, 2).reshape(x.shape[0], x.shape[1], spec.q_dim)
+    x = x + _lin(w, f"{i}.o", att)
+    return x + _mlp(w, i, rms_norm(x, w[f"{i}.ln2"], spec.eps))
 
 
 def extend(
@@ -206,22 +209,15 @@ def extend(
     allowed = (slots[None, None, :] >= start[:, None, None]) & (slots[None] <= qslot[None])
     allowed = (allowed | (slots[None] == qslot[None]))[:, None]  # (p, 1, N, hi); pads: self
     write = mask.bool()[:, None, :, None]  # (p, 1, N, 1)
-    group = spec.heads // spec.kv_heads
     x = _embed(w, ids)
     for i in range(spec.layers):
         q, k, v = _qkv(w, spec, i, x, cos, sin)
         for cache, new in ((k_cache, k), (v_cache, v)):
             window = cache[i, rows, :, lo:hi]
             window.copy_(torch.where(write, new, window))
-        att = F.scaled_dot_product_attention(
-            q,
-            k_cache[i, rows, :, :hi].repeat_interleave(group, dim=1),
-            v_cache[i, rows, :, :hi].repeat_interleave(group, dim=1),
-            attn_mask=allowed,
+        x = _attend_and_mlp(
+            w, spec, i, x, q, k_cache[i, rows, :, :hi], v_cache[i, rows, :, :hi], allowed
         )
-        att = att.transpose(1, 2).reshape(p, n, spec.q_dim)
-        x = x + _lin(w, f"{i}.o", att)
-        x = x + _mlp(w, i, rms_norm(x, w[f"{i}.ln2"], spec.eps))
     return _logits(w, spec, x[:, -1])
 
 

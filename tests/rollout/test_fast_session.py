@@ -202,9 +202,8 @@ def test_bad_calls():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_session_with_cuda_graphs_equals_eager_generate():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     model = tiny("qwen2").cuda()
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=40)
     engine = FastEngine(use_cuda_graph=True)

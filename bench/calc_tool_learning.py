@@ -1,9 +1,17 @@
 """Calculator-tool learning run: train examples/calculator_tool.yaml for a few minutes, and
 write one result JSON with the held-out accuracy WITH the tool before and after training,
-the valid-call rates (held-out, greedy) before and after, and the per-step training curve.
+greedy AND sampled, the valid-call rates before and after, and the per-step training curve.
 
     python bench/calc_tool_learning.py examples/calculator_tool.yaml --minutes 6 \\
-        --out bench/results/calc_tool_learning_h200.json [key=value ...]
+        --out bench/results/calc_tool_learning_h200.json [--eval-samples 4] [key=value ...]
+
+Why sampled: with the worked examples (``rollout.tool_demo: auto``) the untrained model
+already answers every held-out problem greedily (100%), so greedy accuracy cannot move;
+what training changes is the sampled policy. ``sampled_before`` / ``sampled_after``: K
+answers per held-out problem at the training temperature (``trainer.temperature``, top-p
+1) from the base model and from the run's last checkpoint, through the same agent loop
+and reward (bench/calc_tool_heldout.py ``measure``): mean accuracy (= pass@1) and the
+valid-call rates.
 
 The training runs in its own ``danka train`` process (what a user runs); this script only
 reads what that run wrote: ``eval/step_N.json`` (greedy, through the agent loop: the
@@ -20,6 +28,7 @@ import json
 import sys
 from pathlib import Path
 
+from calc_tool_heldout import load_policy, measure, without_example  # bench/: this folder
 from gsm8k_learning import (  # bench/: this folder
     add_run_args,
     print_before_after,
@@ -67,17 +76,54 @@ def summarize_run(run_dir: Path) -> dict:
     }
 
 
+def sampled_before_after(args, run_dir: Path) -> dict:
+    """Held-out accuracy at the training temperature, ``args.eval_samples`` answers per
+    problem (the first ``args.eval_n``; all by default), before (the config's model) and
+    after (the run's newest complete checkpoint)."""
+    from danka.checkpoint import checkpoint_parts, find_latest_checkpoint
+    from danka.config import load_config
+    from danka.trainer.setup import load_rows
+
+    cfg, base_dir = load_config(args.config, args.overrides)
+    _, held = load_rows(cfg, base_dir, run_dir)
+    rows = held[: args.eval_n] if args.eval_n else held
+    state = find_latest_checkpoint(run_dir)
+    if not rows or state is None:
+        return {"sampled_skipped": "no held-out rows" if not rows else "no checkpoint"}
+    out = {}
+    for name, weights in (("before", None), ("after", str(checkpoint_parts(state)["actor"]))):
+        model, tok = load_policy(cfg, weights)
+        k, temp = args.eval_samples, cfg.trainer.temperature
+        got = measure(model, tok, cfg, base_dir, rows, k, temp, batch=args.eval_batch)
+        out[f"sampled_{name}"] = {"weights": weights or cfg.model.actor_model_name_or_path, **got}
+        print(json.dumps({f"sampled_{name}": without_example(got)}), flush=True)
+        del model
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("config", help="examples/calculator_tool.yaml")
     add_run_args(p)
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=4,
+        help="sampled answers per held-out "
+        "problem before/after at trainer.temperature (0: greedy only)",
+    )
+    p.add_argument("--eval-n", type=int, default=None, help="held-out problems (default: all)")
+    p.add_argument("--eval-batch", type=int, default=512, help="sequences per generate call")
     args = p.parse_intermixed_args(argv)
     out, run_dir = run_paths(args)
     cmd, rc, wall = run_danka_train(args.config, args.minutes, run_dir, args.overrides)
     if rc != 0:
         return rc
     config = json.loads((run_dir / "config.json").read_text())
-    result = write_result(out, cmd, wall, config, summarize_run(run_dir))
+    fields = summarize_run(run_dir)
+    if args.eval_samples > 1:
+        fields.update(sampled_before_after(args, run_dir))
+    result = write_result(out, cmd, wall, config, fields)
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     print_before_after(
         result,
@@ -89,6 +135,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['train_minutes']} min ({out})"
         ),
     )
+    b, a = result.get("sampled_before"), result.get("sampled_after")
+    if b and a:
+        print(
+            f"held-out SAMPLED (T={a['temperature']:g}, {a['samples']} per problem, "
+            f"{a['n']} problems): accuracy {pct(b['accuracy'])} -> {pct(a['accuracy'])}, "
+            f"answers with a valid call {pct(b['valid_call_samples'])} -> "
+            f"{pct(a['valid_call_samples'])}, valid-call rate {pct(b['valid_call_rate'])} -> "
+            f"{pct(a['valid_call_rate'])}"
+        )
     return 0
 
 

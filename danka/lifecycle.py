@@ -5,7 +5,9 @@
   killed run never blocks the next one); the file holds the owner's pid and is removed
   when the run ends. A second live run
   gets a UserError (exit 2) naming that pid; a lock file left by a dead run is taken over
-  with a warning.
+  with a warning. Deleting the output dir of a live run deletes its lock file too, so a
+  new run there gets a fresh lock: :func:`check_run_lock` (before every checkpoint write)
+  notices and stops the old run instead of letting two runs mix files in one folder.
 - :class:`StopRequest` turns SIGTERM/SIGINT into a flag the loop polls at a safe point (after
   a step): it saves a checkpoint there and the CLI exits with :attr:`StopRequest.exit_code`
   (143 terminated, 130 interrupted). A second Ctrl-C (or SIGTERM) aborts at once.
@@ -37,7 +39,7 @@ LOCK_HELD_ENV = "DANKA_RUN_LOCK_HELD"  # set for children of a launcher that hol
 log = logging.getLogger("danka.lifecycle")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -99,13 +101,24 @@ class RunLock:
         old = self._read_pid()
         if old and old != os.getpid():
             self.took_over = old
-            state = "no longer running" if not _pid_alive(old) else "it no longer holds it"
+            state = "no longer running" if not pid_alive(old) else "it no longer holds it"
             log.warning(f"taking over the run lock of pid {old} ({state}) in {self.path}")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         os.fsync(fd)
         self._fd = fd
+        _HELD.append(self)
         return self
+
+    def still_held(self) -> bool:
+        """True while ``OUTPUT/.danka.lock`` is still the file this lock holds (False once
+        the output dir, or the lock file, was deleted or replaced under the live run)."""
+        if self._fd is None:
+            return False
+        try:
+            return os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            return False
 
     def release(self) -> None:
         """Remove the lock file, then unlock (a waiting ``acquire`` re-checks the inode)."""
@@ -113,8 +126,11 @@ class RunLock:
             return
         import fcntl
 
+        if self in _HELD:
+            _HELD.remove(self)
         try:
-            self.path.unlink(missing_ok=True)
+            if self.still_held():  # never remove the lock file of a run that took over
+                self.path.unlink(missing_ok=True)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
@@ -125,6 +141,34 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+_HELD: list[RunLock] = []  # the locks this process holds (check_run_lock reads them)
+
+
+def check_run_lock(output_dir: str | Path, what: str = "files") -> None:
+    """UserError (exit 2) if this process locked ``output_dir`` and no longer holds it:
+    the folder was deleted (or its lock file replaced) while the run was alive, and maybe
+    another run writes there now. ``what``: what the caller was about to write (named in
+    the message). Nothing to check where this process holds no lock for it (a torchrun
+    rank: the launcher holds it; a library call of ``fit``)."""
+    path = Path(output_dir).resolve() / LOCK_NAME
+    for lock in _HELD:
+        if lock.path.resolve() != path or lock.still_held():
+            continue
+        if lock.path.exists():
+            now = lock._read_pid()
+            owner = f"now belongs to pid {now}" if now else "was replaced"
+        else:
+            owner = "is gone"
+        raise UserError(
+            f"this run's lock file {lock.path} {owner}: the output dir was deleted or "
+            f"replaced while the run was training; {what} not written, so that two runs' "
+            "files never mix in one folder",
+            where=str(output_dir),
+            fix="never delete the output_dir of a live run; stop it first, or start the new "
+            "run with another --output-dir",
+        )
 
 
 _current_stop: StopRequest | None = None

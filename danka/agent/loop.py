@@ -31,6 +31,7 @@ import torch
 
 from danka.agent.chat import ChatFormat
 from danka.agent.env import Step
+from danka.agent.rewards import TRUNCATED
 from danka.agent.worker import ToolRunner
 from danka.data.template import left_pad
 from danka.errors import UserError
@@ -193,8 +194,8 @@ class AgentLoop:
         s.turns += 1
         ended = bool(ids) and ids[-1] in eos
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if not ended:  # cut by the per-turn cap or the total budget
-            s.messages.append({"role": "assistant", "content": text})
+        if not ended:  # cut by the per-turn cap or the total budget: its calls never run
+            s.messages.append({"role": "assistant", "content": text, TRUNCATED: True})
             s.active, s.truncated, s.stop_reason = False, True, "length"
             return
         step: Step = s.env.step(text)

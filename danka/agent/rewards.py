@@ -16,6 +16,9 @@ from typing import Any
 from danka.agent.parse import parse_tool_calls, strip_tool_calls
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# set (True) by the agent loop on an assistant message it cut: no end-of-turn token (the
+# per-turn cap or the token budget); the loop never ran that turn's calls
+TRUNCATED = "truncated"
 
 
 class AgentCompletion(str):
@@ -35,14 +38,19 @@ class AgentCompletion(str):
         return (AgentCompletion, (str(self), self.messages))
 
 
-def _turns(completion: str | Sequence[dict[str, Any]]) -> list[str]:
-    """The assistant turns' texts, in order."""
+def _turns(completion: str | Sequence[dict[str, Any]]) -> list[tuple[str, bool]]:
+    """The assistant turns, in order: (text, completed). A decoded text does not say
+    whether its last turn was cut: every turn counts as completed there."""
     if isinstance(completion, str):
         return [
-            re.sub(r"<tool_response>.*?</tool_response>", "", part, flags=re.DOTALL)
+            (re.sub(r"<tool_response>.*?</tool_response>", "", part, flags=re.DOTALL), True)
             for part in re.split(r"</tool_response>", completion)
         ]
-    return [str(m.get("content", "")) for m in completion if m.get("role") == "assistant"]
+    return [
+        (str(m.get("content", "")), not m.get(TRUNCATED))
+        for m in completion
+        if m.get("role") == "assistant"
+    ]
 
 
 def final_number(text: str) -> str | None:
@@ -68,7 +76,8 @@ def tool_answer_reward(
     **_columns: Any,
 ) -> list[float]:
     """1.0 if the final turn's last number equals ``ground_truth``, plus ``valid_call_bonus
-    * (well-formed calls / calls)`` when the trajectory made at least one call.
+    * (well-formed calls / calls)`` when the trajectory made at least one call. Only calls
+    in completed turns count: a turn the loop cut (marked ``truncated``) never ran its calls.
 
     Example: calls ``[ok, malformed]`` and a correct final answer -> 1.0 + 0.1 * 1/2 = 1.05.
     """
@@ -77,8 +86,8 @@ def tool_answer_reward(
         if isinstance(completion, AgentCompletion) and completion.messages:
             completion = completion.messages
         turns = _turns(completion)
-        calls = [c for t in turns for c in parse_tool_calls(t)]
-        final = turns[-1] if turns else ""
+        calls = [c for text, completed in turns if completed for c in parse_tool_calls(text)]
+        final = turns[-1][0] if turns else ""
         score = (
             1.0 if not parse_tool_calls(final) and same_number(final_number(final), truth) else 0.0
         )

@@ -9,7 +9,8 @@ Layout under the run's output dir (one folder per part, one ``checkpoint_<step>`
 Protocol of :func:`save_checkpoint` (why: a SIGKILL or power cut at any instant must leave
 the previous checkpoint usable and the new one either complete or visibly incomplete):
 
-1. every part is written into ``<part>/.tmp-checkpoint_<step>-<random>``, every file fsynced;
+1. every part is written into ``<part>/.tmp-checkpoint_<step>-<pid>-<random>``, every file
+   fsynced (the pid: a later sweep of crash leftovers spares a live process's save);
 2. each temporary folder is renamed to ``<part>/checkpoint_<step>`` (rename is atomic);
 3. LAST, ``state/checkpoint_<step>/manifest.json`` (sha256 + size of every file of every
    part) is written atomically. A checkpoint is complete iff its manifest exists and every
@@ -37,6 +38,7 @@ import torch
 from danka import __version__
 from danka.errors import UserError
 from danka.io import fsync_dir, write_text_atomic
+from danka.lifecycle import pid_alive
 
 log = logging.getLogger("danka.checkpoint")
 
@@ -46,7 +48,8 @@ TRAINER_STATE_NAME = "trainer_state.pt"
 CONFIG_NAME = "config.json"
 _CKPT_RE = re.compile(r"^checkpoint_(\d+)$")
 _RESUME_FIX = "resume from another checkpoint (--resume PATH) or use `--resume auto`"
-_TMP_RE = re.compile(r"^\.tmp-(old-)?checkpoint_\d+-[0-9a-f]{8}$")
+# <pid>- since agent4; names without it (older danka) are always leftovers
+_TMP_RE = re.compile(r"^\.tmp-(old-)?checkpoint_\d+-(?:(\d+)-)?[0-9a-f]{8}$")
 PARTS_NAME = "parts.json"  # in state/checkpoint_<step>: the parts this save wrote (ours)
 
 
@@ -141,7 +144,7 @@ def save_checkpoint(
     if STATE_PART in writers:
         raise ValueError(f"writer name {STATE_PART!r} is reserved for the trainer state")
     name = f"checkpoint_{step}"
-    suffix = secrets.token_hex(4)
+    suffix = f"{os.getpid()}-{secrets.token_hex(4)}"
 
     def write_state(folder: Path) -> None:
         torch.save(trainer_state, folder / TRAINER_STATE_NAME)
@@ -316,14 +319,22 @@ def delete_checkpoints_after(output_dir: Path, step: int) -> list[str]:
 
 def _sweep_tmp(output_dir: Path) -> None:
     """Remove temporary folders a crashed save left: only danka's exact temporary names
-    (``.tmp-checkpoint_<N>-<8 hex>``, ``.tmp-old-...``) one level below the output dir.
-    (Another run's save in progress cannot be hit: RunLock allows one run per dir.)"""
+    (``.tmp-checkpoint_<N>-<pid>-<8 hex>``, ``.tmp-old-...``) one level below the output
+    dir, and never one whose pid is another live process. Why: RunLock allows one run per
+    dir, but a dir deleted under a live run and reused by a new one held two runs at once,
+    and this sweep deleted the other run's save in progress (FileNotFoundError on its
+    ``parts.json``); trainer.checkpointing now also stops a run that lost its lock."""
     for part_root in Path(output_dir).iterdir():
         if not part_root.is_dir():
             continue
         for stale in part_root.iterdir():
-            if _TMP_RE.match(stale.name) and stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
+            m = _TMP_RE.match(stale.name)
+            if not m or not stale.is_dir():
+                continue
+            pid = int(m.group(2)) if m.group(2) else None
+            if pid is not None and pid != os.getpid() and pid_alive(pid):
+                continue  # a save in progress in another process
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _prune(output_dir: Path, keep_last: int, keep_step: int) -> None:

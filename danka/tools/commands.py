@@ -226,6 +226,13 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", help="write the result JSON here")
     _tool_args(p)
+    # agent4: sampled held-out accuracy at the training temperature
+    p.add_argument(
+        "--temperature",
+        type=float,
+        help="with --samples K > 1: sample at this temperature instead of 1 (e.g. the "
+        "config's trainer.temperature); accuracy is then the mean over all K answers",
+    )
 
 
 @command("eval", "accuracy / pass@k of a model (+ adapter) under a reward function", _eval_args)
@@ -255,6 +262,7 @@ def _eval(args) -> int:
         max_tool_calls=args.max_tool_calls,
         tool_prompt=args.tool_prompt,
         tool_demo=args.tool_demo,
+        temperature=args.temperature,
     )
     print(format_result(result))
     if args.output:

@@ -1,8 +1,11 @@
 """``danka eval``: accuracy of a model (+ adapter) on prompts, judged by a reward function.
 
 K = 1: one greedy answer per prompt; accuracy = mean of ``correct``.
-K > 1: K answers per prompt sampled at temperature 1; pass@k for k = 1, 2, 4, ..., K with
-the unbiased estimator of Chen et al. 2021 (https://arxiv.org/abs/2107.03374, eq. 1)::
+K > 1: K answers per prompt sampled at temperature 1 (``--temperature T``: at T, e.g. the
+training temperature; ``accuracy`` = pass@1 = the mean accuracy of a sampled answer, the
+held-out number a sampling policy moves while greedy may already be saturated); pass@k
+for k = 1, 2, 4, ..., K with the unbiased estimator of Chen et al. 2021
+(https://arxiv.org/abs/2107.03374, eq. 1)::
 
     pass@k = mean over prompts of 1 - C(n - c, k) / C(n, k)
 
@@ -112,8 +115,10 @@ def evaluate_rows(
     batch_size: int = 16,
     tools: Any = None,
     base_dir: str | Path = ".",
+    temperature: float | None = None,
 ) -> dict[str, Any]:
-    """Generate ``samples`` answers per row (greedy for 1, temperature 1 otherwise), score
+    """Generate ``samples`` answers per row (greedy for 1, temperature 1 otherwise; or at
+    ``temperature`` when given, top-p 1), ``batch_size`` sequences per generate call, score
     them, and summarize; ``completions`` holds the first rows' first answers. With
     ``tools`` (rollout settings) the answers come from the training's agent loop: rewards
     score the final answer (an ``AgentCompletion`` carrying the turns, as in training),
@@ -128,7 +133,7 @@ def evaluate_rows(
         max_new_tokens=max_new_tokens,
         n=samples,
         seed=seed,
-        temperature=0.0 if samples == 1 else 1.0,
+        temperature=(0.0 if samples == 1 else 1.0) if temperature is None else temperature,
         top_p=1.0,
         batch_size=max(1, batch_size // samples),
     )
@@ -255,6 +260,7 @@ def run_eval(
     max_tool_calls: int | None = None,
     tool_prompt: str | None = None,
     tool_demo: str | None = None,
+    temperature: float | None = None,
 ) -> dict[str, Any]:
     """Everything ``danka eval`` does: resolve inputs (a config, or model/data/reward),
     generate, score, write ``output`` (JSON) when given; returns the result dict.
@@ -265,6 +271,12 @@ def run_eval(
 
     if samples < 1:
         raise UserError(f"--samples must be >= 1, got {samples}", where="--samples")
+    if temperature is not None and (samples == 1 or temperature <= 0):
+        raise UserError(
+            f"--temperature {temperature:g} needs --samples K > 1 and a temperature > 0",
+            where="--temperature",
+            fix="add --samples 4 (greedy, the default, takes no temperature)",
+        )
     if adapter is not None:
         read_adapter_config(adapter)
     src = (
@@ -303,6 +315,7 @@ def run_eval(
             seed=seed,
             tools=agent,
             base_dir=src["base_dir"],
+            temperature=temperature,
         )
     finally:
         rewards.close()
@@ -311,6 +324,7 @@ def run_eval(
         "adapter": adapter,
         "data": str(src["data"]),
         "reward": [s.name for s in src["specs"]],
+        **({"temperature": temperature} if temperature is not None else {}),
         **({"tools": list(agent.tools)} if agent is not None else {}),
         **result,
     }

@@ -30,6 +30,7 @@ from danka.checkpoint.resume_changes import (
 )
 from danka.config.secrets import mask_secrets
 from danka.errors import UserError
+from danka.lifecycle import check_run_lock
 from danka.models.value_head import load_value_head, save_value_head
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -78,6 +79,8 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
             critic_full, critic_opt = dist.full_critic_state(run.models, run.critic_opt, full)
         if not dist.is_main():
             return None
+    # the output dir may have been deleted and taken by another run since we locked it
+    check_run_lock(run.output_dir, what=f"checkpoint {step}")
     state = {
         "step": step,
         "actor_opt": actor_opt,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from danka import distributed as dist
 from danka.config.schema import DankaConfig
+from danka.lifecycle import check_run_lock
 from danka.logging.metrics import (
     CompletionsWriter,
     MetricsWriter,
@@ -70,6 +71,8 @@ class Outputs:
         self, run: Run, step: int, metrics: dict, batch: RolloutBatch, completions: list[str]
     ) -> None:
         """metrics.jsonl, trackers, sample completions and (every log_interval) train.log."""
+        if self.main:  # the output dir may have been deleted and taken by another run
+            check_run_lock(self.output_dir, what=f"step {step}'s metrics")
         self.metrics.write(step, metrics)
         self.trackers.log(metrics, step)
         lg = run.cfg.logging
@@ -96,6 +99,7 @@ class Outputs:
         samples = result.pop("_samples")
         self.history["eval"].append({"step": step, **result})
         if self.main:
+            check_run_lock(self.output_dir, what=f"the step {step} evaluation")
             (self.output_dir / "eval").mkdir(exist_ok=True)
             (self.output_dir / "eval" / f"step_{step}.json").write_text(
                 json.dumps({"step": step, **result, "samples": samples}, indent=2)

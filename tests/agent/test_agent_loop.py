@@ -148,6 +148,20 @@ def test_limits_end_samples(tok, tool_loop):
     assert out.batch.response_mask.sum() <= 100
 
 
+def test_a_cut_turn_is_marked_and_its_call_earns_no_bonus(tok, tool_loop):
+    """A complete <tool_call> block, then no end-of-turn token before the per-turn cap
+    (120 tokens): the call never runs, the turn is marked truncated, and the tool_answer
+    bonus (0.1 x valid / calls) does not count it: 0.0, not 0.1."""
+    from danka.agent.rewards import TRUNCATED, tool_answer_reward
+
+    rambles = ScriptedEngine(tok, lambda p: CALL % "12*34" + " and so on" * 200)
+    out = rollout(tool_loop(), rambles, ["What is 12*34?"], max_new_tokens=120)
+    assert out.stop_reasons == ["length"] and out.metrics["agent/tool_calls"] == 0.0
+    (turn,) = out.completions[0]
+    assert turn[TRUNCATED] is True and "</tool_call>" in turn["content"]
+    assert tool_answer_reward(None, out.completions, ["408"]) == [0.0]
+
+
 def test_malformed_call_gets_an_error_turn_and_lowers_the_valid_rate(tok, tool_loop):
     def script(prompt):
         if "<tool_response>" in prompt:

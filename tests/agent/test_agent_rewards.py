@@ -1,4 +1,4 @@
-from danka.agent.rewards import final_number, tool_answer_reward
+from danka.agent.rewards import TRUNCATED, final_number, tool_answer_reward
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>'
 BAD = "<tool_call>{oops</tool_call>"
@@ -23,6 +23,22 @@ def test_final_answer_plus_valid_call_bonus():
     ]
     scores = tool_answer_reward(None, completions, ["408"] * 5 + ["1235"])
     assert [round(s, 6) for s in scores] == [1.1, 1.05, 1.0, 0.1, 0.1, 0.0]
+
+
+def test_calls_in_a_cut_turn_do_not_count():
+    """A turn marked truncated (no end-of-turn token) never had its calls run."""
+    response = {"role": "user", "content": "<tool_response>\nerror\n</tool_response>"}
+
+    def cut(text):
+        return {"role": "assistant", "content": text, TRUNCATED: True}
+
+    completions = [
+        [cut(CALL + " and then")],  # only call cut: no calls, no answer: 0.0 (old: 0.1)
+        msgs(BAD) + [response, cut(CALL)],  # 0 of 1 counted calls valid: 0.0 (old 0.1 * 1/2)
+        msgs(CALL) + [response, cut("408")],  # 1 of 1 valid, cut answer right: 1 + 0.1 = 1.1
+    ]
+    scores = tool_answer_reward(None, completions, ["408"] * 3)
+    assert [round(s, 6) for s in scores] == [0.0, 0.0, 1.1]
 
 
 def test_decoded_text_fallback():

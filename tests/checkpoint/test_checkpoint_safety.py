@@ -8,6 +8,8 @@ import errno
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,15 @@ import pytest
 import danka.io
 from danka.checkpoint import find_latest_checkpoint, save_checkpoint, store
 from danka.checkpoint.cadence import save_due, save_interval
-from danka.checkpoint.store import CheckpointDiskFull, checkpoint_size, newer_checkpoints
+from danka.checkpoint.store import (
+    CheckpointDiskFull,
+    checkpoint_size,
+    newer_checkpoints,
+    verify_checkpoint,
+)
 from danka.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _writer(data: bytes):
@@ -78,12 +87,62 @@ def test_crash_leftover_of_our_own_is_still_pruned(tmp_path):
 
 def test_sweep_only_removes_danka_temp_names(tmp_path):
     (tmp_path / "actor").mkdir()
-    ours = tmp_path / "actor" / ".tmp-checkpoint_7-0123abcd"
+    ours = tmp_path / "actor" / ".tmp-checkpoint_7-0123abcd"  # older danka: no pid
     theirs = tmp_path / "actor" / ".tmp-checkpoint_notes"
     ours.mkdir()
     theirs.mkdir()
     _save(tmp_path, 1)
     assert not ours.exists() and theirs.exists()
+
+
+def test_sweep_spares_the_save_of_a_live_process_only(tmp_path):
+    """``.tmp-checkpoint_<N>-<pid>-<hex>``: a dead pid's folder is a crash leftover (swept),
+    a live other process's is a save in progress (kept)."""
+    (tmp_path / "actor").mkdir()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        busy = tmp_path / "actor" / f".tmp-checkpoint_7-{live.pid}-0123abcd"
+        left = tmp_path / "actor" / f".tmp-checkpoint_7-{dead.pid}-0123abcd"
+        old = tmp_path / "actor" / f".tmp-old-checkpoint_7-{dead.pid}-0123abcd"
+        for d in (busy, left, old):
+            d.mkdir()
+        _save(tmp_path, 1)
+        assert busy.exists() and not left.exists() and not old.exists()
+    finally:
+        live.kill()
+        live.wait()
+
+
+SAVE_IN_ANOTHER_RUN = """
+import sys
+from pathlib import Path
+from danka.checkpoint import save_checkpoint
+save_checkpoint(Path(sys.argv[1]), 5, {"actor": lambda d: (d / "w.bin").write_bytes(b"B")},
+                trainer_state={"step": 5}, config_hash="h", keep_last=None)
+"""
+
+
+def test_another_process_saving_meanwhile_leaves_our_save_in_progress_alone(tmp_path):
+    """The calculator CPU run's FileNotFoundError on ``state/.tmp-checkpoint_6-*/parts.json``:
+    a second run in the same folder (the first one's lock was deleted with the folder)
+    finished a save while the first was writing checkpoint 6, and its sweep of crash
+    leftovers deleted the first one's temporary folders. Here the other run's save runs
+    in a real process in the middle of our actor writer."""
+
+    def actor(folder: Path) -> None:
+        (folder / "w.bin").write_bytes(b"A")
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-c", SAVE_IN_ANOTHER_RUN, str(tmp_path)]
+        subprocess.run(cmd, env=env, check=True, timeout=120)
+
+    ours = save_checkpoint(
+        tmp_path, 6, {"actor": actor}, trainer_state={"step": 6}, config_hash="h", keep_last=None
+    )
+    verify_checkpoint(ours)  # complete: every file of every part is there
+    verify_checkpoint(tmp_path / "state" / "checkpoint_5")  # and so is the other one
+    assert (tmp_path / "actor" / "checkpoint_6" / "w.bin").read_bytes() == b"A"
 
 
 # ---------------------------------------------------------------- manifests are checked

@@ -78,6 +78,19 @@ def test_evaluate_rows_scores_sampled_answers(monkeypatch, tmp_path):
         {"pass@1": 0.375, "pass@2": (0.5 + 5 / 6) / 2, "pass@4": 1.0}
     )
     assert [c["correct"] for c in out["completions"]] == [True, True]
+    with build_reward_computer([RewardSpec("r.py:compute_score")], base_dir=tmp_path) as rw:
+        out = ev.evaluate_rows(None, None, rows, rw, samples=4, temperature=0.7)
+    # --temperature: sampled at the training temperature; accuracy = mean of the 8 = 3 / 8
+    assert seen["temperature"] == 0.7 and out["accuracy"] == 0.375
+
+
+def test_cli_eval_temperature_needs_samples(tiny_dir, prompts_file, yes_reward, capsys):
+    base = ["eval", "--model", str(tiny_dir), "--data", str(prompts_file)]
+    base += ["--reward", f"{yes_reward}:compute_score", "--temperature", "0.7"]
+    assert main(base) == 2  # greedy (one answer) takes no temperature
+    assert "needs --samples" in capsys.readouterr().err
+    assert main([*base, "--samples", "2", "--temperature", "0"]) == 2
+    assert "temperature > 0" in capsys.readouterr().err
 
 
 def test_cli_eval_greedy_accuracy(tiny_dir, prompts_file, yes_reward, tmp_path, capsys):

@@ -36,7 +36,7 @@ from danka.data.template import left_pad
 from danka.errors import UserError
 from danka.rollout.base import RolloutEngine, Sampled, SamplingParams
 from danka.rollout.fast_model import decode_forward, prefill, rope_tables
-from danka.rollout.fast_sampling import sample_next
+from danka.rollout.fast_sampling import MAX_EOS, check_eos_ids, sample_next
 from danka.rollout.fast_weights import (
     FUSE_LIMIT_BYTES,
     ModelSpec,
@@ -49,7 +49,6 @@ from danka.rollout.fast_weights import (
 )
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
-MAX_EOS = 16
 # keep_cache=None keeps the cache for models whose weights take at most this (~2B params in
 # bf16); danka.tools.estimate applies the same rule.
 KEEP_CACHE_LIMIT_BYTES = 4 * 2**30
@@ -181,8 +180,7 @@ class FastEngine(RolloutEngine):
                 where="rollout",
                 fix="set rollout.max_new_tokens and rollout.n to positive values",
             )
-        if len(eos_ids) > MAX_EOS:
-            raise UserError(f"{len(eos_ids)} EOS ids; the fast engine takes at most {MAX_EOS}")
+        check_eos_ids(eos_ids)
         root, w, graphs = self._prepare(model, generator)
         per_batch = max(1, self.max_batch // params.n)
         responses: list[list[int]] = []

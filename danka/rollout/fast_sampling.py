@@ -11,6 +11,15 @@ from __future__ import annotations
 
 import torch
 
+from danka.errors import UserError
+
+MAX_EOS = 16  # end-of-sequence ids the engine checks per step (a fixed-size device tensor)
+
+
+def check_eos_ids(eos_ids: list[int]) -> None:
+    if len(eos_ids) > MAX_EOS:
+        raise UserError(f"{len(eos_ids)} EOS ids; the fast engine takes at most {MAX_EOS}")
+
 
 def sample_next(
     logits: torch.Tensor,

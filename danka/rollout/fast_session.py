@@ -36,8 +36,8 @@ import torch
 from danka.data.template import left_pad
 from danka.errors import UserError
 from danka.rollout.base import SamplingParams, finish_batch
-from danka.rollout.fast import MAX_EOS
 from danka.rollout.fast_model import extend, prefill
+from danka.rollout.fast_sampling import check_eos_ids
 from danka.types import RolloutBatch
 
 
@@ -64,8 +64,7 @@ class FastSession:
     """
 
     def __init__(self, engine, model, *, eos_ids, pad_id, generator=None):
-        if len(eos_ids) > MAX_EOS:
-            raise UserError(f"{len(eos_ids)} EOS ids; the fast engine takes at most {MAX_EOS}")
+        check_eos_ids(eos_ids)
         self.engine, self.model, self.generator = engine, model, generator
         self.eos_ids, self.pad_id = list(eos_ids), pad_id
         self.held: dict[Hashable, _Held] = {}

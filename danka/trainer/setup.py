@@ -374,9 +374,10 @@ def build_model_set(cfg: DankaConfig, device: torch.device, log: logging.Logger)
         if how == "sharded":
             log.info(f"FSDP2: policy sharded over {dist.world_size()} processes")
         else:
+            why = "weights <= 4 GiB" if cfg.backend.fsdp.sharding == "auto" else "as set"
             log.info(
-                f"policy replicated on {dist.world_size()} processes (weights <= 4 GiB, "
-                "backend.fsdp.sharding: auto; gradients all-reduced once per step)"
+                f"policy replicated on {dist.world_size()} processes (backend.fsdp.sharding: "
+                f"{cfg.backend.fsdp.sharding}, {why}; gradients all-reduced once per step)"
             )
     return models, load
 

@@ -258,6 +258,8 @@ def test_cli_seed_story_flags(capsys):
         ("trainer.eval_max_new_tokens=many", "expected int or null"),
         ("trainer.auto_micro_batch=maybe", "expected bool"),
         ("data.packing=true data.max_packed_length=100", "a sequence must fit one packed row"),
+        ("backend.fsdp.sharding=zero3", "use one of: auto, replicate, shard"),
+        ("rollout.kv_reuse=sometimes", "expected bool"),
     ],
 )
 def test_newer_options_are_checked(tmp_path, override, words):

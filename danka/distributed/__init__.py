@@ -334,11 +334,15 @@ def sync_grads(params: list[torch.nn.Parameter]) -> None:
     # replicated gradients: one all-reduce per bucket of <= BUCKET_ELEMENTS, not per tensor
     for grads in plain.values():
         bucket: list[torch.Tensor] = []
-        for i, g in enumerate(grads):
+        size = 0
+        for g in grads:
             bucket.append(g)
-            if i == len(grads) - 1 or sum(b.numel() for b in bucket) >= BUCKET_ELEMENTS:
+            size += g.numel()
+            if size >= BUCKET_ELEMENTS:
                 _all_reduce_bucket(bucket)
-                bucket = []
+                bucket, size = [], 0
+        if bucket:
+            _all_reduce_bucket(bucket)
 
 
 BUCKET_ELEMENTS = 64 * 1024**2  # 128 MiB of bf16 gradients per all-reduce

@@ -24,15 +24,15 @@ class NonFiniteError(RuntimeError):
     """The loss or the gradient was NaN/inf; the optimiser step was skipped."""
 
 
-def _check_losses(losses: list[torch.Tensor], opt, what: str) -> None:
-    """After the micro-batches of one mini-batch: a NaN/inf loss on ANY rank drops the
-    gradients and raises on every rank (one collective), so all ranks skip the same
-    optimiser step. Checked once per mini-batch, not per micro-batch, so the micro-batch
-    loop never waits for the GPU; a non-finite micro-batch only poisons gradients that are
-    dropped here."""
+def _checked_loss(losses: list[torch.Tensor], opt, what: str) -> torch.Tensor:
+    """The mini-batch's loss (the sum of its micro-batch losses, a device tensor) after
+    checking it: a NaN/inf loss on ANY rank drops the gradients and raises on every rank
+    (one collective), so all ranks skip the same optimiser step. Checked once per
+    mini-batch, not per micro-batch, so the micro-batch loop never waits for the GPU; a
+    non-finite micro-batch only poisons gradients that are dropped here."""
     stacked = torch.stack(losses)
     if dist.all_finite(stacked):
-        return
+        return stacked.sum()
     opt.zero_grad(set_to_none=True)
     bad = stacked[~torch.isfinite(stacked)]
     here = float(bad[0]) if bad.numel() else float(stacked.sum())
@@ -126,7 +126,7 @@ def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool =
         # the norm makes micro-batch values add up to the mini-batch value
         metrics["actor/pg_loss"] += pg_loss.detach()
         metrics["actor/entropy"] += ent.detach()
-    _check_losses(losses, run.actor_opt, "policy")
+    metrics["actor/loss"] += _checked_loss(losses, run.actor_opt, "policy")
     metrics["actor/grad_norm"] += _step(
         run.actor_opt, run.models.actor_params, t.max_grad_norm, dry_run
     )
@@ -135,13 +135,12 @@ def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool =
 def _backward(
     loss: torch.Tensor, losses: list, metrics: dict, prefix: str, parts: dict, share: float
 ) -> None:
-    """Backward of one micro-batch's loss; the loss and its per-sample metrics (weighted
-    by the micro-batch's ``share`` of the mini-batch) are summed as device tensors. Every
-    rank runs every backward (FSDP2's reduce-scatters stay matched); non-finite losses
-    are handled once per mini-batch by :func:`_check_losses`."""
+    """Backward of one micro-batch's loss (kept in ``losses``); its per-sample metrics
+    (weighted by the micro-batch's ``share`` of the mini-batch) are summed as device
+    tensors. Every rank runs every backward (FSDP2's reduce-scatters stay matched);
+    non-finite losses are handled once per mini-batch by :func:`_checked_loss`."""
     loss.backward()
     losses.append(loss.detach())
-    metrics[f"{prefix}/loss"] += losses[-1]
     for key, value in parts.items():
         metrics[f"{prefix}/{key}"] += value * share
 
@@ -159,8 +158,7 @@ def critic_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool 
         loss, m = value_loss(values, mb.values, mb.returns, mb.train_mask, t.value_clip, norm)
         loss = t.vf_coef * loss
         _backward(loss, losses, metrics, "critic", m, float(mb.size) / mini.size)
-    _check_losses(losses, run.critic_opt, "value")
-    metrics["critic/vf_loss"] += metrics.pop("critic/loss")
+    metrics["critic/vf_loss"] += _checked_loss(losses, run.critic_opt, "value")
     metrics["critic/grad_norm"] += _step(
         run.critic_opt, run.models.critic_params, t.max_grad_norm, dry_run
     )

@@ -170,6 +170,8 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
             use_cuda_graph=not args.no_cuda_graph,
             max_batch=max(256, args.prompts),
             lora_compute=mode,
+            live_chunk=0 if args.side == "fast-whole-cache" else 64,
+            compile_step=args.side == "fast-compile",
         )
 
         def run(params, m=m, engine=engine):
@@ -215,7 +217,14 @@ def main() -> None:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="hub id, local folder or .gguf (danka.models.loading)")
     src.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape")
-    ap.add_argument("--side", required=True, choices=["fast", "hf-dynamic", "hf-static"])
+    ap.add_argument(
+        "--side",
+        required=True,
+        choices=["fast", "fast-whole-cache", "fast-compile", "hf-dynamic", "hf-static"],
+        help="fast-whole-cache: the fast engine attending over the whole KV capacity at "
+        "every step (live_chunk=0, the engine before session 5); fast-compile: with "
+        "rollout.compile (torch.compile'd decode layer; the first call compiles)",
+    )
     ap.add_argument("--lora", action="store_true", help="fast side: also with a live LoRA")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=160)
@@ -234,7 +243,7 @@ def main() -> None:
     prompts = make_prompts(args, vocab)
     tokens = args.prompts * args.new_tokens
     res: dict = {"side": args.side, "model": args.model or args.shape, "tokens": tokens}
-    if args.side == "fast":
+    if args.side.startswith("fast"):
         side_fast(args, model, prompts, tokens, res)
     else:
         side_hf(args, model, prompts, tokens, res, static=args.side == "hf-static")

@@ -60,6 +60,7 @@ from kernel_profile import profile_or_error
 
 from danka.algorithms.kl import FixedKLController
 from danka.config import load_config
+from danka.lifecycle import compile_forward
 from danka.models import tiny
 from danka.models.loading import configure_attention_backends
 from danka.models.logprobs import chunked_logprobs_entropy
@@ -347,6 +348,7 @@ def sec_update_05b(args, dev: torch.device, log) -> dict:
            "seqs": b, "prompt_len": p, "response_len": r, "tokens_per_step": tokens,
            "mfu_formula": "6 * params * tokens / step_s / 790e12 (all params, tied emb once)",
            "variants": {}}  # fmt: skip
+    compiled = False
     for variant in args.update_variants.split(","):
         micro = int(variant.split("+")[0].removeprefix("mb"))
         try:
@@ -357,6 +359,9 @@ def sec_update_05b(args, dev: torch.device, log) -> dict:
             else:
                 base.gradient_checkpointing_disable()
             run.state.micro_batch_size = micro
+            if "+compile" in variant and not compiled:  # trainer.compile (stays on: list last)
+                compile_forward(base, True, dev)
+                compiled = True
 
             def step(run=run, batch=batch):
                 update(run, batch, run.update_generator)
@@ -366,7 +371,8 @@ def sec_update_05b(args, dev: torch.device, log) -> dict:
             times = [timed(step, dev) for _ in range(z.iters)]
             s = statistics.median(times)
             out["variants"][variant] = {
-                "micro_batch": micro, "gc_active": gc_active(base), "step_s": s,
+                "micro_batch": micro, "gc_active": gc_active(base), "compiled": compiled,
+                "step_s": s,
                 "tok_s": tokens / s, "mfu": 6 * n_params * tokens / s / PEAK_FLOPS,
                 "peak_gib": peak_gib(dev),
             }  # fmt: skip
@@ -763,7 +769,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--update-variants",
         default="mb16,mb8,mb16+gc,mb8+gc",
-        help="update_05b: mb<micro-batch>[+gc], comma-separated",
+        help="update_05b: mb<micro-batch>[+gc][+compile], comma-separated (+compile: "
+        "trainer.compile, stays on for the variants after it)",
     )
     ap.add_argument(
         "--ppo-engines",

@@ -93,8 +93,9 @@ def rollout(args) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     for side in sides:
         cmd = [sys.executable, "bench/bench_rollout.py", "--side", side]
-        cmd += common + (["--lora"] if args.lora and side == "fast" else [])
-        cmd += ["--profile"] if args.profile and side == "fast" else []
+        fast = side.startswith("fast")
+        cmd += common + (["--lora"] if args.lora and fast else [])
+        cmd += ["--profile"] if args.profile and fast else []
         side_res = res["sides"][side] = _side(cmd, tmp / f"{side}.json", args.timeout)
         shown = {k: v for k, v in side_res.items() if k != "greedy_tokens" and "profile" not in k}
         print(side, shown, flush=True)
@@ -114,6 +115,16 @@ def rollout(args) -> dict:
                     f"{key}_tok_s": s[hf]["tok_s"],
                     "ratio": fast["lora_tok_s"] / s[hf]["tok_s"],
                 }
+    for other in ("fast-whole-cache", "fast-compile"):  # engine variants vs the default
+        o = s.get(other, {})
+        for prefix in ("", "lora_", "lora_base_"):
+            if f"{prefix}tok_s" in fast and f"{prefix}tok_s" in o:
+                res[f"{other.replace('-', '_')}_{prefix}over_fast"] = {
+                    f"{other}_tok_s": o[f"{prefix}tok_s"],
+                    "fast_tok_s": fast[f"{prefix}tok_s"],
+                    "ratio": o[f"{prefix}tok_s"] / fast[f"{prefix}tok_s"],
+                }
+        o.pop("greedy_tokens", None)
     a, b = fast.pop("greedy_tokens", None), s.get("hf-dynamic", {}).pop("greedy_tokens", None)
     if a and b:
         same = [[int(x == y) for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]

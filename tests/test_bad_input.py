@@ -110,6 +110,9 @@ BAD_STARTS = {
     "impossible_batch_sizes": Bad(
         ("trainer.mini_batch_size", "batch_size (3) is not a multiple of mini_batch_size (2)"),
         {"trainer": {"batch_size": 3, "mini_batch_size": 2}}),
+    "rollout_compile_on_the_hf_engine": Bad(
+        ("rollout.compile is set (True), but the 'hf' engine does not support it",
+         "rollout.engine: fast"), {"rollout": {"compile": True}}, before_model=False),
     # data
     "invalid_json_line": Bad(("{root}/rows.jsonl:9", "invalid JSON"),
                              files={"rows.jsonl": "+{not json\n"}),

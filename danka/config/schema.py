@@ -214,6 +214,11 @@ class RolloutConfig:
         "fast engine: keep its KV cache and buffers between calls (true), or free them before "
         "every update (false); null = keep for models up to ~2B parameters",
     )
+    compile: bool = _f(
+        False,
+        "fast engine: torch.compile its decode layer (fused elementwise kernels inside the CUDA "
+        "graphs; the first call compiles, ~tens of seconds); other engines refuse it",
+    )
     # agent:
     tools: list[str] = _f(
         [], "tools offered to the model: calculator | python | path/to/file.py:function"

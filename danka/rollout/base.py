@@ -81,6 +81,7 @@ class EngineOptions:
 
     generation_batch_size: int = 0  # sequences per generate call (0 = all at once)
     keep_cache: bool | None = None  # keep the KV cache between calls (None = by model size)
+    compile: bool = False  # torch.compile the engine's decode layer
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,11 @@ ROLLOUT_ENGINES.add(
     "fast",
     "danka.rollout.fast:FastEngine",
     EngineMeta(
-        options={"generation_batch_size": "max_batch", "keep_cache": "keep_cache"},
+        options={
+            "generation_batch_size": "max_batch",
+            "keep_cache": "keep_cache",
+            "compile": "compile_step",
+        },
         auto_devices=("cuda",),
         auto_priority=1,
         reports_logprobs=True,

@@ -112,9 +112,10 @@ def _embed(w: Weights, ids: torch.Tensor) -> torch.Tensor:
     return (x + F.linear(F.embedding(ids, la), w["embed.lb"])).to(x.dtype)
 
 
-def _mlp(w: Weights, i: int, x: torch.Tensor) -> torch.Tensor:
-    g, u = _lin(w, f"{i}.gu", x).chunk(2, dim=-1)
-    return _lin(w, f"{i}.down", F.silu(g) * u)
+def _mlp(w: Weights, p: str, x: torch.Tensor) -> torch.Tensor:
+    """The MLP of the layer whose weights are keyed ``p + "gu"``, ``p + "down"``."""
+    g, u = _lin(w, p + "gu", x).chunk(2, dim=-1)
+    return _lin(w, p + "down", F.silu(g) * u)
 
 
 def _logits(w: Weights, spec: ModelSpec, h: torch.Tensor) -> torch.Tensor:
@@ -176,7 +177,7 @@ def _attend_and_mlp(w: Weights, spec: ModelSpec, i: int, x, q, k, v, allowed) ->
     )
     att = att.transpose(1, 2).reshape(x.shape[0], x.shape[1], spec.q_dim)
     x = x + _lin(w, f"{i}.o", att)
-    return x + _mlp(w, i, rms_norm(x, w[f"{i}.ln2"], spec.eps))
+    return x + _mlp(w, f"{i}.", rms_norm(x, w[f"{i}.ln2"], spec.eps))
 
 
 def extend(
@@ -232,34 +233,53 @@ def decode_forward(
     sin_t: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    layer=None,
 ) -> torch.Tensor:
     """One token for each of b sequences -> next-token logits (b, V) fp32.
 
     ``tok``/``pos``/``start`` are (b,), ``slot`` is (1,): the token's KV goes to ``slot``
-    and it attends to slots ``[start, slot]``. No host sync and no shape that depends on
-    data, so the whole call can be captured in a CUDA graph.
+    and it attends to slots ``[start, slot]`` of the cache's T slots. No host sync and no
+    shape that depends on data, so the whole call can be captured in a CUDA graph.
+    ``layer``: the per-layer function (default :func:`decode_layer`; the engine passes a
+    ``torch.compile``d one with ``compile=True``); its weights come from
+    :func:`layer_weights`.
     """
-    b, t = tok.shape[0], k_cache.shape[3]
+    layer = layer or decode_layer
+    t = k_cache.shape[3]
     slots = torch.arange(t, device=tok.device)
     valid = (slots[None, :] >= start[:, None]) & (slots[None, :] <= slot)
     zero = torch.zeros((), dtype=spec.dtype, device=tok.device)
     mask = torch.where(valid, zero, float("-inf"))[:, None, None, :]  # (b, 1, 1, T)
     cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]  # (b, 1, D)
+    x = _embed(w, tok)
+    for i in range(spec.layers):
+        x = layer(layer_weights(w, i), spec, x, cos, sin, k_cache[i], v_cache[i], slot, mask)
+    return _logits(w, spec, x)
+
+
+def layer_weights(w: Weights, i: int) -> Weights:
+    """Layer ``i``'s entries of ``w`` without the ``"i."`` prefix (``"qkv"``, ``"ln1"``...):
+    every layer's dict has the same keys, shapes and dtypes, so one compiled
+    :func:`decode_layer` serves all layers."""
+    p = f"{i}."
+    return {k[len(p) :]: v for k, v in w.items() if k.startswith(p)}
+
+
+def decode_layer(lw: Weights, spec: ModelSpec, x, cos, sin, k, v, slot, mask) -> torch.Tensor:
+    """One decoder layer for one token per row: x (b, H), cos/sin (b, 1, D), this layer's
+    cache k/v (b, Hkv, T, D) (slot ``slot`` written here), additive mask (b, 1, 1, T)."""
+    b = x.shape[0]
     nqk = spec.heads + spec.kv_heads
     qk_dim = nqk * spec.head_dim
     group = spec.heads // spec.kv_heads
-    x = _embed(w, tok)
-    for i in range(spec.layers):
-        r = rms_norm(x, w[f"{i}.ln1"], spec.eps)
-        qkv = _lin(w, f"{i}.qkv", r)
-        # RoPE on q and k together: one set of kernels for both.
-        qk = _rope(qkv[:, :qk_dim].view(b, nqk, spec.head_dim), cos, sin)
-        q, k = qk[:, : spec.heads], qk[:, spec.heads :]
-        k_cache[i].index_copy_(2, slot, k.unsqueeze(2))
-        v_cache[i].index_copy_(2, slot, qkv[:, qk_dim:].view(b, spec.kv_heads, 1, spec.head_dim))
-        # GQA without copying K/V: the G query heads of a group act as G query positions.
-        qg = q.view(b, spec.kv_heads, group, spec.head_dim)
-        att = F.scaled_dot_product_attention(qg, k_cache[i], v_cache[i], attn_mask=mask)
-        x = x + _lin(w, f"{i}.o", att.reshape(b, spec.q_dim))
-        x = x + _mlp(w, i, rms_norm(x, w[f"{i}.ln2"], spec.eps))
-    return _logits(w, spec, x)
+    qkv = _lin(lw, "qkv", rms_norm(x, lw["ln1"], spec.eps))
+    # RoPE on q and k together: one set of kernels for both.
+    qk = _rope(qkv[:, :qk_dim].view(b, nqk, spec.head_dim), cos, sin)
+    q, kn = qk[:, : spec.heads], qk[:, spec.heads :]
+    k.index_copy_(2, slot, kn.unsqueeze(2))
+    v.index_copy_(2, slot, qkv[:, qk_dim:].view(b, spec.kv_heads, 1, spec.head_dim))
+    # GQA without copying K/V: the G query heads of a group act as G query positions.
+    qg = q.view(b, spec.kv_heads, group, spec.head_dim)
+    att = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+    x = x + _lin(lw, "o", att.reshape(b, spec.q_dim))
+    return x + _mlp(lw, "", rms_norm(x, lw["ln2"], spec.eps))

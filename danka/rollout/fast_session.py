@@ -135,8 +135,8 @@ class FastSession:
             logits = self._extend(w, k, v, seqs, reuse, start, plen)  # 3.
         else:  # nothing cached (the first turn): prefill each distinct sequence once
             logits = self._prefill_distinct(w, k, v, seqs, plen)
-        # 4. decode (the graph's warm-up writes slots t-3, t-2 >= plen: nothing held there)
-        eng._ensure_graph(w, st, key, k, v, graphs)
+        # 4. decode (a graph's warm-up writes a slot >= plen: nothing held there)
+        eng._ensure_graph(w, st, key, k, v, graphs, plen, params.max_new_tokens)
         for j in range(0, rows, eng.prefill_batch):  # as FastEngine._run samples them
             r = slice(j, min(rows, j + eng.prefill_batch))
             eng._sample_first(st, key, logits[r], r)

@@ -199,7 +199,11 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
         models=models,
         engine=build_engine(
             engine_name,
-            EngineOptions(cfg.rollout.generation_batch_size, keep_cache=cfg.rollout.keep_cache),
+            EngineOptions(
+                cfg.rollout.generation_batch_size,
+                keep_cache=cfg.rollout.keep_cache,
+                compile=cfg.rollout.compile,
+            ),
         ),
         rewards=rewards,
         train=train,

@@ -27,6 +27,14 @@ def test_generation_batch_size_reaches_the_engine():
     assert build_engine("hf").batch_size == 0  # not set: the engine's default
 
 
+def test_compile_reaches_the_fast_engine_and_hf_refuses_it():
+    assert build_engine("fast", EngineOptions(compile=True)).compile_step
+    assert not build_engine("fast").compile_step
+    with pytest.raises(UserError, match="rollout.compile is set") as info:
+        build_engine("hf", EngineOptions(compile=True))
+    assert info.value.where == "rollout.compile"
+
+
 def test_an_option_the_engine_does_not_honour_is_refused():
     @register_engine("_test_plain", EngineMeta())
     class Plain:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -428,3 +429,75 @@ def test_unfused_weights_no_copies_same_tokens(kind):
     torch.testing.assert_close(out.response_ids, hf_greedy(model, PROMPTS, max_new=10).response_ids)
     weights = [k for k in engine._owned.buf if not k.endswith((".la", ".lb", ".b"))]
     assert weights == []  # only adapter stacks (and fused biases): no base weight copy
+
+
+def test_live_length_rounds_the_written_slot_up_to_the_chunk():
+    engine = FastEngine(live_chunk=16)
+    # the step writing slot s attends over ceil((s + 1) / 16) * 16 slots, at most T
+    assert [engine.live_length(s, 40) for s in (0, 15, 16, 31, 32, 39)] == [16, 16, 32, 32, 40, 40]
+    assert FastEngine(live_chunk=0).live_length(3, 40) == 40  # 0: the whole capacity
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_live_length_attention_equals_whole_cache_attention(kind):
+    """Prompts end at slot 6 and 40 tokens are decoded (slots 7..45 of T=128): live chunk 8
+    attends over 8, 16, ..., 48 slots, chunk 0 over all 128; the masked slots weigh
+    exp(-inf) = 0, so the tokens are the same and the log-probs equal to rounding."""
+    model = tiny(kind)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=40)
+    whole = fast_run(model, params, FastEngine(live_chunk=0), eos=())
+    live = fast_run(model, params, FastEngine(live_chunk=8), eos=())
+    assert live.response_ids.tolist() == whole.response_ids.tolist()
+    torch.testing.assert_close(live.rollout_logprobs, whole.rollout_logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_per_live_length_equal_eager():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = tiny("qwen2").cuda()
+    params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
+    eager = fast_run(model, params, FastEngine(use_cuda_graph=False, live_chunk=0), eos=())
+    engine = FastEngine(use_cuda_graph=True, live_chunk=16)
+    graphed = fast_run(model, params, engine, eos=())
+    # decode writes slots 7..45: live lengths 16, 32, 48 -> three graphs
+    assert engine.stats["graphs_captured"] == 3
+    assert graphed.response_ids.tolist() == eager.response_ids.tolist()
+    torch.testing.assert_close(graphed.rollout_logprobs, eager.rollout_logprobs)
+    again = fast_run(model, params, engine, eos=())
+    assert engine.stats["graphs_captured"] == 0
+    assert again.response_ids.tolist() == eager.response_ids.tolist()
+
+
+@pytest.mark.skipif(
+    shutil.which("gcc") is None and shutil.which("cc") is None,
+    reason="torch.compile's CPU backend needs a C compiler",
+)
+def test_compiled_decode_layer_equals_eager():
+    """rollout.compile: one compiled graph serves every layer (same weight keys and
+    shapes); tokens equal the eager engine's, log-probs to float rounding."""
+    import torch._dynamo.utils as dynamo_utils
+
+    model = tiny("qwen2")
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=20)
+    eager = fast_run(model, params, FastEngine(), eos=())
+    dynamo_utils.counters.clear()
+    compiled = fast_run(model, params, FastEngine(compile_step=True), eos=())
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == 1  # 2 layers, 1 graph
+    assert compiled.response_ids.tolist() == eager.response_ids.tolist()
+    torch.testing.assert_close(compiled.rollout_logprobs, eager.rollout_logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_compiled_decode_in_cuda_graphs_equals_eager():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = tiny("qwen2").cuda()
+    params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
+    eager = fast_run(model, params, FastEngine(use_cuda_graph=False), eos=())
+    engine = FastEngine(use_cuda_graph=True, live_chunk=16, compile_step=True)
+    graphed = fast_run(model, params, engine, eos=())
+    assert graphed.response_ids.tolist() == eager.response_ids.tolist()
+    torch.testing.assert_close(graphed.rollout_logprobs, eager.rollout_logprobs)
+    again = fast_run(model, params, engine, eos=())
+    assert again.response_ids.tolist() == eager.response_ids.tolist()

@@ -214,7 +214,9 @@ def test_session_with_cuda_graphs_equals_eager_generate():
         ref = FastEngine(use_cuda_graph=False).generate(model, seqs, params, eos_ids=EOS, pad_id=0)
         assert out.response_ids.tolist() == ref.response_ids.tolist(), turn
         torch.testing.assert_close(out.rollout_logprobs, ref.rollout_logprobs)
-        keys = keys[turn % 2 :]  # drop a sample on the second turn
-        seqs = [s + r + tool_tokens(k) for k, s, r in zip(keys, seqs, responses(out)[turn % 2 :])]
+        drop = turn % 2  # drop sample 0 after the second turn (its key and its sequence)
+        keys, seqs, resp = keys[drop:], seqs[drop:], responses(out)[drop:]
+        seqs = [s + r + tool_tokens(k) for k, s, r in zip(keys, seqs, resp)]
+    # turns 2 and 3 re-use each kept sample's prompt and fed-back tokens
     assert session.stats["reused_tokens"] > session.stats["prefill_tokens"]
     session.close()

@@ -43,7 +43,15 @@ AGENT_KEYS = {
     "tool_calls": "eval/agent/tool_calls",  # calls per answer
     "turns": "eval/agent/turns",
 }
-TRAIN_KEYS = ("reward", "agent/valid_call_samples", "agent/valid_call_rate", "agent/tool_calls")
+TRAIN_KEYS = (
+    "reward",
+    "agent/valid_call_samples",
+    "agent/valid_call_rate",
+    "agent/tool_calls",
+    "agent/prefill_tokens",  # per sample; with rollout.kv_reuse most of the prefix is reused
+    "agent/reused_tokens",
+    "time/rollout",
+)
 
 
 def eval_summary(data: dict) -> dict:

@@ -323,9 +323,12 @@ def enable_tf32(enabled: bool, device) -> str | None:
 
 
 def compile_forward(model, enabled: bool, device):
-    """``trainer.compile: true`` -> ``model.forward = torch.compile(model.forward,
-    dynamic=True)`` (dynamic: every step has other sequence lengths). Only on a CUDA
-    GPU: elsewhere UserError (exit 2), not a silent no-op. Returns the model."""
+    """``trainer.compile: true`` -> the forward of the model's transformer body (what the
+    training forward calls: ``get_decoder()``, through a PeftModel too; the LM head runs
+    chunked outside it) becomes ``torch.compile(forward, dynamic=True)`` (dynamic: every
+    step has other sequence lengths). Until session 5 ``model.forward`` was compiled,
+    which the training forward never calls: a silent no-op. Only on a CUDA GPU: elsewhere
+    UserError (exit 2). Returns the model."""
     if not enabled:
         return model
     import torch
@@ -337,5 +340,7 @@ def compile_forward(model, enabled: bool, device):
             where="trainer.compile",
             fix="set trainer.compile: false",
         )
-    model.forward = torch.compile(model.forward, dynamic=True)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body = base.get_decoder()
+    body.forward = torch.compile(body.forward, dynamic=True)
     return model

@@ -212,3 +212,18 @@ def test_tf32_and_compile_are_refused_without_a_gpu():
     with pytest.raises(UserError) as err:
         compile_forward(model, True, "cpu")
     assert err.value.where == "trainer.compile"
+
+
+def test_compile_wraps_the_body_the_training_forward_calls(monkeypatch):
+    """The training forward calls the decoder body (danka.trainer.forward.decoder_of), not
+    ``model.forward``: compiling ``model.forward`` would be a no-op."""
+    from peft import LoraConfig, get_peft_model
+
+    from danka import lifecycle
+    from danka.models import tiny
+    from danka.trainer.forward import decoder_of
+
+    monkeypatch.setattr(lifecycle, "_cuda_device", lambda device: True)  # no GPU here
+    model = get_peft_model(tiny.tiny_causal_lm(), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert compile_forward(model, True, "cuda") is model
+    assert hasattr(decoder_of(model).forward, "_torchdynamo_orig_callable")

@@ -104,10 +104,10 @@ class AgentLoop:
         limits: AgentLimits = AgentLimits(),
         chat: ChatFormat | None = None,
         runner: ToolRunner | None = None,
-        kv_reuse: bool = False,
+        kv_reuse: bool | None = None,
     ):
         self.tokenizer, self.make_env, self.limits = tokenizer, make_env, limits
-        self.kv_reuse = kv_reuse  # rollout.kv_reuse: the engine's session, else refused
+        self.kv_reuse = kv_reuse  # rollout.kv_reuse: see open_session
         self.schemas = list(schemas or [])
         self.chat = chat or ChatFormat(tokenizer)
         self.runner = runner  # the tool worker, stopped by close()
@@ -277,15 +277,19 @@ class _Regenerate:
 
 
 def open_session(
-    engine: RolloutEngine, model: torch.nn.Module, kv_reuse: bool = True, **generate_kw: Any
+    engine: RolloutEngine,
+    model: torch.nn.Module,
+    kv_reuse: bool | None = None,
+    **generate_kw: Any,
 ):
-    """With ``kv_reuse`` (rollout.kv_reuse) the engine's multi-turn session
-    (``engine.session``: the fast engine keeps each sample's KV cache across turns and
-    prefills only new tokens; an engine without one is refused), else one that calls
-    ``engine.generate`` each turn. ``generate_kw``: ``eos_ids``, ``pad_id``, ``generator``."""
-    if not kv_reuse:
-        return _Regenerate(engine, model, **generate_kw)
+    """The engine's multi-turn session (``engine.session``: the fast engine keeps each
+    sample's KV cache across turns and prefills only new tokens) when ``kv_reuse``
+    (rollout.kv_reuse) is None and the engine has one, or is True (an engine without one
+    is then refused); else one that calls ``engine.generate`` each turn.
+    ``generate_kw``: ``eos_ids``, ``pad_id``, ``generator``."""
     opener = getattr(engine, "session", None)
+    if kv_reuse is False or (kv_reuse is None and opener is None):
+        return _Regenerate(engine, model, **generate_kw)
     if opener is None:
         what = f"rollout.kv_reuse needs the fast rollout engine; this run uses {engine.name!r}"
         fix = "set rollout.engine: fast (a CUDA GPU), or rollout.kv_reuse: false"

@@ -245,11 +245,12 @@ class RolloutConfig:
         "worked examples (question, <tool_call>, <tool_response>, answer) before every prompt: "
         "auto (the builtin tools' own, e.g. calculator's) | none | path/to/demo.json (messages)",
     )
-    kv_reuse: bool = _f(
-        False,
-        "multi-turn rollouts on the fast engine: keep each sample's KV cache across turns and "
-        "prefill only the new tool/environment tokens (same tokens as a full re-prefill, "
-        "checked on CPU; its CUDA-graph path is not yet checked on a GPU, hence off by default)",
+    kv_reuse: bool | None = _f(
+        None,
+        "multi-turn rollouts: keep each sample's KV cache across turns and prefill only the "
+        "new tool/environment tokens (same tokens as a full re-prefill; fast engine only). "
+        "null = on with the fast engine, off with others; true = refused without the fast "
+        "engine; false = re-prefill every turn",
     )
 
 

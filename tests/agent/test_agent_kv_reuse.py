@@ -140,18 +140,20 @@ def calculator_ab(device: str, *, prompts: int, n: int) -> dict:
     return report
 
 
-def test_kv_reuse_is_off_by_default_and_refused_without_a_session():
-    """rollout.kv_reuse false (the default): every turn re-prefills through ``generate``
-    even on the fast engine; true on an engine without sessions (HF) is a UserError naming
-    the key, not a silent full re-prefill."""
+def test_kv_reuse_default_follows_the_engine_and_true_is_refused_without_a_session():
+    """rollout.kv_reuse null (the default): the fast engine's session, HF re-prefills;
+    false: every turn re-prefills through ``generate`` even on the fast engine; true on an
+    engine without sessions (HF) is a UserError naming the key, not a silent re-prefill."""
     from danka.agent.loop import _Regenerate, open_session
     from danka.config.schema import RolloutConfig
     from danka.errors import UserError
     from danka.rollout.hf import HFGenerateEngine
 
-    assert RolloutConfig().kv_reuse is False
+    assert RolloutConfig().kv_reuse is None
     model = tiny_causal_lm(tiny_tokenizer()).eval()
     kw = {"eos_ids": EOS, "pad_id": 0, "generator": None}
+    assert not isinstance(open_session(FastEngine(), model, None, **kw), _Regenerate)
+    assert isinstance(open_session(HFGenerateEngine(), model, None, **kw), _Regenerate)
     assert isinstance(open_session(FastEngine(), model, False, **kw), _Regenerate)
     assert not isinstance(open_session(FastEngine(), model, True, **kw), _Regenerate)
     with pytest.raises(UserError) as err:

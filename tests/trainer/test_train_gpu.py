@@ -68,9 +68,14 @@ def test_tf32_and_compile_on_gpu(tmp_path, tiny_model_dir):
         trainer={"tf32": True, "compile": True},
     )
     cfg, base = load_config(path)
+    import torch._dynamo.utils as dynamo_utils
+
+    dynamo_utils.counters.clear()
     fit(cfg, base)
     log = (tmp_path / "out" / "logs" / "train.log").read_text()
     assert "TF32 matmuls on" in log and "policy forward compiled" in log
+    # the training forward ran through a compiled graph (not a wrapper nobody calls)
+    assert dynamo_utils.counters["stats"]["unique_graphs"] >= 1
     assert torch.get_float32_matmul_precision() == "high"
     lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(x["loss"] == x["loss"] for x in lines)  # finite, not NaN

@@ -55,6 +55,9 @@ def test_summarize_run_before_and_after(tmp_path):
         "agent/valid_call_samples": 0.3,
         "agent/valid_call_rate": None,
         "agent/tool_calls": None,
+        "agent/prefill_tokens": None,  # not logged (no kv reuse metrics): None
+        "agent/reused_tokens": None,
+        "time/rollout": None,
     }
     assert out["example_trajectories"][0]["completion"][0]["content"] == "x"
 

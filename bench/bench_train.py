@@ -366,13 +366,13 @@ def sec_update_05b(args, dev: torch.device, log) -> dict:
             def step(run=run, batch=batch):
                 update(run, batch, run.update_generator)
 
-            step()  # warm-up (allocator, cuBLAS choices, AdamW state)
+            warmup_s = timed(step, dev)  # warm-up (allocator, cuBLAS, AdamW state, compile)
             reset_peak(dev)
             times = [timed(step, dev) for _ in range(z.iters)]
             s = statistics.median(times)
             out["variants"][variant] = {
                 "micro_batch": micro, "gc_active": gc_active(base), "compiled": compiled,
-                "step_s": s,
+                "warmup_step_s": warmup_s, "step_s": s,
                 "tok_s": tokens / s, "mfu": 6 * n_params * tokens / s / PEAK_FLOPS,
                 "peak_gib": peak_gib(dev),
             }  # fmt: skip

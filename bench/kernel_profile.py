@@ -28,8 +28,10 @@ from collections.abc import Callable
 import torch
 
 CLASSES = (  # first match wins; names of cuBLAS / CUTLASS / FlashAttention / ATen kernels
+    # attention first: PyTorch's memory-efficient kernel is a CUTLASS one ("fmha_cutlassF");
+    # inductor's fused pointwise kernels ("triton_poi_fused_..._attention_...") are not
+    ("attention", re.compile(r"^(?!triton_).*(flash|fmha|attention|sdpa)", re.I)),
     ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|matmul", re.I)),
-    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
     ("norm/softmax/reduce", re.compile(r"norm|softmax|reduce|logsumexp", re.I)),
     ("copy/cast/fill", re.compile(r"copy|cast|memcpy|memset|fill|cat|index", re.I)),
 )

@@ -26,13 +26,16 @@ def _pct(x: float) -> str:
 def rollout(d: dict, name: str) -> Iterator[Row]:
     sides = d["sides"]
     fast = sides.get("fast", {})
-    parts = [f"fast {fast['tok_s']:,.0f} tok/s"] if "tok_s" in fast else []
-    if "lora_tok_s" in fast:
-        parts.append(f"LoRA live {fast['lora_tok_s']:,.0f}")
+    parts = []
+    for side in ("fast", "fast-whole-cache", "fast-compile"):  # danka's engine variants
+        v = sides.get(side, {})
+        if "tok_s" in v:
+            lora = f" (LoRA live {v['lora_tok_s']:,.0f})" if "lora_tok_s" in v else ""
+            parts.append(f"{side} {v['tok_s']:,.0f} tok/s{lora}")
     for side in ("hf-dynamic", "hf-static"):
-        if "tok_s" in sides.get(side, {}):
+        if "tok_s" in sides.get(side, {}) and "tok_s" in fast:
             ratio = fast["tok_s"] / sides[side]["tok_s"]
-            parts.append(f"{side} {sides[side]['tok_s']:,.0f} ({ratio:.2f}x)")
+            parts.append(f"{side} {sides[side]['tok_s']:,.0f} (fast {ratio:.2f}x)")
     shape = f"{d['model']} {d['prompts']} x {d['new_tokens']}"
     yield f"rollout {shape}", "; ".join(parts), name
 
@@ -105,6 +108,15 @@ def learning(d: dict, name: str) -> Iterator[Row]:
         + (f", {d['skipped_steps']} skipped" if "skipped_steps" in d else ""),
         name,
     )
+    sb, sa = d.get("sampled_before"), d.get("sampled_after")
+    if sb and sa:  # calc_tool_learning.py: K sampled answers per held-out problem
+        yield (
+            f"learning run ({d.get('device', '?')}), held-out sampled "
+            f"(T={sa['temperature']:g}, {sa['n']} x {sa['samples']})",
+            f"{_pct(sb['accuracy'])} -> {_pct(sa['accuracy'])}, valid-call rate "
+            f"{_pct(sb['valid_call_rate'])} -> {_pct(sa['valid_call_rate'])}",
+            name,
+        )
 
 
 def packing(d: dict, name: str) -> Iterator[Row]:
@@ -121,12 +133,13 @@ def packing(d: dict, name: str) -> Iterator[Row]:
 READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("rollout_*x*.json", rollout),
     ("train_logprob_memory_update_05b.json", update),
+    ("train_update_05b*.json", update),
     ("train_ppo_7b*.json", ppo_7b),
     ("trl_*.json", trl),
     ("equivalence_2x*.json", equivalence),
     ("scale_2x_*.json", scaling),
     ("*_result.json", learning),
-    ("calc_tool_learning_h200.json", learning),
+    ("calc_tool_learning_h200*.json", learning),
     ("packing_gsm8k_lengths.json", packing),
 ]
 

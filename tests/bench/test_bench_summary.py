@@ -22,6 +22,11 @@ def test_ratio_comes_from_both_sides_of_the_file(tmp_path):
                           "2gpu": {"median": {"time/step": 5.0, "time/step_max": 6.0}}}]}  # fmt: skip
     (tmp_path / "scale_2x_a.json").write_text(json.dumps(scale))
     (tmp_path / "scale_2x_b.json").write_text("{}")  # broken: a row says so, no crash
+    before = {"n": 200, "samples": 4, "temperature": 1.0, "accuracy": 0.28, "valid_call_rate": 0.5}
+    calc = {"before": {"accuracy": 1.0}, "after": {"accuracy": 1.0}, "steps": 60,
+            "train_minutes": 1.7, "sampled_before": before,
+            "sampled_after": {**before, "accuracy": 0.69, "valid_call_rate": 0.8}}  # fmt: skip
+    (tmp_path / "calc_tool_learning_h200_x.json").write_text(json.dumps(calc))
     rows = {what: (measured, f) for what, measured, f in summary.rows(tmp_path)}
     assert rows["GRPO step vs TRL 1.16.0, lora"] == (
         "danka 3.00 s vs TRL 12.00 s (4.0x); peak 2.00 vs 1.50 GiB",
@@ -30,6 +35,9 @@ def test_ratio_comes_from_both_sides_of_the_file(tmp_path):
     # the slowest rank's step counts: 9.0 / 6.0 = 1.50x, not 9.0 / 5.0
     assert rows["2-GPU scaling, fast engine, qwen 4 x 2 x 8"][0] == "9.00 s -> 6.00 s (1.50x)"
     assert rows["unreadable: scale_2x_b.json"][1] == "scale_2x_b.json"
+    assert rows["learning run (?), held-out sampled (T=1, 200 x 4)"][0] == (
+        "28.00% -> 69.00%, valid-call rate 50.00% -> 80.00%"
+    )
 
 
 def test_every_committed_result_file_reads():

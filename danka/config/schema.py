@@ -216,8 +216,9 @@ class RolloutConfig:
     )
     compile: bool = _f(
         False,
-        "fast engine: torch.compile its decode layer (fused elementwise kernels inside the CUDA "
-        "graphs; the first call compiles, ~tens of seconds); other engines refuse it",
+        "fast engine: torch.compile its decode layer (fused elementwise kernels inside its CUDA "
+        "graphs: 1.2-1.4x tok/s on an H200; the first call compiles, 7-10 s for SmolLM2); "
+        "other engines refuse it",
     )
     # agent:
     tools: list[str] = _f(

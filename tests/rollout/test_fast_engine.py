@@ -452,13 +452,15 @@ def test_live_length_attention_equals_whole_cache_attention(kind):
 
 
 @pytest.mark.gpu
-def test_cuda_graphs_per_live_length_equal_eager():
+@pytest.mark.parametrize("compile_step", [False, True])
+def test_cuda_graphs_per_live_length_equal_eager(compile_step):
+    """One graph per live length, with the eager or the torch.compile'd decode layer."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     model = tiny("qwen2").cuda()
     params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
     eager = fast_run(model, params, FastEngine(use_cuda_graph=False, live_chunk=0), eos=())
-    engine = FastEngine(use_cuda_graph=True, live_chunk=16)
+    engine = FastEngine(use_cuda_graph=True, live_chunk=16, compile_step=compile_step)
     graphed = fast_run(model, params, engine, eos=())
     # decode writes slots 7..45: live lengths 16, 32, 48 -> three graphs
     assert engine.stats["graphs_captured"] == 3
@@ -486,18 +488,3 @@ def test_compiled_decode_layer_equals_eager():
     assert dynamo_utils.counters["stats"]["unique_graphs"] == 1  # 2 layers, 1 graph
     assert compiled.response_ids.tolist() == eager.response_ids.tolist()
     torch.testing.assert_close(compiled.rollout_logprobs, eager.rollout_logprobs, atol=1e-5, rtol=0)
-
-
-@pytest.mark.gpu
-def test_compiled_decode_in_cuda_graphs_equals_eager():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    model = tiny("qwen2").cuda()
-    params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
-    eager = fast_run(model, params, FastEngine(use_cuda_graph=False), eos=())
-    engine = FastEngine(use_cuda_graph=True, live_chunk=16, compile_step=True)
-    graphed = fast_run(model, params, engine, eos=())
-    assert graphed.response_ids.tolist() == eager.response_ids.tolist()
-    torch.testing.assert_close(graphed.rollout_logprobs, eager.rollout_logprobs)
-    again = fast_run(model, params, engine, eos=())
-    assert again.response_ids.tolist() == eager.response_ids.tolist()

@@ -162,6 +162,17 @@ def check_config(cfg, engine_name: str) -> None:
     split over the ranks. Every rollout engine runs (the fast engine on weights gathered by
     :func:`rollout_weights`) and PPO with a critic too (see :func:`shard_models`)."""
     n, t = world_size(), cfg.trainer
+    rollout = getattr(cfg, "rollout", None)
+    for key, on in (
+        ("trainer.compile", t.compile),
+        ("rollout.compile", rollout and rollout.compile),
+    ):
+        if on:  # compiled forwards under FSDP2 / a replicated policy have never run here
+            raise UserError(
+                f"{key} is not supported with {n} processes (never run under torchrun)",
+                where=key,
+                fix=f"set {key}: false for torchrun runs",
+            )
     for key, value in (("batch_size", t.batch_size), ("mini_batch_size", t.mini_batch_size)):
         if value % n:
             raise UserError(

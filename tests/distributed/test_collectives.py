@@ -128,11 +128,20 @@ def test_check_config_takes_the_critic_and_fast_engine_and_refuses_odd_batches(m
     from danka.errors import UserError
 
     monkeypatch.setattr(dist, "world_size", lambda: 2)
-    trainer = types.SimpleNamespace(batch_size=4, mini_batch_size=2, advantage_estimator="gae")
-    dist.check_config(types.SimpleNamespace(trainer=trainer), "fast")  # no refusal
+    trainer = types.SimpleNamespace(
+        batch_size=4, mini_batch_size=2, advantage_estimator="gae", compile=False
+    )
+    rollout = types.SimpleNamespace(compile=False)
+    cfg = types.SimpleNamespace(trainer=trainer, rollout=rollout)
+    dist.check_config(cfg, "fast")  # no refusal
+    for section in (rollout, trainer):  # compiled forwards: refused under torchrun
+        section.compile = True
+        with pytest.raises(UserError, match="compile is not supported with 2 processes"):
+            dist.check_config(cfg, "fast")
+        section.compile = False
     trainer.mini_batch_size = 3
     with pytest.raises(UserError, match=r"mini_batch_size \(3\) does not split over 2"):
-        dist.check_config(types.SimpleNamespace(trainer=trainer), "hf")
+        dist.check_config(cfg, "hf")
 
 
 def test_measured_kl_is_global(nccl_like):

@@ -29,7 +29,6 @@ re-capture would cost more than the memory), free for larger ones (a 7B).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -38,7 +37,8 @@ from danka.data.template import left_pad
 from danka.errors import UserError
 from danka.rollout.base import RolloutEngine, Sampled, SamplingParams
 from danka.rollout.fast_model import decode_forward, decode_layer, prefill, rope_tables
-from danka.rollout.fast_sampling import MAX_EOS, check_eos_ids, sample_next
+from danka.rollout.fast_sampling import check_eos_ids, sample_next
+from danka.rollout.fast_slots import Slots, draw_seed
 from danka.rollout.fast_weights import (
     FUSE_LIMIT_BYTES,
     ModelSpec,
@@ -70,44 +70,6 @@ def bucket_size(rows: int, graphs: bool) -> int:
         if rows <= b:
             return b
     return -(-rows // BUCKETS[-1]) * BUCKETS[-1]
-
-
-@dataclass
-class _Slots:
-    """Static decode state for one (b, T); captured graphs read and write exactly these."""
-
-    tok: torch.Tensor  # (b,) long, token fed at the next step
-    pos: torch.Tensor  # (b,) long, its RoPE position
-    start: torch.Tensor  # (b,) long, first real cache slot of each row (left padding)
-    done: torch.Tensor  # (b,) bool, emitted an EOS (or is a padding row)
-    slot: torch.Tensor  # (1,) long, cache slot written at the next step
-    gen: torch.Tensor  # (1,) long, output column written at the next step
-    out_tok: torch.Tensor  # (b, T) long, sampled tokens (pad after EOS)
-    out_lp: torch.Tensor  # (b, T) float, their log-probs (0 after EOS)
-    eos: torch.Tensor  # (MAX_EOS,) long, EOS ids padded with -1
-    pad: torch.Tensor  # () long
-    temperature: torch.Tensor  # () float
-    top_p: torch.Tensor  # () float
-    graphs: dict = field(default_factory=dict)  # (greedy, top_k, top_p on) -> CUDAGraph
-
-    @classmethod
-    def new(cls, b: int, t: int, device: torch.device) -> _Slots:
-        def z(*shape, dtype=torch.long):
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        return cls(
-            tok=z(b), pos=z(b), start=z(b), done=z(b, dtype=torch.bool), slot=z(1), gen=z(1),
-            out_tok=z(b, t), out_lp=z(b, t, dtype=torch.float32), eos=z(MAX_EOS), pad=z(),
-            temperature=z(dtype=torch.float32), top_p=z(dtype=torch.float32),
-        )  # fmt: skip
-
-
-def _draw_seed(generator: torch.Generator | None) -> int:
-    """A sampling seed from ``generator``, or from the global CPU RNG (which danka's
-    checkpoints capture, so a resumed run samples the same tokens)."""
-    if generator is None:
-        return int(torch.randint(0, 2**62, (1,)))
-    return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
 
 
 class FastEngine(RolloutEngine):
@@ -175,7 +137,7 @@ class FastEngine(RolloutEngine):
         self._spec: ModelSpec | None = None
         self._owned = Owned(lora_compute=getattr(self, "lora_compute", "adapter"))
         self._k = self._v = self._cos = self._sin = None
-        self._slots: dict[tuple[int, int], _Slots] = {}
+        self._slots: dict[tuple[int, int], Slots] = {}
         self._pool = None
         self._weight_ptrs: tuple[int, ...] = ()
         self._owner = None  # the FastSession whose prefixes the cache holds, if any
@@ -244,7 +206,7 @@ class FastEngine(RolloutEngine):
         self.stats = {"graphs_captured": 0, "capture_s": 0.0, "steps": 0}
         if self._gen is None:
             self._gen = torch.Generator(device=spec.device)
-        self._gen.manual_seed(_draw_seed(generator))
+        self._gen.manual_seed(draw_seed(generator))
         return root, w, graphs
 
     def _ensure_cache(self, root: torch.nn.Module, b: int, t: int, keep: bool = False) -> None:
@@ -297,7 +259,7 @@ class FastEngine(RolloutEngine):
         k, v = self._k[:, :b, :, :t], self._v[:, :b, :, :t]
         st = self._slots.get((b, t))
         if st is None:
-            st = self._slots[(b, t)] = _Slots.new(b, t, self._spec.device)
+            st = self._slots[(b, t)] = Slots.new(b, t, self._spec.device)
         key = (params.greedy, 0 if params.greedy else params.top_k,
                not params.greedy and params.top_p < 1.0)  # fmt: skip
         st.temperature.fill_(max(params.temperature, 1e-6))
@@ -314,7 +276,7 @@ class FastEngine(RolloutEngine):
         c = self.live_chunk
         return t if c == 0 else min(t, -(-(slot + 1) // c) * c)
 
-    def _ensure_graph(self, w, st: _Slots, key, k, v, graphs: bool, plen: int, new: int):
+    def _ensure_graph(self, w, st: Slots, key, k, v, graphs: bool, plen: int, new: int):
         """Capture the decode step for ``key`` at every live length that decoding ``new``
         tokens after slot ``plen - 1`` reaches, once each. The warm-up of length L writes
         cache slot L - 1 >= ``plen``: call it while slots >= plen hold nothing to be read."""
@@ -326,13 +288,13 @@ class FastEngine(RolloutEngine):
                 step = lambda live=live: self._step(w, st, k, v, key, live)  # noqa: E731
                 st.graphs[(key, live)] = self._capture(st, step, live)
 
-    def _sample_first(self, st: _Slots, key, logits: torch.Tensor, r: slice) -> None:
+    def _sample_first(self, st: Slots, key, logits: torch.Tensor, r: slice) -> None:
         """The first token of rows ``r`` from their prefill logits, into output column 0."""
         tok0, lp0 = self._sample(st, key, logits)
         st.out_tok[r, 0] = tok0
         st.out_lp[r, 0] = lp0
 
-    def _sample(self, st: _Slots, key, logits: torch.Tensor):
+    def _sample(self, st: Slots, key, logits: torch.Tensor):
         """Next tokens and log-probs of ``logits`` (b, V) under the batch's sampling settings
         (``key``: greedy, top-k, top-p on)."""
         top_p = st.top_p if key[2] else None
@@ -341,7 +303,7 @@ class FastEngine(RolloutEngine):
             gen=self._gen,
         )  # fmt: skip
 
-    def _decode(self, w, st: _Slots, key, k, v, lens: torch.Tensor, plen: int, new: int, graphs):
+    def _decode(self, w, st: Slots, key, k, v, lens: torch.Tensor, plen: int, new: int, graphs):
         """Decode after a prefill: sequence i holds ``lens[i]`` tokens ending at slot
         ``plen - 1`` and its first token is in output column 0; run up to ``new - 1`` steps
         -> (token lists, log-prob lists) of the ``len(lens)`` sequences."""
@@ -369,7 +331,7 @@ class FastEngine(RolloutEngine):
         self.stats["steps"] += ran
         return st.out_tok[:rows, : ran + 1].tolist(), st.out_lp[:rows, : ran + 1].tolist()
 
-    def _step(self, w: Weights, st: _Slots, k, v, key, live: int) -> None:
+    def _step(self, w: Weights, st: Slots, k, v, key, live: int) -> None:
         """One decode step over cache slots ``[0, live)``, entirely on the device (this is
         what a CUDA graph holds)."""
         k, v = k[:, :, :, :live], v[:, :, :, :live]
@@ -400,7 +362,7 @@ class FastEngine(RolloutEngine):
         st.slot.add_(1)
         st.gen.add_(1)
 
-    def _capture(self, st: _Slots, step, live: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, st: Slots, step, live: int) -> torch.cuda.CUDAGraph:
         """Warm the step up on a side stream, then capture it. Each warm-up step writes cache
         slot ``live - 1`` (see ``_ensure_graph``) and output column T - 2; the call resets
         every other piece of state it touches before decoding."""

@@ -1,0 +1,96 @@
+"""bench/triton_decode_attention.py under Triton's CPU interpreter vs the fp32 reference.
+
+Skipped where triton is not importable (CI). Run with triton on the path:
+``PYTHONPATH=/tmp/triton_site:. TRITON_INTERPRET=1 python -m pytest -q THIS_FILE``.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# On a CPU the kernels run under Triton's interpreter (numpy), which `triton.jit` picks
+# when it decorates: TRITON_INTERPRET must be set before triton is first imported. With
+# a GPU they are compiled and run on it.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip(
+            "triton was imported before TRITON_INTERPRET=1 could be set; run this file alone",
+            allow_module_level=True,
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import triton_decode_attention as tda  # noqa: E402
+from bench_decode_attention import matmul_softmax  # noqa: E402
+
+
+def _case(b, kvh, g, d, cap, live, start, slot, seed=0):
+    """bf16 q/k/v on DEVICE with a (b, kvh, cap, D) cache sliced to ``live`` slots (a
+    strided view, as the engine passes); slots after ``slot`` hold garbage (1e4) that must
+    be ignored. Returns q, k, v, start, slot and the fp32 reference on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, kvh, g, d, generator=gen).to(torch.bfloat16)
+    k = torch.randn(b, kvh, cap, d, generator=gen)
+    v = torch.randn(b, kvh, cap, d, generator=gen)
+    k[:, :, slot + 1 :] = 1e4
+    v[:, :, slot + 1 :] = 1e4
+    k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    start_t = torch.tensor(start, dtype=torch.int64)
+    slots = torch.arange(live)
+    valid = (slots[None] >= start_t[:, None]) & (slots[None] <= slot)
+    mask = torch.where(valid, 0.0, float("-inf"))[:, None, None, :]  # (b, 1, 1, live)
+    kl, vl = k[:, :, :live], v[:, :, :live]
+    ref = matmul_softmax(q.float(), kl.float(), vl.float(), mask)
+    kd, vd = k.to(DEVICE)[:, :, :live], v.to(DEVICE)[:, :, :live]
+    slot_t = torch.tensor([slot], dtype=torch.int64, device=DEVICE)
+    return q.to(DEVICE), kd, vd, start_t.to(DEVICE), slot_t, ref
+
+
+@pytest.mark.parametrize(
+    "g, d, live, start, slot, splits",
+    [
+        # SmolLM2's group (9 q / 3 kv heads); one block; row 1 starts at slot 0
+        (3, 64, 64, [5, 0], 40, None),
+        # Qwen2.5-0.5B's group (14 / 2); 3 blocks in 3 splits; row 1's padding covers
+        # all of split 0 (an empty split), row 2 sees only slots 100..150
+        (7, 32, 192, [0, 70, 100], 150, 3),
+        # 3 blocks, 2 splits of 128 slots (the second half-used); slot < L - 1
+        (3, 32, 192, [0, 17], 180, 2),
+        # default split plan (interpreter assumes 132 SMs: 3 splits of 64 here)
+        (7, 32, 192, [3, 64], 191, None),
+    ],
+)
+def test_matches_fp32_reference(g, d, live, start, slot, splits):
+    b, kvh, cap = len(start), 2, live + 64
+    q, k, v, start_t, slot_t, ref = _case(b, kvh, g, d, cap, live, start, slot)
+    assert not k.is_contiguous()  # a slice of the bigger cache, strides passed through
+    got = tda.decode_attention(q, k, v, start_t, slot_t, splits=splits)
+    assert got.shape == (b, kvh, g, d) and got.dtype == torch.bfloat16
+    assert torch.isfinite(got.float()).all()  # the 1e4 garbage after `slot` never reached a row
+    assert (got.float().cpu() - ref).abs().max() < 2e-2
+
+
+def test_single_valid_slot_copies_v():
+    # start = slot = 10: softmax over one slot is 1, so the output is v[:, :, 10] exactly
+    # for every query head (bf16 -> fp32 -> bf16 round-trips exactly)
+    q, k, v, start_t, slot_t, _ = _case(2, 1, 3, 32, 128, 64, [10, 10], 10)
+    got = tda.decode_attention(q, k, v, start_t, slot_t)
+    assert torch.equal(got, v[:, :, 10:11].expand(2, 1, 3, 32))
+
+
+def test_split_plan_fills_the_gpu():
+    # b=64, Hkv=3, 132 SMs: 192 programs need 2 splits (384 >= 264); L=256 -> 2 x 128
+    assert tda.split_plan(64, 3, 256, 132) == (2, 128)
+    # b=64, Hkv=2: 128 programs x 3 splits = 384 >= 264; 4 blocks -> chunks of 128 -> 2
+    # splits (the chunk is a whole number of 64-slot blocks)
+    assert tda.split_plan(64, 2, 256, 132) == (2, 128)
+    # b=256, Hkv=3: 768 programs already >= 264 -> one split over all of L
+    assert tda.split_plan(256, 3, 384, 132) == (1, 384)
+    # never below one block per split
+    assert tda.split_plan(1, 1, 128, 132) == (2, 64)

@@ -7,12 +7,15 @@ transformers supports, which makes it the reference the fast engine is checked a
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 from transformers import GenerationConfig
 
 from danka.data.template import left_pad
+from danka.rollout import hf_prefix
 from danka.rollout.base import RolloutEngine, Sampled, SamplingParams
+from danka.rollout.fast_weights import unwrap_causal_lm
 
 
 class HFGenerateEngine(RolloutEngine):
@@ -39,15 +42,22 @@ class HFGenerateEngine(RolloutEngine):
 
     @staticmethod
     def _generate_chunk(model, prompts, params, eos_ids, pad_id, device) -> list[list[int]]:
-        ids, mask = left_pad(prompts, pad_id)
-        plen = ids.shape[1]
-        gen_cfg = sampling_config(params, eos_ids, pad_id)
-        if params.greedy:
-            # greedy search refuses num_return_sequences > 1: repeat the prompts instead
+        kw = {}
+        if hf_prefix.usable(model):  # shared prompt tokens run once (see hf_prefix)
+            ids, mask, cache = hf_prefix.prefill(model, prompts, params.n, pad_id, device)
+            kw[hf_prefix.cache_kwarg(unwrap_causal_lm(model))] = cache
+        else:  # greedy search refuses num_return_sequences > 1: repeat the prompts instead
+            ids, mask = left_pad(prompts, pad_id)
             ids, mask = ids.repeat_interleave(params.n, 0), mask.repeat_interleave(params.n, 0)
+        plen = ids.shape[1]
+        # the rows are already repeated per sample (row i * n + j, HF's own order)
+        gen_cfg = sampling_config(replace(params, n=1), eos_ids, pad_id)
         with _clean_generation_config(model):
             out = model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen_cfg
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=gen_cfg,
+                **kw,
             )
         return [row[plen:].tolist() for row in out.cpu()]
 
@@ -85,8 +95,6 @@ def sampling_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> 
 def _clean_generation_config(model: torch.nn.Module):
     """Hide the model's ``generation_config`` during ``generate``: HF fills every field our
     config leaves ``None`` (min_p, bad_words_ids, suppress_tokens, ...) from it."""
-    from danka.rollout.fast_weights import unwrap_causal_lm
-
     root = unwrap_causal_lm(model)
     saved = getattr(root, "generation_config", None)
     if saved is None:

@@ -1,0 +1,98 @@
+"""Shared-prefix prefill (danka/rollout/hf_prefix.py): the layout by hand, and the HF engine
+giving generate's own tokens with it, greedy and sampled, plain and with LoRA adapters."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+from danka.models.tiny import tiny_causal_lm
+from danka.rollout import hf_prefix
+from danka.rollout.base import SamplingParams, build_engine
+
+# A "system turn" 1..6 shared by all prompts, then per-prompt tokens of different lengths.
+SYSTEM = [11, 12, 13, 14, 15, 16]
+PROMPTS = [SYSTEM + [20, 21, 22], SYSTEM + [30], SYSTEM + [40, 41, 42, 43, 44]]
+EOS, PAD = 3, 0
+
+
+def test_common_prefix_len_by_hand():
+    assert hf_prefix.common_prefix_len([[1, 2, 3, 4], [1, 2, 5]]) == 2  # 1, 2 shared
+    # identical prompts: all but the last token (generate must run >= 1 token per row)
+    assert hf_prefix.common_prefix_len([[7, 8, 9], [7, 8, 9]]) == 2
+    # [1, 2] is a prefix of [1, 2, 3], capped at len([1, 2]) - 1 = 1
+    assert hf_prefix.common_prefix_len([[1, 2], [1, 2, 3]]) == 1
+    assert hf_prefix.common_prefix_len([[5, 6], [7, 6]]) == 0
+    assert hf_prefix.common_prefix_len([PROMPTS[0]]) == len(PROMPTS[0]) - 1  # one prompt
+
+
+def test_layout_by_hand():
+    # p = 2 ([1, 2]); remainders [3, 4] and [5]: width 2, the shorter one padded in the middle
+    ids, mask, p = hf_prefix.layout([[1, 2, 3, 4], [1, 2, 5]], pad_id=0)
+    assert p == 2
+    assert ids.tolist() == [[1, 2, 3, 4], [1, 2, 0, 5]]
+    assert mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 1]]
+
+
+def _generate(model, prompts, params, *, prefix: bool, seed: int = 1):
+    torch.manual_seed(seed)
+    with mock.patch.object(hf_prefix, "usable", lambda m: prefix):
+        out = build_engine("hf").generate(model, prompts, params, eos_ids=[EOS], pad_id=PAD)
+    return out.response_ids
+
+
+@torch.no_grad()
+def manual_greedy(model, prompt: list[int], steps: int) -> list[int]:
+    """argmax of a plain forward over the unpadded prompt, token by token."""
+    ids = list(prompt)
+    for _ in range(steps):
+        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_equals_generate_and_a_plain_forward(arch):
+    model = tiny_causal_lm(arch=arch).eval()
+    assert hf_prefix.usable(model)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
+    with_prefix = _generate(model, PROMPTS, params, prefix=True)
+    assert torch.equal(with_prefix, _generate(model, PROMPTS, params, prefix=False))
+    for i, prompt in enumerate(PROMPTS):  # rows i * n + j answer prompt i
+        ref = manual_greedy(model, prompt, 8)
+        ref = ref[: ref.index(EOS) + 1] if EOS in ref else ref
+        assert with_prefix[2 * i, : len(ref)].tolist() == ref
+        assert torch.equal(with_prefix[2 * i], with_prefix[2 * i + 1])
+
+
+def test_sampling_with_lora_draws_the_same_tokens_as_plain_generate():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        tiny_causal_lm(),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]),
+    )
+    for name, p in model.named_parameters():  # a live, non-zero adapter
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    model.eval()
+    assert hf_prefix.usable(model)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
+    a = _generate(model, PROMPTS, params, prefix=True, seed=7)
+    b = _generate(model, PROMPTS, params, prefix=False, seed=7)
+    assert a.shape == (12, 6) and torch.equal(a, b)
+    # samples of a group differ (the cache copies are not one shared sample)
+    assert len({tuple(r) for r in a[:4].tolist()}) > 1
+
+
+def test_other_architectures_keep_plain_generate():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64))
+    assert not hf_prefix.usable(gpt2)
+    out = build_engine("hf").generate(
+        gpt2.eval(), [[1, 2, 3], [1, 2]], SamplingParams(n=1, temperature=0.0, max_new_tokens=3),
+        eos_ids=[EOS], pad_id=PAD,
+    )  # fmt: skip
+    assert out.response_ids.shape[0] == 2

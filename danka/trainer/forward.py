@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from danka.models.logprobs import chunked_logprobs_entropy
+from danka.trainer import shared_prefix
 from danka.trainer.packing import pack
 from danka.types import RolloutBatch
 
@@ -84,7 +85,8 @@ def response_hidden(
     """Hidden states at the positions that predict response tokens: (b, R, H).
 
     With ``pack_len`` the sequences are packed into rows without padding (packing.py);
-    the result is the same up to floating-point rounding.
+    without it, a prompt prefix all rows share runs once where shared_prefix.py applies;
+    the result is the same up to floating-point rounding either way.
     """
     device = next(model.parameters()).device
     if pack_len:
@@ -96,8 +98,12 @@ def response_hidden(
             use_cache=False,
         )
         return out.last_hidden_state[packed.row.to(device), packed.col.to(device)]
+    decoder = decoder_of(model)
+    shared = shared_prefix.response_hidden(model, decoder, mb, device)
+    if shared is not None:  # the prompt prefix all rows share ran once (shared_prefix.py)
+        return shared
     ids, mask, pos = _inputs(mb, device)
-    out = decoder_of(model)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+    out = decoder(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
     p, r = mb.prompt_ids.shape[1], mb.response_ids.shape[1]
     # position t predicts token t + 1: response token j is predicted at column p - 1 + j
     return out.last_hidden_state[:, p - 1 : p - 1 + r]

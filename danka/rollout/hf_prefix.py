@@ -61,6 +61,8 @@ def usable(model: torch.nn.Module) -> bool:
     """Whether this path runs ``model`` (else the caller keeps plain ``generate``)."""
     from danka.rollout.fast_weights import unwrap_causal_lm
 
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False  # FSDP2's hooks gather the weights in the model's forward, not here
     root = unwrap_causal_lm(model)
     cfg = getattr(root, "config", None)
     return (

@@ -12,7 +12,8 @@ Layout as in ``danka.rollout.hf_prefix`` (prefix | pad | rest of the prompt | re
 positions from the mask, as the plain forward and generation compute them.
 
 Used only where it is exact and measured: a CPU device (the GPU backward kernels have not
-been checked with it yet), no gradient checkpointing (HF turns the cache off under it), no
+been checked with it yet), one process (under FSDP2 the second forward of a step finds the
+first one's gathered weights freed), no gradient checkpointing (HF turns the cache off under it), no
 compiled body, no active dropout (one forward of the prefix would share its dropout mask
 across rows), an architecture of ``PREFIX_MODEL_TYPES`` and a prefix of >= MIN_PREFIX
 tokens.
@@ -37,8 +38,8 @@ def unpadded_prompts(mb: RolloutBatch) -> list[list[int]]:
 
 def applies(model: torch.nn.Module, decoder: torch.nn.Module, device: torch.device) -> bool:
     """Whether the shared-prefix forward may run ``model`` (see the module docstring)."""
-    if device.type != "cpu" or not usable(model):
-        return False
+    if device.type != "cpu" or not usable(model):  # usable: one process only, too
+        return False  # (FSDP2 freed the gathered weights after the first of the 2 forwards)
     if getattr(decoder, "gradient_checkpointing", False) or "forward" in vars(decoder):
         return False  # checkpointing drops the cache; a compiled body was replaced
     return not (

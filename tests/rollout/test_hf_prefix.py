@@ -96,3 +96,16 @@ def test_other_architectures_keep_plain_generate():
         eos_ids=[EOS], pad_id=PAD,
     )  # fmt: skip
     assert out.response_ids.shape[0] == 2
+
+
+def test_not_under_torch_distributed(tmp_path):
+    # FSDP2 gathers sharded weights in the model's own forward, which prefill bypasses
+    import torch.distributed as dist
+
+    model = tiny_causal_lm()
+    assert hf_prefix.usable(model)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        assert not hf_prefix.usable(model)
+    finally:
+        dist.destroy_process_group()

@@ -105,3 +105,17 @@ def test_stands_aside(case):
             shared_prefix.response_hidden(model, decoder_of(model), mb, torch.device("cpu"))
             is not None
         )
+
+
+def test_stands_aside_under_torch_distributed(tmp_path):
+    # torchrun runs (FSDP2 frees the gathered weights between the two forwards of a step:
+    # tests/trainer/test_distributed.py failed with it); a 1-process gloo group stands in
+    import torch.distributed as dist
+
+    model = lora_model()
+    assert shared_prefix.applies(model, decoder_of(model), torch.device("cpu"))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        assert not shared_prefix.applies(model, decoder_of(model), torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()

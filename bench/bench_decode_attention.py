@@ -14,7 +14,10 @@ replayed (so launch gaps count as in the engine):
 - ``matmul_softmax`` / ``_live``: two batched GEMMs and a fused fp32 softmax;
 - ``sdpa_cudnn`` / ``_live``: cuDNN attention with the mask (if this build has it);
 - ``sdpa_flash_nomask``: flash attention over L slots WITHOUT a mask: a lower bound (it
-  would attend to left padding), not a candidate.
+  would attend to left padding), not a candidate;
+- ``triton_splitk_live``: ``bench/triton_decode_attention.py`` (split-K FlashDecoding, GQA
+  group in one tile) over the live slots, bounds from ``start``/``slot`` on the device
+  instead of a mask (skipped with the reason where triton is missing).
 
 Every variant's output is compared with the fp32 reference (max abs difference).
 """
@@ -23,11 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # triton_decode_attention
 
 SHAPES = {  # name: (query heads, kv heads, head dim, layers)
     "smollm2-135m": (9, 3, 64, 30),
@@ -41,8 +48,9 @@ def matmul_softmax(q, k, v, mask):
     return torch.matmul(torch.softmax(s, dim=-1).to(q.dtype), v)
 
 
-def variants(q, k, v, mask, live):
-    """name -> zero-argument callable computing one layer's attention."""
+def variants(q, k, v, mask, live, start=None, slot=None):
+    """name -> zero-argument callable computing one layer's attention (``start`` (b,) /
+    ``slot`` (1,): the valid slot range ``mask`` encodes, for the Triton kernel)."""
     kl, vl, ml = k[:, :, :live], v[:, :, :live], mask[..., :live]
     b, kvh, g, d = q.shape
 
@@ -58,6 +66,11 @@ def variants(q, k, v, mask, live):
             qh = q.reshape(b, kvh * g, 1, d)
             return F.scaled_dot_product_attention(qh, kl, vl, enable_gqa=True).view(b, kvh, g, d)
 
+    def triton_live():
+        import triton_decode_attention as tda  # bench/: needs triton (CUDA builds ship it)
+
+        return tda.decode_attention(q, kl, vl, start, slot)
+
     return {
         "sdpa_efficient": sdpa([SDPBackend.EFFICIENT_ATTENTION], k, v, mask),
         "sdpa_efficient_live": sdpa([SDPBackend.EFFICIENT_ATTENTION], kl, vl, ml),
@@ -66,6 +79,7 @@ def variants(q, k, v, mask, live):
         "sdpa_cudnn": sdpa([SDPBackend.CUDNN_ATTENTION], k, v, mask),
         "sdpa_cudnn_live": sdpa([SDPBackend.CUDNN_ATTENTION], kl, vl, ml),
         "sdpa_flash_nomask": flash_nomask,
+        "triton_splitk_live": triton_live,
     }
 
 
@@ -103,7 +117,8 @@ def measure(shape: str, rows: int, capacity: int, live: int, reps: int) -> dict:
     mask = torch.where(valid, 0.0, float("-inf")).to(dt)[:, None, None, :]
     ref = matmul_softmax(q.float(), k.float(), v.float(), mask.float())
     out = {"shape": shape, "rows": rows, "capacity": capacity, "live": live, "layers": layers}
-    for name, fn in variants(q, k, v, mask, live).items():
+    slot = torch.tensor([live - 1], device=dev)
+    for name, fn in variants(q, k, v, mask, live, start, slot).items():
         try:
             got = fn()
             diff = None if "nomask" in name else float((got.float() - ref).abs().max())

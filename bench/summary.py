@@ -129,6 +129,22 @@ def packing(d: dict, name: str) -> Iterator[Row]:
     )
 
 
+def shared_prefix(d: dict, name: str) -> Iterator[Row]:
+    """bench_shared_prefix.py: plain vs shared-prefix paths, each side a fresh process."""
+    a, b = d["sides"]["plain"], d["sides"]["shared"]
+    for key, what in (
+        ("eval_200_greedy_s", "200 greedy answers"),
+        ("rollout_8x8_s", "8 x 8 sampled"),
+        ("train_fwd_bwd_16_rows_s", "training fwd+bwd, 16 rows"),
+    ):
+        yield (
+            f"shared prefix ({d.get('device', '?')}), {what}",
+            f"{a[key]:.2f} s -> {b[key]:.2f} s ({a[key] / b[key]:.2f}x); same tokens: "
+            f"{d['same_eval_tokens'] and d['same_rollout_tokens']}",
+            name,
+        )
+
+
 # file pattern -> row maker; a file matching several patterns uses the first
 READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("rollout_*x*.json", rollout),
@@ -141,6 +157,7 @@ READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("*_result.json", learning),
     ("calc_tool_learning_h200*.json", learning),
     ("packing_gsm8k_lengths.json", packing),
+    ("shared_prefix_*.json", shared_prefix),
 ]
 
 

@@ -27,7 +27,19 @@ def test_ratio_comes_from_both_sides_of_the_file(tmp_path):
             "train_minutes": 1.7, "sampled_before": before,
             "sampled_after": {**before, "accuracy": 0.69, "valid_call_rate": 0.8}}  # fmt: skip
     (tmp_path / "calc_tool_learning_h200_x.json").write_text(json.dumps(calc))
+    plain = {"eval_200_greedy_s": 28.0, "rollout_8x8_s": 9.6, "train_fwd_bwd_16_rows_s": 4.0}
+    shared = {"eval_200_greedy_s": 14.0, "rollout_8x8_s": 4.8, "train_fwd_bwd_16_rows_s": 3.2}
+    (tmp_path / "shared_prefix_cpu.json").write_text(json.dumps({
+        "device": "cpu", "sides": {"plain": plain, "shared": shared},
+        "same_eval_tokens": True, "same_rollout_tokens": False}))  # fmt: skip
     rows = {what: (measured, f) for what, measured, f in summary.rows(tmp_path)}
+    # 28.0 / 14.0 = 2.00x; 4.0 / 3.2 = 1.25x; same tokens only if both comparisons held
+    assert rows["shared prefix (cpu), 200 greedy answers"][0] == (
+        "28.00 s -> 14.00 s (2.00x); same tokens: False"
+    )
+    assert rows["shared prefix (cpu), training fwd+bwd, 16 rows"][0].startswith(
+        "4.00 s -> 3.20 s (1.25x)"
+    )
     assert rows["GRPO step vs TRL 1.16.0, lora"] == (
         "danka 3.00 s vs TRL 12.00 s (4.0x); peak 2.00 vs 1.50 GiB",
         "trl_x.json",

@@ -52,9 +52,18 @@ def manual_greedy(model, prompt: list[int], steps: int) -> list[int]:
     return ids[len(prompt) :]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def tiny_qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+    return Qwen3ForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_greedy_equals_generate_and_a_plain_forward(arch):
-    model = tiny_causal_lm(arch=arch).eval()
+    model = (tiny_qwen3() if arch == "qwen3" else tiny_causal_lm(arch=arch)).eval()
     assert hf_prefix.usable(model)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
     with_prefix = _generate(model, PROMPTS, params, prefix=True)

@@ -53,7 +53,7 @@ def side(name: str, device: str) -> dict:
 
     if name == "plain":  # both paths off: plain generate, plain training forward
         mock.patch.object(hf_prefix, "usable", lambda m: False).start()
-        mock.patch.object(shared_prefix, "MIN_PREFIX", 10**9).start()
+        mock.patch.object(shared_prefix, "ENABLED", False).start()
     tok = load_tokenizer(MODEL, log=lambda *a: None)
     model = load_causal_lm(MODEL, dtype="float32", device=device, log=lambda *a: None)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA))

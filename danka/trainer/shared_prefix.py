@@ -1,22 +1,27 @@
-"""Shared-prefix training forward: the prompt prefix all sequences of a micro-batch share
-(a chat template's system turn) runs through the model once, with gradients.
+"""Shared-prefix training forward: prompt tokens that several sequences of a micro-batch
+share run through the model once, with gradients.
 
-Why: on a CPU the update is compute-bound and a quickstart sequence is 47 prompt tokens
-(25 of them SmolLM2's system turn, identical in every row) + ~14 response tokens, so ~40%
-of the update's forward and backward recomputes the same tokens. Here the prefix runs once
-(batch 1), its KV cache is repeated to the micro-batch's rows (``repeat_interleave``: the
-backward sums the rows' gradients into the one prefix forward), and the rows run on top of
-it. Same result as the plain forward up to floating-point rounding (tests/trainer).
+Why: on a CPU the update is compute-bound. A quickstart sequence is 47 prompt tokens (27 of
+them the same in every row: SmolLM2's system turn) + ~14 response tokens, and GRPO puts 8
+answers to each prompt in the batch, so most of the update's forward and backward
+recomputes the same prompt tokens. Here, per micro-batch:
 
-Layout as in ``danka.rollout.hf_prefix`` (prefix | pad | rest of the prompt | response);
-positions from the mask, as the plain forward and generation compute them.
+1. the prefix common to all prompts runs once (batch 1);
+2. each distinct prompt's rest runs once, on copies of that KV cache (one row per prompt);
+3. each row's response runs on its prompt's cache (``batch_select_indices``).
+
+Copies and selections are differentiable: the backward sums the rows' gradients into the
+one forward of each shared token. Same result as the plain forward up to floating-point
+rounding (tests/trainer/test_shared_prefix.py). Prompts are laid out as in
+``danka.rollout.hf_prefix`` (prefix | pad | rest); positions come from the mask, as the
+plain forward and generation compute them.
 
 Used only where it is exact and measured: a CPU device (the GPU backward kernels have not
-been checked with it yet), one process (under FSDP2 the second forward of a step finds the
-first one's gathered weights freed), no gradient checkpointing (HF turns the cache off under it), no
-compiled body, no active dropout (one forward of the prefix would share its dropout mask
-across rows), an architecture of ``PREFIX_MODEL_TYPES`` and a prefix of >= MIN_PREFIX
-tokens.
+been checked with it yet), one process (under FSDP2 the second forward of a step found the
+first one's gathered weights freed), no gradient checkpointing (HF turns the cache off
+under it), no compiled body, no active dropout (one forward of a shared token would share
+its dropout mask across rows), an architecture of ``PREFIX_MODEL_TYPES``, and something to
+share: a common prefix of >= MIN_PREFIX tokens or a prompt that repeats.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import torch
 from danka.rollout.hf_prefix import cache_kwarg, common_prefix_len, layout, usable
 from danka.types import RolloutBatch
 
-MIN_PREFIX = 8  # below this the extra batch-1 forward costs more than it saves
+MIN_PREFIX = 8  # a shorter common prefix pays only where prompts repeat (GRPO groups)
+ENABLED = True  # False: always the plain forward (the benchmark's and tests' A/B switch)
 
 
 def unpadded_prompts(mb: RolloutBatch) -> list[list[int]]:
@@ -51,26 +57,36 @@ def response_hidden(
     model: torch.nn.Module, decoder: torch.nn.Module, mb: RolloutBatch, device: torch.device
 ) -> torch.Tensor | None:
     """Hidden states predicting the response tokens (b, R, H), or None where the shared
-    prefix does not apply (the caller then runs the plain forward)."""
+    forward does not apply or saves nothing (the caller then runs the plain forward)."""
     from transformers import DynamicCache
 
-    if mb.size < 2 or not applies(model, decoder, device):
+    if not ENABLED or mb.size < 2 or not applies(model, decoder, device):
         return None
     prompts = unpadded_prompts(mb)
-    p = common_prefix_len(prompts)
-    if p < MIN_PREFIX:
+    distinct = list(dict.fromkeys(tuple(q) for q in prompts))  # a GRPO group: one prompt
+    p = common_prefix_len([list(q) for q in distinct])
+    if p < MIN_PREFIX and len(distinct) == mb.size:
         return None
-    ids, mask, _ = layout(prompts, pad_id=0)
-    width = ids.shape[1] - p  # the rest of the prompts, padded on the left
-    ids = torch.cat([ids, mb.response_ids], dim=1).to(device)
-    mask = torch.cat([mask, mb.response_mask.long()], dim=1).to(device)
+    where = {q: u for u, q in enumerate(distinct)}
+    row_of = torch.tensor([where[tuple(q)] for q in prompts], device=device)  # row -> prompt
+    ids, mask, _ = layout([list(q) for q in distinct], pad_id=0)
+    ids, mask = ids.to(device), mask.to(device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
     kw = {cache_kwarg(decoder): cache, "use_cache": True}
-    decoder(input_ids=ids[:1, :p], position_ids=pos[:1, :p], **kw)  # 1. the prefix, once
-    cache.batch_repeat_interleave(mb.size)  # 2. one (differentiable) copy per row
+    if p:  # 1. the prefix all prompts share, once
+        decoder(input_ids=ids[:1, :p], position_ids=pos[:1, :p], **kw)
+        cache.batch_repeat_interleave(len(distinct))  # differentiable copies
+    # 2. each distinct prompt's rest, once; its last column predicts response token 0
     out = decoder(input_ids=ids[:, p:], attention_mask=mask, position_ids=pos[:, p:], **kw)
+    first = out.last_hidden_state[row_of, -1:]  # (b, 1, H)
     r = mb.response_ids.shape[1]
-    # 3. column p + c of the full row is column c here; the response token j is predicted
-    # at full column p + width - 1 + j
-    return out.last_hidden_state[:, width - 1 : width - 1 + r]
+    if r == 1:
+        return first
+    # 3. every row's response on its prompt's cache (indexing: the backward sums the rows)
+    cache.batch_select_indices(row_of)
+    resp = mb.response_ids[:, : r - 1].to(device)
+    full = torch.cat([mask[row_of], mb.response_mask[:, : r - 1].long().to(device)], dim=1)
+    rpos = (full.cumsum(-1) - 1).clamp(min=0)[:, -(r - 1) :]
+    out = decoder(input_ids=resp, attention_mask=full, position_ids=rpos, **kw)
+    return torch.cat([first, out.last_hidden_state], dim=1)  # token j from column j - 1

@@ -25,10 +25,10 @@ def left_right(rows: list[list[int]], left: bool) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
-def batch() -> RolloutBatch:
-    p_ids, p_mask = left_right(PROMPTS, left=True)
-    r_ids, r_mask = left_right(RESPONSES, left=False)
-    n = len(PROMPTS)
+def batch(prompts=PROMPTS, responses=RESPONSES) -> RolloutBatch:
+    p_ids, p_mask = left_right(prompts, left=True)
+    r_ids, r_mask = left_right(responses, left=False)
+    n = len(prompts)
     return RolloutBatch(
         p_ids, p_mask.long(), r_ids, r_mask, torch.arange(n), torch.zeros(n, dtype=torch.bool)
     )
@@ -48,7 +48,7 @@ def lora_model(dropout: float = 0.0):
 
 
 def logprobs_and_grads(model, mb, shared: bool, monkeypatch):
-    monkeypatch.setattr(shared_prefix, "MIN_PREFIX", 8 if shared else 10**9)
+    monkeypatch.setattr(shared_prefix, "ENABLED", shared)
     model.zero_grad()
     lp, _ = policy_logprobs(model, mb, temperature=1.0, chunk_size=64)
     (lp * mb.response_mask).sum().backward()
@@ -73,12 +73,34 @@ def test_same_logprobs_and_lora_grads_as_the_plain_forward(monkeypatch):
         torch.testing.assert_close(g_s[name], g_p[name], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "prompts, responses",
+    [
+        # GRPO groups without a common prefix (p = 0): prompts A, B, A, B, A; A's rest runs
+        # once for rows 0, 2, 4 and B's once for rows 1, 3
+        ([[21, 22, 23], [31, 32], [21, 22, 23], [31, 32], [21, 22, 23]],
+         [[5, 6], [7, 8, 9], [10], [11, 12], [13, 14, 15]]),
+        # one token per response (step 3 does not run): a group and a common prefix
+        ([SYSTEM + [30], SYSTEM + [30], SYSTEM + [40, 41]], [[5], [6], [7]]),
+    ],
+)  # fmt: skip
+def test_groups_share_their_prompt(prompts, responses, monkeypatch):
+    model, mb = lora_model(), batch(prompts, responses)
+    assert (
+        shared_prefix.response_hidden(model, decoder_of(model), mb, torch.device("cpu")) is not None
+    )
+    lp_s, g_s = logprobs_and_grads(model, mb, True, monkeypatch)
+    lp_p, g_p = logprobs_and_grads(model, mb, False, monkeypatch)
+    torch.testing.assert_close(lp_s, lp_p, atol=1e-5, rtol=0)
+    for name in g_p:
+        torch.testing.assert_close(g_s[name], g_p[name], atol=1e-5, rtol=1e-4)
+
+
 def test_critic_values_through_the_shared_prefix(monkeypatch):
     model, mb = tiny_causal_lm().eval(), batch()
     head = torch.nn.Linear(64, 1)
-    monkeypatch.setattr(shared_prefix, "MIN_PREFIX", 8)
     shared = critic_values(model, head, mb)
-    monkeypatch.setattr(shared_prefix, "MIN_PREFIX", 10**9)
+    monkeypatch.setattr(shared_prefix, "ENABLED", False)
     torch.testing.assert_close(
         shared * mb.response_mask, critic_values(model, head, mb) * mb.response_mask
     )

@@ -29,6 +29,9 @@ import torch
 # plain decoder caches with 1-D RoPE positions. Others (sliding window, hybrid or
 # recurrent caches, multimodal positions) keep the plain path.
 PREFIX_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+# Attention that takes the padding between prefix and rest as a plain 2-D mask (flash-attn
+# unpads by the mask; not checked with this layout, so it keeps the plain path).
+PREFIX_ATTENTION = ("sdpa", "eager")
 
 
 def common_prefix_len(prompts: list[list[int]]) -> int:
@@ -67,6 +70,7 @@ def usable(model: torch.nn.Module) -> bool:
     cfg = getattr(root, "config", None)
     return (
         getattr(cfg, "model_type", None) in PREFIX_MODEL_TYPES
+        and getattr(cfg, "_attn_implementation", None) in PREFIX_ATTENTION
         and not getattr(cfg, "use_sliding_window", False)
         and hasattr(root, "get_decoder")
     )

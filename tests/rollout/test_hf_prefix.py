@@ -61,9 +61,13 @@ def tiny_qwen3():
     return Qwen3ForCausalLM(cfg)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "llama-eager"])
 def test_greedy_equals_generate_and_a_plain_forward(arch):
-    model = (tiny_qwen3() if arch == "qwen3" else tiny_causal_lm(arch=arch)).eval()
+    model = tiny_qwen3() if arch == "qwen3" else tiny_causal_lm(arch=arch.split("-")[0])
+    if arch.endswith("eager"):
+        model.set_attn_implementation("eager")
+        assert model.config._attn_implementation == "eager"
+    model.eval()
     assert hf_prefix.usable(model)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
     with_prefix = _generate(model, PROMPTS, params, prefix=True)
@@ -93,6 +97,14 @@ def test_sampling_with_lora_draws_the_same_tokens_as_plain_generate():
     assert a.shape == (12, 6) and torch.equal(a, b)
     # samples of a group differ (the cache copies are not one shared sample)
     assert len({tuple(r) for r in a[:4].tolist()}) > 1
+
+
+def test_unchecked_attention_keeps_plain_generate():
+    model = tiny_causal_lm()
+    model.config._attn_implementation = "flash_attention_2"  # not run: only the gate
+    assert not hf_prefix.usable(model)
+    model.config._attn_implementation = "eager"
+    assert hf_prefix.usable(model)
 
 
 def test_other_architectures_keep_plain_generate():

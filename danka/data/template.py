@@ -155,3 +155,17 @@ def left_pad(
             out[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
             mask[i, width - len(row) :] = 1
     return out.to(device), mask.to(device)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def distinct(seqs: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """``seqs`` without repeats, in first-seen order, and for each of ``seqs`` the index of
+    its copy there (a GRPO step holds ``n`` copies of each prompt)."""
+    first: dict[tuple[int, ...], int] = {}
+    index = [first.setdefault(tuple(s), len(first)) for s in seqs]
+    return [list(s) for s in first], index

@@ -367,7 +367,6 @@ class FastEngine(RolloutEngine):
         slot ``live - 1`` (see ``_ensure_graph``) and output column T - 2; the call resets
         every other piece of state it touches before decoding."""
         t0 = time.perf_counter()
-        st.gen.fill_(st.out_tok.shape[1] - 2)
         st.pos.zero_()
         st.start.zero_()
         st.done.zero_()

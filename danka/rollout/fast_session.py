@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from danka.data.template import left_pad
+from danka.data.template import common_prefix, distinct, left_pad
 from danka.errors import UserError
 from danka.rollout.base import SamplingParams, finish_batch
 from danka.rollout.fast_model import extend, prefill
@@ -46,12 +46,6 @@ class _Held:
     tokens: list[int]  # the tokens whose keys/values cache row ``row`` holds, in order
     row: int
     start: int  # slot of the first of them (they fill [start, start + len(tokens)))
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 class FastSession:
@@ -172,18 +166,16 @@ class FastSession:
         """Prefill each distinct sequence once into rows ``[0, u)``, then copy row by row
         (the loop's first turn holds ``n`` copies of every prompt) -> logits (rows, V)."""
         eng, dev = self.engine, self.engine._spec.device
-        first: dict[tuple[int, ...], int] = {}
-        src = [first.setdefault(tuple(s), len(first)) for s in seqs]
-        distinct = [list(s) for s in first]
+        unique, src = distinct(seqs)
         logits = []
-        for j in range(0, len(distinct), eng.prefill_batch):
-            part = distinct[j : j + eng.prefill_batch]
+        for j in range(0, len(unique), eng.prefill_batch):
+            part = unique[j : j + eng.prefill_batch]
             ids, mask = left_pad(part, self.pad_id, width=plen, device=dev)
             r = slice(j, j + len(part))
             logits.append(prefill(w, eng._spec, ids, mask, eng._cos, eng._sin, k, v, r, 1))
-        if len(distinct) < len(seqs):
+        if len(unique) < len(seqs):
             _relayout(eng._k, eng._v, src, [0] * len(seqs), plen)
-        done = sum(len(s) for s in distinct)
+        done = sum(len(s) for s in unique)
         self.stats["prefill_tokens"] += done
         self.stats["reused_tokens"] += sum(len(s) for s in seqs) - done
         return torch.cat(logits)[torch.tensor(src, device=dev)]

@@ -26,7 +26,7 @@ class Slots:
     pad: torch.Tensor  # () long
     temperature: torch.Tensor  # () float
     top_p: torch.Tensor  # () float
-    graphs: dict = field(default_factory=dict)  # (greedy, top_k, top_p on) -> CUDAGraph
+    graphs: dict = field(default_factory=dict)  # ((greedy, top_k, top_p on), live) -> graph
 
     @classmethod
     def new(cls, b: int, t: int, device: torch.device) -> Slots:

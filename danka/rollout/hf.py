@@ -44,8 +44,7 @@ class HFGenerateEngine(RolloutEngine):
     def _generate_chunk(model, prompts, params, eos_ids, pad_id, device) -> list[list[int]]:
         kw = {}
         if hf_prefix.usable(model):  # shared prompt tokens run once (see hf_prefix)
-            ids, mask, cache = hf_prefix.prefill(model, prompts, params.n, pad_id, device)
-            kw[hf_prefix.cache_kwarg(unwrap_causal_lm(model))] = cache
+            ids, mask, kw = hf_prefix.prefill(model, prompts, params.n, pad_id, device)
         else:  # greedy search refuses num_return_sequences > 1: repeat the prompts instead
             ids, mask = left_pad(prompts, pad_id)
             ids, mask = ids.repeat_interleave(params.n, 0), mask.repeat_interleave(params.n, 0)

@@ -25,6 +25,8 @@ import inspect
 
 import torch
 
+from danka.data.template import common_prefix, left_pad
+
 # Architectures checked to give generate's own tokens through this path (tests/rollout):
 # plain decoder caches with 1-D RoPE positions. Others (sliding window, hybrid or
 # recurrent caches, multimodal positions) keep the plain path.
@@ -37,27 +39,16 @@ PREFIX_ATTENTION = ("sdpa", "eager")
 def common_prefix_len(prompts: list[list[int]]) -> int:
     """Length of the longest token prefix all ``prompts`` share, at most ``len - 1`` of the
     shortest (every row keeps >= 1 token for ``generate`` to run)."""
-    limit = min(len(p) for p in prompts) - 1
     first = prompts[0]
-    n = 0
-    while n < limit and all(p[n] == first[n] for p in prompts):
-        n += 1
-    return n
+    return min(min(common_prefix(first, p) for p in prompts), min(map(len, prompts)) - 1)
 
 
 def layout(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``prompts`` (B lists) -> ids, mask (B, p + R) in the layout above, and p."""
     p = common_prefix_len(prompts)
-    width = max(len(q) for q in prompts) - p
-    ids = torch.full((len(prompts), p + width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, q in enumerate(prompts):
-        rest = q[p:]
-        ids[i, :p] = torch.tensor(q[:p])
-        ids[i, p + width - len(rest) :] = torch.tensor(rest)
-        mask[i, :p] = 1
-        mask[i, p + width - len(rest) :] = 1
-    return ids, mask, p
+    rest, rest_mask = left_pad([q[p:] for q in prompts], pad_id)
+    head = torch.tensor(prompts[0][:p], dtype=torch.long).expand(len(prompts), p)
+    return torch.cat([head, rest], 1), torch.cat([torch.ones_like(head), rest_mask], 1), p
 
 
 def usable(model: torch.nn.Module) -> bool:
@@ -86,14 +77,15 @@ def cache_kwarg(decoder: torch.nn.Module) -> str:
 @torch.no_grad()
 def prefill(model: torch.nn.Module, prompts: list[list[int]], n: int, pad_id: int, device):
     """Prefill ``prompts`` sharing their common prefix; returns ``(ids, mask, cache)`` for
-    ``generate(input_ids=ids, attention_mask=mask, past_key_values=cache)``, each with
-    ``B * n`` rows (row ``i * n + j`` continues prompt ``i``), cache over ``ids[:, :-1]``;
-    pass the cache to ``generate`` under the name :func:`cache_kwarg` gives."""
+    ``generate(input_ids=ids, attention_mask=mask, **cache)``, each with ``B * n`` rows
+    (row ``i * n + j`` continues prompt ``i``); ``cache`` is ``{name: DynamicCache}`` over
+    ``ids[:, :-1]``, under the keyword this transformers' ``generate`` takes."""
     from transformers import DynamicCache
 
     from danka.rollout.fast_weights import unwrap_causal_lm
 
-    decoder = unwrap_causal_lm(model).get_decoder()
+    root = unwrap_causal_lm(model)
+    decoder = root.get_decoder()
     ids, mask, p = layout(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -111,4 +103,4 @@ def prefill(model: torch.nn.Module, prompts: list[list[int]], n: int, pad_id: in
         )
     if n > 1:  # 3. one copy per sample
         cache.batch_repeat_interleave(n)
-    return ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), cache
+    return ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), {cache_kwarg(root): cache}

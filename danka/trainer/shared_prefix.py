@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from danka.data.template import distinct
 from danka.rollout.hf_prefix import cache_kwarg, common_prefix_len, layout, usable
 from danka.types import RolloutBatch
 
@@ -62,21 +63,19 @@ def response_hidden(
 
     if not ENABLED or mb.size < 2 or not applies(model, decoder, device):
         return None
-    prompts = unpadded_prompts(mb)
-    distinct = list(dict.fromkeys(tuple(q) for q in prompts))  # a GRPO group: one prompt
-    p = common_prefix_len([list(q) for q in distinct])
-    if p < MIN_PREFIX and len(distinct) == mb.size:
+    unique, row_of = distinct(unpadded_prompts(mb))  # a GRPO group: one prompt
+    p = common_prefix_len(unique)
+    if p < MIN_PREFIX and len(unique) == mb.size:
         return None
-    where = {q: u for u, q in enumerate(distinct)}
-    row_of = torch.tensor([where[tuple(q)] for q in prompts], device=device)  # row -> prompt
-    ids, mask, _ = layout([list(q) for q in distinct], pad_id=0)
+    row_of = torch.tensor(row_of, device=device)  # row -> its prompt in ``unique``
+    ids, mask, _ = layout(unique, pad_id=0)
     ids, mask = ids.to(device), mask.to(device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
     kw = {cache_kwarg(decoder): cache, "use_cache": True}
     if p:  # 1. the prefix all prompts share, once
         decoder(input_ids=ids[:1, :p], position_ids=pos[:1, :p], **kw)
-        cache.batch_repeat_interleave(len(distinct))  # differentiable copies
+        cache.batch_repeat_interleave(len(unique))  # differentiable copies
     # 2. each distinct prompt's rest, once; its last column predicts response token 0
     out = decoder(input_ids=ids[:, p:], attention_mask=mask, position_ids=pos[:, p:], **kw)
     first = out.last_hidden_state[row_of, -1:]  # (b, 1, H)

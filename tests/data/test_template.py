@@ -82,3 +82,12 @@ def test_left_pad():
     assert ids.dtype == torch.long and mask.dtype == torch.long
     empty, empty_mask = left_pad([], pad_id=0)
     assert empty.shape == (0, 0) and empty_mask.shape == (0, 0)
+
+
+def test_distinct_and_common_prefix_by_hand():
+    from danka.data.template import common_prefix, distinct
+
+    # A, B, A, C, B -> [A, B, C]; each row's index into it
+    unique, index = distinct([[1, 2], [3], [1, 2], [4, 5], [3]])
+    assert unique == [[1, 2], [3], [4, 5]] and index == [0, 1, 0, 2, 1]
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0

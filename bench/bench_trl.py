@@ -174,6 +174,20 @@ def danka_config(args, model_path: str, data_path: Path, out_dir: Path) -> dict:
     }
 
 
+def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
+    """``["rollout.keep_cache=false", ...]``: dotted key = YAML value, set in ``cfg``."""
+    import yaml
+
+    for item in overrides:
+        key, _, value = item.partition("=")
+        *path, leaf = key.split(".")
+        node = cfg
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return cfg
+
+
 def side_danka(args, model_path: str, work: Path) -> dict:
     import yaml
 
@@ -181,7 +195,8 @@ def side_danka(args, model_path: str, work: Path) -> dict:
     data.write_text("".join(json.dumps(r) + "\n" for r in prompts(args.prompts * args.steps)))
     out_dir = work / "danka"
     cfg = work / "danka.yaml"
-    cfg.write_text(yaml.safe_dump(danka_config(args, model_path, data, out_dir)))
+    raw = apply_overrides(danka_config(args, model_path, data, out_dir), args.danka_set)
+    cfg.write_text(yaml.safe_dump(raw))
     cmd = [sys.executable, "-m", "danka", "train", str(cfg)]
     env = {
         **os.environ,
@@ -196,10 +211,18 @@ def side_danka(args, model_path: str, work: Path) -> dict:
     lens = [r["response_length"] for r in rows if "response_length" in r]
     import danka
 
+    # where the step's time and memory go: each phase's seconds and peak GiB, per step
+    phases = {
+        k: [r[k] for r in rows if k in r]
+        for k in sorted({k for r in rows for k in r})
+        if k.startswith("time/") or (k.startswith("memory/") and k.endswith("_peak_gib"))
+    }
     return {
         "step_s": [r["time/step"] for r in rows],
         "completion_len": lens,
         "peak_gib": max(peaks) if peaks else None,
+        "phases": phases,
+        "overrides": args.danka_set,
         "danka_file": danka.__file__,
     }
 
@@ -228,6 +251,10 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=16, help="sequences per forward/backward")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps (first = warm-up)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--danka-set", action="append", default=[], metavar="KEY=VALUE",
+        help="danka side: override a config key (YAML value), e.g. rollout.keep_cache=false",
+    )  # fmt: skip
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if (args.prompts * args.generations) % args.micro:

@@ -153,6 +153,7 @@ def trl(args) -> dict:
     common += ["--new-tokens", str(args.new_tokens), "--micro", str(args.micro)]
     common += ["--steps", str(args.steps)]
     common += ["--tiny"] if args.tiny else ["--model", args.model]
+    common += [f"--danka-set={o}" for o in args.danka_set]
     res: dict = {
         "bench": "trl",
         "model": "tiny" if args.tiny else args.model,
@@ -166,16 +167,16 @@ def trl(args) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     for variant in args.variants.split(","):
         sides = {}
-        for side in ("trl", "danka"):
+        for side in args.sides.split(","):
             cmd = [sys.executable, "bench/bench_trl.py", "--side", side, "--variant", variant]
             path = tmp / f"trl_{variant}_{side}.json"
             sides[side] = _side(cmd + common, path, args.timeout)
             print(variant, side, {k: v for k, v in sides[side].items() if k != "step_s"})
         entry: dict = {"sides": sides}
-        t, d = sides["trl"].get("median_step_s"), sides["danka"].get("median_step_s")
+        t, d = (sides.get(s, {}).get("median_step_s") for s in ("trl", "danka"))
         if t and d:
             entry["trl_over_danka_step_time"] = t / d
-        pt, pd = sides["trl"].get("peak_gib"), sides["danka"].get("peak_gib")
+        pt, pd = (sides.get(s, {}).get("peak_gib") for s in ("trl", "danka"))
         if pt and pd:
             entry["danka_over_trl_peak"] = pd / pt
         res["variants"][variant] = entry
@@ -211,6 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--new-tokens", type=int, default=256)
     g.add_argument("--micro", type=int, default=16)
     g.add_argument("--steps", type=int, default=4)
+    g.add_argument("--sides", default="trl,danka", help="trl,danka or one of them")
+    g.add_argument("--danka-set", action="append", default=[], metavar="KEY=VALUE")
     args, extra = ap.parse_known_args(argv)  # train: other flags go to bench_train.py
     if extra and args.cmd != "train":
         ap.error(f"unrecognized arguments: {' '.join(extra)}")

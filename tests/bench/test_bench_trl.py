@@ -57,3 +57,10 @@ def test_trl_and_danka_sides_one_json(tmp_path):
     ratio = res["variants"]["lora"]["trl_over_danka_step_time"]
     assert ratio == sides["trl"]["median_step_s"] / sides["danka"]["median_step_s"]
     assert sides["trl"]["trl"] and res["environment"]["torch"]
+
+
+def test_danka_set_overrides_a_nested_key_with_a_yaml_value():
+    raw = {"rollout": {"engine": "fast"}, "trainer": {"lr": 1e-5}}
+    out = bench_trl.apply_overrides(raw, ["rollout.keep_cache=false", "model.attn=sdpa"])
+    assert out["rollout"] == {"engine": "fast", "keep_cache": False}  # YAML false, not "false"
+    assert out["model"] == {"attn": "sdpa"} and out["trainer"] == {"lr": 1e-5}

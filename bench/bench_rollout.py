@@ -50,6 +50,9 @@ SHAPES = {
 }  # fmt: skip
 
 
+FAST_SIDES = ("fast", "fast-whole-cache", "fast-compile", "fast-triton", "fast-compile-triton")
+
+
 def build_model(args) -> torch.nn.Module:
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
         args.dtype
@@ -171,7 +174,8 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
             max_batch=max(256, args.prompts),
             lora_compute=mode,
             live_chunk=0 if args.side == "fast-whole-cache" else 64,
-            compile_step=args.side == "fast-compile",
+            compile_step=args.side.startswith("fast-compile"),
+            attention="triton" if args.side.endswith("-triton") else "sdpa",
         )
 
         def run(params, m=m, engine=engine):
@@ -220,10 +224,11 @@ def main() -> None:
     ap.add_argument(
         "--side",
         required=True,
-        choices=["fast", "fast-whole-cache", "fast-compile", "hf-dynamic", "hf-static"],
+        choices=list(FAST_SIDES) + ["hf-dynamic", "hf-static"],
         help="fast-whole-cache: the fast engine attending over the whole KV capacity at "
         "every step (live_chunk=0, the engine before session 5); fast-compile: with "
-        "rollout.compile (torch.compile'd decode layer; the first call compiles)",
+        "rollout.compile (torch.compile'd decode layer; the first call compiles); "
+        "-triton: with rollout.decode_attention: triton (danka's split-K kernel)",
     )
     ap.add_argument("--lora", action="store_true", help="fast side: also with a live LoRA")
     ap.add_argument("--prompts", type=int, default=64)

@@ -115,7 +115,8 @@ def rollout(args) -> dict:
                     f"{key}_tok_s": s[hf]["tok_s"],
                     "ratio": fast["lora_tok_s"] / s[hf]["tok_s"],
                 }
-    for other in ("fast-whole-cache", "fast-compile"):  # engine variants vs the default
+    variants = ("fast-whole-cache", "fast-compile", "fast-triton", "fast-compile-triton")
+    for other in variants:  # engine variants vs the default
         o = s.get(other, {})
         for prefix in ("", "lora_", "lora_base_"):
             if f"{prefix}tok_s" in fast and f"{prefix}tok_s" in o:
@@ -125,6 +126,16 @@ def rollout(args) -> dict:
                     "ratio": o[f"{prefix}tok_s"] / fast[f"{prefix}tok_s"],
                 }
         o.pop("greedy_tokens", None)
+    static = s.get("hf-static", {}).get("tok_s")
+    for side in ("fast",) + variants:  # every fast variant against HF's fastest path
+        for prefix in ("", "lora_", "lora_base_"):
+            got = s.get(side, {}).get(f"{prefix}tok_s")
+            if static and got:
+                res[f"{side.replace('-', '_')}_{prefix}over_hf_static"] = {
+                    f"{side}_{prefix}tok_s": got,
+                    "hf_static_tok_s": static,
+                    "ratio": got / static,
+                }
     a, b = fast.pop("greedy_tokens", None), s.get("hf-dynamic", {}).pop("greedy_tokens", None)
     if a and b:
         same = [[int(x == y) for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]

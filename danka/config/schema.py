@@ -220,6 +220,12 @@ class RolloutConfig:
         "graphs: 1.2-1.4x tok/s on an H200; the first call compiles, 7-10 s for SmolLM2); "
         "other engines refuse it",
     )
+    decode_attention: str = _f(
+        "sdpa",
+        "fast engine: the decode step's attention kernel: sdpa (PyTorch's memory-efficient "
+        "kernel with a mask) | triton (danka's split-K kernel over the live slots; CUDA and "
+        "the triton package); other engines refuse triton",
+    )
     # agent:
     tools: list[str] = _f(
         [], "tools offered to the model: calculator | python | path/to/file.py:function"

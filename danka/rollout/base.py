@@ -82,6 +82,7 @@ class EngineOptions:
     generation_batch_size: int = 0  # sequences per generate call (0 = all at once)
     keep_cache: bool | None = None  # keep the KV cache between calls (None = by model size)
     compile: bool = False  # torch.compile the engine's decode layer
+    decode_attention: str = "sdpa"  # the decode step's attention kernel (sdpa | triton)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ ROLLOUT_ENGINES.add(
             "generation_batch_size": "max_batch",
             "keep_cache": "keep_cache",
             "compile": "compile_step",
+            "decode_attention": "attention",
         },
         auto_devices=("cuda",),
         auto_priority=1,

@@ -28,6 +28,7 @@ re-capture would cost more than the memory), free for larger ones (a 7B).
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -61,6 +62,36 @@ def keeps_cache(keep_cache: bool | None, weight_bytes: int) -> bool:
     return weight_bytes <= KEEP_CACHE_LIMIT_BYTES if keep_cache is None else bool(keep_cache)
 
 
+DECODE_ATTENTION = ("sdpa", "triton")
+
+
+def interpreted() -> bool:
+    """Triton's CPU interpreter is on (tests only): the triton kernel may run on the CPU."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_attention(name: str) -> str:
+    """``rollout.decode_attention`` validated; ``"triton"`` imports (and so registers) the
+    kernel's custom op, or says how to get triton."""
+    if name not in DECODE_ATTENTION:
+        raise UserError(
+            f"rollout.decode_attention: {name!r} is not a decode attention kernel",
+            where="rollout.decode_attention",
+            fix=f"use one of: {', '.join(DECODE_ATTENTION)}",
+        )
+    if name == "triton":
+        try:
+            import danka.rollout.triton_decode  # noqa: F401  (registers the op)
+        except ImportError as e:
+            raise UserError(
+                f"rollout.decode_attention: triton needs the triton package ({e})",
+                where="rollout.decode_attention",
+                fix="pip install triton (CUDA builds of torch ship it), or set "
+                "rollout.decode_attention: sdpa",
+            ) from e
+    return name
+
+
 def bucket_size(rows: int, graphs: bool) -> int:
     """Batch rows actually run: exact without graphs, else the next bucket (multiples of 256
     above the largest), so one captured graph serves every batch up to its size."""
@@ -90,6 +121,7 @@ class FastEngine(RolloutEngine):
         lora_compute: str = "adapter",
         live_chunk: int = 64,
         compile_step: bool = False,
+        attention: str = "sdpa",
     ):
         # max_batch: sequences per decode batch (prompts are split to fit);
         # use_cuda_graph: None = on for CUDA models; keep_cache: keep the KV cache, buffers and
@@ -123,6 +155,10 @@ class FastEngine(RolloutEngine):
         # the norm/RoPE/residual/activation kernels between the GEMMs and attention, and
         # its kernels run inside the engine's own CUDA graphs. The first call compiles.
         self.compile_step = bool(compile_step)
+        # attention (rollout.decode_attention): the decode step's attention kernel; "sdpa"
+        # (masked memory-efficient SDPA) or "triton" (danka.rollout.triton_decode: split-K
+        # FlashDecoding over the live slots, CUDA only); prefill always runs SDPA.
+        self.attention = check_attention(attention)
         self._layer = torch.compile(decode_layer, dynamic=None) if compile_step else None
         self.use_cuda_graph = use_cuda_graph
         self.keep_cache = keep_cache
@@ -186,6 +222,13 @@ class FastEngine(RolloutEngine):
         to capture graphs, and the engine's generator seeded from ``generator``."""
         root = unwrap_causal_lm(model)
         spec = model_spec(root)  # raises UserError for unsupported models
+        if self.attention == "triton" and spec.device.type != "cuda" and not interpreted():
+            raise UserError(
+                f"rollout.decode_attention: triton runs on a CUDA GPU; the model is on "
+                f"{spec.device.type}",
+                where="rollout.decode_attention",
+                fix="set rollout.decode_attention: sdpa",
+            )
         if spec != self._spec:
             self.release()
             self._spec = spec
@@ -350,6 +393,7 @@ class FastEngine(RolloutEngine):
                 k,
                 v,
                 layer=self._layer,
+                attention=self.attention,
             )
         tok, lp = self._sample(st, key, logits)
         tok = torch.where(st.done, st.pad, tok)

@@ -234,6 +234,7 @@ def decode_forward(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     layer=None,
+    attention: str = "sdpa",
 ) -> torch.Tensor:
     """One token for each of b sequences -> next-token logits (b, V) fp32.
 
@@ -242,18 +243,22 @@ def decode_forward(
     shape that depends on data, so the whole call can be captured in a CUDA graph.
     ``layer``: the per-layer function (default :func:`decode_layer`; the engine passes a
     ``torch.compile``d one with ``compile=True``); its weights come from
-    :func:`layer_weights`.
+    :func:`layer_weights`. ``attention``: ``"sdpa"`` (masked SDPA) or ``"triton"`` (the
+    split-K kernel of :mod:`danka.rollout.triton_decode`, which reads ``start``/``slot``
+    instead of a mask; that module must have been imported).
     """
     layer = layer or decode_layer
-    t = k_cache.shape[3]
-    slots = torch.arange(t, device=tok.device)
-    valid = (slots[None, :] >= start[:, None]) & (slots[None, :] <= slot)
-    zero = torch.zeros((), dtype=spec.dtype, device=tok.device)
-    mask = torch.where(valid, zero, float("-inf"))[:, None, None, :]  # (b, 1, 1, T)
+    mask = None
+    if attention == "sdpa":
+        t = k_cache.shape[3]
+        slots = torch.arange(t, device=tok.device)
+        valid = (slots[None, :] >= start[:, None]) & (slots[None, :] <= slot)
+        zero = torch.zeros((), dtype=spec.dtype, device=tok.device)
+        mask = torch.where(valid, zero, float("-inf"))[:, None, None, :]  # (b, 1, 1, T)
     cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]  # (b, 1, D)
     x = _embed(w, tok)
     for i in range(spec.layers):
-        x = layer(layer_weights(w, i), spec, x, cos, sin, k_cache[i], v_cache[i], slot, mask)
+        x = layer(layer_weights(w, i), spec, x, cos, sin, k_cache[i], v_cache[i], slot, mask, start)
     return _logits(w, spec, x)
 
 
@@ -265,9 +270,12 @@ def layer_weights(w: Weights, i: int) -> Weights:
     return {k[len(p) :]: v for k, v in w.items() if k.startswith(p)}
 
 
-def decode_layer(lw: Weights, spec: ModelSpec, x, cos, sin, k, v, slot, mask) -> torch.Tensor:
+def decode_layer(
+    lw: Weights, spec: ModelSpec, x, cos, sin, k, v, slot, mask, start=None
+) -> torch.Tensor:
     """One decoder layer for one token per row: x (b, H), cos/sin (b, 1, D), this layer's
-    cache k/v (b, Hkv, T, D) (slot ``slot`` written here), additive mask (b, 1, 1, T)."""
+    cache k/v (b, Hkv, T, D) (slot ``slot`` written here), additive mask (b, 1, 1, T); with
+    ``mask=None`` the split-K Triton kernel attends to slots ``[start, slot]`` instead."""
     b = x.shape[0]
     nqk = spec.heads + spec.kv_heads
     qk_dim = nqk * spec.head_dim
@@ -280,6 +288,9 @@ def decode_layer(lw: Weights, spec: ModelSpec, x, cos, sin, k, v, slot, mask) ->
     v.index_copy_(2, slot, qkv[:, qk_dim:].view(b, spec.kv_heads, 1, spec.head_dim))
     # GQA without copying K/V: the G query heads of a group act as G query positions.
     qg = q.view(b, spec.kv_heads, group, spec.head_dim)
-    att = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+    if mask is None:  # rollout.decode_attention: triton (danka.rollout.triton_decode)
+        att = torch.ops.danka.decode_attention(qg, k, v, start, slot)
+    else:
+        att = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
     x = x + _lin(lw, "o", att.reshape(b, spec.q_dim))
     return x + _mlp(lw, "", rms_norm(x, lw["ln2"], spec.eps))

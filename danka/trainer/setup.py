@@ -203,6 +203,7 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
                 cfg.rollout.generation_batch_size,
                 keep_cache=cfg.rollout.keep_cache,
                 compile=cfg.rollout.compile,
+                decode_attention=cfg.rollout.decode_attention,
             ),
         ),
         rewards=rewards,

@@ -56,3 +56,20 @@ def test_engines_declare_logprob_reporting():
     assert engine_meta("fast").reports_logprobs and not engine_meta("hf").reports_logprobs
     with pytest.raises(UserError, match="unknown rollout engine 'vllm'"):
         build_engine("vllm")
+
+
+def test_decode_attention_reaches_the_fast_engine_and_is_validated(monkeypatch):
+    assert build_engine("fast").attention == "sdpa"
+    with pytest.raises(UserError, match="not a decode attention kernel") as info:
+        build_engine("fast", EngineOptions(decode_attention="flash"))
+    assert info.value.where == "rollout.decode_attention"
+    # HF generate has no such setting: refused, never silently ignored
+    with pytest.raises(UserError, match="rollout.decode_attention is set"):
+        build_engine("hf", EngineOptions(decode_attention="triton"))
+    # without the triton package: one message saying how to get it (None in sys.modules
+    # makes `import triton` raise ImportError, as on a CPU build of torch)
+    monkeypatch.setitem(__import__("sys").modules, "triton", None)
+    monkeypatch.delitem(__import__("sys").modules, "danka.rollout.triton_decode", raising=False)
+    with pytest.raises(UserError, match="needs the triton package") as info:
+        build_engine("fast", EngineOptions(decode_attention="triton"))
+    assert "pip install triton" in info.value.fix

@@ -1,4 +1,5 @@
-"""bench/triton_decode_attention.py under Triton's CPU interpreter vs the fp32 reference.
+"""danka/rollout/triton_decode.py (on a GPU, or under Triton's CPU interpreter) vs the fp32
+reference.
 
 Skipped where triton is not importable (CI). Run with triton on the path:
 ``PYTHONPATH=/tmp/triton_site:. TRITON_INTERPRET=1 python -m pytest -q THIS_FILE``.
@@ -26,8 +27,9 @@ pytest.importorskip("triton")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import triton_decode_attention as tda  # noqa: E402
 from bench_decode_attention import matmul_softmax  # noqa: E402
+
+import danka.rollout.triton_decode as tda  # noqa: E402
 
 
 def _case(b, kvh, g, d, cap, live, start, slot, seed=0):
@@ -94,3 +96,14 @@ def test_split_plan_fills_the_gpu():
     assert tda.split_plan(256, 3, 384, 132) == (1, 384)
     # never below one block per split
     assert tda.split_plan(1, 1, 128, 132) == (2, 64)
+
+
+def test_custom_op_equals_the_function_and_fp32_inputs_are_exact():
+    # torch.ops.danka.decode_attention (what the engine calls) is the same computation;
+    # with fp32 inputs both products are IEEE fp32 (no TF32): error ~1e-6, not ~1e-3
+    q, k, v, start_t, slot_t, ref = _case(2, 2, 7, 32, 256, 192, [0, 70], 150)
+    via_op = torch.ops.danka.decode_attention(q, k, v, start_t, slot_t)
+    assert torch.equal(via_op, tda.decode_attention(q, k, v, start_t, slot_t))
+    got = tda.decode_attention(q.float(), k.float(), v.float(), start_t, slot_t)
+    assert got.dtype == torch.float32
+    assert (got.cpu() - ref).abs().max() < 1e-5

@@ -1,6 +1,8 @@
-"""Split-K decode attention (Triton) for the fast engine's one-token-per-row step.
+"""Split-K decode attention (Triton) for the fast engine's one-token-per-row step
+(``rollout.decode_attention: triton``; imported only then: it needs triton, which CUDA builds
+of torch ship and CPU builds do not).
 
-Why: the fast engine (``danka/rollout/fast_model.py``, ``decode_layer``) runs
+Why a kernel of our own: the fast engine (``danka/rollout/fast_model.py``, ``decode_layer``) runs
 ``F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)`` with the G = Hq / Hkv query
 heads of a KV group as G query rows. SDPA's kernels are tiled for long queries (64+ rows
 per tile); a decode step has G <= 7 query rows per KV head and a short cache (L ~ 256-384
@@ -19,7 +21,12 @@ Shapes: q (b, Hkv, G, D); k, v (b, Hkv, L, D) (any strides: a slice ``[..., :L, 
 (b, Hkv, T, D) cache works); ``start`` (b,) int64 and ``slot`` (1,) int64 on the device:
 row i attends to slots ``start[i] <= s <= slot[0]`` (and ``s < L``). ``slot`` is read
 inside the kernel and the grid depends only on shapes, so a call can be captured in a
-CUDA graph. Softmax and accumulation are fp32; the output is in q's dtype.
+CUDA graph. Softmax and accumulation are fp32; the output is in q's dtype. fp32 inputs (and the CPU
+interpreter) use IEEE fp32 products, not TF32.
+
+:func:`decode_attention_op` is the same function as a ``torch.library`` custom op
+(``torch.ops.danka.decode_attention``), so ``torch.compile`` (``rollout.compile``) treats it
+as one opaque call inside the compiled decode layer.
 """
 
 from __future__ import annotations
@@ -46,8 +53,8 @@ def _split_kernel(
     [split * CHUNK, (split + 1) * CHUNK); writes m, l (BLOCK_G,) and the unnormalised acc
     (BLOCK_G, BLOCK_D) to the scratch (b * Hkv, splits, BLOCK_G[, BLOCK_D]).
 
-    ``DOT_FP32`` (set for the CPU interpreter): Triton 3.6's interpreter computes ``tl.dot``
-    of bf16 operands wrongly (values ~1e10), so there both products run in fp32."""
+    ``DOT_FP32`` (fp32 inputs, and the CPU interpreter, whose Triton 3.6 ``tl.dot`` of bf16
+    operands is wrong, values ~1e10): both products in IEEE fp32 (not TF32)."""
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -92,7 +99,7 @@ def _split_kernel(
                 other=0.0,
             )  # (BLOCK_D, BLOCK_L)
             if DOT_FP32:
-                s = tl.dot(q.to(tl.float32), kt.to(tl.float32))
+                s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
             else:
                 s = tl.dot(q, kt)
             s = s * qk_scale  # (BLOCK_G, BLOCK_L), log2 units
@@ -107,7 +114,7 @@ def _split_kernel(
                 other=0.0,
             )  # (BLOCK_L, BLOCK_D)
             if DOT_FP32:
-                pv = tl.dot(p, vb.to(tl.float32))
+                pv = tl.dot(p, vb.to(tl.float32), input_precision="ieee")
             else:
                 pv = tl.dot(p.to(vb.dtype), vb)  # bf16 probabilities, as flash attention
             acc = acc * alpha[:, None] + pv
@@ -198,9 +205,22 @@ def decode_attention(
         *q.stride(), *k.stride(), *v.stride(),
         h, g, live, d, d**-0.5 * log2e,
         CHUNK=chunk, BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_L=BLOCK_L,
-        DOT_FP32=not q.is_cuda,
+        DOT_FP32=not q.is_cuda or q.dtype == torch.float32,
     )  # fmt: skip
     _combine_kernel[(b * h,)](
         m, l_, acc, out, g, d, NUM_SPLITS=splits, BLOCK_G=block_g, BLOCK_D=block_d
     )
     return out
+
+
+@torch.library.custom_op("danka::decode_attention", mutates_args=())
+def decode_attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor, slot: torch.Tensor
+) -> torch.Tensor:
+    """:func:`decode_attention` as ``torch.ops.danka.decode_attention`` (default splits)."""
+    return decode_attention(q, k, v, start, slot)
+
+
+@decode_attention_op.register_fake
+def _(q, k, v, start, slot):
+    return q.new_empty(q.shape)  # contiguous (b, Hkv, G, D), as the kernel writes it

@@ -15,14 +15,27 @@ Backward, per chunk, recomputing ``z`` (p = softmax(z), g = upstream grads)::
 so peak memory is O(C * V) instead of O(N * V): with V = 152k, N = 8k response tokens the
 full float32 logits would be 5 GB. The same trick as Liger-Kernel's fused linear
 cross-entropy (Hsu et al. 2024, https://arxiv.org/abs/2410.10989), in plain PyTorch.
+
+On CUDA the elementwise part of each chunk (the statistics forward; dz backward, written
+straight in the GEMM's dtype) runs as ``torch.compile``d functions: eager PyTorch made
+~16 passes over the (C, V) float32 logits, 65% of a 0.5B-shape update step on an H200
+(bench/results/train_update_05b_s7.json); inductor fuses them into a few reductions. Rows
+are a dynamic dimension (one compiled graph serves every chunk length). ``FUSED = False``
+(or a compile failure, logged once) runs the same functions eagerly.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+log = logging.getLogger(__name__)
+FUSED = True  # compile the per-chunk elementwise work on CUDA (tests switch it for A/B)
+_compiled: dict[str, object] = {}
 
 
 def _chunk_stats(z: torch.Tensor, targets: torch.Tensor, entropy: bool):
@@ -33,6 +46,45 @@ def _chunk_stats(z: torch.Tensor, targets: torch.Tensor, entropy: bool):
         return logp, None, lse, None
     p = torch.exp(z - lse[:, None])
     return logp, lse - (p * z).sum(-1), lse, p
+
+
+def _head_stats(z: torch.Tensor, y: torch.Tensor, inv_t: float, entropy: bool):
+    """Raw logits z (C, V) float32 -> (logp (C,), entropy (C,) or None) at temperature
+    1 / inv_t."""
+    lp, ent, _, _ = _chunk_stats(z * inv_t, y, entropy)
+    return lp, ent
+
+
+def _head_dz(z, y, g_lp, g_ent, inv_t: float, dtype: torch.dtype) -> torch.Tensor:
+    """Raw logits z (C, V) float32, upstream grads g_lp / g_ent (C,) (g_ent None: no
+    entropy term) -> dL/d(raw z) (C, V) in ``dtype`` (the GEMMs' dtype)."""
+    z = z * inv_t
+    _, ent, lse, p = _chunk_stats(z, y, entropy=True)
+    dz = -p * g_lp[:, None]
+    dz = dz.scatter_add(1, y[:, None], g_lp[:, None])  # + g_lp at the target (no sync)
+    if g_ent is not None:
+        dz = dz - g_ent[:, None] * p * ((z - lse[:, None]) + ent[:, None])
+    return (dz * inv_t).to(dtype)
+
+
+def _run(name: str, fn, z: torch.Tensor, *args):
+    """``fn(z, *args)``: compiled on CUDA (rows marked dynamic), else (or after a compile
+    failure, logged once) eagerly."""
+    if not (FUSED and z.is_cuda and _compiled.get(name, True) is not None):
+        return fn(z, *args)
+    compiled = _compiled.get(name)
+    if compiled is None:
+        compiled = _compiled[name] = torch.compile(fn, dynamic=None)
+    for t in (z,) + tuple(a for a in args if isinstance(a, torch.Tensor)):
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+    try:
+        return compiled(z, *args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - inductor/triton missing or failing: stay correct
+        log.warning("log-prob head: torch.compile failed (%s); running it eagerly", e)
+        _compiled[name] = None
+        return fn(z, *args)
 
 
 def _logits32(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -60,7 +112,7 @@ def _grad_weight_add(acc: torch.Tensor, dz: torch.Tensor, h: torch.Tensor, dtype
             return
         except (TypeError, RuntimeError, NotImplementedError):
             pass
-    acc.addmm_(dz.T, h.float())
+    acc.addmm_(dz.T.float(), h.float())
 
 
 class _ChunkedLinearLogprobs(torch.autograd.Function):
@@ -74,8 +126,9 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
         logps = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ents = torch.zeros(n if compute_entropy else 0, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk_size):
-            z = _logits32(hidden[s : s + chunk_size], weight) / temperature
-            lp, ent, _, _ = _chunk_stats(z, targets[s : s + chunk_size], compute_entropy)
+            z = _logits32(hidden[s : s + chunk_size], weight)
+            y = targets[s : s + chunk_size]
+            lp, ent = _run("stats", _head_stats, z, y, 1.0 / temperature, compute_entropy)
             logps[s : s + chunk_size] = lp
             if compute_entropy:
                 ents[s : s + chunk_size] = ent
@@ -100,19 +153,12 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
             h = hidden[s : s + ctx.chunk_size]
             y = targets[s : s + ctx.chunk_size]
             g_lp = grad_logp[s : s + ctx.chunk_size].float()
-            z = _logits32(h, weight) / ctx.temperature
-            _, ent, lse, p = _chunk_stats(z, y, entropy=True)
-            dz = -p * g_lp[:, None]
-            dz.scatter_add_(1, y[:, None], g_lp[:, None])  # + g_lp at the target (no sync)
-            if use_ent:
-                g_ent = grad_ent[s : s + ctx.chunk_size].float()
-                dz -= g_ent[:, None] * p * ((z - lse[:, None]) + ent[:, None])
-            dz /= ctx.temperature
+            g_ent = grad_ent[s : s + ctx.chunk_size].float() if use_ent else None
+            z = _logits32(h, weight)
+            dz = _run("dz", _head_dz, z, y, g_lp, g_ent, 1.0 / ctx.temperature, weight.dtype)
+            del z
             if need_h:
-                if weight.dtype == torch.float32:
-                    grad_h[s : s + ctx.chunk_size] = (dz @ weight).to(hidden.dtype)
-                else:
-                    grad_h[s : s + ctx.chunk_size] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+                grad_h[s : s + ctx.chunk_size] = (dz @ weight).to(hidden.dtype)
             if need_w:
                 _grad_weight_add(grad_w, dz, h, weight.dtype)
         if need_w:

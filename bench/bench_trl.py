@@ -198,6 +198,10 @@ def side_danka(args, model_path: str, work: Path) -> dict:
     raw = apply_overrides(danka_config(args, model_path, data, out_dir), args.danka_set)
     cfg.write_text(yaml.safe_dump(raw))
     cmd = [sys.executable, "-m", "danka", "train", str(cfg)]
+    if args.eager_head:  # A/B: the log-prob head's per-chunk work eager (not compiled)
+        boot = "import sys, danka.models.logprobs as m; m.FUSED = False; "
+        boot += "from danka.cli import main; sys.exit(main())"
+        cmd = [sys.executable, "-c", boot, "train", str(cfg)]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -223,6 +227,7 @@ def side_danka(args, model_path: str, work: Path) -> dict:
         "peak_gib": max(peaks) if peaks else None,
         "phases": phases,
         "overrides": args.danka_set,
+        "fused_head": not args.eager_head,
         "danka_file": danka.__file__,
     }
 
@@ -254,6 +259,10 @@ def main() -> None:
     ap.add_argument(
         "--danka-set", action="append", default=[], metavar="KEY=VALUE",
         help="danka side: override a config key (YAML value), e.g. rollout.keep_cache=false",
+    )  # fmt: skip
+    ap.add_argument(
+        "--eager-head", action="store_true",
+        help="danka side: run the log-prob head's per-chunk work eagerly (A/B of the fused head)",
     )  # fmt: skip
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

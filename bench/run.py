@@ -178,8 +178,9 @@ def trl(args) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     for variant in args.variants.split(","):
         sides = {}
-        for side in args.sides.split(","):
-            cmd = [sys.executable, "bench/bench_trl.py", "--side", side, "--variant", variant]
+        for side in args.sides.split(","):  # danka-eager: danka with --eager-head (A/B)
+            cmd = [sys.executable, "bench/bench_trl.py", "--side", side.split("-")[0]]
+            cmd += ["--variant", variant] + (["--eager-head"] if side == "danka-eager" else [])
             path = tmp / f"trl_{variant}_{side}.json"
             sides[side] = _side(cmd + common, path, args.timeout)
             print(variant, side, {k: v for k, v in sides[side].items() if k != "step_s"})
@@ -190,6 +191,9 @@ def trl(args) -> dict:
         pt, pd = (sides.get(s, {}).get("peak_gib") for s in ("trl", "danka"))
         if pt and pd:
             entry["danka_over_trl_peak"] = pd / pt
+        e = sides.get("danka-eager", {}).get("median_step_s")
+        if t and e:
+            entry["trl_over_danka_eager_head_step_time"] = t / e
         res["variants"][variant] = entry
     shutil.rmtree(tmp, ignore_errors=True)
     return res
@@ -223,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--new-tokens", type=int, default=256)
     g.add_argument("--micro", type=int, default=16)
     g.add_argument("--steps", type=int, default=4)
-    g.add_argument("--sides", default="trl,danka", help="trl,danka or one of them")
+    g.add_argument("--sides", default="trl,danka", help="trl,danka[,danka-eager] or a subset")
     g.add_argument("--danka-set", action="append", default=[], metavar="KEY=VALUE")
     args, extra = ap.parse_known_args(argv)  # train: other flags go to bench_train.py
     if extra and args.cmd != "train":

@@ -221,10 +221,11 @@ class RolloutConfig:
         "other engines refuse it",
     )
     decode_attention: str = _f(
-        "sdpa",
-        "fast engine: the decode step's attention kernel: sdpa (PyTorch's memory-efficient "
-        "kernel with a mask) | triton (danka's split-K kernel over the live slots; CUDA and "
-        "the triton package); other engines refuse triton",
+        "auto",
+        "fast engine: the decode step's attention kernel: auto (triton on a CUDA GPU when the "
+        "triton package imports, else sdpa) | sdpa (PyTorch's memory-efficient kernel with a "
+        "mask) | triton (danka's split-K kernel over the live slots; CUDA + triton); other "
+        "engines refuse a value set here",
     )
     # agent:
     tools: list[str] = _f(

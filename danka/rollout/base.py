@@ -82,7 +82,7 @@ class EngineOptions:
     generation_batch_size: int = 0  # sequences per generate call (0 = all at once)
     keep_cache: bool | None = None  # keep the KV cache between calls (None = by model size)
     compile: bool = False  # torch.compile the engine's decode layer
-    decode_attention: str = "sdpa"  # the decode step's attention kernel (sdpa | triton)
+    decode_attention: str = "auto"  # the decode step's attention kernel (auto|sdpa|triton)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ def test_tiny_sections_run_in_process(bench, tmp_path):
 
     lp = secs["logprob_memory"]["results"]
     # fp32 on CPU: the chunked head must equal the full log-softmax, values and gradients
-    assert max(lp["max_abs_diff"].values()) < 1e-4
+    for k in ("chunked_eager", "chunked"):  # on a CPU both run eagerly
+        assert max(lp[f"{k}_max_abs_diff"].values()) < 1e-4
 
     pk = secs["packing"]["results"]
     assert 0 < pk["padded_ratio"] <= pk["danka_ratio"] <= 1

@@ -1,6 +1,7 @@
 """Rollout engines by capability: typed options, ``auto``, refusals at start-up."""
 
 import pytest
+import torch
 
 from danka.errors import UserError
 from danka.rollout.base import (
@@ -59,7 +60,8 @@ def test_engines_declare_logprob_reporting():
 
 
 def test_decode_attention_reaches_the_fast_engine_and_is_validated(monkeypatch):
-    assert build_engine("fast").attention == "sdpa"
+    assert build_engine("fast").attention == "auto"
+    assert build_engine("fast", EngineOptions(decode_attention="sdpa")).attention == "sdpa"
     with pytest.raises(UserError, match="not a decode attention kernel") as info:
         build_engine("fast", EngineOptions(decode_attention="flash"))
     assert info.value.where == "rollout.decode_attention"
@@ -73,3 +75,9 @@ def test_decode_attention_reaches_the_fast_engine_and_is_validated(monkeypatch):
     with pytest.raises(UserError, match="needs the triton package") as info:
         build_engine("fast", EngineOptions(decode_attention="triton"))
     assert "pip install triton" in info.value.fix
+    # auto never fails for a missing triton: SDPA, on any device
+    from danka.rollout.fast import resolve_attention
+
+    assert resolve_attention("auto", torch.device("cuda")) == "sdpa"
+    assert resolve_attention("auto", torch.device("cpu")) == "sdpa"
+    assert resolve_attention("sdpa", torch.device("cuda")) == "sdpa"

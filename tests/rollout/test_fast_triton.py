@@ -36,7 +36,7 @@ def test_triton_attention_equals_sdpa_left_padded(kind):
     # rows start at different cache slots (the kernel reads `start` instead of a mask)
     model = tiny(kind).to(DEVICE)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12)
-    ref = fast_run(model, params, FastEngine(use_cuda_graph=False), eos=())
+    ref = fast_run(model, params, FastEngine(use_cuda_graph=False, attention="sdpa"), eos=())
     engine = FastEngine(use_cuda_graph=False, attention="triton")
     got = fast_run(model, params, engine, eos=())
     assert len(set(ref.response_ids.flatten().tolist())) > 4  # a non-degenerate reference
@@ -53,7 +53,8 @@ def test_triton_attention_in_cuda_graphs_per_live_length(compile_step):
         pytest.skip("needs a CUDA GPU")
     model = tiny("qwen2").cuda()
     params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
-    eager = fast_run(model, params, FastEngine(use_cuda_graph=False, live_chunk=0), eos=())
+    plain = FastEngine(use_cuda_graph=False, live_chunk=0, attention="sdpa")
+    eager = fast_run(model, params, plain, eos=())
     engine = FastEngine(live_chunk=16, compile_step=compile_step, attention="triton")
     graphed = fast_run(model, params, engine, eos=())
     assert engine.stats["graphs_captured"] == 3
@@ -61,11 +62,10 @@ def test_triton_attention_in_cuda_graphs_per_live_length(compile_step):
     torch.testing.assert_close(graphed.rollout_logprobs, eager.rollout_logprobs, atol=1e-4, rtol=0)
     bf16 = tiny("llama").to("cuda", torch.bfloat16)  # the dtype runs use: close, not equal
     sampled = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
-    a = fast_run(bf16, sampled, FastEngine(), eos=(), generator=torch.Generator().manual_seed(1))
-    b = fast_run(
-        bf16, sampled, FastEngine(attention="triton"), eos=(),
-        generator=torch.Generator().manual_seed(1),
-    )  # fmt: skip
+    sdpa, auto = FastEngine(attention="sdpa"), FastEngine()  # auto: triton on a CUDA model
+    a = fast_run(bf16, sampled, sdpa, eos=(), generator=torch.Generator().manual_seed(1))
+    b = fast_run(bf16, sampled, auto, eos=(), generator=torch.Generator().manual_seed(1))
+    assert (sdpa._attention, auto._attention) == ("sdpa", "triton")
     same = (a.response_ids == b.response_ids).float().mean().item()
     assert same > 0.9, same  # bf16 rounding may flip a late sampled token, not most
 

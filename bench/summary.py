@@ -27,11 +27,14 @@ def rollout(d: dict, name: str) -> Iterator[Row]:
     sides = d["sides"]
     fast = sides.get("fast", {})
     parts = []
-    for side in ("fast", "fast-whole-cache", "fast-compile"):  # danka's engine variants
+    variants = ("fast", "fast-whole-cache", "fast-compile", "fast-triton", "fast-compile-triton")
+    for side in variants:  # danka's engine variants
         v = sides.get(side, {})
         if "tok_s" in v:
-            lora = f" (LoRA live {v['lora_tok_s']:,.0f})" if "lora_tok_s" in v else ""
-            parts.append(f"{side} {v['tok_s']:,.0f} tok/s{lora}")
+            lora = f"LoRA live {v['lora_tok_s']:,.0f}" if "lora_tok_s" in v else ""
+            if "lora_base_tok_s" in v:
+                lora += f", LoRA base {v['lora_base_tok_s']:,.0f}"
+            parts.append(f"{side} {v['tok_s']:,.0f} tok/s" + (f" ({lora})" if lora else ""))
     for side in ("hf-dynamic", "hf-static"):
         if "tok_s" in sides.get(side, {}) and "tok_s" in fast:
             ratio = fast["tok_s"] / sides[side]["tok_s"]
@@ -41,7 +44,17 @@ def rollout(d: dict, name: str) -> Iterator[Row]:
 
 
 def update(d: dict, name: str) -> Iterator[Row]:
-    res = d["result"]["sections"]["update_05b"]["results"]
+    sections = d["result"]["sections"]
+    head = sections.get("logprob_memory", {}).get("results", {})
+    for k in ("chunked_eager", "chunked", "naive"):  # the log-prob head alone, when run
+        v = head.get(k)
+        if v and "step_s" in v:
+            yield (
+                f"log-prob head fwd+bwd, {head['tokens']} x {head['vocab']:,} vocab, {k}",
+                f"{1000 * v['step_s']:.1f} ms, +{v['extra_gib']:.2f} GiB",
+                name,
+            )
+    res = sections["update_05b"]["results"]
     for variant, v in res["variants"].items():
         yield (
             f"full update, {res['shape']} shape, {res['tokens_per_step']} tokens, {variant}",
@@ -67,16 +80,28 @@ def ppo_7b(d: dict, name: str) -> Iterator[Row]:
 
 def trl(d: dict, name: str) -> Iterator[Row]:
     for variant, entry in d["variants"].items():
-        t, k = entry["sides"]["trl"], entry["sides"]["danka"]
-        if not t.get("median_step_s") or not k.get("median_step_s"):
-            continue
-        yield (
-            f"GRPO step vs TRL {t.get('trl', '?')}, {variant}",
-            f"danka {k['median_step_s']:.2f} s vs TRL {t['median_step_s']:.2f} s "
-            f"({t['median_step_s'] / k['median_step_s']:.1f}x); peak {k['peak_gib']:.2f} vs "
-            f"{t['peak_gib']:.2f} GiB",
-            name,
-        )
+        sides = entry["sides"]
+        t = sides.get("trl", {})
+        for side in ("danka", "danka-eager"):  # danka-eager: the log-prob head run eagerly
+            k = sides.get(side, {})
+            if not k.get("median_step_s"):
+                continue
+            what = "" if side == "danka" else " (eager head)"
+            sets = f" [{', '.join(k['overrides'])}]" if k.get("overrides") else ""
+            if not t.get("median_step_s"):  # a danka-only run (an A/B of danka settings)
+                yield (
+                    f"GRPO step, danka only, {variant}{what}{sets}",
+                    f"danka {k['median_step_s']:.2f} s; peak {k['peak_gib']:.2f} GiB",
+                    name,
+                )
+                continue
+            yield (
+                f"GRPO step vs TRL {t.get('trl', '?')}, {variant}{what}{sets}",
+                f"danka {k['median_step_s']:.2f} s vs TRL {t['median_step_s']:.2f} s "
+                f"({t['median_step_s'] / k['median_step_s']:.1f}x); peak {k['peak_gib']:.2f} vs "
+                f"{t['peak_gib']:.2f} GiB",
+                name,
+            )
 
 
 def equivalence(d: dict, name: str) -> Iterator[Row]:
@@ -150,6 +175,7 @@ READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("rollout_*x*.json", rollout),
     ("train_logprob_memory_update_05b.json", update),
     ("train_update_05b*.json", update),
+    ("train_head_update_05b*.json", update),
     ("train_ppo_7b*.json", ppo_7b),
     ("trl_*.json", trl),
     ("equivalence_2x*.json", equivalence),

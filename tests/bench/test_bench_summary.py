@@ -56,3 +56,22 @@ def test_every_committed_result_file_reads():
     table = summary.table(summary.rows(summary.RESULTS))
     assert "unreadable" not in table
     assert "`train_ppo_7b.json`" in table and "`equivalence_2x.json`" in table
+
+
+def test_danka_only_runs_and_the_eager_head_side_get_their_own_rows(tmp_path):
+    # TRL 7.5 s / danka 1.5 s = 5.0x; TRL 7.5 / danka-eager 2.5 = 3.0x; a danka-only A/B
+    # file (no TRL side) names its overrides and computes no ratio
+    sides = {"trl": {"median_step_s": 7.5, "peak_gib": 1.7, "trl": "1.16.0"},
+             "danka": {"median_step_s": 1.5, "peak_gib": 2.6},
+             "danka-eager": {"median_step_s": 2.5, "peak_gib": 3.0}}  # fmt: skip
+    (tmp_path / "trl_a.json").write_text(json.dumps({"variants": {"full": {"sides": sides}}}))
+    only = {
+        "danka": {"median_step_s": 1.4, "peak_gib": 2.0, "overrides": ["rollout.keep_cache=false"]}
+    }
+    (tmp_path / "trl_b.json").write_text(json.dumps({"variants": {"full": {"sides": only}}}))
+    rows = {what: measured for what, measured, _ in summary.rows(tmp_path)}
+    assert rows["GRPO step vs TRL 1.16.0, full"].startswith("danka 1.50 s vs TRL 7.50 s (5.0x)")
+    assert "(3.0x)" in rows["GRPO step vs TRL 1.16.0, full (eager head)"]
+    assert rows["GRPO step, danka only, full [rollout.keep_cache=false]"] == (
+        "danka 1.40 s; peak 2.00 GiB"
+    )

@@ -7,21 +7,12 @@ triton is first imported, so run this file alone there:
 Skipped where triton is not importable (CI).
 """
 
-import os
-import sys
-
 import pytest
 import torch
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu":
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip(
-            "triton was imported before TRITON_INTERPRET=1 could be set; run this file alone",
-            allow_module_level=True,
-        )
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
+from .triton_setup import triton_device
+
+DEVICE = triton_device()  # before danka's kernel imports triton
 
 from danka.errors import UserError  # noqa: E402
 from danka.rollout.base import SamplingParams  # noqa: E402

@@ -5,25 +5,15 @@ Skipped where triton is not importable (CI). Run with triton on the path:
 ``PYTHONPATH=/tmp/triton_site:. TRITON_INTERPRET=1 python -m pytest -q THIS_FILE``.
 """
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-# On a CPU the kernels run under Triton's interpreter (numpy), which `triton.jit` picks
-# when it decorates: TRITON_INTERPRET must be set before triton is first imported. With
-# a GPU they are compiled and run on it.
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu":
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip(
-            "triton was imported before TRITON_INTERPRET=1 could be set; run this file alone",
-            allow_module_level=True,
-        )
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
+from .triton_setup import triton_device
+
+DEVICE = triton_device()  # before danka's kernel imports triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 

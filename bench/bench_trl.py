@@ -174,18 +174,15 @@ def danka_config(args, model_path: str, data_path: Path, out_dir: Path) -> dict:
     }
 
 
-def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
-    """``["rollout.keep_cache=false", ...]``: dotted key = YAML value, set in ``cfg``."""
-    import yaml
-
-    for item in overrides:
-        key, _, value = item.partition("=")
-        *path, leaf = key.split(".")
-        node = cfg
-        for part in path:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
-    return cfg
+def danka_command(args, cfg: Path) -> list[str]:
+    """``danka train CONFIG [KEY=VALUE ...]``: ``--danka-set`` goes through danka's own
+    dotted overrides (validated like any user's); ``--eager-head`` runs the same CLI with the
+    log-prob head's per-chunk work eager (an A/B of the fused head)."""
+    if not args.eager_head:
+        return [sys.executable, "-m", "danka", "train", str(cfg), *args.danka_set]
+    boot = "import sys, danka.models.logprobs as m; m.FUSED = False; "
+    boot += "from danka.cli import main; sys.exit(main())"
+    return [sys.executable, "-c", boot, "train", str(cfg), *args.danka_set]
 
 
 def side_danka(args, model_path: str, work: Path) -> dict:
@@ -195,13 +192,8 @@ def side_danka(args, model_path: str, work: Path) -> dict:
     data.write_text("".join(json.dumps(r) + "\n" for r in prompts(args.prompts * args.steps)))
     out_dir = work / "danka"
     cfg = work / "danka.yaml"
-    raw = apply_overrides(danka_config(args, model_path, data, out_dir), args.danka_set)
-    cfg.write_text(yaml.safe_dump(raw))
-    cmd = [sys.executable, "-m", "danka", "train", str(cfg)]
-    if args.eager_head:  # A/B: the log-prob head's per-chunk work eager (not compiled)
-        boot = "import sys, danka.models.logprobs as m; m.FUSED = False; "
-        boot += "from danka.cli import main; sys.exit(main())"
-        cmd = [sys.executable, "-c", boot, "train", str(cfg)]
+    cfg.write_text(yaml.safe_dump(danka_config(args, model_path, data, out_dir)))
+    cmd = danka_command(args, cfg)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),

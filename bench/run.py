@@ -74,6 +74,11 @@ def _side(cmd: list[str], out: Path, timeout: int) -> dict:
     return res
 
 
+def _ratio(a_name: str, a: float, b_name: str, b: float) -> dict:
+    """Both sides of a tok/s ratio and the ratio, as every result JSON keeps them."""
+    return {f"{a_name}_tok_s": a, f"{b_name}_tok_s": b, "ratio": a / b}
+
+
 def rollout(args) -> dict:
     sides = args.sides.split(",")
     common = ["--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens)]
@@ -101,41 +106,26 @@ def rollout(args) -> dict:
         print(side, shown, flush=True)
     s = res["sides"]
     fast = s.get("fast", {})
-    for hf in ("hf-dynamic", "hf-static"):
-        if "tok_s" in fast and "tok_s" in s.get(hf, {}):
-            key = hf.replace("-", "_")
-            res[f"fast_over_{key}"] = {
-                "fast_tok_s": fast["tok_s"],
-                f"{key}_tok_s": s[hf]["tok_s"],
-                "ratio": fast["tok_s"] / s[hf]["tok_s"],
-            }
-            if "lora_tok_s" in fast:
-                res[f"fast_lora_over_{key}"] = {
-                    "fast_lora_tok_s": fast["lora_tok_s"],
-                    f"{key}_tok_s": s[hf]["tok_s"],
-                    "ratio": fast["lora_tok_s"] / s[hf]["tok_s"],
-                }
     variants = ("fast-whole-cache", "fast-compile", "fast-triton", "fast-compile-triton")
+    prefixes = ("", "lora_", "lora_base_")  # plain, LoRA live, LoRA folded (lora_compute base)
     for other in variants:  # engine variants vs the default
         o = s.get(other, {})
-        for prefix in ("", "lora_", "lora_base_"):
+        for prefix in prefixes:
             if f"{prefix}tok_s" in fast and f"{prefix}tok_s" in o:
-                res[f"{other.replace('-', '_')}_{prefix}over_fast"] = {
-                    f"{other}_tok_s": o[f"{prefix}tok_s"],
-                    "fast_tok_s": fast[f"{prefix}tok_s"],
-                    "ratio": o[f"{prefix}tok_s"] / fast[f"{prefix}tok_s"],
-                }
+                res[f"{other.replace('-', '_')}_{prefix}over_fast"] = _ratio(
+                    other, o[f"{prefix}tok_s"], "fast", fast[f"{prefix}tok_s"]
+                )
         o.pop("greedy_tokens", None)
-    static = s.get("hf-static", {}).get("tok_s")
-    for side in ("fast",) + variants:  # every fast variant against HF's fastest path
-        for prefix in ("", "lora_", "lora_base_"):
-            got = s.get(side, {}).get(f"{prefix}tok_s")
-            if static and got:
-                res[f"{side.replace('-', '_')}_{prefix}over_hf_static"] = {
-                    f"{side}_{prefix}tok_s": got,
-                    "hf_static_tok_s": static,
-                    "ratio": got / static,
-                }
+    for hf in ("hf-dynamic", "hf-static"):  # every fast variant against each HF path
+        base = s.get(hf, {}).get("tok_s")
+        for side in ("fast",) + variants:
+            for prefix in prefixes:
+                got = s.get(side, {}).get(f"{prefix}tok_s")
+                if base and got:
+                    key = f"{side.replace('-', '_')}_{prefix}over_{hf.replace('-', '_')}"
+                    res[key] = _ratio(
+                        f"{side}_{prefix}".rstrip("_"), got, hf.replace("-", "_"), base
+                    )
     a, b = fast.pop("greedy_tokens", None), s.get("hf-dynamic", {}).pop("greedy_tokens", None)
     if a and b:
         same = [[int(x == y) for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]

@@ -169,3 +169,9 @@ def distinct(seqs: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     first: dict[tuple[int, ...], int] = {}
     index = [first.setdefault(tuple(s), len(first)) for s in seqs]
     return [list(s) for s in first], index
+
+
+def mask_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids from an attention mask (b, L): ``cumsum - 1``, as ``generate`` computes
+    them (padding anywhere in a row does not shift the positions of the tokens after it)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)

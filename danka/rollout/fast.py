@@ -70,25 +70,32 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _triton_import_error() -> ImportError | None:
+    """Import (and so register) the triton kernel's custom op; the ImportError if triton is
+    missing."""
+    try:
+        import danka.rollout.triton_decode  # noqa: F401
+    except ImportError as e:
+        return e
+    return None
+
+
 def check_attention(name: str) -> str:
-    """``rollout.decode_attention`` validated; ``"triton"`` imports (and so registers) the
-    kernel's custom op, or says how to get triton."""
+    """``rollout.decode_attention`` validated; ``"triton"`` imports the kernel, or says how
+    to get triton."""
     if name not in DECODE_ATTENTION:
         raise UserError(
             f"rollout.decode_attention: {name!r} is not a decode attention kernel",
             where="rollout.decode_attention",
             fix=f"use one of: {', '.join(DECODE_ATTENTION)}",
         )
-    if name == "triton":
-        try:
-            import danka.rollout.triton_decode  # noqa: F401  (registers the op)
-        except ImportError as e:
-            raise UserError(
-                f"rollout.decode_attention: triton needs the triton package ({e})",
-                where="rollout.decode_attention",
-                fix="pip install triton (CUDA builds of torch ship it), or set "
-                "rollout.decode_attention: sdpa",
-            ) from e
+    if name == "triton" and (e := _triton_import_error()) is not None:
+        raise UserError(
+            f"rollout.decode_attention: triton needs the triton package ({e})",
+            where="rollout.decode_attention",
+            fix="pip install triton (CUDA builds of torch ship it), or set "
+            "rollout.decode_attention: sdpa",
+        ) from e
     return name
 
 
@@ -109,13 +116,7 @@ def resolve_attention(name: str, device: torch.device) -> str:
     """``auto`` -> ``triton`` for a CUDA model when triton imports, else ``sdpa``."""
     if name != "auto":
         return name
-    if device.type != "cuda":
-        return "sdpa"
-    try:
-        import danka.rollout.triton_decode  # noqa: F401  (registers the op)
-    except ImportError:
-        return "sdpa"
-    return "triton"
+    return "triton" if device.type == "cuda" and _triton_import_error() is None else "sdpa"
 
 
 def bucket_size(rows: int, graphs: bool) -> int:
@@ -188,7 +189,7 @@ class FastEngine(RolloutEngine):
         # with a live LoRA, bench/results/rollout_smollm2-135m_64x256_s7.json); prefill
         # always runs SDPA.
         self.attention = check_attention(attention)
-        self._attention = "sdpa"  # resolved per call (``auto`` depends on the device)
+        self._attention = "sdpa"  # resolved for each new model (``auto`` depends on its device)
         self._layer = torch.compile(decode_layer, dynamic=None) if compile_step else None
         self.use_cuda_graph = use_cuda_graph
         self.keep_cache = keep_cache
@@ -252,17 +253,17 @@ class FastEngine(RolloutEngine):
         to capture graphs, and the engine's generator seeded from ``generator``."""
         root = unwrap_causal_lm(model)
         spec = model_spec(root)  # raises UserError for unsupported models
-        self._attention = resolve_attention(self.attention, spec.device)
-        if self._attention == "triton" and spec.device.type != "cuda" and not interpreted():
-            raise UserError(
-                f"rollout.decode_attention: triton runs on a CUDA GPU; the model is on "
-                f"{spec.device.type}",
-                where="rollout.decode_attention",
-                fix="set rollout.decode_attention: sdpa",
-            )
         if spec != self._spec:
+            attention = resolve_attention(self.attention, spec.device)  # per model and device
+            if attention == "triton" and spec.device.type != "cuda" and not interpreted():
+                raise UserError(
+                    f"rollout.decode_attention: triton runs on a CUDA GPU; the model is on "
+                    f"{spec.device.type}",
+                    where="rollout.decode_attention",
+                    fix="set rollout.decode_attention: sdpa",
+                )
             self.release()
-            self._spec = spec
+            self._spec, self._attention = spec, attention
             fuse = self.fuse_weights
             self._owned.fuse = (
                 fused_copy_bytes(root, spec) <= FUSE_LIMIT_BYTES if fuse is None else fuse

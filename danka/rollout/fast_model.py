@@ -243,7 +243,7 @@ def decode_forward(
     shape that depends on data, so the whole call can be captured in a CUDA graph.
     ``layer``: the per-layer function (default :func:`decode_layer`; the engine passes a
     ``torch.compile``d one with ``compile=True``); its weights come from
-    :func:`layer_weights`. ``attention``: ``"sdpa"`` (masked SDPA) or ``"triton"`` (the
+    :func:`split_layers`. ``attention``: ``"sdpa"`` (masked SDPA) or ``"triton"`` (the
     split-K kernel of :mod:`danka.rollout.triton_decode`, which reads ``start``/``slot``
     instead of a mask; that module must have been imported).
     """
@@ -257,17 +257,21 @@ def decode_forward(
         mask = torch.where(valid, zero, float("-inf"))[:, None, None, :]  # (b, 1, 1, T)
     cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]  # (b, 1, D)
     x = _embed(w, tok)
-    for i in range(spec.layers):
-        x = layer(layer_weights(w, i), spec, x, cos, sin, k_cache[i], v_cache[i], slot, mask, start)
+    for i, lw in enumerate(split_layers(w, spec.layers)):
+        x = layer(lw, spec, x, cos, sin, k_cache[i], v_cache[i], slot, mask, start)
     return _logits(w, spec, x)
 
 
-def layer_weights(w: Weights, i: int) -> Weights:
-    """Layer ``i``'s entries of ``w`` without the ``"i."`` prefix (``"qkv"``, ``"ln1"``...):
-    every layer's dict has the same keys, shapes and dtypes, so one compiled
-    :func:`decode_layer` serves all layers."""
-    p = f"{i}."
-    return {k[len(p) :]: v for k, v in w.items() if k.startswith(p)}
+def split_layers(w: Weights, layers: int) -> list[Weights]:
+    """Per layer ``i``, its entries of ``w`` without the ``"i."`` prefix (``"qkv"``,
+    ``"ln1"``...), in one pass over ``w``: every layer's dict has the same keys, shapes and
+    dtypes, so one compiled :func:`decode_layer` serves all layers."""
+    out: list[Weights] = [{} for _ in range(layers)]
+    for key, value in w.items():
+        head, dot, rest = key.partition(".")
+        if dot and head.isdigit():
+            out[int(head)][rest] = value
+    return out
 
 
 def decode_layer(

@@ -25,7 +25,8 @@ import inspect
 
 import torch
 
-from danka.data.template import common_prefix, left_pad
+from danka.data.template import common_prefix, left_pad, mask_positions
+from danka.rollout.fast_weights import unwrap_causal_lm
 
 # Architectures checked to give generate's own tokens through this path (tests/rollout):
 # plain decoder caches with 1-D RoPE positions. Others (sliding window, hybrid or
@@ -53,8 +54,6 @@ def layout(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
 
 def usable(model: torch.nn.Module) -> bool:
     """Whether this path runs ``model`` (else the caller keeps plain ``generate``)."""
-    from danka.rollout.fast_weights import unwrap_causal_lm
-
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False  # FSDP2's hooks gather the weights in the model's forward, not here
     root = unwrap_causal_lm(model)
@@ -82,13 +81,11 @@ def prefill(model: torch.nn.Module, prompts: list[list[int]], n: int, pad_id: in
     ``ids[:, :-1]``, under the keyword this transformers' ``generate`` takes."""
     from transformers import DynamicCache
 
-    from danka.rollout.fast_weights import unwrap_causal_lm
-
     root = unwrap_causal_lm(model)
     decoder = root.get_decoder()
     ids, mask, p = layout(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    positions = mask_positions(mask)
     cache = DynamicCache()
     kw = {cache_kwarg(decoder): cache}
     if p:  # 1. the shared prefix, once

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
+from danka.data.template import mask_positions
 from danka.models.logprobs import chunked_logprobs_entropy
 from danka.trainer import shared_prefix
 from danka.trainer.packing import pack
@@ -59,8 +60,7 @@ def effective_token_ratio(
 def _inputs(mb: RolloutBatch, device: torch.device):
     ids = torch.cat([mb.prompt_ids, mb.response_ids], dim=1).to(device)
     mask = torch.cat([mb.prompt_mask, mb.response_mask.long()], dim=1).to(device)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return ids, mask, pos
+    return ids, mask, mask_positions(mask)
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from danka.data.template import distinct
+from danka.data.template import distinct, mask_positions
 from danka.rollout.hf_prefix import cache_kwarg, common_prefix_len, layout, usable
 from danka.types import RolloutBatch
 
@@ -70,7 +70,7 @@ def response_hidden(
     row_of = torch.tensor(row_of, device=device)  # row -> its prompt in ``unique``
     ids, mask, _ = layout(unique, pad_id=0)
     ids, mask = ids.to(device), mask.to(device)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    pos = mask_positions(mask)
     cache = DynamicCache()
     kw = {cache_kwarg(decoder): cache, "use_cache": True}
     if p:  # 1. the prefix all prompts share, once
@@ -86,6 +86,6 @@ def response_hidden(
     cache.batch_select_indices(row_of)
     resp = mb.response_ids[:, : r - 1].to(device)
     full = torch.cat([mask[row_of], mb.response_mask[:, : r - 1].long().to(device)], dim=1)
-    rpos = (full.cumsum(-1) - 1).clamp(min=0)[:, -(r - 1) :]
+    rpos = mask_positions(full)[:, -(r - 1) :]
     out = decoder(input_ids=resp, attention_mask=full, position_ids=rpos, **kw)
     return torch.cat([first, out.last_hidden_state], dim=1)  # token j from column j - 1

@@ -59,8 +59,26 @@ def test_trl_and_danka_sides_one_json(tmp_path):
     assert sides["trl"]["trl"] and res["environment"]["torch"]
 
 
-def test_danka_set_overrides_a_nested_key_with_a_yaml_value():
-    raw = {"rollout": {"engine": "fast"}, "trainer": {"lr": 1e-5}}
-    out = bench_trl.apply_overrides(raw, ["rollout.keep_cache=false", "model.attn=sdpa"])
-    assert out["rollout"] == {"engine": "fast", "keep_cache": False}  # YAML false, not "false"
-    assert out["model"] == {"attn": "sdpa"} and out["trainer"] == {"lr": 1e-5}
+def test_danka_set_overrides_reach_danka_train_as_its_own_overrides(tmp_path):
+    from danka.cli import build_parser
+    from danka.config import load_config
+
+    args = SimpleNamespace(
+        variant="full", steps=3, prompts=8, generations=8, micro=16, new_tokens=256,
+        danka_set=["rollout.keep_cache=false", "trainer.logprob_chunk_size=256"],
+        eager_head=False,
+    )  # fmt: skip
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in bench_trl.prompts(8)))
+    path = tmp_path / "c.yaml"
+    raw = bench_trl.danka_config(args, "HuggingFaceTB/SmolLM2-135M-Instruct", data, tmp_path)
+    path.write_text(yaml.safe_dump(raw))
+    cmd = bench_trl.danka_command(args, path)
+    assert cmd[1:4] == ["-m", "danka", "train"]
+    parsed = build_parser().parse_args(cmd[3:])  # what `danka train` sees
+    cfg, _ = load_config(parsed.config, parsed.overrides)
+    assert cfg.rollout.keep_cache is False  # YAML false, not the string "false"
+    assert cfg.trainer.logprob_chunk_size == 256 and cfg.trainer.batch_size == 8
+    args.eager_head = True  # the same CLI, the head's per-chunk work eager
+    eager = bench_trl.danka_command(args, path)
+    assert "m.FUSED = False" in eager[2] and eager[3:] == cmd[3:]

@@ -1,12 +1,15 @@
-"""Typed data that crosses stage boundaries. Shapes: B = samples in a step, P = prompt
+"""Typed data that crosses package boundaries. Shapes: B = samples in a step, P = prompt
 length (left-padded), R = response length (right-padded)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -20,20 +23,45 @@ class PromptRow:
     extra: dict[str, Any] = field(default_factory=dict)  # other columns, passed to rewards
 
 
+def map_tensors(obj: T, fn) -> T:
+    """A copy of the dataclass ``obj`` with ``fn`` applied to every tensor field and to the
+    tensors of every dict field; other fields (None, markers, numbers) are kept as they are."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, torch.Tensor):
+            value = fn(value)
+        elif isinstance(value, dict):
+            value = {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in value.items()}
+        out[f.name] = value
+    return type(obj)(**out)
+
+
+def to_device(obj: T, device: torch.device | str, non_blocking: bool = False) -> T:
+    """``obj`` (a dataclass of tensors) on ``device``. ``non_blocking`` to a CUDA device copies
+    CPU tensors through pinned memory without waiting for the GPU (a plain copy from pageable
+    memory synchronises the stream: a host sync per micro-batch); the source tensors must not
+    be modified afterwards (the update's micro-batches are fresh copies)."""
+    if non_blocking and torch.device(device).type == "cuda":
+        return map_tensors(
+            obj,
+            lambda v: (v.pin_memory() if v.device.type == "cpu" else v).to(
+                device, non_blocking=True
+            ),
+        )
+    return map_tensors(obj, lambda v: v.to(device))
+
+
 @dataclass
 class RolloutBatch:
-    """The only thing that crosses from rollout to update; each field means one thing.
-
-    The rollout engine fills the first block (``loss_mask``, ``valid`` and
-    ``prompt_index`` get their single-turn defaults when left None). The training loop
-    fills the second block in order: rewards (step 3) -> old/ref log-probs (4) ->
-    values (5) -> advantages/returns (6).
+    """What a rollout engine (or the agent loop) returns: token ids and masks, nothing a
+    later stage computes. Scores, log-probs and advantages travel on the trainer's own
+    typed records (danka/trainer/records.py).
 
     Masks: ``response_mask`` says which response tokens EXIST (generated, up to and
-    including EOS); ``loss_mask`` says which of them the loss trains on (equal for a
-    single-turn rollout; an agentic rollout zeroes tool-output tokens in it). Every loss,
-    aggregation and advantage uses ``train_mask`` = loss_mask on valid samples. A sample
-    is dropped (reward skipped, rollout correction) by ``valid``, never by zeroing a mask.
+    including EOS); ``loss_mask`` says which of them the loss may train on (equal for a
+    single-turn rollout; an agentic rollout zeroes tool-output tokens in it). Whole samples
+    are switched off later by a validity flag, never by zeroing a mask.
     """
 
     prompt_ids: torch.Tensor  # (B, P) long, left-padded with the pad id
@@ -44,26 +72,11 @@ class RolloutBatch:
     truncated: torch.Tensor  # (B,) bool, hit max_new_tokens before EOS
     rollout_logprobs: torch.Tensor | None = None  # (B, R) log-probs reported by the engine
     loss_mask: torch.Tensor | None = None  # (B, R) float, tokens the loss trains on
-    valid: torch.Tensor | None = None  # (B,) bool, sample usable (default all True)
     prompt_index: torch.Tensor | None = None  # (B,) long, row of the prompt set answered
-    # filled by the training loop
-    rewards: torch.Tensor | None = None  # (B,) float, combined (weighted) sequence score
-    reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (B,) unweighted
-    old_logprobs: torch.Tensor | None = None  # (B, R) log pi_old(token), training forward
-    # True: pi_old IS the policy at the update's only optimiser step, so old_logprobs is
-    # left None and the update uses its own detached log-probs (one forward pass saved)
-    old_is_current: bool = False
-    ref_logprobs: torch.Tensor | None = None  # (B, R) log pi_ref(token)
-    is_weights: torch.Tensor | None = None  # (B, R) rollout-correction weight per token
-    values: torch.Tensor | None = None  # (B, R) critic values V(s_t)
-    advantages: torch.Tensor | None = None  # (B, R), 0 off train_mask
-    returns: torch.Tensor | None = None  # (B, R) critic targets; None without a critic
 
     def __post_init__(self) -> None:
         if self.loss_mask is None:
             self.loss_mask = self.response_mask.clone()
-        if self.valid is None:
-            self.valid = torch.ones(self.response_ids.shape[0], dtype=torch.bool)
         if self.prompt_index is None:
             self.prompt_index = self.group_index.clone()
 
@@ -71,35 +84,9 @@ class RolloutBatch:
     def size(self) -> int:
         return int(self.prompt_ids.shape[0])
 
-    @property
-    def train_mask(self) -> torch.Tensor:
-        """(B, R) float: ``loss_mask`` with the rows of invalid samples zeroed."""
-        return self.loss_mask * self.valid.to(self.loss_mask.dtype).unsqueeze(-1)
-
-    def _map(self, fn) -> RolloutBatch:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                value = fn(value)
-            elif isinstance(value, dict):
-                value = {k: fn(v) for k, v in value.items()}
-            out[f.name] = value
-        return RolloutBatch(**out)
-
     def select(self, idx: torch.Tensor) -> RolloutBatch:
-        """Rows ``idx`` of every tensor field (for mini- and micro-batches)."""
-        return self._map(lambda v: v[idx])
+        """Rows ``idx`` of every tensor field."""
+        return map_tensors(self, lambda v: v[idx])
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> RolloutBatch:
-        """The batch on ``device``. ``non_blocking`` to a CUDA device copies CPU tensors
-        through pinned memory without waiting for the GPU (a plain copy from pageable
-        memory synchronises the stream: a host sync per micro-batch); the source tensors
-        must not be modified afterwards (the update's micro-batches are fresh copies)."""
-        if non_blocking and torch.device(device).type == "cuda":
-            return self._map(
-                lambda v: (v.pin_memory() if v.device.type == "cpu" else v).to(
-                    device, non_blocking=True
-                )
-            )
-        return self._map(lambda v: v.to(device))
+        return to_device(self, device, non_blocking)

@@ -81,7 +81,11 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class TrainerConfig:
-    algorithm: str = _f("grpo", "ppo (critic + GAE) | grpo | dr_grpo | rloo | reinforce_plus_plus")
+    algorithm: str = _f(
+        "grpo",
+        "ppo (critic + GAE) | grpo | dr_grpo | rloo | reinforce_plus_plus | "
+        "reinforce_plus_plus_baseline | gspo",
+    )
     advantage_estimator: str | None = _f(None, "override the estimator the algorithm implies")
     policy_loss: str = _f("vanilla", "vanilla (PPO clip) | gspo")
     loss_agg_mode: str = _f(
@@ -127,6 +131,17 @@ class TrainerConfig:
         None, "response tokens at evaluation (null = max_new_tokens)"
     )
     logprob_chunk_size: int = _f(1024, "tokens per chunk of the memory-lean log-prob head")
+    fused_logprob_head: bool = _f(
+        True,
+        "CUDA: run the log-prob head's per-chunk softmax work torch.compile'd (fewer passes "
+        "over the float32 logits); false = the same maths eagerly",
+    )
+    shared_prefix_forward: bool = _f(
+        True,
+        "CPU: in the training forward, run a prompt prefix the rows of a micro-batch share "
+        "(a GRPO group's prompt, a system turn) once; false = every row in full (same numbers "
+        "up to rounding)",
+    )
     preflight: bool = _f(False, "run the worst-case shapes once before training")
     auto_micro_batch: bool = _f(False, "on out-of-memory in the update, halve micro_batch_size")
     max_bad_steps: int = _f(3, "non-finite steps in a row before the run stops")

@@ -59,16 +59,6 @@ from danka.distributed.state import (  # noqa: F401  (dist.full_state_dict, ...)
 )
 from danka.errors import UserError
 
-# update() metrics normalised by the global counts: each rank holds a part of the sum
-SUMMED_METRICS = (
-    "actor/loss",
-    "actor/pg_loss",
-    "actor/entropy",
-    "actor/kl_loss",
-    "actor/kl_token_mean",
-    "rollout/logprob_gap",
-    "critic/vf_loss",
-)
 _CPU_GROUP = None  # gloo group for CPU-side data (set by init)
 
 
@@ -237,39 +227,42 @@ def global_masked_whiten(
     return whitened + mean if not shift_mean else whitened
 
 
-def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """Mean over ranks (equal shards), sum for ``SUMMED_METRICS``; a key a rank lacks counts 0.
-    Each ``time/...`` key also gets ``time/..._max``, the slowest rank (mean vs max shows the
-    imbalance between ranks). CPU collectives only (the :func:`cpu_group`)."""
+def reduce_metrics(means: dict[str, float], shares: dict[str, float]) -> dict[str, float]:
+    """One dict over all ranks: ``means`` averaged (equal shards), ``shares`` (values
+    normalised by GLOBAL counts, so each rank holds its part of the sum) summed; a key a
+    rank lacks counts 0. Each ``time/...`` key also gets ``time/..._max``, the slowest
+    rank (mean vs max shows the imbalance between ranks). CPU collectives only."""
+    if set(means) & set(shares):
+        raise ValueError(f"keys both averaged and summed: {sorted(set(means) & set(shares))}")
     if not is_active():
-        return dict(metrics)
+        return {**means, **shares}
+    local = {**means, **shares}
     keys: list = [None] * world_size()
-    td.all_gather_object(keys, sorted(metrics), group=cpu_group())
-    names = sorted(set().union(*keys))
-    sums = all_sum_many([float(metrics.get(k, 0.0)) for k in names])
+    td.all_gather_object(keys, (sorted(means), sorted(shares)), group=cpu_group())
+    names = sorted(set().union(*(set(m) | set(s) for m, s in keys)))
+    summed = set().union(*(set(s) for _, s in keys))
+    sums = all_sum_many([float(local.get(k, 0.0)) for k in names])
     n = world_size()
-    out = {k: v if k in SUMMED_METRICS else v / n for k, v in zip(names, sums)}
+    out = {k: v if k in summed else v / n for k, v in zip(names, sums)}
     timed = [k for k in names if k.startswith("time/")]
     if timed:
-        t = torch.tensor([float(metrics.get(k, 0.0)) for k in timed], dtype=torch.float64)
+        t = torch.tensor([float(local.get(k, 0.0)) for k in timed], dtype=torch.float64)
         td.all_reduce(t, op=td.ReduceOp.MAX, group=cpu_group())
         out.update({f"{k}_max": v for k, v in zip(timed, t.tolist())})
     return out
 
 
-def measured_kl(metrics: dict[str, float]) -> float | None:
-    """The step's KL for the adaptive controller, the same on every rank (collective under
-    torchrun; every rank must call it): ``kl`` (the reward penalty's mean per token on this
-    rank, averaged over ranks: exact for equal token counts) or else ``actor/kl_token_mean``
-    (this rank's share of the global per-token mean, as update() normalises by global
-    counts: summed over ranks, not averaged). None when the step measured no KL."""
-    key = "kl" if "kl" in metrics else "actor/kl_token_mean"
-    if key not in metrics:
+def measured_kl(in_reward: float | None, loss_share: float | None) -> float | None:
+    """The step's mean KL per trained token for the adaptive controller, the same on
+    every rank (collective under torchrun; every rank must call it): the reward penalty's
+    mean on this rank (``in_reward``, averaged over ranks: exact for equal token counts),
+    or else the loss term's (``loss_share``: this rank's share of the global per-token
+    mean, summed over ranks). None when the step measured no KL."""
+    if in_reward is None and loss_share is None:
         return None
-    value = float(metrics[key])
     if not is_active():
-        return value
-    return all_sum(value) if key in SUMMED_METRICS else all_mean(value)
+        return in_reward if in_reward is not None else loss_share
+    return all_mean(in_reward) if in_reward is not None else all_sum(loss_share)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -22,8 +22,9 @@ separate passes over the (C, V) float32 logits (elementwise + copies: 86 of 137 
 time in a 0.5B-shape update on an H200, bench/results/train_update_05b_s7.json); inductor
 fuses them into a few reductions (head alone 3.2x faster, update 0.205 -> 0.123 s,
 bench/results/train_head_update_05b_s7.json). Rows
-are a dynamic dimension (one compiled graph serves every chunk length). ``FUSED = False``
-(or a compile failure, logged once) runs the same functions eagerly.
+are a dynamic dimension (one compiled graph serves every chunk length). ``fused=False``
+(``trainer.fused_logprob_head: false``, or a compile failure, logged once) runs the same
+functions eagerly.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 log = logging.getLogger(__name__)
-FUSED = True  # compile the per-chunk elementwise work on CUDA (tests switch it for A/B)
 _compiled: dict[str, object] = {}
 
 
@@ -69,10 +69,10 @@ def _head_dz(z, y, g_lp, g_ent, inv_t: float, dtype: torch.dtype) -> torch.Tenso
     return (dz * inv_t).to(dtype)
 
 
-def _run(name: str, fn, z: torch.Tensor, *args):
-    """``fn(z, *args)``: compiled on CUDA (rows marked dynamic), else (or after a compile
-    failure, logged once) eagerly."""
-    if not (FUSED and z.is_cuda and _compiled.get(name, True) is not None):
+def _run(name: str, fused: bool, fn, z: torch.Tensor, *args):
+    """``fn(z, *args)``: compiled on CUDA when ``fused`` (rows marked dynamic), else (or
+    after a compile failure, logged once) eagerly."""
+    if not (fused and z.is_cuda and _compiled.get(name, True) is not None):
         return fn(z, *args)
     compiled = _compiled.get(name)
     if compiled is None:
@@ -123,23 +123,20 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
     entropies and dz are float32. No float32 copy of the (V, H) head is made."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size, compute_entropy):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, compute_entropy, fused):
         n = hidden.shape[0]
         logps = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ents = torch.zeros(n if compute_entropy else 0, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk_size):
             z = _logits32(hidden[s : s + chunk_size], weight)
             y = targets[s : s + chunk_size]
-            lp, ent = _run("stats", _head_stats, z, y, 1.0 / temperature, compute_entropy)
+            lp, ent = _run("stats", fused, _head_stats, z, y, 1.0 / temperature, compute_entropy)
             logps[s : s + chunk_size] = lp
             if compute_entropy:
                 ents[s : s + chunk_size] = ent
         ctx.save_for_backward(hidden, weight, targets)
-        ctx.temperature, ctx.chunk_size, ctx.compute_entropy = (
-            temperature,
-            chunk_size,
-            compute_entropy,
-        )
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.compute_entropy, ctx.fused = compute_entropy, fused
         return logps, ents
 
     @staticmethod
@@ -157,7 +154,9 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
             g_lp = grad_logp[s : s + ctx.chunk_size].float()
             g_ent = grad_ent[s : s + ctx.chunk_size].float() if use_ent else None
             z = _logits32(h, weight)
-            dz = _run("dz", _head_dz, z, y, g_lp, g_ent, 1.0 / ctx.temperature, weight.dtype)
+            dz = _run(
+                "dz", ctx.fused, _head_dz, z, y, g_lp, g_ent, 1.0 / ctx.temperature, weight.dtype
+            )
             del z
             if need_h:
                 grad_h[s : s + ctx.chunk_size] = (dz @ weight).to(hidden.dtype)
@@ -165,7 +164,7 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
                 _grad_weight_add(grad_w, dz, h, weight.dtype)
         if need_w:
             grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def chunked_logprobs_entropy(
@@ -177,8 +176,10 @@ def chunked_logprobs_entropy(
     chunk_size: int = 1024,
     compute_entropy: bool = True,
     softcap: float | None = None,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(h W^T / T)[y] and its entropy, ``chunk_size`` rows of logits at a time.
+    ``fused``: on CUDA, the per-chunk elementwise work runs compiled (module docstring).
 
     hidden (N, H), weight (V, H), targets (N,) long -> logprobs (N,) float32 and
     entropy (N,) float32 (None unless ``compute_entropy``). Differentiable in hidden and weight.
@@ -206,7 +207,13 @@ def chunked_logprobs_entropy(
             f"{tuple(weight.shape)}, {tuple(targets.shape)}"
         )
     logps, ents = _ChunkedLinearLogprobs.apply(
-        hidden, weight, targets.long(), float(temperature), int(chunk_size), compute_entropy
+        hidden,
+        weight,
+        targets.long(),
+        float(temperature),
+        int(chunk_size),
+        compute_entropy,
+        bool(fused),
     )
     return logps, (ents if compute_entropy else None)
 

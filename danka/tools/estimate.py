@@ -200,9 +200,23 @@ def _layer_bytes_per_token(shape: dict[str, int], d: int, targets: list[str] | s
     return frozen + d * sum(unique.values())
 
 
+def _estimator_meta(cfg: DankaConfig):
+    """The advantage estimator's registry entry (a critic? grouped?): the config's own
+    choice, or the one its algorithm implies (validation fills the same default)."""
+    from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
+    from danka.algorithms.presets import ALGORITHMS
+
+    t = cfg.trainer
+    name = (
+        t.advantage_estimator
+        or ALGORITHMS.get(t.algorithm, "trainer.algorithm").advantage_estimator
+    )
+    return ADVANTAGE_ESTIMATORS.meta(name)
+
+
 def _samples_per_prompt(cfg: DankaConfig) -> int:
     n = cfg.trainer.samples_per_prompt
-    return n if n is not None else (1 if cfg.trainer.algorithm == "ppo" else 8)
+    return n if n is not None else (8 if _estimator_meta(cfg).grouped else 1)
 
 
 def _dtype_bytes(cfg: DankaConfig) -> tuple[str, int]:
@@ -235,7 +249,7 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     # the LM head runs only over the response positions (trainer.forward.policy_logprobs)
     chunk = min(t.logprob_chunk_size, micro * t.max_new_tokens)
     use_lora = cfg.lora.enable_lora
-    ppo = t.algorithm == "ppo"
+    ppo = _estimator_meta(cfg).needs_critic  # e.g. grpo with advantage_estimator gae too
     need_ref = t.kl.coef > 0
 
     c: dict[str, int] = {"weights": params * d}

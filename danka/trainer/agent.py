@@ -3,29 +3,24 @@ loop (danka/agent) in place of the single-turn ``engine.generate``.
 
 * prompts are chat messages (``data.system_prompt`` / ``data.instruction`` applied),
   encoded by the loop with the tool schemas (:func:`encode_agent_prompts`);
-* step 2 (:func:`agent_rollout`) returns the batch with ``loss_mask`` 0 on tool and
-  environment tokens, the final answers for the rewards, the trajectories for the
-  completions log, the environment rewards and the ``agent/*`` metrics;
+* step 2 (danka/trainer/sample.py) returns the same ``Rollout`` as single-turn sampling,
+  with ``loss_mask`` 0 on tool and environment tokens, the final answers for the rewards,
+  the trajectories for the completions log, the environment rewards and ``agent/*`` stats;
 * rewards see the final assistant turn as the completion (an :class:`AgentCompletion`,
   a ``str`` that also carries the messages after the prompt, for ``tool_answer``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from danka.agent.loop import AgentLoop
-from danka.agent.rewards import AgentCompletion
 from danka.agent.setup import build_agent_loop, prompt_messages
 from danka.config.schema import DankaConfig
 from danka.errors import UserError
-from danka.rollout.base import SamplingParams
-from danka.trainer.run import PromptSet, Run
-from danka.types import PromptRow, RolloutBatch
+from danka.trainer.run import PromptSet
+from danka.types import PromptRow
 
 
 def build_agent(cfg: DankaConfig, tokenizer: Any, base_dir: Path) -> AgentLoop | None:
@@ -64,40 +59,3 @@ def encode_agent_prompts(
         texts.append(tokenizer.decode(enc))
         ids.append(enc)
     return PromptSet(rows=kept, texts=texts, ids=ids)
-
-
-@dataclass
-class AgentStep:
-    """What step 2 hands on for an agent rollout (B samples)."""
-
-    batch: RolloutBatch  # loss_mask 0 on tool / environment tokens
-    completions: list[AgentCompletion]  # (B,) final answers, for the reward functions
-    trajectories: list[list[dict[str, Any]]]  # (B,) messages after the prompt, for the log
-    env_rewards: torch.Tensor | None  # (B,) summed environment rewards; None for tools
-    metrics: dict[str, float]  # agent/*
-
-
-def agent_rollout(
-    run: Run, rows: list[PromptRow], prompt_index: list[int], params: SamplingParams
-) -> AgentStep:
-    """``params.n`` multi-turn samples for each of ``rows`` (``prompt_index``: their rows in
-    the prompt set, recorded on the batch as the single-turn path does)."""
-    assert run.agent is not None
-    d = run.cfg.data
-    msgs = prompt_messages(rows, system_prompt=d.system_prompt, instruction=d.instruction)
-    out = run.agent.rollout(
-        run.engine,
-        run.models.policy,
-        rows,
-        msgs,
-        params,
-        eos_ids=run.eos_ids,
-        pad_id=run.pad_id,
-    )
-    batch = out.batch
-    batch.loss_mask = out.loss_mask
-    batch.prompt_index = torch.tensor(prompt_index, dtype=torch.long)[batch.group_index]
-    trajectories = out.completions
-    completions = [AgentCompletion(t, m) for t, m in zip(out.final_texts, trajectories)]
-    env = out.env_rewards if run.cfg.rollout.environment else None
-    return AgentStep(batch, completions, trajectories, env, out.metrics)

@@ -1,17 +1,13 @@
-"""Which samples of a step train: DAPO's dynamic sampling and masking truncated samples.
+"""DAPO's dynamic sampling: which groups of a step are worth training on.
 
 Dynamic sampling (DAPO, Yu et al. 2025, https://arxiv.org/abs/2503.14476, section 3.2;
 verl's ``algorithm.filter_groups``): a group whose samples all got the same reward has
 zero group-relative advantage and teaches nothing, so it is dropped, and more prompts are
 generated until the step has ``batch_size`` informative groups. verl raises once
 ``max_num_gen_batches`` rounds are used; here the step then trains on the informative
-groups it has (fewer than ``batch_size``; :meth:`DynamicSampler.collect` returns None when
-there are none, and the caller skips the update). Surplus groups of the last round are
-dropped, as in verl.
-
-Truncated masking (TRL's ``mask_truncated_completions``): a sample that hit
-``max_new_tokens`` before EOS is excluded from the loss, since its reward judges an
-unfinished answer.
+groups it has (fewer than ``batch_size``; with none at all the update is skipped). Surplus
+groups of the last round are dropped, as in verl. The rounds themselves are a plain loop
+in ``danka/trainer/fit.py``; this module holds the pieces it uses.
 
 Shapes follow :class:`~danka.types.RolloutBatch`: B samples, P prompt tokens (LEFT
 padded), R response tokens (right padded); ``group_index`` (B,) numbers a batch's groups
@@ -21,11 +17,11 @@ padded), R response tokens (right padded); ``group_index`` (B,) numbers a batch'
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from danka.trainer.records import DynamicStats, RewardStats, Scored, select_rollout
 from danka.types import RolloutBatch
 
 LEFT_PADDED = frozenset({"prompt_ids", "prompt_mask"})  # (B, P): padding on the left
@@ -49,35 +45,21 @@ def informative_groups(
     return out
 
 
-def select_groups(batch: RolloutBatch, groups: list[int]) -> RolloutBatch:
+def select_groups(scored: Scored, groups: list[int]) -> Scored:
     """The samples of ``groups`` (in that order), their ``group_index`` renumbered 0..k-1."""
-    parts = [torch.nonzero(batch.group_index == g).flatten() for g in groups]
+    gi = scored.batch.group_index
+    parts = [torch.nonzero(gi == g).flatten() for g in groups]
     idx = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
-    out = _map_rows(batch, idx)
     new_index = torch.cat(
         [torch.full((len(p),), k, dtype=torch.long) for k, p in enumerate(parts)]
     ) if parts else torch.zeros(0, dtype=torch.long)  # fmt: skip
-    return dataclasses.replace(out, group_index=new_index)
-
-
-def _map_rows(batch: RolloutBatch, idx: torch.Tensor) -> RolloutBatch:
-    """Rows ``idx`` of every per-sample field (tensors, dicts of tensors or lists, lists)."""
-    changes = {}
-    for f in dataclasses.fields(batch):
-        value = getattr(batch, f.name)
-        if isinstance(value, torch.Tensor):
-            changes[f.name] = value[idx]
-        elif isinstance(value, dict):
-            changes[f.name] = {k: _rows(v, idx) for k, v in value.items()}
-        elif isinstance(value, list):
-            changes[f.name] = _rows(value, idx)
-    return dataclasses.replace(batch, **changes)
-
-
-def _rows(value: Any, idx: torch.Tensor) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value[idx]
-    return [value[i] for i in idx.tolist()]
+    return Scored(
+        rollout=select_rollout(scored.rollout, idx, new_index),
+        rewards=scored.rewards[idx],
+        parts={k: v[idx] for k, v in scored.parts.items()},
+        valid=scored.valid[idx],
+        stats=scored.stats,
+    )
 
 
 def _pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
@@ -92,54 +74,78 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     """One batch of all samples, in order; groups renumbered so they stay distinct.
 
     2-D tensor fields are padded to the widest batch: ``prompt_*`` on the left, the rest on
-    the right; ids with ``pad_id``, masks / log-probs / values with 0. A field that is None
-    in every batch stays None; None in only some is a ValueError. dict fields (e.g.
-    ``reward_parts``) are joined key by key, list fields concatenated.
+    the right; ids with ``pad_id``, masks / log-probs with 0. A field that is None in every
+    batch stays None; None in only some is a ValueError.
     """
     if not batches:
         raise ValueError("concat_batches needs at least one batch")
-    first = batches[0]
     changes: dict[str, Any] = {}
-    for f in dataclasses.fields(first):
+    for f in dataclasses.fields(batches[0]):
         values = [getattr(b, f.name) for b in batches]
         if all(v is None for v in values):
             continue
         if any(v is None for v in values):
             raise ValueError(f"field {f.name!r} is None in some batches only")
-        changes[f.name] = _concat_field(f.name, values, pad_id)
+        if values[0].dim() == 2:
+            width = max(v.shape[1] for v in values)
+            fill = pad_id if f.name in PADDED_WITH_ID else 0
+            values = [_pad_to(v, width, fill, f.name in LEFT_PADDED) for v in values]
+        changes[f.name] = torch.cat(values)
     offsets, total = [], 0
     for b in batches:
         offsets.append(total)
         total += int(b.group_index.max()) + 1 if b.group_index.numel() else 0
     changes["group_index"] = torch.cat([b.group_index + o for b, o in zip(batches, offsets)])
-    return dataclasses.replace(first, **changes)
+    return dataclasses.replace(batches[0], **changes)
 
 
-def _concat_field(name: str, values: list, pad_id: int) -> Any:
-    v0 = values[0]
-    if isinstance(v0, torch.Tensor):
-        if v0.dim() == 2:
-            width = max(v.shape[1] for v in values)
-            fill = pad_id if name in PADDED_WITH_ID else 0
-            values = [_pad_to(v, width, fill, name in LEFT_PADDED) for v in values]
-        return torch.cat(values)
-    if isinstance(v0, dict):
-        return {k: _concat_field(k, [v[k] for v in values], pad_id) for k in v0}
-    if isinstance(v0, list):
-        return [x for v in values for x in v]
-    return v0  # a per-batch constant (e.g. a step number): the first batch's
+def concat_scored(kept: list[Scored], pad_id: int, stats: RewardStats) -> Scored:
+    """The kept groups of every round as one ``Scored`` (``stats``: over all rounds)."""
+    first = kept[0].rollout
+    env = None if first.env_rewards is None else torch.cat([s.rollout.env_rewards for s in kept])
+    rollout = dataclasses.replace(
+        first,
+        batch=concat_batches([s.batch for s in kept], pad_id),
+        completions=[c for s in kept for c in s.rollout.completions],
+        shown=[c for s in kept for c in s.rollout.shown],
+        env_rewards=env,
+    )
+    return Scored(
+        rollout=rollout,
+        rewards=torch.cat([s.rewards for s in kept]),
+        parts={k: torch.cat([s.parts[k] for s in kept]) for k in kept[0].parts},
+        valid=torch.cat([s.valid for s in kept]),
+        stats=stats,
+    )
+
+
+def mean_stats(rounds: list[RewardStats]) -> RewardStats:
+    """The reward statistics of a step with several sampling rounds: each number averaged
+    over the rounds (a part a round lacks counts 0 there)."""
+    if len(rounds) == 1:
+        return rounds[0]
+    n = len(rounds)
+    names = [k for r in rounds for k in r.per_part]
+    zero_adv = [r.zero_adv_groups for r in rounds if r.zero_adv_groups is not None]
+
+    def avg(field: str) -> float:
+        return sum(getattr(r, field) for r in rounds) / n
+
+    return RewardStats(
+        mean=avg("mean"),
+        per_part={k: sum(r.per_part.get(k, 0.0) for r in rounds) / n for k in dict.fromkeys(names)},
+        error_rate=avg("error_rate"),
+        not_applicable=avg("not_applicable"),
+        valid_frac=avg("valid_frac"),
+        response_length=avg("response_length"),
+        truncated=avg("truncated"),
+        zero_adv_groups=sum(zero_adv) / len(zero_adv) if zero_adv else None,
+    )
 
 
 class DynamicSampler:
-    """Generate until ``batch_size`` informative groups (or ``max_rounds`` rounds).
-
-    ``collect(next_prompts, rollout)`` calls ``prompts = next_prompts()`` (one round's
-    prompts, e.g. ``PromptSampler.next_batch``) and ``rollout(prompts)`` (generate AND score:
-    a RolloutBatch with ``rewards`` set) up to ``max_rounds`` times. The prompt position
-    lives in the caller's prompt sampler, which advances once per round: checkpoint it after
-    the step and a resumed run continues with the same prompts. This object's own state
-    (running totals for the logs) is :meth:`state_dict`.
-    """
+    """The round cap and running totals of dynamic sampling (checkpointed: the totals are
+    :meth:`state_dict`; the prompt position lives in the prompt sampler)."""
 
     def __init__(self, batch_size: int, max_rounds: int, pad_id: int):
         if batch_size < 1 or max_rounds < 1:
@@ -147,42 +153,25 @@ class DynamicSampler:
         self.batch_size, self.max_rounds, self.pad_id = batch_size, max_rounds, pad_id
         self.total_rounds = self.total_dropped = self.total_generated = 0
 
-    def collect(
-        self, next_prompts: Callable[[], Any], rollout: Callable[[Any], RolloutBatch]
-    ) -> tuple[RolloutBatch | None, dict[str, float]]:
-        """``(batch, metrics)``: the first ``batch_size`` informative groups (fewer at the
-        round cap, None if none), group_index 0..k-1; never a group of equal rewards.
+    def keep(self, scored: Scored, have: int) -> tuple[Scored | None, int]:
+        """The informative groups of one round, at most ``batch_size - have`` of them (None
+        when there is none), and how many groups of the round were informative."""
+        good = informative_groups(scored.rewards, scored.batch.group_index, scored.valid)
+        take = torch.nonzero(good).flatten().tolist()[: self.batch_size - have]
+        return (select_groups(scored, take) if take else None), int(good.sum())
 
-        metrics: ``dynamic_sampling/rounds``, ``groups_generated``, ``groups_dropped``
-        (all-equal rewards), ``groups_kept``, ``filled`` (kept / batch_size).
-        """
-        kept: list[RolloutBatch] = []
-        n_kept = n_generated = n_dropped = rounds = 0
-        while n_kept < self.batch_size and rounds < self.max_rounds:
-            batch = rollout(next_prompts())
-            rounds += 1
-            if batch.rewards is None:
-                raise ValueError("rollout() must return a scored batch (rewards set)")
-            good = informative_groups(
-                batch.rewards, batch.group_index, getattr(batch, "valid", None)
-            )
-            n_generated += len(good)
-            n_dropped += int((~good).sum())
-            take = torch.nonzero(good).flatten().tolist()[: self.batch_size - n_kept]
-            if take:
-                kept.append(select_groups(batch, take))
-                n_kept += len(take)
+    def record(self, rounds: int, generated: int, informative: int, kept: int) -> DynamicStats:
+        """One step's rounds: ``generated`` groups, ``informative`` of them, ``kept``."""
         self.total_rounds += rounds
-        self.total_dropped += n_dropped
-        self.total_generated += n_generated
-        metrics = {
-            "dynamic_sampling/rounds": float(rounds),
-            "dynamic_sampling/groups_generated": float(n_generated),
-            "dynamic_sampling/groups_dropped": float(n_dropped),
-            "dynamic_sampling/groups_kept": float(n_kept),
-            "dynamic_sampling/filled": n_kept / self.batch_size,
-        }
-        return (concat_batches(kept, self.pad_id) if kept else None), metrics
+        self.total_dropped += generated - informative
+        self.total_generated += generated
+        return DynamicStats(
+            rounds=rounds,
+            groups_generated=generated,
+            groups_dropped=generated - informative,
+            groups_kept=kept,
+            filled=kept / self.batch_size,
+        )
 
     def state_dict(self) -> dict[str, int]:
         return {"total_rounds": self.total_rounds, "total_dropped": self.total_dropped,
@@ -192,28 +181,3 @@ class DynamicSampler:
         self.total_rounds = int(state["total_rounds"])
         self.total_dropped = int(state["total_dropped"])
         self.total_generated = int(state["total_generated"])
-
-
-def mask_truncated_samples(
-    truncated: torch.Tensor, loss_mask: torch.Tensor, valid: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss_mask, valid)`` with truncated samples switched off: their loss-mask rows are
-    0 and they are invalid. ``truncated`` (B,) bool, ``loss_mask`` (B, R), ``valid`` (B,)
-    bool or None (all valid). Inputs are not modified."""
-    keep = ~truncated.bool()
-    new_mask = loss_mask * keep.unsqueeze(1).to(loss_mask.dtype)
-    new_valid = keep if valid is None else valid.bool() & keep
-    return new_mask, new_valid
-
-
-def mask_truncated(batch: RolloutBatch) -> RolloutBatch:
-    """``trainer.mask_truncated``: a copy of ``batch`` whose ``loss_mask`` and ``valid``
-    exclude truncated samples (the batch must carry those fields; a None ``loss_mask``
-    starts from ``response_mask``)."""
-    loss_mask = getattr(batch, "loss_mask", None)
-    if not hasattr(batch, "loss_mask") or not hasattr(batch, "valid"):
-        raise TypeError("mask_truncated needs a RolloutBatch with loss_mask and valid fields")
-    if loss_mask is None:
-        loss_mask = batch.response_mask
-    new_mask, new_valid = mask_truncated_samples(batch.truncated, loss_mask, batch.valid)
-    return dataclasses.replace(batch, loss_mask=new_mask, valid=new_valid)

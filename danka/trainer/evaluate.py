@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from danka.agent.rewards import AgentCompletion
-from danka.rewards.combine import RewardOutput
+from danka.rewards.combine import RewardComputer, RewardOutput
 from danka.rollout.base import SamplingParams
-from danka.trainer.agent import agent_rollout
-from danka.types import PromptRow
+from danka.trainer.run import Run
+from danka.trainer.sample import SampleContext, sample
+from danka.trainer.stages import sampling_context
 
 CORRECT_AT = 1.0  # the score of a right answer for every builtin rule reward
 
@@ -30,42 +33,34 @@ def judge(
     return correct.cpu(), per_fn
 
 
-@torch.no_grad()
-def evaluate(run, rows: list[PromptRow], prompt_ids: list[list[int]], texts: list[str]) -> dict:
-    """Greedy accuracy on held-out prompts (through the agent loop with ``run.agent``:
-    ``eval/agent/*`` are its metrics).
-
-    Correct as :func:`judge` says; per function as ``eval/correct/<name>``.
-    """
+def eval_context(run: Run) -> SampleContext:
+    """Greedy sampling of the held-out prompts (eval_max_new_tokens), one answer each,
+    ``rollout.generation_batch_size`` (or 256) prompts at a time."""
     t = run.cfg.trainer
     params = SamplingParams(
         n=1, temperature=0.0, max_new_tokens=t.eval_max_new_tokens or t.max_new_tokens
     )
-    chunk = run.cfg.rollout.generation_batch_size or 256
-    completions: list[str] = []
-    lengths, truncated = [], []
+    ctx = sampling_context(run, run.eval, params)
+    return dataclasses.replace(ctx, chunk=run.cfg.rollout.generation_batch_size or 256)
+
+
+@torch.no_grad()
+def evaluate(ctx: SampleContext, rewards: RewardComputer) -> dict:
+    """Greedy accuracy on the prompts of ``ctx`` (through the agent loop when it has one:
+    ``eval/agent/*`` are its metrics). Correct as :func:`judge` says; per function as
+    ``eval/correct/<name>``."""
+    prompts, n = ctx.prompts, len(ctx.prompts.rows)
+    completions, lengths, truncated = [], [], []
     agent_metrics: dict[str, float] = {}
-    with run.models.actor():
-        for start in range(0, len(prompt_ids), chunk):
-            if run.agent is not None:  # multi-turn, greedy: the final answers are scored
-                idx = list(range(start, min(start + chunk, len(rows))))
-                got = agent_rollout(run, [rows[i] for i in idx], idx, params)
-                batch, texts_k = got.batch, list(got.completions)
-                for key, value in got.metrics.items():  # sample-weighted over the chunks
-                    agent_metrics[key] = agent_metrics.get(key, 0.0) + value * len(idx)
-            else:
-                batch = run.engine.generate(
-                    run.models.policy,
-                    prompt_ids[start : start + chunk],
-                    params,
-                    eos_ids=run.eos_ids,
-                    pad_id=run.pad_id,
-                )
-                texts_k = run.decode(batch)
-            completions.extend(texts_k)
-            lengths.extend(batch.response_mask.sum(1).tolist())
-            truncated.extend(batch.truncated.tolist())
-    out = run.rewards(rows, texts, completions)
+    for start in range(0, n, ctx.chunk):
+        idx = list(range(start, min(start + ctx.chunk, n)))
+        got = sample(ctx, idx)
+        completions.extend(got.completions)
+        lengths.extend(got.batch.response_mask.sum(1).tolist())
+        truncated.extend(got.batch.truncated.tolist())
+        for key, value in got.agent_stats.items():  # sample-weighted over the chunks
+            agent_metrics[key] = agent_metrics.get(key, 0.0) + value * len(idx)
+    out = rewards(prompts.rows, prompts.texts, completions)
     ok, per_fn = judge(out)
     correct = ok.float()
     return {
@@ -74,8 +69,8 @@ def evaluate(run, rows: list[PromptRow], prompt_ids: list[list[int]], texts: lis
         "eval/reward": float(out.scores.float().mean()),
         "eval/response_length": sum(lengths) / max(1, len(lengths)),
         "eval/truncated": sum(truncated) / max(1, len(truncated)),
-        "eval/n": float(len(rows)),
-        **{f"eval/{k}": v / max(1, len(rows)) for k, v in agent_metrics.items()},
+        "eval/n": float(n),
+        **{f"eval/{k}": v / max(1, n) for k, v in agent_metrics.items()},
         "_samples": [
             {
                 "prompt": p,
@@ -83,7 +78,9 @@ def evaluate(run, rows: list[PromptRow], prompt_ids: list[list[int]], texts: lis
                 "ground_truth": r.ground_truth,
                 "correct": bool(k),
             }
-            for p, c, r, k in zip(texts[:16], completions[:16], rows[:16], correct[:16].tolist())
+            for p, c, r, k in zip(
+                prompts.texts[:16], completions[:16], prompts.rows[:16], correct[:16].tolist()
+            )
         ],
     }
 

@@ -2,17 +2,18 @@
 
 Each step: 1 sample prompts -> 2 rollout -> 3 rewards -> 4 old/reference log-probs ->
 5 values (critic) -> 6 advantages -> 7 update (actor, critic) -> 8 log -> 9 checkpoint ->
-10 evaluate. A ``RolloutBatch`` (danka/types.py) is the only thing passed between the
-stages (danka/trainer/steps.py); which algorithm needs what (a critic, a reference, a
-correction) is registry metadata resolved once into ``run.algo``. The loop measures its
-own phases: ``time/<phase>`` in every metrics line.
+10 evaluate. Stages hand typed records on (Rollout -> Scored -> OldAndRef -> Prepared ->
+UpdateStats, danka/trainer/records.py), each stage bound once to what it needs
+(danka/trainer/stages.py); which algorithm needs what (a critic, a reference, a
+correction) is registry metadata resolved once into ``run.algo``. The loop acts on the
+fields of the ``StepResult`` and builds the metrics dict only to write it
+(danka/trainer/metrics.py). It measures its own phases: ``time/<phase>`` in every line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
 from pathlib import Path
 
@@ -26,17 +27,18 @@ from danka.config.schema import DankaConfig
 from danka.config.secrets import mask_secrets
 from danka.lifecycle import StopRequest, current_stop
 from danka.logging.progress import TrainProgress
-from danka.trainer import steps
 from danka.trainer.checkpointing import check_compatible, save
+from danka.trainer.dynamic_sampling import concat_scored, mean_stats
 from danka.trainer.forward import effective_token_ratio
 from danka.trainer.guards import TrainingFault
+from danka.trainer.metrics import step_metrics
 from danka.trainer.outputs import Outputs, is_main_process, run_logger
 from danka.trainer.preflight import preflight
+from danka.trainer.records import Scored, StepResult
 from danka.trainer.resume import resolve_resume, resume_from
 from danka.trainer.run import Run
 from danka.trainer.setup import build_run
-from danka.trainer.update import NonFiniteError
-from danka.types import RolloutBatch
+from danka.trainer.stages import Stages, build_stages
 
 
 def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
@@ -63,8 +65,9 @@ def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool
     """``fit`` once the run is built."""
     log = run.log
     log.info(describe(run))
+    stages = build_stages(run)
     if cfg.trainer.preflight:  # before a restore, which then sets every RNG as saved
-        preflight(run, log)
+        preflight(run, stages, log)
     start, history = resume_from(run, ckpt, resolved, main)
     outputs = Outputs.open(cfg, log, resolved, start)
     outputs.history = history
@@ -77,11 +80,12 @@ def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool
         run.state.total_steps, start_step=start, enabled=cfg.logging.progress and main
     ) as bar:
         for step in range(start + 1, run.state.total_steps + 1):
-            m, batch, completions = train_step(run, step)  # 1-7
-            outputs.record(run, step, m, batch, completions)  # 8. log
+            result = train_step(stages, step)  # 1-7
+            m = metrics_of(run, result)
+            outputs.record(step, m, result.scored, run.train, run.state.total_steps)  # 8. log
             bar.update(step, m)
             # after each step: stop? (signal, bad steps, time limit) then evaluate and save
-            bad_in_a_row = 0 if is_finite_step(m) else bad_in_a_row + 1
+            bad_in_a_row = 0 if result.finite else bad_in_a_row + 1
             check_bad_steps(run, bad_in_a_row, step)
             maybe_stop_early(run, step, t_train)
             stopping = stop_requested(stop)
@@ -127,83 +131,109 @@ def signal_name(stop: StopRequest | None) -> str:
     return stop.name if stop is not None and stop.signum is not None else "signal on another rank"
 
 
-def train_step(run: Run, step: int) -> tuple[dict[str, float], RolloutBatch, list[str]]:
-    """Steps 1-7 of one training step; returns (metrics, the batch, decoded completions).
-    With dynamic sampling, steps 1-3 repeat until the step has informative groups; with
-    none at all the update is skipped (logged) and the last round is what gets logged."""
-    m: dict[str, float] = {}
-    t_step = time.perf_counter()
-    rounds: list[tuple[RolloutBatch, list[str], dict[str, float]]] = []
-
-    def rollout_and_score(prompt_idx: list[int]) -> RolloutBatch:
-        if run.agent is not None:  # multi-turn: rewards score the final answers
-            with phase(m, "rollout"):
-                got = steps.agent_step(run, prompt_idx)  # 2. rollout (tools / environment)
-            m.update(got.metrics)
-            with phase(m, "reward"):
-                scored = steps.score(run, got.batch, got.completions, got.env_rewards)  # 3.
-            rounds.append((got.batch, got.trajectories, scored))  # the log shows tool turns
-            return got.batch
-        with phase(m, "rollout"):
-            batch = steps.rollout(run, prompt_idx)  # 2. rollout
-        with phase(m, "reward"):
-            completions = run.decode(batch)
-            rounds.append((batch, completions, steps.score(run, batch, completions)))  # 3.
-        return batch
-
-    def next_prompts() -> list[int]:
-        return steps.sample_prompts(run)  # 1. sample prompts
-
-    if run.dynamic is None:
-        batch = rollout_and_score(next_prompts())
-        completions = rounds[0][1]
-    else:
-        batch, ds_metrics = run.dynamic.collect(next_prompts, rollout_and_score)
-        m.update(ds_metrics)
-        completions = run.decode(batch) if batch is not None else rounds[-1][1]
-    for key in rounds[0][2]:  # reward statistics over everything generated this step
-        m[key] = sum(r[2].get(key, 0.0) for r in rounds) / len(rounds)
-    if batch is None:
-        run.log.warning(
+def train_step(s: Stages, step: int) -> StepResult:
+    """Steps 1-7 of one training step; the typed result carries everything the loop and
+    the log need. With nothing informative to train on (dynamic sampling) the update is
+    skipped, logged, and the last round is what gets logged."""
+    clock = PhaseClock()
+    scored, rounds, dynamic = sample_and_score(s, clock)  # 1-3 (one round, or DAPO's rounds)
+    stats = [r.stats for r in rounds]
+    if scored is None:
+        s.log.warning(
             f"step {step}: dynamic sampling found no group with differing rewards in "
             f"{len(rounds)} round(s); update skipped"
         )
-        m["dynamic_sampling/skipped_update"] = 1.0
-        step_schedules(run)
-        m["time/step"] = time.perf_counter() - t_step
-        return step_metrics(run, rounds[-1][0], m), rounds[-1][0], completions
-    with phase(m, "logprobs"):
-        m.update(steps.logprobs(run, batch))  # 4. old/reference log-probs
-    with phase(m, "values"):
-        steps.values(run, batch)  # 5. values (critic)
-    with phase(m, "advantages"):
-        m.update(steps.advantages(run, batch))  # 6. advantages
-    with phase(m, "update"):
-        m.update(update_or_skip(run, batch, step))  # 7. update (actor, critic)
-    steps.adapt_kl(run, m)
-    m["time/step"] = time.perf_counter() - t_step
-    return step_metrics(run, batch, m), batch, completions
+        s.opts.step_schedules()
+        return clock.result(rounds[-1], stats, None, None, dynamic)
+    with clock("logprobs"):
+        logp = s.old_and_ref(scored)  # 4. old / reference log-probs
+    with clock("values"):
+        values = s.values(scored)  # 5. critic values (estimators that need a critic)
+    with clock("advantages"):
+        prepared = s.advantages(scored, logp, values)  # 6. advantages (the registry's estimator)
+    with clock("update"):
+        update = s.update(prepared, step)  # 7. update (actor, critic); schedules step
+    if update.skipped:
+        s.log.warning(f"step {step}: {update.reason}; optimizer step skipped")
+    kl = s.measured_kl(prepared, update)  # the same on every rank
+    s.adapt_kl(kl)
+    return clock.result(scored, stats, prepared, update, dynamic, kl)
 
 
-@contextlib.contextmanager
-def phase(metrics: dict[str, float], name: str):
-    """Adds the seconds spent in the block to ``metrics["time/<name>"]``; on CUDA also the
-    block's peak memory as ``memory/<name>_peak_gib`` (the device is synchronised at the
-    boundaries, so GPU work is charged to the phase that queued it)."""
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        if cuda:
+def sample_and_score(s: Stages, clock: PhaseClock):
+    """Steps 1-3: (the samples to train on or None, every round scored, DynamicStats).
+    Without dynamic sampling one round; with it (DAPO) rounds repeat until the step has
+    ``batch_size`` informative groups or ``max_sampling_rounds`` were generated."""
+    rounds: list[Scored] = []
+    kept: list[Scored] = []
+    have = generated = informative = 0
+    for _ in range(s.dynamic.max_rounds if s.dynamic is not None else 1):
+        prompt_idx = s.next_prompts()  # 1. sample prompts
+        with clock("rollout"):
+            rollout = s.sample(prompt_idx)  # 2. rollout (single-turn or the agent loop)
+        with clock("reward"):
+            scored = s.score(rollout)  # 3. rewards
+        rounds.append(scored)
+        if s.dynamic is None:
+            return scored, rounds, None
+        good, n_good = s.dynamic.keep(scored, have)
+        generated += n_groups(scored)
+        informative += n_good
+        if good is not None:
+            kept.append(good)
+            have += n_groups(good)
+        if have >= s.dynamic.batch_size:
+            break
+    dynamic = s.dynamic.record(len(rounds), generated, informative, have)
+    if not kept:
+        return None, rounds, dynamic
+    merged = concat_scored(kept, s.dynamic.pad_id, mean_stats([r.stats for r in rounds]))
+    return merged, rounds, dynamic
+
+
+def n_groups(scored: Scored) -> int:
+    gi = scored.batch.group_index
+    return int(gi.max()) + 1 if gi.numel() else 0
+
+
+class PhaseClock:
+    """Seconds per phase of one step and, on CUDA, each phase's peak memory (the device is
+    synchronised at the boundaries, so GPU work is charged to the phase that queued it)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+        self.peaks: dict[str, float] = {}
+        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if self.cuda:
             torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() / 2**30
-            metrics[f"memory/{name}_peak_gib"] = peak
-            metrics["memory/peak_gib"] = max(metrics.get("memory/peak_gib", 0.0), peak)
-        metrics[f"time/{name}"] = metrics.get(f"time/{name}", 0.0) + time.perf_counter() - t0
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.cuda:
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() / 2**30
+                self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def result(self, scored, stats, prepared, update, dynamic, kl=None) -> StepResult:
+        """The step's result with its timings (``step``: the whole step)."""
+        seconds = {**self.seconds, "step": time.perf_counter() - self.t0}
+        return StepResult(
+            scored=scored,
+            rounds=stats,
+            prepared=prepared,
+            update=update,
+            dynamic=dynamic,
+            seconds=seconds,
+            peaks_gib=dict(self.peaks),
+            kl_measured=kl,
+        )
 
 
 def describe(run: Run) -> str:
@@ -222,52 +252,20 @@ def describe(run: Run) -> str:
     )
 
 
-def update_or_skip(run: Run, batch: RolloutBatch, step: int) -> dict[str, float]:
-    """Step 7; a non-finite loss or gradient skips the optimiser step (logged)."""
-    try:
-        m = steps.update_actor_critic(run, batch, step)
-        m["skipped_step"] = 0.0
-    except NonFiniteError as err:
-        run.log.warning(f"step {step}: {err}; optimizer step skipped")
-        m = {"skipped_step": 1.0}
-    step_schedules(run)
-    return m
-
-
-def step_schedules(run: Run) -> None:
-    """The schedules follow the step number, with or without an optimiser step."""
-    run.actor_sched.step()
-    if run.critic_sched is not None:
-        run.critic_sched.step()
-
-
-def step_metrics(run: Run, batch: RolloutBatch, m: dict[str, float]) -> dict[str, float]:
-    """The step's summary numbers (reduced over ranks under torchrun)."""
-    # the actor's loss; during trainer.critic_warmup_steps (no actor update) the critic's,
-    # the only loss optimised then (a missing actor loss is not a non-finite one)
-    m["loss"] = m.get("actor/loss", m.get("critic/vf_loss", float("nan")))
-    m["lr"] = run.actor_sched.get_last_lr()[0]
-    m["kl_coef"] = float(run.kl_ctl.value)
-    m["packing/effective_token_ratio"] = effective_token_ratio(
-        batch, run.state.micro_batch_size, run.pack_len
+def metrics_of(run: Run, result: StepResult) -> dict[str, float]:
+    """Step 8's metrics dict (built once, here, from the typed result)."""
+    batch = result.scored.batch
+    return step_metrics(
+        result,
+        lr=run.actor_sched.get_last_lr()[0],
+        kl_coef=float(run.kl_ctl.value),
+        packing_ratio=effective_token_ratio(batch, run.state.micro_batch_size, run.pack_len),
     )
-    if dist.is_active():
-        m = dist.reduce_metrics(m)
-    m["throughput/gen_tokens_per_s"] = float(batch.response_mask.sum()) / max(
-        m["time/rollout"], 1e-9
-    )
-    return m
 
 
 def every(k: int, step: int) -> bool:
     """``step`` is a multiple of ``k`` (0 = never)."""
     return bool(k) and step % k == 0
-
-
-def is_finite_step(metrics: dict) -> bool:
-    if metrics.get("dynamic_sampling/skipped_update"):  # nothing to train on is not a fault
-        return True
-    return metrics.get("skipped_step", 0.0) == 0.0 and math.isfinite(metrics.get("loss", 0.0))
 
 
 def check_bad_steps(run: Run, bad_in_a_row: int, step: int) -> None:

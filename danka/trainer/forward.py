@@ -7,7 +7,9 @@ so training and sampling see the same positions.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +20,17 @@ from danka.trainer.packing import pack
 from danka.types import RolloutBatch
 
 
+@dataclass(frozen=True)
+class ForwardSettings:
+    """How the training forward runs (the same for old, reference and trained log-probs)."""
+
+    temperature: float = 1.0  # the sampling temperature (0 = greedy: 1 here)
+    chunk_size: int = 1024  # tokens per chunk of the log-prob head
+    pack_len: int | None = None  # data.packing: tokens per packed row, else None
+    shared_prefix: bool = True  # a prompt prefix the rows share runs once (shared_prefix.py)
+    fused_head: bool = True  # CUDA: the head's per-chunk elementwise work compiled
+
+
 def micro_batch_indices(lengths: torch.Tensor, micro_size: int) -> Iterator[torch.Tensor]:
     """Split rows into micro-batches of similar length (less padding), in a fixed order."""
     order = torch.argsort(lengths, descending=True, stable=True)
@@ -25,19 +38,21 @@ def micro_batch_indices(lengths: torch.Tensor, micro_size: int) -> Iterator[torc
         yield order[start : start + micro_size]
 
 
-def trim(batch: RolloutBatch) -> RolloutBatch:
-    """Drop columns that are padding in every row (prompt on the left, response on the right)."""
+def trim(batch):
+    """Drop columns that are padding in every row (prompt on the left, response on the
+    right) from a dataclass of (B, P) prompt and (B, R) response tensors (a RolloutBatch
+    or a TrainBatch)."""
     p_keep = int(batch.prompt_mask.sum(1).max())
     r_keep = max(1, int(batch.response_mask.sum(1).max()))
     out = {}
-    for name in batch.__dataclass_fields__:
-        value = getattr(batch, name)
-        if name in ("prompt_ids", "prompt_mask"):
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if f.name in ("prompt_ids", "prompt_mask"):
             value = value[:, value.shape[1] - p_keep :]
         elif isinstance(value, torch.Tensor) and value.dim() == 2:
             value = value[:, :r_keep]
-        out[name] = value
-    return RolloutBatch(**out)
+        out[f.name] = value
+    return dataclasses.replace(batch, **out)
 
 
 def effective_token_ratio(
@@ -80,7 +95,10 @@ def lm_head_of(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def response_hidden(
-    model: torch.nn.Module, mb: RolloutBatch, pack_len: int | None = None
+    model: torch.nn.Module,
+    mb: RolloutBatch,
+    pack_len: int | None = None,
+    shared_prefix_forward: bool = True,
 ) -> torch.Tensor:
     """Hidden states at the positions that predict response tokens: (b, R, H).
 
@@ -99,7 +117,9 @@ def response_hidden(
         )
         return out.last_hidden_state[packed.row.to(device), packed.col.to(device)]
     decoder = decoder_of(model)
-    shared = shared_prefix.response_hidden(model, decoder, mb, device)
+    shared = None
+    if shared_prefix_forward:
+        shared = shared_prefix.response_hidden(model, decoder, mb, device)
     if shared is not None:  # the prompt prefix all rows share ran once (shared_prefix.py)
         return shared
     ids, mask, pos = _inputs(mb, device)
@@ -113,10 +133,8 @@ def policy_logprobs(
     model: torch.nn.Module,
     mb: RolloutBatch,
     *,
-    temperature: float,
-    chunk_size: int,
+    settings: ForwardSettings = ForwardSettings(),
     with_entropy: bool = False,
-    pack_len: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response token) under ``model`` (b, R), and the entropy (b, R) if asked.
 
@@ -125,7 +143,8 @@ def policy_logprobs(
     (``config.final_logit_softcapping``: z -> c tanh(z / c)) is applied when the model has it.
     This is danka's one log-prob forward (policy, reference, old log-probs).
     """
-    hidden = response_hidden(model, mb, pack_len)
+    s = settings
+    hidden = response_hidden(model, mb, s.pack_len, s.shared_prefix)
     b, r, h = hidden.shape
     targets = mb.response_ids.to(hidden.device).reshape(-1)
     head = lm_head_of(model)
@@ -133,22 +152,24 @@ def policy_logprobs(
         hidden.reshape(b * r, h),
         head,
         targets,
-        temperature=temperature,
-        chunk_size=chunk_size,
+        temperature=s.temperature,
+        chunk_size=s.chunk_size,
         compute_entropy=with_entropy,
         softcap=getattr(_config_of(model), "final_logit_softcapping", None),
+        fused=s.fused_head,
     )
     return logprobs.view(b, r), (entropy.view(b, r) if entropy is not None else None)
 
 
 def critic_values(
     model: torch.nn.Module,
-    value_head: torch.nn.Module,
     mb: RolloutBatch,
-    pack_len: int | None = None,
+    *,
+    value_head: torch.nn.Module,
+    settings: ForwardSettings = ForwardSettings(),
 ):
     """V(s_t) for each response position t: (b, R), fp32."""
-    hidden = response_hidden(model, mb, pack_len)
+    hidden = response_hidden(model, mb, settings.pack_len, settings.shared_prefix)
     return value_head(hidden).squeeze(-1).float()
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
 from danka.errors import UserError
+from danka.trainer.state import RunState
 
 FIXES = {
     "rollout": "lower trainer.batch_size or trainer.samples_per_prompt, trainer.max_new_tokens, "
@@ -39,17 +41,31 @@ def _oom_types() -> tuple[type[BaseException], ...]:
     )
 
 
-def explain_oom(phase: str, run, err: BaseException) -> OutOfMemory:
-    t = run.cfg.trainer
-    sizes = (
-        f"{t.batch_size} prompts x {t.samples_per_prompt} samples, micro-batch "
-        f"{run.state.micro_batch_size}, max_length {t.max_length}, max_new_tokens {t.max_new_tokens}"
-    )
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes an out-of-memory message names; ``state`` is read when it happens (the
+    micro-batch may have been halved)."""
+
+    batch_size: int
+    samples_per_prompt: int
+    max_length: int
+    max_new_tokens: int
+    state: RunState
+
+    def __str__(self) -> str:
+        return (
+            f"{self.batch_size} prompts x {self.samples_per_prompt} samples, micro-batch "
+            f"{self.state.micro_batch_size}, max_length {self.max_length}, max_new_tokens "
+            f"{self.max_new_tokens}"
+        )
+
+
+def explain_oom(phase: str, sizes: Sizes | str, device: torch.device, err: BaseException):
     mem = ""
-    if run.device.type == "cuda":
+    if device.type == "cuda":
         mem = (
-            f"; peak {torch.cuda.max_memory_allocated(run.device) / 2**30:.1f} GiB of "
-            f"{torch.cuda.get_device_properties(run.device).total_memory / 2**30:.1f} GiB"
+            f"; peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB of "
+            f"{torch.cuda.get_device_properties(device).total_memory / 2**30:.1f} GiB"
         )
     first = str(err).splitlines()[0] if str(err) else type(err).__name__
     return OutOfMemory(
@@ -60,10 +76,12 @@ def explain_oom(phase: str, run, err: BaseException) -> OutOfMemory:
 
 
 @contextlib.contextmanager
-def oom_guard(phase: str, run):
+def oom_guard(phase: str, sizes: Sizes | str, device: torch.device):
+    """A device out-of-memory in the block becomes :class:`OutOfMemory` naming the phase,
+    the sizes and the settings to change."""
     try:
         yield
     except _oom_types() as err:
-        if run.device.type == "cuda":
+        if device.type == "cuda":
             torch.cuda.empty_cache()
-        raise explain_oom(phase, run, err) from None
+        raise explain_oom(phase, sizes, device, err) from None

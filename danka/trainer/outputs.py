@@ -22,9 +22,9 @@ from danka.logging.metrics import (
 )
 from danka.logging.runlog import setup_run_logger
 from danka.logging.trackers import SafeTrackers, build_trackers
-from danka.trainer.evaluate import evaluate
-from danka.trainer.run import Run
-from danka.types import RolloutBatch
+from danka.trainer.evaluate import eval_context, evaluate
+from danka.trainer.records import Scored
+from danka.trainer.run import PromptSet, Run
 
 
 def is_main_process() -> bool:
@@ -43,6 +43,8 @@ class Outputs:
     metrics: MetricsWriter | dist.Null
     completions: CompletionsWriter | dist.Null
     trackers: SafeTrackers | dist.Null
+    save_completions: int = 0  # logging.save_completions
+    log_interval: int = 1  # logging.log_interval
     history: dict = field(default_factory=lambda: {"eval": []})
 
     @classmethod
@@ -65,29 +67,30 @@ class Outputs:
             metrics=MetricsWriter(out) if main else dist.Null(),
             completions=CompletionsWriter(out) if main else dist.Null(),
             trackers=trackers,
+            save_completions=cfg.logging.save_completions,
+            log_interval=cfg.logging.log_interval,
         )
 
     def record(
-        self, run: Run, step: int, metrics: dict, batch: RolloutBatch, completions: list[str]
+        self, step: int, metrics: dict, scored: Scored, prompts: PromptSet, total_steps: int
     ) -> None:
         """metrics.jsonl, trackers, sample completions and (every log_interval) train.log."""
         if self.main:  # the output dir may have been deleted and taken by another run
             check_run_lock(self.output_dir, what=f"step {step}'s metrics")
         self.metrics.write(step, metrics)
         self.trackers.log(metrics, step)
-        lg = run.cfg.logging
-        if lg.save_completions and self.main:
-            k = min(lg.save_completions, len(completions))
-            rows = batch.prompt_index[:k].tolist()
+        if self.save_completions and self.main:
+            k = min(self.save_completions, scored.rollout.size)
+            rows = scored.batch.prompt_index[:k].tolist()
             self.completions.write(
                 step,
-                prompts=[run.train.texts[i] for i in rows],
-                completions=completions[:k],
-                rewards=batch.rewards[:k].tolist(),
-                reward_parts={name: v[:k].tolist() for name, v in batch.reward_parts.items()},
-                ground_truths=[run.train.rows[i].ground_truth for i in rows],
+                prompts=[prompts.texts[i] for i in rows],
+                completions=scored.rollout.shown[:k],
+                rewards=scored.rewards[:k].tolist(),
+                reward_parts={name: v[:k].tolist() for name, v in scored.parts.items()},
+                ground_truths=[prompts.rows[i].ground_truth for i in rows],
             )
-        if step % lg.log_interval == 0 or step == run.state.total_steps:
+        if step % self.log_interval == 0 or step == total_steps:
             self.log.info(format_step_line(step, metrics))
 
     def evaluate(self, run: Run, step: int) -> float | None:
@@ -95,7 +98,7 @@ class Outputs:
         evaluates the whole set, rank 0 writes OUTPUT/eval/step_N.json."""
         if run.eval is None:
             return None
-        result = evaluate(run, run.eval.rows, run.eval.ids, run.eval.texts)
+        result = evaluate(eval_context(run), run.rewards)
         samples = result.pop("_samples")
         self.history["eval"].append({"step": step, **result})
         if self.main:

@@ -1,8 +1,9 @@
 """Everything a training run holds, built once from the validated (read-only) config.
 
 ``Run`` holds long-lived objects only; what changes during a run is in ``RunState``
-(the config never changes after validation); what one step produces travels on the
-``RolloutBatch``.
+(the config never changes after validation). The stages of a step never see a ``Run``:
+``build_stages`` (danka/trainer/stages.py) hands each one what it needs, and what one
+step produces travels on the typed records of danka/trainer/records.py.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from danka.rollout.base import RolloutEngine
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import ModelSet
 from danka.trainer.sampler import PromptSampler
-from danka.types import PromptRow, RolloutBatch
+from danka.trainer.state import RunState
+from danka.types import PromptRow
 
 
 @dataclass
@@ -61,14 +63,6 @@ class Algorithm:
 
 
 @dataclass
-class RunState:
-    """What may change while the run goes (the config does not)."""
-
-    total_steps: int  # lowered when trainer.max_train_minutes ends the run early
-    micro_batch_size: int  # halved on out-of-memory with trainer.auto_micro_batch
-
-
-@dataclass
 class Run:
     cfg: DankaConfig
     base_dir: Path
@@ -94,8 +88,7 @@ class Run:
     eos_ids: list[int] = field(default_factory=list)
     pad_id: int = 0
     dynamic: DynamicSampler | None = None  # trainer.dynamic_sampling (DAPO), else None
-    # agentwire: the multi-turn loop of rollout.tools / rollout.environment, else None
-    agent: AgentLoop | None = None
+    agent: AgentLoop | None = None  # the multi-turn loop of rollout.tools / environment
 
     @property
     def pack_len(self) -> int | None:
@@ -106,9 +99,3 @@ class Run:
     def temperature(self) -> float:
         t = self.cfg.trainer.temperature
         return t if t > 0 else 1.0
-
-    def decode(self, batch: RolloutBatch) -> list[str]:
-        out = []
-        for ids, mask in zip(batch.response_ids, batch.response_mask):
-            out.append(self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
-        return out

@@ -42,8 +42,9 @@ from danka.trainer.agent import build_agent, encode_agent_prompts
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
-from danka.trainer.run import Algorithm, PromptSet, Run, RunState
+from danka.trainer.run import Algorithm, PromptSet, Run
 from danka.trainer.sampler import PromptSampler
+from danka.trainer.state import RunState
 from danka.types import PromptRow
 
 

@@ -33,7 +33,6 @@ from danka.rollout.hf_prefix import cache_kwarg, common_prefix_len, layout, usab
 from danka.types import RolloutBatch
 
 MIN_PREFIX = 8  # a shorter common prefix pays only where prompts repeat (GRPO groups)
-ENABLED = True  # False: always the plain forward (the benchmark's and tests' A/B switch)
 
 
 def unpadded_prompts(mb: RolloutBatch) -> list[list[int]]:
@@ -61,7 +60,7 @@ def response_hidden(
     forward does not apply or saves nothing (the caller then runs the plain forward)."""
     from transformers import DynamicCache
 
-    if not ENABLED or mb.size < 2 or not applies(model, decoder, device):
+    if mb.size < 2 or not applies(model, decoder, device):
         return None
     unique, row_of = distinct(unpadded_prompts(mb))  # a GRPO group: one prompt
     p = common_prefix_len(unique)

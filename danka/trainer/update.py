@@ -10,18 +10,60 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 
 from danka import distributed as dist
 from danka.algorithms.losses import LossNorm, PolicyLossInput, aggregate, value_loss
-from danka.trainer.forward import critic_values, micro_batch_indices, policy_logprobs, trim
-from danka.trainer.run import Run
-from danka.types import RolloutBatch
+from danka.trainer.forward import (
+    ForwardSettings,
+    critic_values,
+    micro_batch_indices,
+    policy_logprobs,
+    trim,
+)
+from danka.trainer.models import ModelSet
+from danka.trainer.records import ActorStats, CriticStats, OnPolicy, TrainBatch, UpdateStats
+from danka.trainer.run import Algorithm
 
 
 class NonFiniteError(RuntimeError):
     """The loss or the gradient was NaN/inf; the optimiser step was skipped."""
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What the update reads besides the models, optimisers and the algorithm."""
+
+    forward: ForwardSettings
+    ppo_epochs: int
+    mini_batch_seqs: int  # sequences per optimiser step on this rank
+    max_response_length: int  # trainer.max_new_tokens, the seq-mean-token-sum-norm divisor
+    loss_agg_mode: str
+    entropy_coef: float = 0.0
+    vf_coef: float = 0.5
+    value_clip: float = 0.2
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class Optimizers:
+    actor: torch.optim.Optimizer
+    actor_sched: torch.optim.lr_scheduler.LRScheduler
+    critic: torch.optim.Optimizer | None = None
+    critic_sched: torch.optim.lr_scheduler.LRScheduler | None = None
+
+    def zero_grad(self) -> None:
+        self.actor.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic.zero_grad(set_to_none=True)
+
+    def step_schedules(self) -> None:
+        """The schedules follow the step number, with or without an optimiser step."""
+        self.actor_sched.step()
+        if self.critic_sched is not None:
+            self.critic_sched.step()
 
 
 def _checked_loss(losses: list[torch.Tensor], opt, what: str) -> torch.Tensor:
@@ -41,7 +83,7 @@ def _checked_loss(losses: list[torch.Tensor], opt, what: str) -> torch.Tensor:
 
 
 def host_metrics(metrics: dict, steps: int) -> dict[str, float]:
-    """The update's summed metrics / ``steps`` as floats; device tensors are read in ONE
+    """The update's summed values / ``steps`` as floats; device tensors are read in ONE
     transfer (the micro-batch loop keeps them on the device: no host sync per micro-batch)."""
     keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
     out = {k: float(v) / steps for k, v in metrics.items() if k not in keys}
@@ -52,7 +94,7 @@ def host_metrics(metrics: dict, steps: int) -> dict[str, float]:
     return out
 
 
-def loss_norm(mini: RolloutBatch, max_response_length: int) -> LossNorm:
+def loss_norm(mini: TrainBatch, max_response_length: int) -> LossNorm:
     """Counts of the mini-batch's trained tokens and sequences (global over ranks)."""
     # global counts (one collective): each rank's loss is its share of the global loss
     tokens, seqs = dist.all_sum_many([mini.train_mask.sum(), mini.valid.sum()])
@@ -78,118 +120,161 @@ def _step(optimizer, params, max_grad_norm: float, dry_run: bool = False) -> flo
     return grad_norm
 
 
-def actor_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool = False) -> None:
-    """One optimiser step of the policy on ``mini``:
+def _micro_batches(mini: TrainBatch, micro_size: int, device: torch.device):
+    """(micro-batch on ``device``, its share of the mini-batch's trained tokens here)."""
+    lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
+    tokens = float(mini.train_mask.sum())
+    for idx in micro_batch_indices(lengths, micro_size):
+        mb = trim(mini.select(idx)).to(device, non_blocking=True)
+        # the losses' own metrics are masked means over one micro-batch: weighted by its
+        # trained tokens they add up to the mini-batch's mean (a micro-batch with no
+        # trained token, e.g. all truncated under mask_truncated, weighs 0, not 1/k)
+        share = float(mini.train_mask[idx].sum()) / tokens if tokens else 0.0
+        yield mb, share
+
+
+def actor_minibatch(
+    models: ModelSet,
+    algo: Algorithm,
+    opt: torch.optim.Optimizer,
+    mini: TrainBatch,
+    s: UpdateSettings,
+    micro_size: int,
+    kl_coef: float,
+    sums: dict,
+    dry_run: bool = False,
+) -> None:
+    """One optimiser step of the policy on ``mini``, its values added into ``sums``:
     loss = policy loss (x rollout-correction weights) - entropy_coef * entropy
            + kl_coef * KL(pi || pi_ref)   (kl.mode: loss)."""
-    t, algo = run.cfg.trainer, run.algo
-    norm = loss_norm(mini, t.max_new_tokens)
+    norm = loss_norm(mini, s.max_response_length)
     kl_in_loss = algo.kl_mode is not None and algo.kl_mode.in_loss
-    lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
+    device = next(models.policy.parameters()).device
     losses: list[torch.Tensor] = []
-    for idx in micro_batch_indices(lengths, run.state.micro_batch_size):
-        mb = trim(mini.select(idx)).to(run.device, non_blocking=True)
+    for mb, share in _micro_batches(mini, micro_size, device):
         mask = mb.train_mask
-        with run.models.actor():
+        with models.actor():
             logprobs, entropy = policy_logprobs(
-                run.models.policy,
-                mb,
-                temperature=run.temperature,
-                chunk_size=t.logprob_chunk_size,
-                with_entropy=True,
-                pack_len=run.pack_len,
+                models.policy, mb, settings=s.forward, with_entropy=True
             )
-        if mb.old_is_current:  # ratio 1 with the right gradient (see RolloutBatch)
+        if isinstance(mb.old_logprobs, OnPolicy):  # ratio 1 with the right gradient
             old = logprobs.detach()
             if mb.rollout_logprobs is not None:
                 gap = ((mb.rollout_logprobs - old).abs() * mb.loss_mask).sum()
-                metrics["rollout/logprob_gap"] += gap / norm.num_tokens
-        elif mb.old_logprobs is None:
-            raise ValueError("old_logprobs missing and the batch is not marked old_is_current")
+                sums["logprob_gap"] += gap / norm.num_tokens
         else:
             old = mb.old_logprobs
         # a non-negative per-token weight w folds into the advantage: w * L(A) = L(w * A)
         # for the clipped surrogate (max of two terms linear in A) and its dual clip
         adv = mb.advantages if mb.is_weights is None else mb.advantages * mb.is_weights
-        inputs = PolicyLossInput(logprobs, old, adv, mask)
-        pg_loss, m = algo.policy_loss(inputs, algo.loss_params, norm)
-        ent = aggregate(entropy, mask, t.loss_agg_mode, norm)
-        loss = pg_loss - t.entropy_coef * ent if t.entropy_coef else pg_loss
+        pg_loss, parts = algo.policy_loss(
+            PolicyLossInput(logprobs, old, adv, mask), algo.loss_params, norm
+        )
+        ent = aggregate(entropy, mask, s.loss_agg_mode, norm)
+        loss = pg_loss - s.entropy_coef * ent if s.entropy_coef else pg_loss
         if kl_in_loss:
             kl = algo.kl_estimator(logprobs, mb.ref_logprobs)
-            kl_loss = aggregate(kl, mask, t.loss_agg_mode, norm)
-            loss = loss + run.kl_ctl.value * kl_loss
-            metrics["actor/kl_loss"] += kl_loss.detach()
+            kl_loss = aggregate(kl, mask, s.loss_agg_mode, norm)
+            loss = loss + kl_coef * kl_loss
+            sums["kl_loss"] += kl_loss.detach()
             # the adaptive controller's quantity: mean KL per trained token
-            metrics["actor/kl_token_mean"] += (kl.detach() * mask).sum() / norm.num_tokens
-        _backward(loss, losses, metrics, "actor", m, float(mb.size) / mini.size)
+            sums["kl_token_mean"] += (kl.detach() * mask).sum() / norm.num_tokens
+        _backward(loss, losses, sums, parts, share)
         # the norm makes micro-batch values add up to the mini-batch value
-        metrics["actor/pg_loss"] += pg_loss.detach()
-        metrics["actor/entropy"] += ent.detach()
-    metrics["actor/loss"] += _checked_loss(losses, run.actor_opt, "policy")
-    metrics["actor/grad_norm"] += _step(
-        run.actor_opt, run.models.actor_params, t.max_grad_norm, dry_run
-    )
+        sums["pg_loss"] += pg_loss.detach()
+        sums["entropy"] += ent.detach()
+    sums["loss"] += _checked_loss(losses, opt, "policy")
+    sums["grad_norm"] += _step(opt, models.actor_params, s.max_grad_norm, dry_run)
 
 
-def _backward(
-    loss: torch.Tensor, losses: list, metrics: dict, prefix: str, parts: dict, share: float
-) -> None:
-    """Backward of one micro-batch's loss (kept in ``losses``); its per-sample metrics
-    (weighted by the micro-batch's ``share`` of the mini-batch) are summed as device
-    tensors. Every rank runs every backward (FSDP2's reduce-scatters stay matched);
-    non-finite losses are handled once per mini-batch by :func:`_checked_loss`."""
+def _backward(loss: torch.Tensor, losses: list, sums: dict, parts: dict, share: float) -> None:
+    """Backward of one micro-batch's loss (kept in ``losses``); its per-token metrics
+    (weighted by the micro-batch's ``share`` of the trained tokens) are summed as device
+    tensors under ``part/<name>``. Every rank runs every backward (FSDP2's reduce-scatters
+    stay matched); non-finite losses are handled once per mini-batch by
+    :func:`_checked_loss`."""
     loss.backward()
     losses.append(loss.detach())
     for key, value in parts.items():
-        metrics[f"{prefix}/{key}"] += value * share
+        sums[f"part/{key}"] += value * share
 
 
-def critic_minibatch(run: Run, mini: RolloutBatch, metrics: dict, dry_run: bool = False) -> None:
+def critic_minibatch(
+    models: ModelSet,
+    opt: torch.optim.Optimizer,
+    mini: TrainBatch,
+    s: UpdateSettings,
+    micro_size: int,
+    sums: dict,
+    dry_run: bool = False,
+) -> None:
     """One optimiser step of the critic: clipped value loss towards ``returns``."""
-    t = run.cfg.trainer
-    norm = loss_norm(mini, t.max_new_tokens)
-    lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
+    norm = loss_norm(mini, s.max_response_length)
+    device = next(models.policy.parameters()).device
     losses: list[torch.Tensor] = []
-    for idx in micro_batch_indices(lengths, run.state.micro_batch_size):
-        mb = trim(mini.select(idx)).to(run.device, non_blocking=True)
-        with run.models.critic():
-            values = critic_values(run.models.critic_model, run.models.value_head, mb, run.pack_len)
-        loss, m = value_loss(values, mb.values, mb.returns, mb.train_mask, t.value_clip, norm)
-        loss = t.vf_coef * loss
-        _backward(loss, losses, metrics, "critic", m, float(mb.size) / mini.size)
-    metrics["critic/vf_loss"] += _checked_loss(losses, run.critic_opt, "value")
-    metrics["critic/grad_norm"] += _step(
-        run.critic_opt, run.models.critic_params, t.max_grad_norm, dry_run
+    for mb, share in _micro_batches(mini, micro_size, device):
+        with models.critic():
+            v = critic_values(
+                models.critic_model, mb, value_head=models.value_head, settings=s.forward
+            )
+        loss, parts = value_loss(v, mb.values, mb.returns, mb.train_mask, s.value_clip, norm)
+        _backward(s.vf_coef * loss, losses, sums, parts, share)
+    sums["loss"] += _checked_loss(losses, opt, "value")
+    sums["grad_norm"] += _step(opt, models.critic_params, s.max_grad_norm, dry_run)
+
+
+def _parts(values: dict[str, float]) -> dict[str, float]:
+    return {k.removeprefix("part/"): v for k, v in values.items() if k.startswith("part/")}
+
+
+def _actor_stats(v: dict[str, float]) -> ActorStats:
+    return ActorStats(
+        loss=v["loss"],
+        pg_loss=v["pg_loss"],
+        entropy=v["entropy"],
+        grad_norm=v["grad_norm"],
+        kl_loss=v.get("kl_loss"),
+        kl_token_mean=v.get("kl_token_mean"),
+        logprob_gap=v.get("logprob_gap"),
+        policy=_parts(v),
     )
 
 
 def update(
-    run: Run,
-    batch: RolloutBatch,
+    models: ModelSet,
+    algo: Algorithm,
+    opts: Optimizers,
+    batch: TrainBatch,
+    s: UpdateSettings,
+    *,
+    micro_size: int,
+    kl_coef: float,
     generator: torch.Generator,
-    dry_run: bool = False,
     train_actor: bool = True,
-) -> dict[str, float]:
-    """``ppo_epochs`` passes over the batch in mini-batches; returns metrics averaged over
-    the optimiser steps. Raises NonFiniteError (after skipping the step) on NaN/inf.
+    dry_run: bool = False,
+) -> UpdateStats:
+    """``ppo_epochs`` passes over the batch in mini-batches; returns the stats averaged
+    over the optimiser steps. Raises NonFiniteError (after skipping the step) on NaN/inf.
     ``train_actor=False`` updates only the critic (trainer.critic_warmup_steps)."""
-    t = run.cfg.trainer
-    n = t.samples_per_prompt
-    mini_seqs = t.mini_batch_size * n // dist.world_size()  # this rank's part
-    metrics: dict[str, float] = defaultdict(float)
+    actor_sums: dict = defaultdict(float)
+    critic_sums: dict = defaultdict(float)
     steps = 0
-    for _ in range(t.ppo_epochs):
-        order = (
-            torch.randperm(batch.size, generator=generator)
-            if t.ppo_epochs > 1 or (mini_seqs < batch.size)
-            else torch.arange(batch.size)
-        )
-        for start in range(0, batch.size, mini_seqs):
-            mini = batch.select(order[start : start + mini_seqs])
+    for _ in range(s.ppo_epochs):
+        shuffle = s.ppo_epochs > 1 or s.mini_batch_seqs < batch.size
+        order = torch.randperm(batch.size, generator=generator) if shuffle else None
+        order = torch.arange(batch.size) if order is None else order
+        for start in range(0, batch.size, s.mini_batch_seqs):
+            mini = batch.select(order[start : start + s.mini_batch_seqs])
             if train_actor:
-                actor_minibatch(run, mini, metrics, dry_run)
-            if run.models.value_head is not None:
-                critic_minibatch(run, mini, metrics, dry_run)
+                actor_minibatch(
+                    models, algo, opts.actor, mini, s, micro_size, kl_coef, actor_sums, dry_run
+                )
+            if models.value_head is not None:
+                critic_minibatch(models, opts.critic, mini, s, micro_size, critic_sums, dry_run)
             steps += 1
-    return host_metrics(metrics, steps)
+    actor = _actor_stats(host_metrics(actor_sums, steps)) if train_actor else None
+    critic = None
+    if models.value_head is not None:
+        v = host_metrics(critic_sums, steps)
+        critic = CriticStats(vf_loss=v["loss"], grad_norm=v["grad_norm"], value=_parts(v))
+    return UpdateStats(actor=actor, critic=critic)

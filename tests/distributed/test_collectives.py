@@ -70,7 +70,7 @@ def test_all_finite_agrees(nccl_like):
 
 
 def test_reduce_metrics_means_and_sums(nccl_like):
-    out = dist.reduce_metrics({"reward": 0.5, "actor/pg_loss": 0.25, "time/step": 2.0})
+    out = dist.reduce_metrics({"reward": 0.5, "time/step": 2.0}, {"actor/pg_loss": 0.25})
     # reward: (0.5 + 0.5) / 2 ranks = 0.5; pg_loss is a partial sum: 0.25 + 0.25 = 0.5;
     # time/step: mean 2.0 and slowest rank 2.0
     assert out == {"actor/pg_loss": 0.5, "reward": 0.5, "time/step": 2.0, "time/step_max": 2.0}
@@ -94,7 +94,9 @@ def test_global_whiten_equals_whitening_the_whole_batch(nccl_like):
 def test_helpers_are_identities_on_one_process():
     assert not dist.is_active()
     assert dist.all_sum(2.0) == 2.0 and dist.all_finite(True)
-    assert dist.reduce_metrics({"a": 1.0}) == {"a": 1.0}
+    assert dist.reduce_metrics({"a": 1.0}, {"b": 2.0}) == {"a": 1.0, "b": 2.0}
+    with pytest.raises(ValueError, match="both averaged and summed"):
+        dist.reduce_metrics({"a": 1.0}, {"a": 2.0})
     x, mask = torch.tensor([[1.0, 3.0]]), torch.ones(1, 2)
     torch.testing.assert_close(dist.global_masked_whiten(x, mask), masked_whiten(x, mask))
 
@@ -145,13 +147,13 @@ def test_check_config_takes_the_critic_and_fast_engine_and_refuses_odd_batches(m
 
 
 def test_measured_kl_is_global(nccl_like):
-    # update() normalises by GLOBAL token counts: actor/kl_token_mean on a rank is its share
+    # update() normalises by GLOBAL token counts: the loss term's KL on a rank is its share
     # (its KL sum / all ranks' tokens), so 2 ranks of 0.25 each measure 0.25 + 0.25 = 0.5
-    assert dist.measured_kl({"actor/kl_token_mean": 0.25, "loss": 1.0}) == 0.5
-    # the reward penalty's "kl" is a mean over a rank's own tokens: averaged, (0.25+0.25)/2
-    assert dist.measured_kl({"kl": 0.25, "actor/kl_token_mean": 9.0}) == 0.25
-    assert dist.measured_kl({"loss": 1.0}) is None
+    assert dist.measured_kl(None, 0.25) == 0.5
+    # the reward penalty's KL is a mean over a rank's own tokens: averaged, (0.25+0.25)/2
+    assert dist.measured_kl(0.25, 9.0) == 0.25
+    assert dist.measured_kl(None, None) is None
 
 
 def test_measured_kl_on_one_process():
-    assert dist.measured_kl({"actor/kl_token_mean": 0.25}) == 0.25
+    assert dist.measured_kl(None, 0.25) == 0.25 and dist.measured_kl(0.5, None) == 0.5

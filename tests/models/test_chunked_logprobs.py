@@ -148,19 +148,18 @@ def test_head_functions_compile_whole_and_equal_eager():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_fused_head_on_cuda_equals_eager_and_uses_less_memory(monkeypatch):
+def test_fused_head_on_cuda_equals_eager_and_uses_less_memory():
     """The compiled per-chunk head (the CUDA default) against the same code run eagerly:
     values, gradients, and the peak of a Qwen2.5-sized head (V = 151,936) over chunks of
     different lengths (2048 rows in chunks of 512 + a 200-row tail... one compile)."""
     import danka.models.logprobs as lpm
 
     def run(fused: bool):
-        monkeypatch.setattr(lpm, "FUSED", fused)
         hidden, weight, targets = _head_case("cuda", torch.bfloat16, n=1736, h=896, v=151936)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        lp, ent = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=512)
+        lp, ent = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=512, fused=fused)
         (lp.sum() + 0.1 * ent.sum()).backward()
         torch.cuda.synchronize()
         return lp, ent, hidden.grad, weight.grad, torch.cuda.max_memory_allocated() - base

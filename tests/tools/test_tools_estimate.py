@@ -212,3 +212,15 @@ def test_logits_chunk_counts_response_positions_only(tmp_path):
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
     # 4 x 512 = 2048 response rows > 1024: the chunk is capped at logprob_chunk_size
     assert plan["components"]["logits (chunked, update)"] == 1024 * v * 4 * 4
+
+
+def test_a_critic_is_counted_whenever_the_estimator_needs_one(tmp_path):
+    """The registry decides, not the algorithm's name: grpo with advantage_estimator gae
+    trains a critic (validation builds one), so its plan holds the critic's LoRA and value
+    head; plain grpo holds none."""
+    plain, _ = load_config(_config(tmp_path))
+    gae, _ = load_config(_config(tmp_path, advantage_estimator="gae"))
+    a = estimate_memory(plain, model_config=qwen2_7b_config())["components"]
+    b = estimate_memory(gae, model_config=qwen2_7b_config())["components"]
+    assert "critic LoRA + value head" not in a
+    assert "critic LoRA + value head" in b

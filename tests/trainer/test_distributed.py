@@ -29,32 +29,48 @@ from pathlib import Path
 import torch
 from danka import distributed as dist
 from danka.config import load_config
-from danka.trainer import steps
+from danka.trainer.metrics import update_metrics
+from danka.trainer.records import ON_POLICY, OldAndRef, RewardStats, Rollout, Scored, TrainBatch
 from danka.trainer.setup import build_run
+from danka.trainer.stages import build_stages
 from danka.trainer.update import NonFiniteError, update
 from danka.types import RolloutBatch
 
 cfg, base = load_config(sys.argv[1])
 run = build_run(cfg, base, Path(cfg.output_dir), logging.getLogger("worker"))
-batch = RolloutBatch(**torch.load(sys.argv[2], weights_only=True))
+stages = build_stages(run)
+d = torch.load(sys.argv[2], weights_only=True)
 if dist.is_active():  # this rank's contiguous half: whole GRPO groups
-    k = batch.size // dist.world_size()
-    batch = batch.select(torch.arange(dist.rank() * k, (dist.rank() + 1) * k))
+    k = d["rewards"].shape[0] // dist.world_size()
+    d = {key: v[dist.rank() * k : (dist.rank() + 1) * k] for key, v in d.items()}
+n = d["rewards"].shape[0]
+rollout = Rollout(RolloutBatch(**{k: d[k] for k in (
+    "prompt_ids", "prompt_mask", "response_ids", "response_mask", "group_index", "truncated")}),
+    [""] * n, [""] * n)
+valid = torch.ones(n, dtype=torch.bool)
+scored = Scored(rollout, d["rewards"], {}, valid, RewardStats(0.0, {}, 0.0, 0.0, 1.0, 0.0, 0.0, None))
 out = {}
 if run.algo.needs_critic:  # gae, whitened over the whole batch (all ranks)
-    steps.advantages(run, batch)
+    logp = OldAndRef(old=ON_POLICY, ref=None, is_weights=None, valid=valid, logprob_gap=None)
+    batch = stages.advantages(scored, logp, d["values"]).batch
     parts = [None] * dist.world_size()
     if dist.is_active():
         torch.distributed.all_gather_object(parts, batch.advantages, group=dist.cpu_group())
     out["advantages"] = torch.cat(parts) if dist.is_active() else batch.advantages
+else:  # one optimiser step: pi_old is the policy being updated
+    rb = rollout.batch
+    batch = TrainBatch(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask,
+                       rb.loss_mask, valid, d["advantages"], ON_POLICY)
 if sys.argv[4:] == ["nan_on_rank_1"] and dist.rank() == 1:
     batch.advantages = torch.full_like(batch.advantages, float("nan"))
 try:
-    metrics = update(run, batch, run.update_generator)
+    stats = update(run.models, run.algo, stages.opts, batch, stages.updating,
+                   micro_size=run.state.micro_batch_size, kl_coef=0.0,
+                   generator=run.update_generator)
+    metrics = dist.reduce_metrics(*update_metrics(stats))
 except NonFiniteError as err:  # every rank skips the same optimiser step
     metrics, out["skipped"] = {}, str(err)
 if dist.is_active():
-    metrics = dist.reduce_metrics(metrics)
     state = dist.full_state_dict(run.models.policy)
 else:
     state = run.models.policy.state_dict()
@@ -106,7 +122,6 @@ def _batch() -> dict:
         rewards=torch.randn(b, generator=g) + 3.0 * (torch.arange(b) >= 4),
         advantages=torch.randn(b, 1, generator=g).expand(b, r) * response_mask,
         values=torch.randn(b, r, generator=g) * response_mask,  # read by gae (PPO) only
-        old_is_current=True,  # one optimiser step: pi_old is the policy being updated
     )
 
 
@@ -260,14 +275,15 @@ from pathlib import Path
 import torch
 from danka import distributed as dist
 from danka.config import load_config
-from danka.trainer import steps
 from danka.trainer.setup import build_run
+from danka.trainer.stages import build_stages
 
 cfg, base = load_config(sys.argv[1])
 run = build_run(cfg, base, Path(cfg.output_dir), logging.getLogger("worker"))
-rows, idx = [], steps.sample_prompts(run)
+stages = build_stages(run)
+rows, idx = [], stages.next_prompts()
 for step in range(2):  # the same prompts twice, the weights changed in between
-    batch = steps.rollout(run, idx)
+    batch = stages.sample(idx).batch
     rows += [(step, int(i), ids[m.bool()].tolist()) for i, ids, m in
              zip(batch.prompt_index, batch.response_ids, batch.response_mask)]
     with torch.no_grad():  # as an optimiser step does: on the (sharded) trained parameters

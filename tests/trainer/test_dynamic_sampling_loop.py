@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from danka.checkpoint import load_trainer_state
-from danka.trainer import steps
+from danka.trainer.stages import Stages
 
 from .conftest import make_config, train_cli
 
@@ -51,13 +51,13 @@ def _metrics(out: Path) -> list[dict]:
 
 def test_no_update_trains_on_a_group_of_equal_rewards(tmp_path, tiny_model_dir, monkeypatch):
     seen = []
-    original = steps.update_actor_critic
+    original = Stages.advantages
 
-    def spy(run, batch, step):
-        seen.append((batch.rewards.clone(), batch.group_index.clone(), batch.valid.clone()))
-        return original(run, batch, step)
+    def spy(self, scored, logp, values):
+        seen.append((scored.rewards.clone(), scored.batch.group_index.clone(), logp.valid))
+        return original(self, scored, logp, values)
 
-    monkeypatch.setattr(steps, "update_actor_critic", spy)
+    monkeypatch.setattr(Stages, "advantages", spy)
     config = _config(tmp_path, tiny_model_dir, HALF_FLAT, total_steps=3)
     assert train_cli(config, tmp_path / "out") == 0
     assert len(seen) == 3

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from danka.models.lora import apply_lora
 from danka.models.tiny import tiny_causal_lm, tiny_tokenizer
-from danka.trainer.forward import policy_logprobs
+from danka.trainer.forward import ForwardSettings, policy_logprobs
 from danka.types import RolloutBatch
 
 
@@ -22,10 +22,8 @@ def sequence_logprobs(model, ids, mask, start, *, temperature=1.0, chunk_size=10
         group_index=torch.arange(ids.shape[0]),
         truncated=torch.zeros(ids.shape[0], dtype=torch.bool),
     )
-    lp, ent = policy_logprobs(
-        model, batch, temperature=temperature, chunk_size=chunk_size,
-        with_entropy=compute_entropy,
-    )  # fmt: skip
+    fwd = ForwardSettings(temperature=temperature, chunk_size=chunk_size)
+    lp, ent = policy_logprobs(model, batch, settings=fwd, with_entropy=compute_entropy)
     keep = mask[:, start:].float()  # padded response columns are the caller's to mask
     return lp * keep, (ent * keep if ent is not None else None)
 

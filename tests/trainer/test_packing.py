@@ -7,7 +7,13 @@ import torch
 from danka.models.tiny import tiny_causal_lm
 from danka.models.value_head import ValueHead
 from danka.rollout.base import finish_batch
-from danka.trainer.forward import critic_values, effective_token_ratio, policy_logprobs, trim
+from danka.trainer.forward import (
+    ForwardSettings,
+    critic_values,
+    effective_token_ratio,
+    policy_logprobs,
+    trim,
+)
 from danka.trainer.packing import assign_rows, pack
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]]
@@ -46,9 +52,9 @@ def test_packed_forward_equals_padded_forward():
     results = {}
     for pack_len in (None, 16, 64):
         model.zero_grad()
-        lp, ent = policy_logprobs(model, mb, temperature=0.7, chunk_size=5, with_entropy=True,
-                                  pack_len=pack_len)  # fmt: skip
-        values = critic_values(model, head, mb, pack_len)
+        fwd = ForwardSettings(temperature=0.7, chunk_size=5, pack_len=pack_len)
+        lp, ent = policy_logprobs(model, mb, settings=fwd, with_entropy=True)
+        values = critic_values(model, mb, value_head=head, settings=fwd)
         (lp[mask].sum() + values[mask].sum()).backward()
         grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
         results[pack_len] = (lp[mask], ent[mask], values[mask], grad)

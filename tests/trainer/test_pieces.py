@@ -14,6 +14,7 @@ from danka.trainer.checkpointing import check_compatible
 from danka.trainer.evaluate import judge
 from danka.trainer.forward import trim
 from danka.trainer.optim import build_scheduler
+from danka.trainer.records import ON_POLICY, TrainBatch
 from danka.trainer.sampler import PromptSampler
 from danka.trainer.update import loss_norm
 from danka.types import RolloutBatch
@@ -62,23 +63,31 @@ def _batch() -> RolloutBatch:
     )
 
 
+def _train(valid: list[bool]) -> TrainBatch:
+    r = _batch()
+    return TrainBatch(
+        r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, r.loss_mask,
+        valid=torch.tensor(valid), advantages=torch.ones(2, 4), old_logprobs=ON_POLICY,
+    )  # fmt: skip
+
+
 def test_trim_drops_all_padding_columns_only():
-    b = trim(_batch())
-    # prompt: longest real prompt is 2 tokens -> keep the last 2 columns; response: 2
-    assert b.prompt_ids.tolist() == [[0, 5], [6, 7]]
-    assert b.response_ids.tolist() == [[8, 9], [8, 0]]
-    assert b.loss_mask.shape == (2, 2) and b.valid.tolist() == [True, True]
+    for b in (trim(_batch()), trim(_train([True, True]))):
+        # prompt: longest real prompt is 2 tokens -> keep the last 2 columns; response: 2
+        assert b.prompt_ids.tolist() == [[0, 5], [6, 7]]
+        assert b.response_ids.tolist() == [[8, 9], [8, 0]]
+        assert b.loss_mask.shape == (2, 2)
+    assert trim(_train([True, True])).old_logprobs is ON_POLICY  # a marker stays a marker
 
 
 def test_invalid_samples_are_out_of_the_loss_counts():
-    b = _batch()
-    b.valid = torch.tensor([True, False])
+    b = _train([True, False])
     # train_mask zeroes the invalid row: 2 tokens of 1 sequence (was 3 tokens of 2)
     assert b.train_mask.tolist() == [[1, 1, 0, 0], [0, 0, 0, 0]]
     norm = loss_norm(b, max_response_length=4)
     assert (norm.num_tokens, norm.num_seqs) == (2.0, 1.0)
     sub = b.select(torch.tensor([1]))
-    assert sub.valid.tolist() == [False] and sub.prompt_index.tolist() == [0]
+    assert sub.valid.tolist() == [False] and sub.old_logprobs is ON_POLICY
 
 
 def test_judge_is_the_one_correct_rule():

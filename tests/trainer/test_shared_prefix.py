@@ -8,7 +8,7 @@ import torch
 
 from danka.models.tiny import tiny_causal_lm
 from danka.trainer import shared_prefix
-from danka.trainer.forward import critic_values, decoder_of, policy_logprobs
+from danka.trainer.forward import ForwardSettings, critic_values, decoder_of, policy_logprobs
 from danka.types import RolloutBatch
 
 SYSTEM = list(range(10, 20))  # 10 tokens every prompt starts with (>= MIN_PREFIX)
@@ -47,10 +47,10 @@ def lora_model(dropout: float = 0.0):
     return model.train()
 
 
-def logprobs_and_grads(model, mb, shared: bool, monkeypatch):
-    monkeypatch.setattr(shared_prefix, "ENABLED", shared)
+def logprobs_and_grads(model, mb, shared: bool):
     model.zero_grad()
-    lp, _ = policy_logprobs(model, mb, temperature=1.0, chunk_size=64)
+    fwd = ForwardSettings(temperature=1.0, chunk_size=64, shared_prefix=shared)
+    lp, _ = policy_logprobs(model, mb, settings=fwd)
     (lp * mb.response_mask).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return lp.detach() * mb.response_mask, grads
@@ -60,13 +60,13 @@ def test_unpadded_prompts_by_hand():
     assert shared_prefix.unpadded_prompts(batch()) == PROMPTS
 
 
-def test_same_logprobs_and_lora_grads_as_the_plain_forward(monkeypatch):
+def test_same_logprobs_and_lora_grads_as_the_plain_forward():
     model, mb = lora_model(), batch()
     assert shared_prefix.response_hidden(model, decoder_of(model), mb, torch.device("cpu"))[
         0
     ].shape == (3, 64)  # taken: (R, H) per row
-    lp_s, g_s = logprobs_and_grads(model, mb, True, monkeypatch)
-    lp_p, g_p = logprobs_and_grads(model, mb, False, monkeypatch)
+    lp_s, g_s = logprobs_and_grads(model, mb, True)
+    lp_p, g_p = logprobs_and_grads(model, mb, False)
     torch.testing.assert_close(lp_s, lp_p, atol=1e-5, rtol=0)
     assert g_s.keys() == g_p.keys() and len(g_s) == 8  # 2 layers x (q, v) x (A, B)
     for name in g_p:
@@ -84,26 +84,24 @@ def test_same_logprobs_and_lora_grads_as_the_plain_forward(monkeypatch):
         ([SYSTEM + [30], SYSTEM + [30], SYSTEM + [40, 41]], [[5], [6], [7]]),
     ],
 )  # fmt: skip
-def test_groups_share_their_prompt(prompts, responses, monkeypatch):
+def test_groups_share_their_prompt(prompts, responses):
     model, mb = lora_model(), batch(prompts, responses)
     assert (
         shared_prefix.response_hidden(model, decoder_of(model), mb, torch.device("cpu")) is not None
     )
-    lp_s, g_s = logprobs_and_grads(model, mb, True, monkeypatch)
-    lp_p, g_p = logprobs_and_grads(model, mb, False, monkeypatch)
+    lp_s, g_s = logprobs_and_grads(model, mb, True)
+    lp_p, g_p = logprobs_and_grads(model, mb, False)
     torch.testing.assert_close(lp_s, lp_p, atol=1e-5, rtol=0)
     for name in g_p:
         torch.testing.assert_close(g_s[name], g_p[name], atol=1e-5, rtol=1e-4)
 
 
-def test_critic_values_through_the_shared_prefix(monkeypatch):
+def test_critic_values_through_the_shared_prefix():
     model, mb = tiny_causal_lm().eval(), batch()
     head = torch.nn.Linear(64, 1)
-    shared = critic_values(model, head, mb)
-    monkeypatch.setattr(shared_prefix, "ENABLED", False)
-    torch.testing.assert_close(
-        shared * mb.response_mask, critic_values(model, head, mb) * mb.response_mask
-    )
+    shared = critic_values(model, mb, value_head=head)
+    plain = critic_values(model, mb, value_head=head, settings=ForwardSettings(shared_prefix=False))
+    torch.testing.assert_close(shared * mb.response_mask, plain * mb.response_mask)
 
 
 @pytest.mark.parametrize("case", ["checkpointing", "dropout", "short prefix", "one row"])

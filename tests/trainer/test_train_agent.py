@@ -12,8 +12,8 @@ import torch
 from danka.config import load_config
 from danka.errors import UserError
 from danka.rollout.base import finish_batch
-from danka.trainer import steps
 from danka.trainer.fit import fit
+from danka.trainer.stages import Stages
 
 from .conftest import make_config, smollm2_installed
 
@@ -51,13 +51,14 @@ def scripted(monkeypatch):
     from danka.models.tiny import tiny_tokenizer
 
     seen = []
-    real_update = steps.update
+    real = Stages.advantages
 
-    def spy(run, batch, *args, **kwargs):
-        seen.append(batch)
-        return real_update(run, batch, *args, **kwargs)
+    def spy(self, scored, logp, values):
+        prepared = real(self, scored, logp, values)
+        seen.append((scored, prepared.batch))
+        return prepared
 
-    monkeypatch.setattr(steps, "update", spy)
+    monkeypatch.setattr(Stages, "advantages", spy)
 
     def use(script):
         engine = ScriptedEngine(tiny_tokenizer(), script)
@@ -86,7 +87,7 @@ def test_tool_tokens_get_no_loss_and_the_reward_sits_on_the_final_answer(
     )
     fit(cfg, base)
     assert len(seen) == 2  # one update per step
-    batch = seen[0]
+    scored, batch = seen[0]
     for k in range(batch.size):
         exists = batch.response_mask[k].bool()
         train = batch.train_mask[k]
@@ -102,7 +103,7 @@ def test_tool_tokens_get_no_loss_and_the_reward_sits_on_the_final_answer(
         last = int(exists.nonzero().max())
         assert ids[-1] == EOS and train[last] == 1  # the final answer's EOS is trained
     # rewards: every scripted answer is right and its one call valid: 1.0 + 0.1 * 1/1
-    assert torch.allclose(batch.rewards, torch.full((batch.size,), 1.1))
+    assert torch.allclose(scored.rewards, torch.full((batch.size,), 1.1))
     metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[0]["agent/valid_call_rate"] == 1.0 and metrics[0]["agent/tool_calls"] == 1.0
     logged = json.loads(
@@ -160,12 +161,12 @@ def test_an_environment_that_ends_early_adds_its_reward_as_part_env(
         )
     )
     fit(cfg, base)
-    batch = seen[0]
+    scored, batch = seen[0]
     # one turn "42" + EOS, nothing inserted after done: every response token is trained
     assert torch.equal(batch.train_mask, batch.response_mask)
-    assert torch.equal(batch.reward_parts["env"], torch.full((batch.size,), 0.5))
+    assert torch.equal(scored.parts["env"], torch.full((batch.size,), 0.5))
     # REWARD_FILE's score of "42": (ord("4") + ord("2")) % 7 / 6 = 102 % 7 / 6 = 4 / 6
-    assert torch.allclose(batch.rewards, torch.full((batch.size,), 0.5 + 4 / 6))
+    assert torch.allclose(scored.rewards, torch.full((batch.size,), 0.5 + 4 / 6))
     m = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert m["agent/stop/env_done"] == 1.0 and m["agent/turns"] == 1.0
     assert m["reward/env"] == 0.5

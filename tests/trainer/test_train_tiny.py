@@ -110,11 +110,11 @@ def test_auto_micro_batch_halves_on_oom(tmp_path, tiny_model_dir, monkeypatch):
 
     real, calls = upd.actor_minibatch, []
 
-    def flaky(run, mini, metrics, dry_run=False):
-        calls.append(run.state.micro_batch_size)
-        if run.state.micro_batch_size > 2:
+    def flaky(models, algo, opt, mini, settings, micro_size, *rest):
+        calls.append(micro_size)
+        if micro_size > 2:
             raise torch.OutOfMemoryError("out of memory")
-        return real(run, mini, metrics, dry_run)
+        return real(models, algo, opt, mini, settings, micro_size, *rest)
 
     monkeypatch.setattr(upd, "actor_minibatch", flaky)
     cfg, _ = run(tmp_path, tiny_model_dir, trainer={"auto_micro_batch": True, "total_steps": 1})

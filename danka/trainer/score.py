@@ -1,0 +1,83 @@
+"""Step 3, rewards: every reward function (and reward model) on a rollout's completions,
+DAPO's overlong penalty, and which samples may train."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from danka.rewards.combine import RewardComputer
+from danka.rewards.shaping import overlong_penalty, response_lengths
+from danka.trainer.records import RewardStats, Rollout, Scored
+from danka.trainer.run import PromptSet
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    samples_per_prompt: int  # group size, for the share of all-equal groups
+    response_budget: int  # response tokens a sample may have (agent: all turns)
+    overlong_length: int = 0  # reward.overlong_buffer.length (0 = off)
+    overlong_penalty: float = 1.0  # reward.overlong_buffer.penalty
+    mask_truncated: bool = False  # trainer.mask_truncated
+
+
+def equal_reward_groups(rewards: torch.Tensor, n: int, tol: float = 1e-8) -> float | None:
+    """Share of groups of ``n`` consecutive samples whose rewards are all equal (within
+    ``tol``), i.e. whose group-relative advantage is 0; None for groups of one."""
+    if n <= 1 or rewards.numel() % n:
+        return None
+    groups = rewards.view(-1, n)
+    flat = (groups.max(1).values - groups.min(1).values).abs() < tol
+    return float(flat.float().mean())
+
+
+def score(
+    rewards: RewardComputer, prompts: PromptSet, rollout: Rollout, s: ScoreSettings
+) -> Scored:
+    """The rollout scored. An environment's step rewards (``rollout.env_rewards``) are
+    part ``env``; with ``s.overlong_length`` DAPO's soft penalty is part ``overlong``.
+    A sample is invalid (no loss, left out of group statistics, reward 0) when its
+    reward was skipped (reward.on_error: skip_sample) or, with ``s.mask_truncated``, when
+    it hit the response budget (TRL's mask_truncated_completions: a cut answer's reward
+    misleads).
+
+    ``stats.per_part[name]`` is the mean over the valid samples the function applies to (a
+    TRL function returning None does not apply); ``stats.not_applicable`` the share of
+    samples no function applied to."""
+    batch = rollout.batch
+    idx = batch.prompt_index.tolist()
+    rows, texts = [prompts.rows[i] for i in idx], [prompts.texts[i] for i in idx]
+    out = rewards(rows, texts, rollout.completions)
+    valid = out.valid.cpu().bool()
+    total = out.scores.float().cpu()
+    parts = {name: v.float().cpu() for name, v in out.per_function.items()}
+    if rollout.env_rewards is not None:
+        parts["env"] = rollout.env_rewards.float().cpu()
+        total = total + parts["env"]
+    if s.overlong_length > 0:
+        parts["overlong"] = overlong_penalty(
+            response_lengths(batch.response_mask),
+            max_new_tokens=s.response_budget,
+            buffer=s.overlong_length,
+            penalty=s.overlong_penalty,
+        )
+        total = total + parts["overlong"]
+    total = torch.where(valid, total, 0.0)
+    per_part = {}
+    for name, value in parts.items():
+        applies = valid & out.applicable[name].cpu() if name in out.applicable else valid
+        per_part[name] = float(value[applies].mean()) if applies.any() else 0.0
+    stats = RewardStats(
+        mean=float(total[valid].mean()) if valid.any() else 0.0,
+        per_part=per_part,
+        error_rate=out.error_rate,
+        not_applicable=out.num_not_applicable / max(1, rollout.size),
+        valid_frac=float(valid.float().mean()),
+        response_length=float(batch.response_mask.sum(1).mean()),
+        truncated=float(batch.truncated.float().mean()),
+        zero_adv_groups=equal_reward_groups(total, s.samples_per_prompt),
+    )
+    if s.mask_truncated:  # after the stats: they describe what was generated
+        valid = valid & ~batch.truncated.bool()
+    return Scored(rollout=rollout, rewards=total, parts=parts, valid=valid, stats=stats)

@@ -1,0 +1,11 @@
+"""What may change while a run goes (the validated config never does)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RunState:
+    total_steps: int  # lowered when trainer.max_train_minutes ends the run early
+    micro_batch_size: int  # halved on out-of-memory with trainer.auto_micro_batch

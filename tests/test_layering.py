@@ -1,0 +1,77 @@
+"""Packages depend downwards only: every import (module level or inside a function, read
+with ``ast``) goes from a module to one of the same or a lower layer. The layers, lowest
+first (a module belongs to the longest prefix listed):
+
+0 foundations: errors, registry, types, io, lifecycle, config.schema, config.dtypes,
+  config.secrets
+1 pure pieces: algorithms, data, checkpoint, usercode (running named user code)
+2 models, rewards' building blocks, logging
+3 rollout (generation engines)
+4 agent (the multi-turn loop over a rollout engine)
+5 rewards (the reward computer, which also scores agent answers), planning (memory
+  plans and the engine choice), config (loading and validation read every registry)
+6 distributed, trainer
+7 the user's commands: tools, rm, cli, commands, api, the package itself
+"""
+
+from __future__ import annotations
+
+from tests.test_import_graph import import_graph
+
+LAYERS = {
+    "danka.errors": 0,
+    "danka.registry": 0,
+    "danka.types": 0,
+    "danka.io": 0,
+    "danka.lifecycle": 0,
+    "danka.config.schema": 0,
+    "danka.config.dtypes": 0,
+    "danka.config.secrets": 0,
+    "danka.algorithms": 1,
+    "danka.data": 1,
+    "danka.checkpoint": 1,
+    "danka.usercode": 1,
+    "danka.models": 2,
+    "danka.logging": 2,
+    "danka.rollout": 3,
+    "danka.agent": 4,
+    "danka.rewards": 5,
+    "danka.planning": 5,
+    "danka.config": 5,
+    "danka.diagnose": 5,
+    "danka.distributed": 6,
+    "danka.trainer": 6,
+    "danka.tools": 7,
+    "danka.rm": 7,
+    "danka.cli": 7,
+    "danka.commands": 7,
+    "danka.api": 7,
+    "danka.callbacks": 7,
+    "danka.hub": 7,
+    "danka.__main__": 7,
+    "danka": 7,
+}
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in LAYERS:
+            return LAYERS[prefix]
+    raise KeyError(f"{module} belongs to no layer: add its package to LAYERS")
+
+
+def test_every_module_has_a_layer():
+    for module in import_graph():
+        layer_of(module)
+
+
+def test_imports_go_downwards_only():
+    upward = sorted(
+        f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"
+        for a, targets in import_graph().items()
+        for b in targets
+        if layer_of(b) > layer_of(a) and b != "danka"
+    )
+    assert not upward, "\n".join(upward)

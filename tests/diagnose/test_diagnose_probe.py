@@ -15,12 +15,16 @@ from danka.diagnose.probe import (
 
 
 def test_probe_prompts_need_words():
-    assert 6 <= len(PROBE_PROMPTS) <= 10 and not any(ch.isdigit() for p in PROBE_PROMPTS for ch in p)
+    assert 6 <= len(PROBE_PROMPTS) <= 10 and not any(
+        ch.isdigit() for p in PROBE_PROMPTS for ch in p
+    )
 
 
 def test_marker_only_and_repeated():
     assert is_marker_only("#### 5") and is_marker_only("14\n14") and is_marker_only("\\boxed{3}")
-    assert not is_marker_only("Paris") and not is_marker_only("") and not is_marker_only("#### 5 km")
+    assert (
+        not is_marker_only("Paris") and not is_marker_only("") and not is_marker_only("#### 5 km")
+    )
     assert is_repeated("#### 14\n14\n14\n14")  # the line "14" three times
     assert is_repeated("the sea is blue and the sea is blue and the sea is blue")  # 4-gram x3
     assert not is_repeated("The sea is blue. The sea is deep.\nThe sea is wide.")

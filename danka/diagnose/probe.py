@@ -105,14 +105,16 @@ def mean_kl(logp_now: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor) 
         KL ~ sum_t m_t (log pi_0(y_t) - log pi_t(y_t)) / sum_t m_t
 
     with y the answers pi_0 (the model at step 0) gave, ``logp_ref`` their log-probs under
-    pi_0 (computed once, at step 0) and ``logp_now`` under the current policy pi_t. This
-    is the k1 estimator of KL(pi_0 || pi_t): k1 is what it means in words, the
-    log-likelihood per token the policy lost on the base model's own answers, and it is
-    exact on these tokens rather than an estimate built from a ratio. k3
-    (r - 1 - log r, r = pi_t / pi_0) is unbiased only for tokens SAMPLED from pi_0, and
-    the probe answers are greedy. k1 can be slightly negative (the policy grew more sure
-    of the base's answers); a collapsed policy reads several nats per token. 0 for an
-    empty mask.
+    pi_0 (computed once, at step 0) and ``logp_now`` under the current policy pi_t.
+
+    This is the k1 estimator of KL(pi_0 || pi_t) (Schulman 2020, "Approximating KL
+    divergence"), chosen because of what the tokens are: the probe answers are greedy, not
+    samples from pi_0, so no estimator is unbiased here, and k1 at least reads plainly as
+    the log-likelihood per token the policy lost on the base model's own answers. k3
+    (r - 1 - log r, r = pi_t / pi_0) is preferred for its low variance while unbiased,
+    which needs tokens sampled from pi_0; on greedy tokens that reason is gone. k1 may be slightly
+    negative (the policy grew more sure of the base's answers); a policy that collapsed to
+    "#### N" reads several nats per token. 0 for an empty mask.
     """
     if logp_now.shape != logp_ref.shape or logp_now.shape != mask.shape:
         raise ValueError(f"shapes {logp_now.shape}, {logp_ref.shape}, {mask.shape} differ")

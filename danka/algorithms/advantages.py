@@ -16,6 +16,12 @@ samples with ``valid`` False (e.g. reward.on_error: skip_sample) are left out of
 group's mean, std and count, and get advantage 0. The standard deviation is
 ``torch.std``'s unbiased estimate (divide by n - 1), as verl does.
 
+A group of two or more valid samples whose scores are all equal (max - min <= ``equal_tol``)
+gets advantage exactly 0 in every grouped estimator. Computed naively it does not: the
+float32 mean of eight scores of 1.6 is 1.6000001, so s - mean = -1.19e-7 and GRPO's
+(s - mean) / (std + 1e-6) with std = 1.27e-7 gives -0.106 on every token of a group that
+carries no signal (verl has the same; TRL's eps 1e-4 makes it ~1000x smaller, not 0).
+
 ReMax (Li et al. 2023) is not here: its baseline is the reward of a greedy rollout,
 an extra (B,) input that AdvantageInput does not carry.
 """
@@ -59,6 +65,10 @@ class AdvantageInput:
     gamma: float = 1.0  # discount per token
     lam: float = 1.0  # GAE lambda
     eps: float = 1e-6  # added to the group std before dividing (grpo)
+    # a group whose valid scores span at most this is "all equal": advantage exactly 0.
+    # Rewards are sums of a few float32 terms; rounding differences are ~1e-7 per unit of
+    # reward, while two different answers differ by a reward step (>= 1e-3 in practice).
+    equal_tol: float = 1e-6
     valid: torch.Tensor | None = None  # (B,) bool, False = left out of stats, advantage 0
     whiten: bool = True  # gae: whiten the advantages over the batch's valid tokens (verl)
     # (values (B, R), mask (B, R)) -> (B, R): the batch-wide whitening of gae and the
@@ -108,6 +118,28 @@ def sequence_rewards_to_tokens(scores: torch.Tensor, response_mask: torch.Tensor
 def _scores(inp: AdvantageInput) -> torch.Tensor:
     """Sequence score (B,) = sum of token rewards over the loss-mask tokens."""
     return (inp.token_rewards * inp.response_mask).sum(dim=-1)
+
+
+def _flat_groups(
+    scores: torch.Tensor,
+    group_index: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    tol: float = 1e-6,
+) -> torch.Tensor:
+    """(B,) bool: the sample's group has >= 2 valid members and their scores span at most
+    ``tol`` (max - min over the valid members). Such a group carries no signal, so every
+    grouped estimator gives its samples advantage exactly 0."""
+    _, inv = torch.unique(group_index, return_inverse=True)
+    n_groups = int(inv.max().item()) + 1 if inv.numel() else 0
+    ok = torch.ones_like(scores, dtype=torch.bool) if valid is None else valid.bool()
+    inf = torch.full_like(scores, float("inf"))
+    empty = torch.full((n_groups,), float("inf"), dtype=scores.dtype, device=scores.device)
+    high = (-empty).scatter_reduce(0, inv, torch.where(ok, scores, -inf), "amax")
+    low = empty.scatter_reduce(0, inv, torch.where(ok, scores, inf), "amin")
+    count = torch.zeros(n_groups, dtype=torch.long, device=scores.device)
+    count = count.scatter_add_(0, inv, ok.long())
+    flat = (count >= 2) & (high - low <= tol)
+    return flat[inv]
 
 
 def _group_mean_std(
@@ -175,6 +207,12 @@ def gae(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor | None]:
     return inp.whitener(advantages, mask) * mask, returns
 
 
+def _zero_flat(seq_adv: torch.Tensor, scores: torch.Tensor, inp: AdvantageInput) -> torch.Tensor:
+    """``seq_adv`` (B,) with the samples of all-equal groups set to exactly 0."""
+    flat = _flat_groups(scores, inp.group_index, inp.valid, inp.equal_tol)
+    return torch.where(flat, torch.zeros_like(seq_adv), seq_adv)
+
+
 def _broadcast(seq_adv: torch.Tensor, inp: AdvantageInput) -> torch.Tensor:
     """(B,) sequence advantages on every loss token of valid samples -> (B, R)."""
     return seq_adv.unsqueeze(-1) * inp.mask
@@ -186,13 +224,15 @@ def grpo(inp: AdvantageInput) -> tuple[torch.Tensor, None]:
     """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
     A_i = (s_i - mean_g(s)) / (std_g(s) + eps) on every valid token of sample i, where g
-    is i's group and std is unbiased. Identical rewards in a group -> A = 0 (no signal).
+    is i's group and std is unbiased. Equal rewards in a group (max - min <= equal_tol)
+    -> A = 0 exactly (no signal; see the module docstring for why this is enforced).
     A group of size 1 uses mean 0, std 1 (verl), so A = s / (1 + eps), about the raw
     score. No critic: returns None.
     """
     scores = _scores(inp)
     mean, std, _ = _group_mean_std(scores, inp.group_index, inp.valid)
-    adv = _broadcast((scores - mean) / (std + inp.eps), inp)
+    seq = (scores - mean) / (std + inp.eps)
+    adv = _broadcast(_zero_flat(seq, scores, inp), inp)
     return adv, None
 
 
@@ -203,11 +243,12 @@ def dr_grpo(inp: AdvantageInput) -> tuple[torch.Tensor, None]:
 
     A_i = s_i - mean_g(s): GRPO without the division by the group std, which biases
     updates towards too-easy/too-hard prompts. Pair with the ``seq-mean-token-sum-norm``
-    loss aggregation to also remove the length bias. Size-1 group -> raw score.
+    loss aggregation to also remove the length bias. Size-1 group -> raw score; equal
+    rewards -> A = 0 exactly.
     """
     scores = _scores(inp)
     mean, _, _ = _group_mean_std(scores, inp.group_index, inp.valid)
-    adv = _broadcast(scores - mean, inp)
+    adv = _broadcast(_zero_flat(scores - mean, scores, inp), inp)
     return adv, None
 
 
@@ -217,12 +258,13 @@ def rloo(inp: AdvantageInput) -> tuple[torch.Tensor, None]:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740; Kool et al. 2019).
 
     A_i = s_i - (sum_{j in g, j != i} s_j) / (n - 1) = n/(n-1) * (s_i - mean_g(s)).
-    A group of size 1 has no other sample: A = raw score. No critic: returns None.
+    A group of size 1 has no other sample: A = raw score. Equal rewards -> A = 0 exactly.
+    No critic: returns None.
     """
     scores = _scores(inp)
     mean, _, count = _group_mean_std(scores, inp.group_index, inp.valid)
     scale = torch.where(count > 1, count / (count - 1).clamp(min=1), torch.ones_like(count))
-    adv = _broadcast((scores - mean) * scale, inp)
+    adv = _broadcast(_zero_flat((scores - mean) * scale, scores, inp), inp)
     return adv, None
 
 
@@ -258,11 +300,16 @@ def reinforce_plus_plus(inp: AdvantageInput) -> tuple[torch.Tensor, None]:
 def reinforce_plus_plus_baseline(inp: AdvantageInput) -> tuple[torch.Tensor, None]:
     """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262, "REINFORCE++-baseline").
 
-    a_i = s_i - mean_g(s) broadcast over valid tokens, then whitened over all valid tokens
-    of the batch. Size-1 group -> baseline 0. No critic: returns None.
+    a_i = s_i - mean_g(s) broadcast over valid tokens, then whitened over the valid tokens
+    of the batch's informative samples. Size-1 group -> baseline 0. A group with equal
+    rewards gets A = 0 exactly and is left out of the whitening statistics: whitening it
+    with the others would shift its 0 to -mean/std, a push from a group with no signal.
+    No critic: returns None.
     """
     scores = _scores(inp)
     mean, _, _ = _group_mean_std(scores, inp.group_index, inp.valid)
+    flat = _flat_groups(scores, inp.group_index, inp.valid, inp.equal_tol)
     centred = _broadcast(scores - mean, inp)
-    adv = inp.whitener(centred, inp.mask) * inp.mask
+    mask = inp.mask * (~flat).to(inp.mask.dtype).unsqueeze(-1)
+    adv = inp.whitener(centred, mask) * mask
     return adv, None

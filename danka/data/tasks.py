@@ -1,8 +1,16 @@
-"""Offline tasks for the quickstart: generated problems with exact answers, no download.
+"""Offline tasks: generated problems with exact answers, no download.
 
-Train and test are disjoint by construction: each unordered pair ``{a, b}`` is hashed
-(independently of the seed) to one split, so a held-out problem, or its mirror
-``b + a``, is never trained on, whatever seeds the two runs use.
+``arithmetic`` (the quickstart): "What is a + b? Reply with only the number."
+``chain``: a short chain of additions and subtractions to work out step by step, answered
+after "####" ("What is 23 + 41 - 17? Think step by step ..."): the reasoning example.
+``calculator`` (danka.data.calc_task): products and divisions for the tool-use example.
+
+``TASKS`` maps ``data.task`` to a generator ``fn(n, *, seed, split) -> list[PromptRow]``.
+Train and test are disjoint by construction: each problem is hashed (independently of
+the seed) to one split on a key that is the same for its reorderings (``{a, b}`` for
+``a + b``; the multiset of signed terms for a chain), so a held-out problem, or one
+that differs only in the order of its terms, is never trained on, whatever seeds the two
+runs use.
 """
 
 from __future__ import annotations
@@ -10,11 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from danka.data.calc_task import calc_rows
 from danka.data.files import write_text_atomic
 from danka.errors import UserError
+from danka.registry import Registry
 from danka.types import PromptRow
 
 ARITHMETIC_SOURCE = "danka/arithmetic"
@@ -68,6 +80,104 @@ def arithmetic_rows(
         )
         for i, (a, b) in enumerate(pairs)
     ]
+
+
+CHAIN_SOURCE = "danka/chain"
+CHAIN_TEMPLATE = 'What is {expr}? Think step by step, then give the final answer after "####".'
+
+
+def chain_key(terms: list[int]) -> str:
+    """The split key of a chain of signed terms (``23 + 41 - 17`` -> ``[23, 41, -17]``):
+    the sorted terms, so every reordering of a problem lands in the same split."""
+    return ",".join(str(t) for t in sorted(terms))
+
+
+def chain_split(terms: list[int]) -> str:
+    """``"train"`` or ``"test"`` for a chain of signed terms; stable across runs."""
+    digest = hashlib.sha256(f"chain:{chain_key(terms)}".encode()).digest()
+    return "test" if int.from_bytes(digest[:4], "big") % 100 < TEST_FRACTION_PERCENT else "train"
+
+
+def chain_expression(terms: list[int]) -> str:
+    """``[23, 41, -17]`` -> ``"23 + 41 - 17"`` (the first term is positive)."""
+    text = str(terms[0])
+    for t in terms[1:]:
+        text += f" + {t}" if t >= 0 else f" - {-t}"
+    return text
+
+
+def chain_rows(
+    n: int,
+    *,
+    seed: int,
+    split: str = "train",
+    length: int = 3,
+    low: int = 10,
+    high: int = 99,
+    subtract: bool = True,
+    template: str = CHAIN_TEMPLATE,
+) -> list[PromptRow]:
+    """``n`` problems ``t_1 +- t_2 +- ... t_length`` with ``low <= |t_i| <= high`` from
+    ``split``, whose answer (and every partial sum) is >= 0, each term after the first
+    added or (``subtract``) subtracted with probability 1/2.
+
+    Deterministic for ``seed``. Problems are distinct up to reordering while ``n`` fits
+    the split's pool; a small pool (one-digit terms) is drawn from again once exhausted.
+    """
+    if split not in ("train", "test"):
+        raise UserError(f"unknown split {split!r}", "chain task", "use train or test")
+    if not (1 <= low <= high) or length < 2:
+        raise UserError(f"need 1 <= low <= high and length >= 2, got {low}, {high}, {length}",
+                        "chain task", "e.g. length 3, low 10, high 99")  # fmt: skip
+    rng = random.Random(f"{seed}:chain:{split}")
+    rows: list[PromptRow] = []
+    seen: set[str] = set()
+    misses = 0
+    while len(rows) < n:
+        terms = [rng.randint(low, high)]
+        for _ in range(length - 1):
+            t = rng.randint(low, high)
+            terms.append(-t if subtract and rng.random() < 0.5 else t)
+        partial = [sum(terms[: k + 1]) for k in range(length)]
+        key = chain_key(terms)
+        fresh = key not in seen or misses > 50 * n  # a small pool: repeats allowed
+        if min(partial) < 0 or chain_split(terms) != split or not fresh:
+            misses += 1
+            continue
+        seen.add(key)
+        rows.append(
+            PromptRow(
+                index=len(rows),
+                prompt=template.format(expr=chain_expression(terms)),
+                ground_truth=str(partial[-1]),
+                data_source=CHAIN_SOURCE,
+                extra={"terms": terms, "split": split},
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class TaskMeta:
+    """What ``--help-config`` and error messages say about a task."""
+
+    description: str
+
+
+TaskFn = Callable[..., list[PromptRow]]  # fn(n, *, seed, split) -> rows
+TASKS: Registry[TaskMeta] = Registry("task", TaskMeta(""))
+TASKS.add("arithmetic", arithmetic_rows, TaskMeta("What is a + b? (two-digit), the quickstart"))
+TASKS.add(
+    "chain",
+    chain_rows,
+    TaskMeta("What is a + b - c? (two-digit, step by step, answer after ####), reasoning"),
+)
+TASKS.add("calculator", calc_rows, TaskMeta("a * b and (a*b) / b, for the calculator tool"))
+
+
+def task_rows(name: str, n: int, *, seed: int, split: str) -> list[PromptRow]:
+    """``n`` rows of task ``name`` from ``split`` (UserError naming data.task if unknown)."""
+    return TASKS.get(name, where="data.task")(n, seed=seed, split=split)
 
 
 def row_to_record(row: PromptRow) -> dict[str, Any]:

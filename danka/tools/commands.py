@@ -325,8 +325,27 @@ def _export(args) -> int:
     return 0
 
 
-@command("doctor", "check this machine: versions, GPU, optional packages, Hub", lambda p: None)
+def _doctor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "run_dir",
+        nargs="?",
+        help="a run's output folder: diagnose the run (is it learning?) instead of the machine",
+    )
+    p.add_argument("--json", action="store_true", help="with RUN_DIR: the findings as JSON")
+
+
+@command(
+    "doctor",
+    "check this machine (no argument), or diagnose a run: danka doctor RUN_DIR",
+    _doctor_args,
+)
 def _doctor(args) -> int:
+    if args.run_dir:
+        from danka.tools.run_doctor import run_doctor_on
+
+        return run_doctor_on(args.run_dir, as_json=args.json)
+    if args.json:
+        raise UserError("--json needs RUN_DIR", where="--json", fix="danka doctor OUTPUT --json")
     from danka.tools.doctor import run_doctor
 
     return run_doctor()

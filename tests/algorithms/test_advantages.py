@@ -248,3 +248,64 @@ def test_batch_whitening_goes_through_the_injected_whitener(name):
     raw = torch.tensor([[1.0, 1.0], [3.0, 0.0]]) if raw is None else raw
     assert len(seen) == 1 and torch.equal(seen[0], mask)
     torch.testing.assert_close(adv, (2 * raw - 1) * mask)
+
+
+GROUPED = ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"]
+
+
+@pytest.mark.parametrize("name", GROUPED)
+@pytest.mark.parametrize("value", [0.1, 1.6])
+def test_equal_rewards_give_exactly_zero_advantage(name, value):
+    # eight samples all scored 1.6 (strict 1 + flexible 0.5 + format 0.1) in float32:
+    # sum 12.8 -> mean 1.6000001 (float32), s - mean = -1.19e-7 on every sample, unbiased
+    # std 1.27e-7, so the naive GRPO value is -1.19e-7 / (1.27e-7 + 1e-6) = -0.106 per token
+    # (for 0.1: -7.45e-9 / (7.97e-9 + 1e-6) = -0.0074). max - min = 0 <= 1e-6: exactly 0.
+    scores = torch.full((8,), value)
+    mask = torch.ones(8, 5)
+    mask[3, 2:] = 0.0  # lengths differ: the baseline variant's token-weighted mean is not 0
+    inp = AdvantageInput(sequence_rewards_to_tokens(scores, mask), mask, torch.zeros(8).long())
+    adv, _ = ADVANTAGE_ESTIMATORS.get(name)(inp)
+    assert torch.equal(adv, torch.zeros(8, 5))
+    naive = (scores - scores.mean()) / (scores.std() + EPS)
+    assert value != 1.6 or naive[0].item() == pytest.approx(-0.106, abs=0.01)
+
+
+def test_flat_group_next_to_an_informative_one():
+    # group 0: [1, 0] -> grpo mean 0.5, unbiased std sqrt(0.5) = 0.70711, A = +-0.70711;
+    # group 1: [0.3, 0.3 + 4e-7] spans 4e-7 <= 1e-6: rounding, not signal -> A = 0 (naive:
+    # +-2e-7 / (2.8e-7 + 1e-6) = +-0.16)
+    scores = torch.tensor([1.0, 0.0, 0.3, 0.3 + 4e-7], dtype=torch.float64)
+    mask = torch.ones(4, 2, dtype=torch.float64)
+    inp = AdvantageInput(sequence_rewards_to_tokens(scores, mask), mask, torch.tensor([0, 0, 1, 1]))
+    adv, _ = ADVANTAGE_ESTIMATORS.get("grpo")(inp)
+    a = 0.5 / (math.sqrt(0.5) + EPS)
+    expected = torch.tensor([a, -a, 0.0, 0.0], dtype=torch.float64).unsqueeze(-1) * mask
+    assert torch.allclose(adv, expected, atol=1e-6)
+    assert (adv[2:] == 0).all()
+
+
+def test_flat_group_counts_only_valid_members():
+    # group [1, 1, skipped 0]: the two valid members are equal -> 0 exactly; a size-1
+    # group (one valid member) keeps verl's raw score: 0.5 / (1 + eps)
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.5])
+    mask = torch.ones(4, 1)
+    valid = torch.tensor([True, True, False, True])
+    inp = AdvantageInput(
+        sequence_rewards_to_tokens(scores, mask), mask, torch.tensor([0, 0, 0, 1]), valid=valid
+    )
+    adv, _ = ADVANTAGE_ESTIMATORS.get("grpo")(inp)
+    assert adv[:3].eq(0).all() and adv[3, 0].item() == pytest.approx(0.5 / (1 + EPS))
+
+
+def test_baseline_variant_leaves_flat_groups_out_of_the_whitening():
+    # group 0: [1, 0] -> centred [0.5, -0.5], one token each; group 1: [2, 2] flat, 3 tokens
+    # each. Whitened over group 0's two tokens only: mean 0, unbiased var 0.5 -> +-0.70711;
+    # were group 1's six zeros included, the mean would stay 0 but the var would be
+    # 0.5 / 7 and group 0 would get +-1.87.
+    scores = torch.tensor([1.0, 0.0, 2.0, 2.0])
+    mask = torch.tensor([[1.0, 0, 0], [1.0, 0, 0], [1.0, 1, 1], [1.0, 1, 1]])
+    inp = AdvantageInput(sequence_rewards_to_tokens(scores, mask), mask, torch.tensor([0, 0, 1, 1]))
+    adv, _ = ADVANTAGE_ESTIMATORS.get("reinforce_plus_plus_baseline")(inp)
+    s = math.sqrt(0.5 + 1e-8)
+    expected = torch.tensor([[0.5 / s, 0, 0], [-0.5 / s, 0, 0], [0, 0, 0], [0, 0, 0]])
+    assert torch.allclose(adv, expected, atol=1e-6)

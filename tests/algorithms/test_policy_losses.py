@@ -220,3 +220,21 @@ def test_value_loss_clipped():
 def test_params_validation(kwargs, text):
     with pytest.raises(UserError, match=text):
         PolicyLossParams(**kwargs)
+
+
+def test_ratio_mean_of_a_micro_batch_without_trained_tokens_is_one():
+    # on-policy (ratio 1 everywhere), four micro-batches of 4 sequences, the last one all
+    # truncated and masked (trainer.mask_truncated; micro-batches are length-sorted, so the
+    # cut answers land together). The update sums micro-batch metrics weighted by their
+    # share of sequences (1/4 each): masked_mean's 0 for the empty one gave
+    # 1/4 * (1 + 1 + 1 + 0) = 0.75; with 1.0 for "no tokens, no move" it is 1.0.
+    params = PolicyLossParams()
+    total = 0.0
+    for k in range(4):
+        lp = torch.full((4, 3), -1.0, requires_grad=True)
+        mask = torch.zeros(4, 3) if k == 3 else torch.ones(4, 3)
+        norm = LossNorm(num_tokens=36.0, num_seqs=12.0, max_response_length=3)
+        x = PolicyLossInput(lp, lp.detach(), torch.zeros(4, 3), mask)
+        _, m = POLICY_LOSSES.get("vanilla")(x, params, norm)
+        total += 0.25 * float(m["ratio_mean"])
+    assert total == pytest.approx(1.0)

@@ -1,5 +1,18 @@
+import pytest
+
 from danka.data.formats import load_prompt_rows
-from danka.data.tasks import arithmetic_rows, pair_split, write_rows_jsonl
+from danka.data.tasks import (
+    TASKS,
+    arithmetic_rows,
+    chain_expression,
+    chain_key,
+    chain_rows,
+    chain_split,
+    pair_split,
+    task_rows,
+    write_rows_jsonl,
+)
+from danka.errors import UserError
 
 
 def _pairs(rows):
@@ -42,3 +55,45 @@ def test_write_rows_jsonl_round_trips(tmp_path):
     assert [(r.prompt, r.ground_truth, r.data_source) for r in back.rows] == [
         (r.prompt, r.ground_truth, r.data_source) for r in rows
     ]
+
+
+# ----------------------------------------------------------------------------- chain task
+
+
+def test_chain_rows_are_right_and_worked_left_to_right():
+    rows = chain_rows(40, seed=3, split="train")
+    for r in rows:
+        terms = r.extra["terms"]
+        assert r.ground_truth == str(sum(terms)) and len(terms) == 3
+        assert all(10 <= abs(t) <= 99 for t in terms) and terms[0] > 0
+        # every partial sum stays >= 0: "23 - 41 + 30" is never asked
+        assert all(sum(terms[: k + 1]) >= 0 for k in range(3))
+        assert r.prompt.startswith(f"What is {chain_expression(terms)}? Think step by step")
+        assert r.prompt.endswith('give the final answer after "####".')
+    assert chain_expression([23, 41, -17]) == "23 + 41 - 17"
+    assert [r.prompt for r in rows] == [r.prompt for r in chain_rows(40, seed=3, split="train")]
+
+
+def test_chain_train_and_test_are_disjoint_up_to_reordering():
+    # 23 + 41 - 17 and 41 - 17 + 23 share the key [-17, 23, 41]: one split for both
+    assert chain_key([23, 41, -17]) == chain_key([41, -17, 23]) == "-17,23,41"
+    train = chain_rows(3000, seed=1, split="train")
+    test = chain_rows(300, seed=2, split="test")
+    keys = lambda rows: {chain_key(r.extra["terms"]) for r in rows}  # noqa: E731
+    assert keys(train).isdisjoint(keys(test))
+    assert all(chain_split(r.extra["terms"]) == "test" for r in test)
+    assert len(keys(test)) == 300  # distinct while the pool lasts
+
+
+def test_small_chain_pool_repeats_instead_of_looping_forever():
+    # one-digit terms, length 2, addition only: 81 ordered pairs, ~20% of 45 keys in test
+    rows = chain_rows(50, seed=0, split="test", length=2, low=1, high=9, subtract=False)
+    assert len(rows) == 50 and len({r.prompt for r in rows}) < 50
+
+
+def test_task_registry():
+    assert {"arithmetic", "chain", "calculator"} <= set(TASKS)
+    assert task_rows("chain", 3, seed=0, split="test")[0].data_source == "danka/chain"
+    with pytest.raises(UserError, match="unknown task 'nope'") as err:
+        task_rows("nope", 3, seed=0, split="test")
+    assert err.value.where == "data.task" and "chain" in err.value.fix

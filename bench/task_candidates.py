@@ -1,0 +1,114 @@
+"""Base-model accuracy of candidate reasoning tasks, next to each task's guess floor.
+
+For the reasoning example, a task must leave headroom: the base model's greedy accuracy
+clearly above the guess floor (what a constant answer scores) and below ~50%, with
+answers that actually reason (mean length well above a bare number).
+
+    python -m bench task-candidates --n 150 --out bench/results/reasoning_task_candidates_cpu.json
+    python -m bench task-candidates --only chain3_2digit --n 50 --out /tmp/c.json
+
+Each candidate is a ``danka.data.tasks.chain_rows`` variant (held-out split, seed 0),
+answered greedily (``danka.tools.evaluate.evaluate_rows``), scored by verl's strict GSM8K
+reward (the number after "####"; the primary) with flexible GSM8K and last_number as
+metrics, and its floor computed by ``danka.diagnose.floors.guess_floors`` with the same
+reward computer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+STEP = 'Think step by step, then give the final answer after "####".'
+GSM8K = 'Let\'s think step by step and output the final answer after "####".'
+# name -> chain_rows keyword arguments
+CANDIDATES: dict[str, dict] = {
+    "chain3_2digit": dict(length=3, low=10, high=99, template="What is {expr}? " + STEP),
+    "chain3_1digit": dict(length=3, low=1, high=9, template="What is {expr}? " + STEP),
+    "sum2_2digit": dict(
+        length=2, low=10, high=99, subtract=False, template="What is {expr}? " + STEP
+    ),  # fmt: skip
+    "sum3_2digit": dict(
+        length=3, low=10, high=99, subtract=False, template="What is {expr}? " + STEP
+    ),  # fmt: skip
+    "chain4_1digit": dict(length=4, low=1, high=9, template="What is {expr}? " + STEP),
+    "chain3_2digit_gsm8k_wording": dict(
+        length=3, low=10, high=99, template="What is {expr}? " + GSM8K
+    ),  # fmt: skip
+}
+
+
+def _rewards():
+    from danka.rewards.combine import RewardSpec, build_reward_computer
+
+    specs = [
+        RewardSpec("gsm8k", 1.0, {"method": "strict"}),
+        RewardSpec("gsm8k", 0.0, {"method": "flexible"}),
+        RewardSpec("last_number", 0.0),
+    ]
+    return build_reward_computer(specs, base_dir=Path.cwd())
+
+
+def measure(name: str, model, tok, rewards, n: int, max_new_tokens: int, batch: int) -> dict:
+    """One candidate's base accuracy, lengths, truncation and guess floor."""
+    from danka.data.tasks import chain_rows
+    from danka.diagnose.floors import guess_floors
+    from danka.tools.evaluate import evaluate_rows
+
+    rows = chain_rows(n, seed=0, split="test", **CANDIDATES[name])
+    t0 = time.time()
+    res = evaluate_rows(model, tok, rows, rewards, max_new_tokens=max_new_tokens,
+                        batch_size=batch)  # fmt: skip
+    floors = guess_floors(rows, [r.prompt for r in rows], rewards)
+    return {
+        "task": name,
+        "kwargs": CANDIDATES[name],
+        "n": res["n"],
+        "accuracy_strict": res["accuracy"],
+        "accuracy_per_function": res["correct_per_function"],
+        "guess_floor": floors.guess_floor,
+        "floors": floors.metrics(),
+        "floor_guess": floors.to_json(),
+        "mean_length": res["response_length"],
+        "truncated": res["truncation_rate"],
+        "max_new_tokens": max_new_tokens,
+        "seconds": round(time.time() - t0, 1),
+        "samples": res["completions"][:4],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--n", type=int, default=150, help="held-out problems per candidate")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=25, help="prompts per generate call")
+    p.add_argument("--only", action="append", help="candidate name (repeatable)")
+    p.add_argument("--model", default=MODEL)
+    p.add_argument("--out", required=True, help="result JSON (appended per candidate)")
+    args = p.parse_args(argv)
+    import torch
+
+    from danka.tools.generate import load_for_inference
+
+    torch.manual_seed(0)
+    model, tok = load_for_inference(args.model, None, dtype="auto", device="auto")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = json.loads(out.read_text()) if out.exists() else {"candidates": {}}
+    done.update(model=args.model, device=platform.node(), torch=torch.__version__)
+    with _rewards() as rewards:
+        for name in args.only or list(CANDIDATES):
+            r = measure(name, model, tok, rewards, args.n, args.max_new_tokens, args.batch_size)
+            done["candidates"][name] = r
+            out.write_text(json.dumps(done, indent=2))
+            print(
+                f"{name}: strict {100 * r['accuracy_strict']:.1f}% (floor "
+                f"{100 * r['guess_floor']:.1f}%), length {r['mean_length']:.0f}, truncated "
+                f"{100 * r['truncated']:.0f}%, n {r['n']}, {r['seconds']:.0f} s",
+                flush=True,
+            )
+    return 0

@@ -1,0 +1,82 @@
+"""``danka doctor RUN_DIR`` on fixtures trimmed from real danka runs (see
+tests/diagnose/fixtures/README.md): exit 1 and the verdicts for collapsed runs, exit 0
+for the quickstart, exit 2 for a folder that is not a run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from danka.cli import main
+
+FIXTURES = Path(__file__).resolve().parents[1] / "diagnose" / "fixtures"
+GRPO = FIXTURES / "gsm8k_grpo_h200"
+QUICKSTART = FIXTURES / "quickstart_cpu"
+PPO = FIXTURES / "ppo_collapse_cpu"
+
+
+def _json(capsys, *args: str) -> tuple[int, dict]:
+    rc = main(["doctor", *args, "--json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_gsm8k_grpo_collapse_is_flagged(capsys):
+    rc, report = _json(capsys, str(GRPO))
+    assert rc == 1
+    ids = {f["id"]: f for f in report["findings"]}
+    # the collapse, from the metrics and the config
+    for found in ("length_collapse", "bonus_dominates", "entropy_collapse", "zero_advantage",
+                  "clip_cannot_act"):  # fmt: skip
+        assert ids[found]["severity"] == "problem", found
+    assert "'format'" in ids["bonus_dominates"]["what"]
+    assert ids["length_collapse"]["step"] == 17
+    # and against the floor the evaluation recorded: 2.0% after <= 3.0%
+    assert "2.0%" in ids["below_guess_floor"]["evidence"]
+
+
+def test_gsm8k_grpo_collapse_is_flagged_without_eval_files(tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(GRPO, run)
+    shutil.rmtree(run / "eval")
+    rc, report = _json(capsys, str(run))
+    ids = {f["id"] for f in report["findings"] if f["severity"] == "problem"}
+    assert rc == 1 and {"length_collapse", "bonus_dominates"} <= ids
+    assert "below_guess_floor" not in ids
+
+
+@pytest.mark.skipif(not QUICKSTART.exists(), reason="fixture not built")
+def test_quickstart_is_not_flagged(capsys):
+    rc, report = _json(capsys, str(QUICKSTART))
+    assert rc == 0 and report["problems"] == 0, report["findings"]
+
+
+@pytest.mark.skipif(not PPO.exists(), reason="fixture not built")
+def test_ppo_collapse_is_flagged_from_metrics_completions_and_config(capsys):
+    rc, report = _json(capsys, str(PPO))
+    ids = {f["id"] for f in report["findings"] if f["severity"] == "problem"}
+    assert rc == 1 and "length_collapse" in ids, report["findings"]
+
+
+def test_text_report(capsys):
+    assert main(["doctor", str(GRPO)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"danka doctor {GRPO}: 145 steps")
+    assert "[problem] length_collapse (step 17):" in out and "    fix: " in out
+    assert out.rstrip().endswith("risk(s)")
+
+
+def test_not_a_run_folder_exits_2(tmp_path, capsys):
+    assert main(["doctor", str(tmp_path / "missing")]) == 2
+    assert "run folder not found" in capsys.readouterr().err
+    assert main(["doctor", str(tmp_path)]) == 2  # a folder without metrics or config
+    assert "not a run folder" in capsys.readouterr().err
+    assert main(["doctor", "--json"]) == 2  # --json is for RUN_DIR
+
+
+def test_a_live_run_with_a_half_written_line(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.1}\n{"step": 2, "rew')
+    rc, report = _json(capsys, str(tmp_path))
+    assert rc == 0 and report["steps"] == 1

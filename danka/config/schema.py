@@ -335,6 +335,17 @@ class RewardConfig:
 
 
 @dataclass
+class EvalConfig:
+    probe_prompts: list[str] = _f(
+        [],
+        "general prompts answered greedily at every evaluation (the drift probe: length, "
+        "empty / marker-only / looping answers, KL to the step-0 answers); empty = danka's "
+        "built-in set",
+    )
+    probe_max_new_tokens: int = _f(96, "response tokens of a probe answer")
+
+
+@dataclass
 class LoggingConfig:
     log_interval: int = _f(1, "write a train.log line every N steps")
     wandb_project: str | None = _f(None, "wandb project (null disables; pip install danka[wandb])")
@@ -366,6 +377,7 @@ class DankaConfig:
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str = _f("output", "where logs, metrics and checkpoints go")
     # rm:
     rm: RMConfig = field(default_factory=RMConfig)

@@ -13,6 +13,7 @@ from danka.algorithms.presets import ALGORITHMS
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.dtypes import canonical_dtype
 from danka.config.schema import DankaConfig
+from danka.data.tasks import TASKS
 from danka.errors import UserError
 from danka.rollout.base import ROLLOUT_ENGINES
 
@@ -47,7 +48,7 @@ def choices() -> dict[str, set]:
         "data.format": {"auto", "seed", "trl", "verl", "gsm8k"},
         "data.overlong_prompt": {"error", "drop", "truncate_left"},
         "data.on_bad_row": {"error", "skip"},
-        "data.task": {None, "arithmetic", "calculator"},
+        "data.task": {None, *TASKS.names()},
         "reward.on_error": {"fail", "zero", "skip_sample"},
         "backend.fsdp.sharding": {"auto", "shard", "replicate"},
     }

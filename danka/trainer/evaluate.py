@@ -1,17 +1,28 @@
-"""Held-out evaluation: greedy answers scored by the reward function."""
+"""Held-out evaluation: greedy answers scored by the reward function, next to what no
+model needs (the guess floor of the held-out set, computed once at step 0), and the drift
+probe: general prompts answered at every evaluation, to see whether the model still
+answers them as it did before training."""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from danka.agent.rewards import AgentCompletion
+from danka.data.template import encode_prompts
+from danka.diagnose.floors import guess_floors
+from danka.diagnose.probe import PROBE_PROMPTS, mean_kl, probe_stats
 from danka.rewards.combine import RewardComputer, RewardOutput
 from danka.rollout.base import SamplingParams
-from danka.trainer.run import Run
+from danka.trainer.forward import batched, policy_logprobs
+from danka.trainer.run import PromptSet, Run
 from danka.trainer.sample import SampleContext, sample
-from danka.trainer.stages import sampling_context
+from danka.trainer.stages import forward_settings, sampling_context
+from danka.types import PromptRow, RolloutBatch
 
 CORRECT_AT = 1.0  # the score of a right answer for every builtin rule reward
 
@@ -88,3 +99,64 @@ def evaluate(ctx: SampleContext, rewards: RewardComputer) -> dict:
 def _shown(completion: str) -> str | list:
     """What eval/step_N.json shows: an agent's trajectory (tool turns included), or the text."""
     return completion.messages if isinstance(completion, AgentCompletion) else completion
+
+
+def guess_floors_of(run: Run) -> dict:
+    """The held-out set's guess floors (danka/diagnose/floors.py), scored by the run's own
+    reward functions: {"metrics": eval/guess_floor..., "detail": the guessed answers}."""
+    floors = guess_floors(run.eval.rows, run.eval.texts, run.rewards, threshold=CORRECT_AT)
+    return {"metrics": floors.metrics(), "detail": floors.to_json()}
+
+
+@dataclass
+class ProbeReference:
+    """The step-0 answers to the probe prompts and their log-probs under the step-0
+    policy: later evaluations measure how far the policy moved on them."""
+
+    batch: RolloutBatch
+    logprobs: torch.Tensor  # (B, R) log pi_0 of each answer token
+
+    def save(self, path: Path) -> None:
+        tensors = {f.name: getattr(self.batch, f.name) for f in dataclasses.fields(self.batch)}
+        tensors = {k: v.contiguous() for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+        save_file({**tensors, "logprobs": self.logprobs.contiguous()}, str(path))
+
+    @classmethod
+    def load(cls, path: Path) -> ProbeReference:
+        t = load_file(str(path))
+        logprobs = t.pop("logprobs")
+        return cls(batch=RolloutBatch(**t), logprobs=logprobs)
+
+
+def probe_prompts(run: Run) -> PromptSet:
+    """The probe prompts as the model reads them: the chat template alone (no system
+    prompt, no task instruction: they ask the model as a user would)."""
+    texts = list(run.cfg.eval.probe_prompts or PROBE_PROMPTS)
+    rows = [
+        PromptRow(index=i, prompt=[{"role": "user", "content": t}]) for i, t in enumerate(texts)
+    ]
+    enc = encode_prompts(run.tokenizer, rows, max_prompt_length=run.cfg.trainer.max_length)
+    return PromptSet(rows=enc.rows, texts=enc.texts, ids=enc.input_ids)
+
+
+@torch.no_grad()
+def probe(run: Run, reference: ProbeReference | None) -> tuple[dict, list, ProbeReference]:
+    """The drift probe: greedy answers to the probe prompts, their statistics, and (given
+    the step-0 reference) the mean KL per token of the current policy to the step-0
+    answers. Returns (metrics ``probe/*``, the answers, the reference to keep)."""
+    prompts = probe_prompts(run)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=run.cfg.eval.probe_max_new_tokens)
+    ctx = dataclasses.replace(sampling_context(run, prompts, params), agent=None)
+    got = sample(ctx, list(range(len(prompts.rows))))
+    lengths = [int(n) for n in got.batch.response_mask.sum(1).tolist()]
+    stats = probe_stats(got.completions, lengths)
+    fwd = forward_settings(run)
+    micro = run.state.micro_batch_size
+    with run.models.actor() as policy:
+        if reference is None:  # step 0: the answers and log-probs later ones compare to
+            logp = batched(policy_logprobs, policy, got.batch, micro, settings=fwd)
+            reference = ProbeReference(batch=got.batch, logprobs=logp)
+        now = batched(policy_logprobs, policy, reference.batch, micro, settings=fwd)
+    kl = mean_kl(now, reference.logprobs, reference.batch.response_mask)
+    answers = [{"prompt": p, "answer": a} for p, a in zip(prompts.texts, got.completions)]
+    return stats.metrics(kl), answers, reference

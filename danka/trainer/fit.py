@@ -91,9 +91,9 @@ def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool
             stopping = stop_requested(stop)
             last = step == run.state.total_steps  # also when max_train_minutes cut the run
             if not stopping and (last or every(cfg.trainer.eval_steps, step)):  # 10. evaluate
-                acc = outputs.evaluate(run, step)  # (first: the checkpoint keeps its result)
-                if acc is not None and not last:  # the last one is in the closing line
-                    bar.update(step, {"eval/accuracy": acc})
+                record = outputs.evaluate(run, step)  # (first: the checkpoint keeps it)
+                if record is not None and not last:  # the last one is in the closing line
+                    bar.update(step, {"eval/accuracy": record["eval/accuracy"]})
             minutes = (time.perf_counter() - t_saved) / 60
             if stopping or save_due(  # 9. checkpoint
                 step, run.state.total_steps, cfg.trainer.save_steps,

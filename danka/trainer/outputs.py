@@ -12,6 +12,9 @@ from pathlib import Path
 
 from danka import distributed as dist
 from danka.config.schema import DankaConfig
+from danka.config.secrets import mask_secrets
+from danka.data.files import write_text_atomic
+from danka.diagnose import Finding, LiveDiagnoser, read_run_dir
 from danka.lifecycle import check_run_lock
 from danka.logging.metrics import (
     CompletionsWriter,
@@ -22,7 +25,7 @@ from danka.logging.metrics import (
 )
 from danka.logging.runlog import setup_run_logger
 from danka.logging.trackers import SafeTrackers, build_trackers
-from danka.trainer.evaluate import eval_context, evaluate
+from danka.trainer.evaluate import ProbeReference, eval_context, evaluate, guess_floors_of, probe
 from danka.trainer.records import Scored
 from danka.trainer.run import PromptSet, Run
 
@@ -46,6 +49,8 @@ class Outputs:
     save_completions: int = 0  # logging.save_completions
     log_interval: int = 1  # logging.log_interval
     history: dict = field(default_factory=lambda: {"eval": []})
+    probe_reference: ProbeReference | None = None  # the step-0 probe answers
+    doctor: LiveDiagnoser | None = None  # the run doctor's checks, live (rank 0)
 
     @classmethod
     def open(cls, cfg: DankaConfig, log: logging.Logger, resolved: dict, start: int) -> Outputs:
@@ -60,7 +65,7 @@ class Outputs:
             trackers = SafeTrackers(
                 build_trackers(out, cfg.logging, run_name=out.name, config=resolved, log=log), log
             )
-        return cls(
+        outputs = cls(
             output_dir=out,
             log=log,
             main=main,
@@ -70,6 +75,21 @@ class Outputs:
             save_completions=cfg.logging.save_completions,
             log_interval=cfg.logging.log_interval,
         )
+        if main:
+            outputs.doctor = LiveDiagnoser(mask_secrets(resolved))
+            outputs.warn(outputs.doctor.start())  # settings that cannot act, risky ones
+            if start:  # a resumed run: the steps before were checked (and warned) already
+                past = read_run_dir(out)
+                for line in past.metrics:
+                    outputs.doctor.observe(int(line.get("step", 0)), line)
+                for step, records in past.completions:
+                    outputs.doctor.observe_completions(step, records)
+        return outputs
+
+    def warn(self, findings: list[Finding]) -> None:
+        """One ``[WARNING]`` line per new finding of the run doctor (train.log + console)."""
+        for finding in findings:
+            self.log.warning(finding.message())
 
     def record(
         self, step: int, metrics: dict, scored: Scored, prompts: PromptSet, total_steps: int
@@ -79,40 +99,68 @@ class Outputs:
             check_run_lock(self.output_dir, what=f"step {step}'s metrics")
         self.metrics.write(step, metrics)
         self.trackers.log(metrics, step)
-        if self.save_completions and self.main:
+        if step % self.log_interval == 0 or step == total_steps:
+            self.log.info(format_step_line(step, metrics))
+        if not self.main:
+            return
+        self.warn(self.doctor.observe(step, metrics))
+        if self.save_completions:
             k = min(self.save_completions, scored.rollout.size)
             rows = scored.batch.prompt_index[:k].tolist()
-            self.completions.write(
-                step,
+            shown = dict(
                 prompts=[prompts.texts[i] for i in rows],
                 completions=scored.rollout.shown[:k],
                 rewards=scored.rewards[:k].tolist(),
                 reward_parts={name: v[:k].tolist() for name, v in scored.parts.items()},
                 ground_truths=[prompts.rows[i].ground_truth for i in rows],
             )
-        if step % self.log_interval == 0 or step == total_steps:
-            self.log.info(format_step_line(step, metrics))
+            self.completions.write(step, **shown)
+            records = [
+                {"prompt": p, "completion": c, "reward": r, "ground_truth": g,
+                 "rewards": {n: v[i] for n, v in shown["reward_parts"].items()}}
+                for i, (p, c, r, g) in enumerate(zip(shown["prompts"], shown["completions"],
+                                                     shown["rewards"], shown["ground_truths"]))
+            ]  # fmt: skip
+            self.warn(self.doctor.observe_completions(step, records))
 
-    def evaluate(self, run: Run, step: int) -> float | None:
-        """Held-out accuracy at ``step`` (None without held-out prompts); every rank
-        evaluates the whole set, rank 0 writes OUTPUT/eval/step_N.json."""
+    def evaluate(self, run: Run, step: int) -> dict | None:
+        """Held-out accuracy at ``step`` next to the set's guess floor (computed at the
+        first evaluation, kept in the history), and the drift probe; None without held-out
+        prompts. Every rank evaluates the whole set, rank 0 writes OUTPUT/eval/step_N.json.
+        Returns the evaluation's record (what the run doctor reads)."""
         if run.eval is None:
             return None
         result = evaluate(eval_context(run), run.rewards)
         samples = result.pop("_samples")
+        if "floors" not in self.history:
+            self.history["floors"] = guess_floors_of(run)
+        result.update(self.history["floors"]["metrics"])
+        probe_file = self.output_dir / "eval" / "probe_reference.safetensors"
+        if self.probe_reference is None and probe_file.is_file():  # a resumed run
+            self.probe_reference = ProbeReference.load(probe_file)
+        probe_metrics, answers, self.probe_reference = probe(run, self.probe_reference)
+        result.update(probe_metrics)
         self.history["eval"].append({"step": step, **result})
+        record = {"step": step, **result}
         if self.main:
             check_run_lock(self.output_dir, what=f"the step {step} evaluation")
             (self.output_dir / "eval").mkdir(exist_ok=True)
-            (self.output_dir / "eval" / f"step_{step}.json").write_text(
-                json.dumps({"step": step, **result, "samples": samples}, indent=2)
+            if not probe_file.is_file():
+                self.probe_reference.save(probe_file)
+            detail = {"guess": self.history["floors"]["detail"], "probe_answers": answers}
+            write_text_atomic(
+                self.output_dir / "eval" / f"step_{step}.json",
+                json.dumps({**record, **detail, "samples": samples}, indent=2),
             )
             self.trackers.log(result, step)
+            self.warn(self.doctor.observe_eval(step, record))
             self.log.info(
                 f"step {step} | held-out accuracy: {100 * result['eval/accuracy']:.1f}% "
-                f"({int(result['eval/n'])} problems)"
+                f"({int(result['eval/n'])} problems; guess floor "
+                f"{100 * result['eval/guess_floor']:.1f}%, mean answer "
+                f"{result['eval/response_length']:.0f} tokens)"
             )
-        return result["eval/accuracy"]
+        return record
 
     def close(self) -> None:
         self.trackers.close()
@@ -127,15 +175,30 @@ class Outputs:
             result["stopped"] = stopped
         evals = self.history["eval"]
         if len(evals) >= 2 and not stopped:
-            before, after = evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]
-            n = int(evals[-1]["eval/n"])
+            first, last = evals[0], evals[-1]
+            before, after = first["eval/accuracy"], last["eval/accuracy"]
+            n, floor = int(last["eval/n"]), last.get("eval/guess_floor", 0.0)
             curve = [(e["step"], e["eval/accuracy"]) for e in evals]
-            result.update(before=before, after=after, n=n, curve=curve)
+            result.update(before=before, after=after, n=n, guess_floor=floor, curve=curve)
+            result["response_length"] = {
+                "before": first["eval/response_length"],
+                "after": last["eval/response_length"],
+            }
+            result["truncated"] = {
+                "before": first["eval/truncated"],
+                "after": last["eval/truncated"],
+            }
             line = (
                 f"held-out accuracy: before {100 * before:.1f}% -> after {100 * after:.1f}% "
-                f"({100 * (after - before):+.1f} points, {n} problems)"
+                f"({100 * (after - before):+.1f} points, {n} problems), guess floor "
+                f"{100 * floor:.1f}%, mean answer {first['eval/response_length']:.0f} -> "
+                f"{last['eval/response_length']:.0f} tokens"
             )
             self.log.info(line)
             print(line, flush=True)
-        (self.output_dir / run.cfg.logging.result_file).write_text(json.dumps(result, indent=2))
+        if self.doctor is not None and not stopped:  # after training: vs the floor
+            self.warn(self.doctor.finish())
+        write_text_atomic(
+            self.output_dir / run.cfg.logging.result_file, json.dumps(result, indent=2)
+        )
         return result

@@ -17,9 +17,8 @@ from danka.algorithms.kl import KL_ESTIMATORS, KL_MODES, AdaptiveKLController, F
 from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
-from danka.data.calc_task import calc_rows
 from danka.data.formats import Columns, ReadOptions, load_prompt_rows
-from danka.data.tasks import arithmetic_rows
+from danka.data.tasks import task_rows
 from danka.data.template import encode_prompts
 from danka.errors import UserError
 from danka.lifecycle import compile_forward, enable_tf32
@@ -51,11 +50,10 @@ from danka.types import PromptRow
 def load_rows(cfg: DankaConfig, base_dir: Path, output_dir: Path) -> tuple[list, list]:
     """Training and held-out rows. A task generates both; files are read and split."""
     d = cfg.data
-    tasks = {"arithmetic": arithmetic_rows, "calculator": calc_rows}
-    if d.task in tasks:
-        make = tasks[d.task]
-        train = make(d.task_train_size, seed=cfg.trainer.seed, split="train")
-        held = make(d.eval_size, seed=cfg.trainer.seed, split="test") if d.eval_size else []
+    if d.task:
+        seed = cfg.trainer.seed
+        train = task_rows(d.task, d.task_train_size, seed=seed, split="train")
+        held = task_rows(d.task, d.eval_size, seed=seed, split="test") if d.eval_size else []
         return train, held
     cols = Columns(d.format, d.prompt_key, d.response_key, d.reward_key, d.answer_key)
     read = ReadOptions(

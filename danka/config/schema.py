@@ -288,6 +288,9 @@ class DataConfig:
         "test", "split read from a dataset folder or hub name for evaluation (files have none)"
     )
     task: str | None = _f(None, "generate prompts offline instead: arithmetic | calculator")
+    task_kwargs: dict[str, Any] = _f(
+        {}, "options of data.task's generator, e.g. {length: 3, low: 10, high: 99} for chain"
+    )
     task_train_size: int = _f(2000, "generated training problems (data.task)")
     eval_size: int = _f(0, "held-out prompts to evaluate (0 = no evaluation)")
     dataset_type: str | None = _f(None, "json | jsonl | parquet | hf (null = from the extension)")

@@ -16,6 +16,7 @@ runs use.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import random
 from collections.abc import Callable
@@ -175,9 +176,26 @@ TASKS.add(
 TASKS.add("calculator", calc_rows, TaskMeta("a * b and (a*b) / b, for the calculator tool"))
 
 
-def task_rows(name: str, n: int, *, seed: int, split: str) -> list[PromptRow]:
-    """``n`` rows of task ``name`` from ``split`` (UserError naming data.task if unknown)."""
-    return TASKS.get(name, where="data.task")(n, seed=seed, split=split)
+def task_rows(
+    name: str, n: int, *, seed: int, split: str, kwargs: dict[str, Any] | None = None
+) -> list[PromptRow]:
+    """``n`` rows of task ``name`` from ``split``; ``kwargs`` (``data.task_kwargs``) go to its
+    generator. UserError naming data.task / data.task_kwargs if either is wrong."""
+    fn = TASKS.get(name, where="data.task")
+    kwargs = dict(kwargs or {})
+    allowed = [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind == p.KEYWORD_ONLY and p.name not in ("seed", "split")
+    ]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise UserError(
+            f"task {name!r} takes no option {', '.join(unknown)}",
+            where="data.task_kwargs",
+            fix=f"options of {name}: {', '.join(allowed) or 'none'}",
+        )
+    return fn(n, seed=seed, split=split, **kwargs)
 
 
 def row_to_record(row: PromptRow) -> dict[str, Any]:

@@ -52,8 +52,11 @@ def load_rows(cfg: DankaConfig, base_dir: Path, output_dir: Path) -> tuple[list,
     d = cfg.data
     if d.task:
         seed = cfg.trainer.seed
-        train = task_rows(d.task, d.task_train_size, seed=seed, split="train")
-        held = task_rows(d.task, d.eval_size, seed=seed, split="test") if d.eval_size else []
+        kw = d.task_kwargs
+        train = task_rows(d.task, d.task_train_size, seed=seed, split="train", kwargs=kw)
+        held = []
+        if d.eval_size:
+            held = task_rows(d.task, d.eval_size, seed=seed, split="test", kwargs=kw)
         return train, held
     cols = Columns(d.format, d.prompt_key, d.response_key, d.reward_key, d.answer_key)
     read = ReadOptions(

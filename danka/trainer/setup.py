@@ -20,6 +20,7 @@ from danka.config.schema import DankaConfig
 from danka.data.calc_task import calc_rows
 from danka.data.formats import Columns, ReadOptions, load_prompt_rows
 from danka.data.tasks import arithmetic_rows
+from danka.data.source import data_line
 from danka.data.template import encode_prompts
 from danka.errors import UserError
 from danka.lifecycle import compile_forward, enable_tf32
@@ -157,6 +158,7 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     device = dist.init(pick_device(cfg.model.device))  # cuda:LOCAL_RANK under torchrun
     torch.manual_seed(t.seed)
     train_rows, held_rows = load_rows(cfg, base_dir, output_dir)  # bad rows fail first
+    log.info(data_line(cfg, train_rows, held_rows))
     engine_name = choose_engine(cfg, device, log)
     tokenizer = build_tokenizer(cfg, log)
     agent = build_agent(cfg, tokenizer, base_dir)  # None unless rollout.tools / environment

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from danka.logging.runlog import LINE_PREFIX
+
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "examples" / "single_card_ppo.yaml"
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -64,12 +66,12 @@ def test_seed_file_verbatim_runs_two_steps(tmp_path):
     out = tmp_path / "output_single"
     log = (out / "logs" / "train.log").read_text()
     assert "[INFO] Using HF Transformers backend for Actor/Critic inference" in log
-    assert re.search(rf"^\[INFO\] Loaded model {re.escape(SMOL)} with \w+$", log, re.M)
+    assert re.search(rf"^{LINE_PREFIX}\[INFO\] Loaded model {re.escape(SMOL)} with \w+$", log, re.M)
     assert "[INFO] LoRA enabled on q_proj, v_proj, o_proj, up_proj, down_proj" in log
     assert re.search(r"loss: \S+, reward: \S+", log)
     assert (out / "actor" / "checkpoint_2" / "adapter_config.json").is_file()
     # keys that cannot work on this machine: one [WARNING] line each, what danka does instead
-    warnings = [line for line in log.splitlines() if line.startswith("[WARNING]")]
+    warnings = [x for x in log.splitlines() if re.match(LINE_PREFIX + r"\[WARNING\]", x)]
     if importlib.util.find_spec("flash_attn") is None:
         assert any("use_flash_attention_2" in w and "sdpa" in w for w in warnings)
     if importlib.util.find_spec("wandb") is None:

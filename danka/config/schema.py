@@ -81,7 +81,11 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class TrainerConfig:
-    algorithm: str = _f("grpo", "ppo (critic + GAE) | grpo | dr_grpo | rloo | reinforce_plus_plus")
+    algorithm: str = _f(
+        "grpo",
+        "ppo (critic + GAE) | grpo | dr_grpo | rloo | reinforce_plus_plus | "
+        "reinforce_plus_plus_baseline | gspo",
+    )
     advantage_estimator: str | None = _f(None, "override the estimator the algorithm implies")
     policy_loss: str = _f("vanilla", "vanilla (PPO clip) | gspo")
     loss_agg_mode: str = _f(
@@ -354,3 +358,20 @@ class DankaConfig:
     output_dir: str = _f("output", "where logs, metrics and checkpoints go")
     # rm:
     rm: RMConfig = field(default_factory=RMConfig)
+
+    # api: typed configs from Python (danka.Config.from_dict / from_yaml)
+    @classmethod
+    def from_dict(cls, data: dict, overrides: list[str] | None = None) -> DankaConfig:
+        """A validated, read-only config from a mapping laid out as the YAML is
+        (``{"model": {...}, "trainer": {...}, "data": {...}}``) plus ``key=value``
+        overrides; relative paths are read from the current folder."""
+        from danka.config.load import config_from_dict
+
+        return config_from_dict(data, overrides)
+
+    @classmethod
+    def from_yaml(cls, path: str, overrides: list[str] | None = None) -> DankaConfig:
+        """:meth:`from_dict` for a YAML file; relative paths are read from its folder."""
+        from danka.config.load import load_config
+
+        return load_config(path, overrides)[0]

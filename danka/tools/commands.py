@@ -385,3 +385,31 @@ def _distill(args) -> int:
             batch_size=args.batch_size, max_length=args.max_length, limit=args.limit,
             response_key=args.response_key, answer_key=args.answer_key)  # fmt: skip
     return 0
+
+
+def _push_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "path",
+        help="a checkpoint (OUTPUT/actor/checkpoint_N), a run folder (its newest checkpoint) "
+        "or a danka export folder",
+    )
+    p.add_argument("repo_id", help="Hub model repo, owner/name (created if missing)")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--token", help="Hub token (default: HF_TOKEN or `hf auth login`'s)")
+    p.add_argument("--endpoint", help="another Hub endpoint (default: HF_ENDPOINT or the Hub)")
+    p.add_argument("--message", help="commit message")
+
+
+@command("push", "upload a checkpoint or export (with its model card) to the HF Hub", _push_args)
+def _push(args) -> int:
+    from danka.hub import push
+
+    push(
+        args.path,
+        args.repo_id,
+        private=True if args.private else None,
+        token=args.token,
+        endpoint=args.endpoint,
+        commit_message=args.message,
+    )
+    return 0

@@ -55,12 +55,14 @@ def trained_dtype(adapter: str | Path) -> str | None:
     import re
 
     from danka.config.dtypes import canonical_dtype
+    from danka.logging.runlog import LINE_PREFIX
 
     adapter = Path(adapter).expanduser().resolve()
     run_dir = adapter.parent.parent
     log = run_dir / "logs" / "train.log"
     if adapter.parent.name == "actor" and log.is_file():
-        found = re.findall(r"^\[INFO\] Loaded model .* with (\w+)$", log.read_text(), re.M)
+        line = rf"^{LINE_PREFIX}\[INFO\] Loaded model .* with (\w+)$"
+        found = re.findall(line, log.read_text(), re.M)
         if found:
             return canonical_dtype(found[0])
     config = run_dir / "state" / adapter.name / "config.json"

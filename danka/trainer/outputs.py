@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from danka import callbacks
 from danka import distributed as dist
 from danka.config.schema import DankaConfig
 from danka.lifecycle import check_run_lock
@@ -95,9 +97,13 @@ class Outputs:
         evaluates the whole set, rank 0 writes OUTPUT/eval/step_N.json."""
         if run.eval is None:
             return None
+        self.log.info(f"step {step} | evaluating {len(run.eval.rows)} held-out prompts (greedy)")
+        t0 = time.perf_counter()
         result = evaluate(run, run.eval.rows, run.eval.ids, run.eval.texts)
+        seconds = time.perf_counter() - t0
         samples = result.pop("_samples")
         self.history["eval"].append({"step": step, **result})
+        callbacks.on_eval(step, self.history["eval"][-1])
         if self.main:
             check_run_lock(self.output_dir, what=f"the step {step} evaluation")
             (self.output_dir / "eval").mkdir(exist_ok=True)
@@ -107,7 +113,7 @@ class Outputs:
             self.trackers.log(result, step)
             self.log.info(
                 f"step {step} | held-out accuracy: {100 * result['eval/accuracy']:.1f}% "
-                f"({int(result['eval/n'])} problems)"
+                f"({int(result['eval/n'])} problems, {seconds:.1f} s)"
             )
         return result["eval/accuracy"]
 

@@ -19,8 +19,8 @@ from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
 from danka.data.calc_task import calc_rows
 from danka.data.formats import Columns, ReadOptions, load_prompt_rows
-from danka.data.tasks import arithmetic_rows
 from danka.data.source import data_line
+from danka.data.tasks import arithmetic_rows
 from danka.data.template import encode_prompts
 from danka.errors import UserError
 from danka.lifecycle import compile_forward, enable_tf32

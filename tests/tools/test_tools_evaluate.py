@@ -56,7 +56,7 @@ def test_evaluate_rows_scores_sampled_answers(monkeypatch, tmp_path):
     answers = [["right", "wrong", "wrong", "wrong"], ["right", "right", "wrong", "wrong"]]
     seen = {}
 
-    def fake_generate(model, tok, rows, opts):
+    def fake_generate(model, tok, rows, opts, progress=None):
         seen.update(vars(opts))
         return [
             {

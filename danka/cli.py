@@ -156,6 +156,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--output", required=True, help="output folder")
     g.add_argument("--limit", type=int, help="only the first N rows")
     _gsm8k_pairs_args(sub)
+    _seed_mini_args(sub)
     i = sub.add_parser("inspect", help="show the first batch exactly as the model will see it")
     i.add_argument("config")
     i.add_argument("overrides", nargs="*")
@@ -181,10 +182,13 @@ def _data(args) -> int:
             output_dir=Path(args.output),
             limit=args.limit,
         )
-        print(info)
+        for split, n in info["splits"].items():
+            print(f"{split}: {n} rows -> {args.output}/{split}.parquet and {split}.jsonl")
         return 0
     if args.data_command == "gsm8k-pairs":
         return _gsm8k_pairs(args)
+    if args.data_command == "seed-mini":
+        return _seed_mini(args)
     from danka.config import load_config
     from danka.data.inspect import describe_first_batch
     from danka.data.template import encode_prompts
@@ -228,7 +232,31 @@ def _gsm8k_pairs(args) -> int:
 
     info = build_gsm8k_pairs(input_path=Path(args.input), output_dir=Path(args.output),
                              test_fraction=args.test_fraction, limit=args.limit, seed=args.seed)  # fmt: skip
-    print(info)
+    print(f"{info['train']} train / {info['test']} test pairs:")
+    for path in info["files"]:
+        print(f"  {path}")
+    return 0
+
+
+def _seed_mini_args(sub) -> None:
+    g = sub.add_parser(
+        "seed-mini",
+        help="the seed story's mini_gsm8k.json: the first 200 GSM8K rows as prompt/response/reward",
+    )
+    g.add_argument("--input", help="GSM8K's train.jsonl (question/answer rows)")
+    g.add_argument("--from-hub", action="store_true", help="read openai/gsm8k with datasets")
+    g.add_argument("--output", default="mini_gsm8k.json", help="default ./mini_gsm8k.json")
+    g.add_argument("-n", type=int, default=200, help="rows (the story's head -n 200)")
+
+
+def _seed_mini(args) -> int:
+    from pathlib import Path
+
+    from danka.data.seed_mini import write_seed_mini
+
+    info = write_seed_mini(input_path=Path(args.input) if args.input else None,
+                           from_hub=args.from_hub, output=Path(args.output), n=args.n)  # fmt: skip
+    print(f"wrote {info['rows']} rows (prompt, response, reward) to {info['output']}")
     return 0
 
 

@@ -216,7 +216,9 @@ class WorkProgress:
         elapsed = time.monotonic() - self._t0
         pieces = [f"[{self.label}] {self.done}/{self.total} {self.unit}"]
         if elapsed > 0 and self.done:
-            pieces.append(f"{self.done / elapsed:.1f} {self.unit}/s")
+            rate = self.done / elapsed
+            one = self.unit[:-1] if self.unit.endswith("s") else self.unit
+            pieces.append(f"{rate:.1f} {self.unit}/s" if rate >= 1 else f"{1 / rate:.1f} s/{one}")
             if self.tokens:
                 pieces.append(f"{self.tokens / elapsed:.0f} tok/s")
         pieces.append(f"elapsed {_hms(elapsed)}")

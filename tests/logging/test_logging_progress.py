@@ -67,3 +67,12 @@ def test_work_progress_lines_throttled_and_final(monkeypatch):
     assert "eta " in lines[0]
     assert lines[1].startswith("[eval] 48/48 prompts | ") and "eta" not in lines[1]
     assert "tok/s" in lines[1]
+
+
+def test_work_progress_slow_rates_read_as_seconds_per_item(monkeypatch):
+    clock = iter([0.0, 0.0, 80.0, 80.0])
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    with progress_mod.WorkProgress(24, "rm eval", unit="pairs", stream=out) as p:
+        p.advance(4)
+    assert "| 20.0 s/pair |" in out.getvalue()

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pip's own copy of tomli
+    from pip._vendor import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

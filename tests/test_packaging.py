@@ -7,8 +7,12 @@ from __future__ import annotations
 import ast
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pip's own copy of tomli
+    from pip._vendor import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -51,7 +55,9 @@ def test_every_dependency_has_a_lower_bound_the_lower_bounds_job_can_pin():
     finally:
         sys.path.pop(0)
     pinned = pins(["test"], set())
-    assert len(pinned) == len(PROJECT["dependencies"]) + len(PROJECT["optional-dependencies"]["test"])
+    assert len(pinned) == len(PROJECT["dependencies"]) + len(
+        PROJECT["optional-dependencies"]["test"]
+    )
     assert "torch==2.6" in pinned  # torch.distributed.fsdp.fully_shard, which danka imports
 
 

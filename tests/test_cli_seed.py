@@ -27,17 +27,25 @@ SEED = ROOT / "examples" / "single_card_ppo.yaml"
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def write_seed_rows(path: Path, n: int = 8) -> None:
-    """The seed's {prompt, response, reward} JSON lines (GSM8K style), made here."""
-    with path.open("w") as f:
+def write_seed_rows(folder: Path, n: int = 8) -> None:
+    """The story's data step as the docs give it: GSM8K's train.jsonl (made here) ->
+    ``danka data seed-mini`` -> ``./mini_gsm8k.json`` ({prompt, response, reward} lines)."""
+    from danka.cli import main
+
+    with (folder / "train.jsonl").open("w") as f:
         for i in range(n):
             a, b = 3 + i, 4 + 2 * i
             row = {
-                "prompt": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
-                "response": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}",
-                "reward": 1.0,
+                "question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+                "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}",
             }
             f.write(json.dumps(row) + "\n")
+    out = folder / "mini_gsm8k.json"
+    assert (
+        main(["data", "seed-mini", "--input", str(folder / "train.jsonl"), "--output", str(out)])
+        == 0
+    )
+    assert json.loads(out.read_text().splitlines()[0])["reward"] == 1.0
 
 
 @pytest.mark.slow
@@ -50,7 +58,7 @@ def test_seed_file_verbatim_runs_two_steps(tmp_path):
     cfg = tmp_path / "single_card_ppo.yaml"
     cfg.write_text(text)
     assert yaml.safe_load(text)["logging"]["wandb_project"] == "verl_single_card"
-    write_seed_rows(tmp_path / "mini_gsm8k.json")
+    write_seed_rows(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
     proc = subprocess.run(
         [

@@ -86,7 +86,13 @@ def load_for_inference(
     from peft import PeftModel
 
     from danka.models.loading import load_causal_lm, load_tokenizer, sync_special_tokens
+    from danka.tools.locate import is_adapter, resolve_checkpoint
 
+    if model and adapter is None and Path(model).expanduser().is_dir():
+        # OUTPUT/actor/checkpoint_N as --model: a LoRA checkpoint is its base + adapter; a
+        # run folder means its newest checkpoint
+        found = resolve_checkpoint(model, flag="--model")
+        model, adapter = (None, str(found)) if is_adapter(found) else (str(found), None)
     if adapter is not None:
         read_adapter_config(adapter)  # fail on a bad folder before loading any weights
         model = base_model_of(adapter, model)

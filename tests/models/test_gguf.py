@@ -90,3 +90,13 @@ def test_missing_or_unreadable_gguf_is_user_error(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="cannot read the GGUF file"):
         loading.load_causal_lm(str(bad), log=print)
     assert not any((tmp_path / "cache" / "models").iterdir())  # no half conversion left
+
+
+def test_a_gguf_path_loads_as_a_reward_classifier_backbone(tmp_path, monkeypatch):
+    """danka rm / danka distill --student X.gguf: the same one-time conversion."""
+    from danka.models.classifier import load_score_model
+
+    monkeypatch.setenv("DANKA_CACHE", str(tmp_path / "cache"))
+    path, _, tok = write_tiny_gguf(tmp_path / "tiny.gguf")
+    model, tokenizer = load_score_model(str(path))
+    assert model.config.num_labels == 1 and tokenizer(TEXT)["input_ids"] == tok(TEXT)["input_ids"]

@@ -77,7 +77,11 @@ def test_seed_file_verbatim_runs_two_steps(tmp_path):
     assert re.search(rf"^{LINE_PREFIX}\[INFO\] Loaded model {re.escape(SMOL)} with \w+$", log, re.M)
     assert "[INFO] LoRA enabled on q_proj, v_proj, o_proj, up_proj, down_proj" in log
     assert re.search(r"loss: \S+, reward: \S+", log)
-    assert (out / "actor" / "checkpoint_2" / "adapter_config.json").is_file()
+    adapter = json.loads((out / "actor" / "checkpoint_2" / "adapter_config.json").read_text())
+    # the hub id, not the offline copy ~/.cache/danka/models/... it was loaded from
+    assert adapter["base_model_name_or_path"] == SMOL
+    card = (out / "actor" / "checkpoint_2" / "README.md").read_text()
+    assert f"base_model: {SMOL}" in card and "ppo" in card
     # keys that cannot work on this machine: one [WARNING] line each, what danka does instead
     warnings = [x for x in log.splitlines() if re.match(LINE_PREFIX + r"\[WARNING\]", x)]
     if importlib.util.find_spec("flash_attn") is None:

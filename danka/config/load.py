@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from danka.config.schema import DankaConfig
+from danka.config.schema import LOADERS, DankaConfig
 from danka.config.validate import freeze, validate
 from danka.errors import UserError
 
@@ -294,3 +294,6 @@ def _dotted_keys(data: dict, prefix: str = ""):
 
 def config_to_dict(config: Any) -> dict:
     return dataclasses.asdict(config)
+
+
+LOADERS.update(from_dict=config_from_dict, from_yaml=load_config)  # DankaConfig.from_dict/yaml

@@ -365,13 +365,14 @@ class DankaConfig:
         """A validated, read-only config from a mapping laid out as the YAML is
         (``{"model": {...}, "trainer": {...}, "data": {...}}``) plus ``key=value``
         overrides; relative paths are read from the current folder."""
-        from danka.config.load import config_from_dict
-
-        return config_from_dict(data, overrides)
+        return LOADERS["from_dict"](data, overrides)
 
     @classmethod
     def from_yaml(cls, path: str, overrides: list[str] | None = None) -> DankaConfig:
         """:meth:`from_dict` for a YAML file; relative paths are read from its folder."""
-        from danka.config.load import load_config
+        return LOADERS["from_yaml"](path, overrides)[0]
 
-        return load_config(path, overrides)[0]
+
+# danka.config.load registers its loaders here (it imports this module, not the reverse;
+# importing danka.config.schema runs danka/config/__init__.py, which imports load first)
+LOADERS: dict[str, Any] = {}

@@ -99,7 +99,9 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
     path = save_checkpoint(
         run.output_dir,
         step,
-        hub_ready_writers(_writers(run, full, critic_full), run.cfg, step, history, run.models.lora),
+        hub_ready_writers(
+            _writers(run, full, critic_full), run.cfg, step, history, run.models.lora
+        ),
         trainer_state=state,
         config_hash=config_hash,
         config=resolved,  # masked by save_checkpoint

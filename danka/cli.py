@@ -130,84 +130,22 @@ def _check_rewards(cfg) -> None:
     check_reward_specs(cfg.reward.functions)
 
 
-def _check_resume_target(args, output_dir) -> None:
-    """``--resume PATH`` to an older checkpoint would drop the newer ones: refuse unless
-    ``--discard-newer`` (train deletes them then)."""
-    from pathlib import Path
-
-    from danka.checkpoint.store import newer_checkpoints
-
-    if not args.resume or args.resume == "auto":
-        return
-    name = Path(args.resume).name
-    if not name.startswith("checkpoint_") or not name[len("checkpoint_") :].isdigit():
-        return  # train() names the problem
-    newer = newer_checkpoints(Path(output_dir), int(name[len("checkpoint_") :]))
-    if newer and not args.discard_newer:
-        raise UserError(
-            f"{len(newer)} newer checkpoint(s) exist ({', '.join(newer)}); resuming from "
-            f"{name} would replace them",
-            where=str(output_dir),
-            fix="add --discard-newer to delete them, use --resume auto for the newest, or "
-            "copy the checkpoint to a new output_dir",
-        )
-
-
 def _run_train(args, cfg, base_dir, dist) -> int:
-    """Lock the output dir, turn SIGTERM/SIGINT into a checkpoint-and-exit, run."""
-    from contextlib import nullcontext
+    """``--nproc N``: re-run under torchrun; else the Python API's run (danka.api)."""
     from pathlib import Path
 
-    from danka.config.compat import fallback_warnings
-    from danka.lifecycle import LOCK_HELD_ENV, RunLock, StopRequest, run_forwarding_signals
-    from danka.logging.runlog import setup_run_logger
+    from danka.api import check_resume_target, run_training
+    from danka.lifecycle import LOCK_HELD_ENV, RunLock, run_forwarding_signals
 
     output_dir = Path(cfg.output_dir)
     if args.nproc and args.nproc > 1 and not dist.requested():
         with RunLock(output_dir):
-            _check_resume_target(args, output_dir)
+            check_resume_target(args.resume, args.discard_newer, output_dir)
             argv = dist.torchrun_argv(args.nproc, _without_nproc(args.raw_argv))
             env = {**os.environ, LOCK_HELD_ENV: str(os.getpid())}
             return run_forwarding_signals(argv, env=env)
-    main = not dist.requested() or os.environ.get("RANK", "0") == "0"
-    lock = RunLock(output_dir) if main and not RunLock.held_by_parent() else nullcontext()
-    from danka.trainer.fit import fit
-
-    with lock:
-        log = None
-        if main:
-            _check_resume_target(args, output_dir)
-            log = setup_run_logger(output_dir)  # train() reuses it (same arguments)
-            for line in fallback_warnings(cfg):
-                log.warning(line)
-        with StopRequest(log) as stop:
-            try:
-                fit(cfg, base_dir, resume=args.resume)
-            finally:
-                dist.destroy()
-    if stop.requested:
-        return stop.exit_code
-    _plot_quietly(cfg.output_dir)
-    return 0
-
-
-# --------------------------------------------------------------------------------------------
-
-
-def _plot_quietly(output_dir: str) -> None:
-    """The curves of a finished run (rank 0); a plot must never fail a finished run."""
-    from pathlib import Path
-
-    from danka import distributed as dist
-
-    if dist.requested() and os.environ.get("RANK", "0") != "0":
-        return
-    try:
-        from danka.tools.plot import plot_run
-
-        plot_run(Path(output_dir))
-    except Exception as err:  # noqa: BLE001
-        print(f"danka: warning: plot failed: {err}", file=sys.stderr)
+    _, code = run_training(cfg, base_dir, resume=args.resume, discard_newer=args.discard_newer)
+    return code
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
@@ -218,6 +156,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--output", required=True, help="output folder")
     g.add_argument("--limit", type=int, help="only the first N rows")
     _gsm8k_pairs_args(sub)
+    _seed_mini_args(sub)
     i = sub.add_parser("inspect", help="show the first batch exactly as the model will see it")
     i.add_argument("config")
     i.add_argument("overrides", nargs="*")
@@ -243,10 +182,13 @@ def _data(args) -> int:
             output_dir=Path(args.output),
             limit=args.limit,
         )
-        print(info)
+        for split, n in info["splits"].items():
+            print(f"{split}: {n} rows -> {args.output}/{split}.parquet and {split}.jsonl")
         return 0
     if args.data_command == "gsm8k-pairs":
         return _gsm8k_pairs(args)
+    if args.data_command == "seed-mini":
+        return _seed_mini(args)
     from danka.config import load_config
     from danka.data.inspect import describe_first_batch
     from danka.data.template import encode_prompts
@@ -290,7 +232,31 @@ def _gsm8k_pairs(args) -> int:
 
     info = build_gsm8k_pairs(input_path=Path(args.input), output_dir=Path(args.output),
                              test_fraction=args.test_fraction, limit=args.limit, seed=args.seed)  # fmt: skip
-    print(info)
+    print(f"{info['train']} train / {info['test']} test pairs:")
+    for path in info["files"]:
+        print(f"  {path}")
+    return 0
+
+
+def _seed_mini_args(sub) -> None:
+    g = sub.add_parser(
+        "seed-mini",
+        help="the seed story's mini_gsm8k.json: the first 200 GSM8K rows as prompt/response/reward",
+    )
+    g.add_argument("--input", help="GSM8K's train.jsonl (question/answer rows)")
+    g.add_argument("--from-hub", action="store_true", help="read openai/gsm8k with datasets")
+    g.add_argument("--output", default="mini_gsm8k.json", help="default ./mini_gsm8k.json")
+    g.add_argument("-n", type=int, default=200, help="rows (the story's head -n 200)")
+
+
+def _seed_mini(args) -> int:
+    from pathlib import Path
+
+    from danka.data.seed_mini import write_seed_mini
+
+    info = write_seed_mini(input_path=Path(args.input) if args.input else None,
+                           from_hub=args.from_hub, output=Path(args.output), n=args.n)  # fmt: skip
+    print(f"wrote {info['rows']} rows (prompt, response, reward) to {info['output']}")
     return 0
 
 

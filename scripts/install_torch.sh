@@ -22,7 +22,8 @@ install_torch() {
     echo "installing torch==$TORCH_VERSION from the local wheel pip found"
     python3 -m pip install -q "torch==$TORCH_VERSION"
   else
-    echo "installing torch==$TORCH_VERSION (CPU build, from $TORCH_CPU_INDEX)"
+    echo "installing torch==$TORCH_VERSION (CPU build, from $TORCH_CPU_INDEX: PyTorch's own" \
+      "wheel index, not PyPI; set TORCH_CPU_INDEX to a mirror, or install torch first)"
     python3 -m pip install -q "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX"
   fi
 }

@@ -20,22 +20,32 @@ from pathlib import Path
 import pytest
 import yaml
 
+from danka.logging.runlog import LINE_PREFIX
+
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "examples" / "single_card_ppo.yaml"
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def write_seed_rows(path: Path, n: int = 8) -> None:
-    """The seed's {prompt, response, reward} JSON lines (GSM8K style), made here."""
-    with path.open("w") as f:
+def write_seed_rows(folder: Path, n: int = 8) -> None:
+    """The story's data step as the docs give it: GSM8K's train.jsonl (made here) ->
+    ``danka data seed-mini`` -> ``./mini_gsm8k.json`` ({prompt, response, reward} lines)."""
+    from danka.cli import main
+
+    with (folder / "train.jsonl").open("w") as f:
         for i in range(n):
             a, b = 3 + i, 4 + 2 * i
             row = {
-                "prompt": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
-                "response": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}",
-                "reward": 1.0,
+                "question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+                "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}",
             }
             f.write(json.dumps(row) + "\n")
+    out = folder / "mini_gsm8k.json"
+    assert (
+        main(["data", "seed-mini", "--input", str(folder / "train.jsonl"), "--output", str(out)])
+        == 0
+    )
+    assert json.loads(out.read_text().splitlines()[0])["reward"] == 1.0
 
 
 @pytest.mark.slow
@@ -48,7 +58,7 @@ def test_seed_file_verbatim_runs_two_steps(tmp_path):
     cfg = tmp_path / "single_card_ppo.yaml"
     cfg.write_text(text)
     assert yaml.safe_load(text)["logging"]["wandb_project"] == "verl_single_card"
-    write_seed_rows(tmp_path / "mini_gsm8k.json")
+    write_seed_rows(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
     proc = subprocess.run(
         [
@@ -64,12 +74,16 @@ def test_seed_file_verbatim_runs_two_steps(tmp_path):
     out = tmp_path / "output_single"
     log = (out / "logs" / "train.log").read_text()
     assert "[INFO] Using HF Transformers backend for Actor/Critic inference" in log
-    assert re.search(rf"^\[INFO\] Loaded model {re.escape(SMOL)} with \w+$", log, re.M)
+    assert re.search(rf"^{LINE_PREFIX}\[INFO\] Loaded model {re.escape(SMOL)} with \w+$", log, re.M)
     assert "[INFO] LoRA enabled on q_proj, v_proj, o_proj, up_proj, down_proj" in log
     assert re.search(r"loss: \S+, reward: \S+", log)
-    assert (out / "actor" / "checkpoint_2" / "adapter_config.json").is_file()
+    adapter = json.loads((out / "actor" / "checkpoint_2" / "adapter_config.json").read_text())
+    # the hub id, not the offline copy ~/.cache/danka/models/... it was loaded from
+    assert adapter["base_model_name_or_path"] == SMOL
+    card = (out / "actor" / "checkpoint_2" / "README.md").read_text()
+    assert f"base_model: {SMOL}" in card and "ppo" in card
     # keys that cannot work on this machine: one [WARNING] line each, what danka does instead
-    warnings = [line for line in log.splitlines() if line.startswith("[WARNING]")]
+    warnings = [x for x in log.splitlines() if re.match(LINE_PREFIX + r"\[WARNING\]", x)]
     if importlib.util.find_spec("flash_attn") is None:
         assert any("use_flash_attention_2" in w and "sdpa" in w for w in warnings)
     if importlib.util.find_spec("wandb") is None:

@@ -62,6 +62,12 @@ def apply_fallbacks(cfg: DankaConfig) -> list[str]:
     return warnings
 
 
+def add_warning(cfg: DankaConfig, line: str) -> None:
+    """One more start-up warning about ``cfg`` (validation's notes, e.g. a data source
+    that replaced another), logged and printed with the fallbacks'."""
+    setattr(cfg, _WARNINGS_ATTR, getattr(cfg, _WARNINGS_ATTR, []) + [line])
+
+
 def fallback_warnings(cfg: DankaConfig) -> list[str]:
     """The warning lines :func:`apply_fallbacks` produced for this config."""
     return list(getattr(cfg, _WARNINGS_ATTR, []))

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from danka.config.schema import DankaConfig
+from danka.config.schema import LOADERS, DankaConfig
 from danka.config.validate import freeze, validate
 from danka.errors import UserError
 
@@ -238,22 +238,51 @@ def load_config(
     path: str | Path | None, overrides: list[str] | None = None
 ) -> tuple[DankaConfig, Path]:
     """Read, override, type-check and validate. Returns the config and its base folder."""
+    if path is None:
+        return config_from_dict({}, overrides), Path.cwd()
+    cfg_path = Path(path)
+    data, text = read_yaml(cfg_path)
+    base_dir = cfg_path.parent.resolve()
+    return config_from_dict(data, overrides, path=cfg_path, text=text, base_dir=base_dir), base_dir
+
+
+def config_from_dict(
+    data: dict,
+    overrides: list[str] | None = None,
+    *,
+    path: Path | None = None,
+    text: str = "",
+    base_dir: Path | None = None,
+) -> DankaConfig:
+    """:func:`load_config` for a mapping already in memory (the Python API); ``path`` and
+    ``text`` (the YAML it came from, if any) only serve error messages; ``base_dir`` (the
+    folder relative data and reward paths are read from; default the current one) is
+    kept on the config: :func:`config_base_dir`."""
+    import copy
+
     from danka.config.compat import apply_fallbacks  # imports torch-free helpers only
 
-    if path is None:
-        data, text, cfg_path = {}, "", None
-    else:
-        cfg_path = Path(path)
-        data, text = read_yaml(cfg_path)
-    source = _Source(cfg_path, text)
+    if not isinstance(data, dict):
+        raise UserError(
+            f"a config must be a mapping of sections, got {type(data).__name__}",
+            where=str(path) if path else "config",
+            fix="pass a dict like {'model': {...}, 'trainer': {...}, 'data': {...}}",
+        )
+    data = copy.deepcopy(data)
+    source = _Source(path, text)
     apply_overrides(data, overrides or [], source)
     config = build_dataclass(DankaConfig, data, source)
     source.explicit = set(_dotted_keys(data))
-    base_dir = cfg_path.parent.resolve() if cfg_path else Path.cwd()
     validate(config, source)
     apply_fallbacks(config)  # seed keys that cannot work here: one warning each, see compat
+    config._danka_base_dir = Path(base_dir) if base_dir else Path.cwd()
     freeze(config)  # read-only from here: a run keeps its changing state elsewhere
-    return config, base_dir
+    return config
+
+
+def config_base_dir(config: DankaConfig) -> Path:
+    """The folder a validated config's relative paths are read from (its YAML's folder)."""
+    return getattr(config, "_danka_base_dir", None) or Path.cwd()
 
 
 def _dotted_keys(data: dict, prefix: str = ""):
@@ -265,3 +294,6 @@ def _dotted_keys(data: dict, prefix: str = ""):
 
 def config_to_dict(config: Any) -> dict:
     return dataclasses.asdict(config)
+
+
+LOADERS.update(from_dict=config_from_dict, from_yaml=load_config)  # DankaConfig.from_dict/yaml

@@ -384,3 +384,21 @@ class DankaConfig:
     output_dir: str = _f("output", "where logs, metrics and checkpoints go")
     # rm:
     rm: RMConfig = field(default_factory=RMConfig)
+
+    # api: typed configs from Python (danka.Config.from_dict / from_yaml)
+    @classmethod
+    def from_dict(cls, data: dict, overrides: list[str] | None = None) -> DankaConfig:
+        """A validated, read-only config from a mapping laid out as the YAML is
+        (``{"model": {...}, "trainer": {...}, "data": {...}}``) plus ``key=value``
+        overrides; relative paths are read from the current folder."""
+        return LOADERS["from_dict"](data, overrides)
+
+    @classmethod
+    def from_yaml(cls, path: str, overrides: list[str] | None = None) -> DankaConfig:
+        """:meth:`from_dict` for a YAML file; relative paths are read from its folder."""
+        return LOADERS["from_yaml"](path, overrides)[0]
+
+
+# danka.config.load registers its loaders here (it imports this module, not the reverse;
+# importing danka.config.schema runs danka/config/__init__.py, which imports load first)
+LOADERS: dict[str, Any] = {}

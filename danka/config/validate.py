@@ -82,6 +82,7 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             fail(key, f"{value!r} is not a valid value", f"use one of: {shown}")
 
     m, t, d = cfg.model, cfg.trainer, cfg.data
+    resolve_data_source(cfg)  # a named file replaces a generated task (one warning)
     m.torch_dtype = canonical_dtype(m.torch_dtype)  # the loaders know the long names only
     if not m.actor_model_name_or_path:
         fail(
@@ -296,6 +297,29 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             fail(f"rm.{key}", "must name a column", f"e.g. rm.{key}: {key.split('_')[0]}")
     if cfg.rm.chosen_key == cfg.rm.rejected_key:
         fail("rm.rejected_key", "is the same column as rm.chosen_key", "name two columns")
+
+
+def resolve_data_source(cfg: DankaConfig) -> None:
+    """``data.train_dataset`` and ``data.task`` both set: the file is what the user means
+    (``danka train quickstart.yaml data.train_dataset=my.jsonl``), so it replaces the task,
+    with one warning (logged at start-up, printed by ``--print-config``)."""
+    from danka.config.compat import add_warning
+
+    d = cfg.data
+    if not (d.train_dataset and d.task):
+        return
+    if d.eval_dataset:
+        held = f"held-out prompts from data.eval_dataset ({d.eval_dataset})"
+    elif d.eval_size:
+        held = f"the last {d.eval_size} rows of the file held out (data.eval_size)"
+    else:
+        held = "no held-out evaluation"
+    add_warning(
+        cfg,
+        f"data.train_dataset ({d.train_dataset}) replaces data.task ({d.task}): training on "
+        f"the file, not on generated problems; {held}",
+    )
+    d.task = None
 
 
 def _check_agent(cfg: DankaConfig, fail) -> None:

@@ -1,4 +1,6 @@
-"""Live training progress: a rich bar on a terminal, one plain line per step otherwise.
+"""Live progress: the training bar (a rich bar on a terminal, one plain line per step
+otherwise), and :class:`WorkProgress` lines for the other waits (evaluation, generation,
+reward-model training, export).
 
 Reads these keys from the step's metrics when present: ``reward``; held-out accuracy
 (first of :data:`ACCURACY_KEYS`); throughput (first of :data:`TOKENS_PER_S_KEYS`); every
@@ -13,7 +15,12 @@ import time
 from typing import IO, Any
 
 ACCURACY_KEYS = ("val/accuracy", "eval/accuracy", "val/acc", "eval/acc", "heldout/accuracy")
-TOKENS_PER_S_KEYS = ("perf/tokens_per_s", "tokens_per_s", "throughput/tokens_per_s")
+TOKENS_PER_S_KEYS = (
+    "throughput/gen_tokens_per_s",  # what danka train logs: sampled tokens per rollout second
+    "perf/tokens_per_s",
+    "tokens_per_s",
+    "throughput/tokens_per_s",
+)
 
 
 def _hms(seconds: float) -> str:
@@ -161,3 +168,72 @@ class TrainProgress:
             self._progress.console.print(text, markup=False, highlight=False)
         else:
             print(text, file=self.stream, flush=True)
+
+
+class WorkProgress:
+    """Progress of a job of ``total`` items (prompts, pairs, steps) on ``stream`` (stderr):
+    one ``[eval] 48/200 prompts | 12.0 prompts/s | 950 tok/s | elapsed 0:00:04 | eta
+    0:00:13`` line after an update when ``every_s`` seconds passed since the last line
+    (and always for the last item), so a wait longer than a few seconds is never silent.
+
+    ``with WorkProgress(200, "eval", unit="prompts") as p: p.advance(16, tokens=310)``.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        label: str,
+        *,
+        unit: str = "items",
+        stream: IO[str] | None = None,
+        every_s: float = 5.0,
+        enabled: bool = True,
+        log: Any = None,
+    ):
+        self.total, self.label, self.unit = int(total), label, unit
+        self.stream = stream
+        self.every_s = every_s
+        self.enabled = enabled
+        self.log = log  # a callable taking the line, instead of the stream
+        self.done = 0
+        self.tokens = 0
+        self._t0 = self._last = time.monotonic()
+
+    def __enter__(self) -> WorkProgress:
+        self._t0 = self._last = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def _emit(self, line: str) -> None:
+        if self.log is not None:
+            self.log(line)
+        else:
+            print(line, file=self.stream or sys.stderr, flush=True)
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self._t0
+        pieces = [f"[{self.label}] {self.done}/{self.total} {self.unit}"]
+        if elapsed > 0 and self.done:
+            rate = self.done / elapsed
+            one = self.unit[:-1] if self.unit.endswith("s") else self.unit
+            pieces.append(f"{rate:.1f} {self.unit}/s" if rate >= 1 else f"{1 / rate:.1f} s/{one}")
+            if self.tokens:
+                pieces.append(f"{self.tokens / elapsed:.0f} tok/s")
+        pieces.append(f"elapsed {_hms(elapsed)}")
+        if self.done < self.total:
+            eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+            pieces.append(f"eta {_hms(eta)}")
+        return " | ".join(pieces)
+
+    def advance(self, n: int = 1, *, tokens: int = 0) -> None:
+        """``n`` more items done (``tokens`` generated for them, for the tok/s piece)."""
+        self.done = min(self.total, self.done + n)
+        self.tokens += tokens
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self.done >= self.total or now - self._last >= self.every_s:
+            self._last = now
+            self._emit(self.line())

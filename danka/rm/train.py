@@ -182,17 +182,22 @@ def _rewards(model, tokenizer, pairs: _Pairs, idx: list[int], max_length: int, d
 
 
 def evaluate_pairs(model, tokenizer, pairs: _Pairs, *, batch: int, max_length: int, device,
-                   center_coef: float | None = None) -> dict[str, float]:  # fmt: skip
-    """Held-out accuracy / margin / reward mean and std / loss (see :func:`pair_stats`)."""
+                   center_coef: float | None = None, log=None) -> dict[str, float]:  # fmt: skip
+    """Held-out accuracy / margin / reward mean and std / loss (see :func:`pair_stats`);
+    ``log``: where progress lines go (``[rm eval] 120/747 pairs | ...``)."""
+    from danka.logging.progress import WorkProgress
+
     was_training = model.training
     model.eval()
     rc, rr = [], []
+    progress = WorkProgress(len(pairs), "rm eval", unit="pairs", log=log, enabled=log is not None)
     with torch.no_grad():
         for s in range(0, len(pairs), batch):
             c, r = _rewards(model, tokenizer, pairs, list(range(s, min(s + batch, len(pairs)))),
                             max_length, device)  # fmt: skip
             rc.append(c.cpu())
             rr.append(r.cpu())
+            progress.advance(len(c))
     model.train(was_training)
     r_c, r_r = torch.cat(rc), torch.cat(rr)
     stats = pair_stats(r_c, r_r)
@@ -291,7 +296,8 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     metrics = MetricsWriter(out)
 
     def evaluate(step: int) -> dict:
-        stats = evaluate_pairs(model, tokenizer, held, **ev)
+        log(f"eval step {step} | scoring {len(held)} held-out pairs")
+        stats = evaluate_pairs(model, tokenizer, held, **ev, log=log)
         log(f"eval step {step} | " + ", ".join(f"{k}: {v:.4f}" for k, v in stats.items()))
         metrics.write(step, {f"eval/{k}": v for k, v in stats.items()})
         return stats

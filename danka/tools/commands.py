@@ -297,7 +297,11 @@ def _plot(args) -> int:
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--adapter", required=True, help="LoRA adapter folder")
+    p.add_argument(
+        "--adapter",
+        required=True,
+        help="LoRA adapter folder, a full-parameter checkpoint, or a run folder (its newest)",
+    )
     p.add_argument("--output", required=True, help="new folder for the merged model")
     p.add_argument("--model", help="base model (default: the adapter's base_model_name_or_path)")
     p.add_argument(
@@ -308,9 +312,21 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
+    p.add_argument(
+        "--gguf",
+        nargs="?",
+        const="f16",
+        choices=["f16", "bf16", "q8_0", "f32"],
+        help="also write OUTPUT/<name>-<type>.gguf for llama.cpp / Ollama / LM Studio "
+        "(default type f16)",
+    )
 
 
-@command("export", "merge a LoRA adapter into its base model (HF safetensors folder)", _export_args)
+@command(
+    "export",
+    "merge a LoRA adapter into its base model (HF safetensors folder; --gguf for llama.cpp)",
+    _export_args,
+)
 def _export(args) -> int:
     from danka.tools.export import export_merged
 
@@ -321,6 +337,7 @@ def _export(args) -> int:
         dtype=args.dtype,
         device=args.device,
         overwrite=args.overwrite,
+        gguf=args.gguf,
     )
     return 0
 
@@ -403,4 +420,32 @@ def _distill(args) -> int:
             student=args.student, output=Path(args.output), epochs=args.epochs, lr=args.lr,
             batch_size=args.batch_size, max_length=args.max_length, limit=args.limit,
             response_key=args.response_key, answer_key=args.answer_key)  # fmt: skip
+    return 0
+
+
+def _push_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "path",
+        help="a checkpoint (OUTPUT/actor/checkpoint_N), a run folder (its newest checkpoint) "
+        "or a danka export folder",
+    )
+    p.add_argument("repo_id", help="Hub model repo, owner/name (created if missing)")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--token", help="Hub token (default: HF_TOKEN or `hf auth login`'s)")
+    p.add_argument("--endpoint", help="another Hub endpoint (default: HF_ENDPOINT or the Hub)")
+    p.add_argument("--message", help="commit message")
+
+
+@command("push", "upload a checkpoint or export (with its model card) to the HF Hub", _push_args)
+def _push(args) -> int:
+    from danka.hub import push
+
+    push(
+        args.path,
+        args.repo_id,
+        private=True if args.private else None,
+        token=args.token,
+        endpoint=args.endpoint,
+        commit_message=args.message,
+    )
     return 0

@@ -130,7 +130,7 @@ def distill(
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            losses.append(float(loss))
+            losses.append(loss.item())  # (float() of a tensor with grad warns)
         log(f"epoch {epoch + 1}/{epochs}: train mse {sum(losses[-8:]) / len(losses[-8:]):.4f}")
     after = mse(held)
     pred = predict(held)

@@ -69,6 +69,7 @@ KEEP_CACHE_LIMIT_BYTES = 4 * GIB  # = danka.rollout.fast.KEEP_CACHE_LIMIT_BYTES
 SEQ_ROUND = 128  # = FastEngine(seq_round=128): KV cache length rounded up to this
 PREFILL_PROMPTS = 32  # = FastEngine(prefill_batch=32): prompts per prefill forward
 OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation
+MARGIN = 0.10  # a plan within 10% of the GPU's memory is "tight": the estimate is approximate
 LORA_BYTES_PER_PARAM = 16  # fp32 value + fp32 grad + Adam m and v
 ADAM_BYTES_PER_PARAM = 8  # fp32 m and v
 LOGIT_FACTOR_UPDATE = 4
@@ -330,7 +331,10 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
         "peak_phase": peak_phase,
         "peak": phases[peak_phase],
         "overhead": OVERHEAD_BYTES,
-        "full_logits_would_be": micro * t.max_new_tokens * v * 4,
+        # the same fp32 buffers (z, log-softmax, p, grad) over every response row at once
+        "full_logits_would_be": micro * t.max_new_tokens * v * 4 * LOGIT_FACTOR_UPDATE,
+        "chunk_rows": chunk,
+        "response_rows": micro * t.max_new_tokens,
         "assumptions": {
             "rollout_engine": "fast" if fast else "hf",
             "rollout_cache_kept_for_update": keep,
@@ -448,6 +452,8 @@ def estimate_memory(
     if gpu_memory is not None:
         result["gpu_memory"] = gpu_memory
         result["fits"] = result["peak"] + OVERHEAD_BYTES <= gpu_memory
+        result["headroom"] = gpu_memory - result["peak"] - OVERHEAD_BYTES
+        result["tight"] = result["fits"] and result["headroom"] < MARGIN * gpu_memory
         result["suggestions"] = [] if result["fits"] else _fixes(cfg, gpu_memory, estimate)
     return result
 
@@ -479,9 +485,16 @@ def format_plan(result: dict[str, Any]) -> str:
     ]
     width = max(len(k) for k in result["components"])
     lines += [f"  {k:<{width}}  {gib(v)}" for k, v in result["components"].items()]
-    lines.append(
-        f"  (full logits instead of chunks would be {result['full_logits_would_be'] / GIB:.2f} GiB)"
-    )
+    if result["chunk_rows"] < result["response_rows"]:
+        lines.append(
+            f"  (chunks of {result['chunk_rows']} of the {result['response_rows']} response "
+            f"rows; full logits would take {result['full_logits_would_be'] / GIB:.2f} GiB)"
+        )
+    else:
+        lines.append(
+            f"  (one chunk holds all {result['response_rows']} response rows of a micro-batch "
+            "(micro_batch_size x max_new_tokens): chunking saves nothing at these settings)"
+        )
     lines.append("")
     for phase, value in result["phases"].items():
         mark = "  <- peak" if phase == result["peak_phase"] else ""
@@ -489,10 +502,18 @@ def format_plan(result: dict[str, Any]) -> str:
     lines.append(f"  + CUDA context and fragmentation ~{result['overhead'] / GIB:.1f} GiB")
     if "fits" in result:
         total = (result["peak"] + result["overhead"]) / GIB
-        verdict = "fits" if result["fits"] else "does not fit"
-        lines.append(
-            f"\nverdict: {verdict} in {result['gpu_memory'] / GIB:.1f} GiB (needs ~{total:.1f} GiB)"
-        )
+        budget, spare = result["gpu_memory"] / GIB, result["headroom"] / GIB
+        if not result["fits"]:
+            verdict = f"does not fit in {budget:.1f} GiB (needs ~{total:.2f} GiB)"
+        elif result["tight"]:
+            verdict = (
+                f"fits only just in {budget:.1f} GiB (needs ~{total:.2f} GiB, {spare:.2f} GiB "
+                f"to spare, under the {100 * MARGIN:.0f}% margin this estimate's error needs: "
+                "expect out-of-memory on long batches)"
+            )
+        else:
+            verdict = f"fits in {budget:.1f} GiB (needs ~{total:.2f} GiB, {spare:.2f} GiB to spare)"
+        lines.append(f"\nverdict: {verdict}")
         for fix in result.get("suggestions", []):
             lines.append(f"  try: {fix}")
     return "\n".join(lines)

@@ -116,14 +116,17 @@ def evaluate_rows(
     tools: Any = None,
     base_dir: str | Path = ".",
     temperature: float | None = None,
+    log: Any = None,
 ) -> dict[str, Any]:
     """Generate ``samples`` answers per row (greedy for 1, temperature 1 otherwise; or at
     ``temperature`` when given, top-p 1), ``batch_size`` sequences per generate call, score
     them, and summarize; ``completions`` holds the first rows' first answers. With
     ``tools`` (rollout settings) the answers come from the training's agent loop: rewards
     score the final answer (an ``AgentCompletion`` carrying the turns, as in training),
-    and the result holds the ``agent/*`` metrics and each kept answer's ``messages``."""
+    and the result holds the ``agent/*`` metrics and each kept answer's ``messages``.
+    ``log``: where progress lines go (``[eval] 48/200 prompts | ...``; None = silent)."""
     from danka.agent.rewards import AgentCompletion
+    from danka.logging.progress import WorkProgress
     from danka.rollout.base import AnswerOptions
     from danka.tools.generate import generate_batch, tool_generate_batch
 
@@ -138,14 +141,19 @@ def evaluate_rows(
         batch_size=max(1, batch_size // samples),
     )
     metrics: dict[str, float] = {}
+    kind = "greedy" if gen.temperature <= 0 else f"{samples} sampled at T={gen.temperature:g}"
+    if log is not None:
+        log(f"[eval] {len(rows)} prompts, {kind}, up to {max_new_tokens} new tokens each")
+    progress = WorkProgress(len(rows), "eval", unit="prompts", log=log, enabled=log is not None)
     if tools is not None:
         items, metrics = tool_generate_batch(model, tokenizer, rows, tools, gen, base_dir=base_dir)
+        progress.advance(len(rows))
         for it in items:
             it["completions"] = [
                 AgentCompletion(c, t) for c, t in zip(it["completions"], it["trajectories"])
             ]
     else:
-        items = generate_batch(model, tokenizer, rows, gen)
+        items = generate_batch(model, tokenizer, rows, gen, progress=progress)
     kept = [it["row"] for it in items]
     scores, correct, per_fn = score_samples(
         kept,
@@ -194,6 +202,7 @@ def _from_config(config: str, overrides: list[str]) -> dict[str, Any]:
         "data": cfg.data.eval_dataset or cfg.data.task or cfg.data.train_dataset,
         "trust_remote_code": cfg.model.trust_remote_code,
         "rollout": cfg.rollout,
+        "output_dir": cfg.output_dir,
     }
 
 
@@ -268,6 +277,7 @@ def run_eval(
     config with ``rollout.tools`` or ``rollout.environment`` is evaluated through them."""
     from danka.rewards.combine import build_reward_computer
     from danka.tools.generate import load_for_inference, read_adapter_config
+    from danka.tools.locate import is_model, resolve_checkpoint
 
     if samples < 1:
         raise UserError(f"--samples must be >= 1, got {samples}", where="--samples")
@@ -277,8 +287,16 @@ def run_eval(
             where="--temperature",
             fix="add --samples 4 (greedy, the default, takes no temperature)",
         )
-    if adapter is not None:
-        read_adapter_config(adapter)
+    if adapter is not None:  # a run folder means its newest checkpoint
+        found = resolve_checkpoint(adapter)
+        if is_model(found):  # a full-parameter checkpoint is a model, not an adapter
+            log(f"scoring the full-parameter checkpoint {found}")
+            model, adapter = str(found), None
+        else:
+            if str(found) != str(adapter):
+                log(f"scoring the newest checkpoint of {adapter}: {found}")
+            adapter = str(found)
+            read_adapter_config(adapter)
     src = (
         _from_config(config, overrides or [])
         if config
@@ -286,6 +304,9 @@ def run_eval(
     )
     if config and model:
         src["model"] = model
+    base_only = config is not None and adapter is None and model is None
+    if base_only:
+        log(_base_model_warning(config, src))
     budget = max_new_tokens or src["max_new_tokens"]
     flags = {"max_turns": max_turns, "max_tool_calls": max_tool_calls}
     flags.update(tool_prompt=tool_prompt, tool_demo=tool_demo)
@@ -316,6 +337,7 @@ def run_eval(
             tools=agent,
             base_dir=src["base_dir"],
             temperature=temperature,
+            log=log,
         )
     finally:
         rewards.close()
@@ -324,6 +346,7 @@ def run_eval(
         "adapter": adapter,
         "data": str(src["data"]),
         "reward": [s.name for s in src["specs"]],
+        **({"scored": "base model"} if base_only else {}),
         **({"temperature": temperature} if temperature is not None else {}),
         **({"tools": list(agent.tools)} if agent is not None else {}),
         **result,
@@ -333,6 +356,20 @@ def run_eval(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
     return result
+
+
+def _base_model_warning(config: str, src: dict[str, Any]) -> str:
+    """``danka eval CONFIG`` alone scores the config's base model: say so, loudly, and
+    how to score what training made."""
+    from danka.tools.locate import latest_actor_checkpoint
+
+    out = src.get("output_dir") or "OUTPUT"
+    latest = latest_actor_checkpoint(out)
+    found = f" (its newest checkpoint: {latest})" if latest else ""
+    return (
+        f"WARNING: no --adapter or --model: this scores the BASE model {src['model']}, "
+        f"not a trained one. To score the run: danka eval {config} --adapter {out}{found}"
+    )
 
 
 def _agent_settings(src, tools, flags: dict, max_new_tokens: int):
@@ -356,9 +393,10 @@ def _agent_settings(src, tools, flags: dict, max_new_tokens: int):
 
 
 def format_result(result: dict[str, Any]) -> str:
+    scored = " (the BASE model: no --adapter)" if result.get("scored") == "base model" else ""
     lines = [
         f"{result['n']} prompts x {result['samples']} sample(s): "
-        f"accuracy {100 * result['accuracy']:.1f}%"
+        f"accuracy {100 * result['accuracy']:.1f}%{scored}"
     ]
     for key, value in result.get("pass@k", {}).items():
         lines.append(f"  {key}: {100 * value:.1f}%")

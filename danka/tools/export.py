@@ -1,4 +1,5 @@
-"""``danka export``: merge a LoRA adapter into its base and save a standard HF model folder.
+"""``danka export``: merge a LoRA adapter into its base and save a standard HF model folder
+(with a model card; ``--gguf TYPE`` also writes the ``.gguf`` llama.cpp runs).
 
 ``W' = W + (alpha / r) B A`` for every adapted linear layer (peft's ``merge_and_unload``,
 Hu et al. 2021), then ``save_pretrained`` (safetensors) plus the tokenizer, so the folder
@@ -12,12 +13,14 @@ because merging rounds ``W + BA`` once in the model dtype where the unmerged mod
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from danka.errors import UserError
+from danka.model_card import write_folder_card
 
 RTOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 CHECK_TEXTS = (
@@ -55,12 +58,14 @@ def trained_dtype(adapter: str | Path) -> str | None:
     import re
 
     from danka.config.dtypes import canonical_dtype
+    from danka.logging.runlog import LINE_PREFIX
 
     adapter = Path(adapter).expanduser().resolve()
     run_dir = adapter.parent.parent
     log = run_dir / "logs" / "train.log"
     if adapter.parent.name == "actor" and log.is_file():
-        found = re.findall(r"^\[INFO\] Loaded model .* with (\w+)$", log.read_text(), re.M)
+        line = rf"^{LINE_PREFIX}\[INFO\] Loaded model .* with (\w+)$"
+        found = re.findall(line, log.read_text(), re.M)
         if found:
             return canonical_dtype(found[0])
     config = run_dir / "state" / adapter.name / "config.json"
@@ -98,13 +103,17 @@ def export_merged(
     dtype: str = "trained",
     device: str = "auto",
     overwrite: bool = False,
+    gguf: str | None = None,
     log: Any = print,
 ) -> dict[str, Any]:
     """Merge ``adapter`` into its base (``model`` or the adapter's
-    ``base_model_name_or_path``), check the logits, save to ``output``. Returns sizes and
-    the check: ``{"max_abs_diff", "tolerance", "adapter_effect", "adapter_bytes",
-    "merged_bytes", "output", "base_model", "dtype"}``. MergeMismatch if the check fails
-    (nothing is written then)."""
+    ``base_model_name_or_path``), check the logits, save to ``output`` with a model card;
+    with ``gguf`` (f16 | bf16 | q8_0 | f32) also ``output/<name>-<gguf>.gguf``. Returns
+    sizes and the check: ``{"max_abs_diff", "tolerance", "adapter_effect",
+    "adapter_bytes", "merged_bytes", "output", "base_model", "dtype", "gguf"}``.
+    MergeMismatch if the check fails (nothing is written then). ``adapter`` may be a run
+    folder (its newest checkpoint); a full-parameter checkpoint is not merged: it is
+    copied (and converted with ``gguf``)."""
     from peft import PeftModel
 
     from danka.models.loading import (
@@ -115,15 +124,20 @@ def export_merged(
         resolve_dtype,
     )
     from danka.tools.generate import base_model_of, canonical_dtype
+    from danka.tools.locate import is_model, resolve_checkpoint
 
-    adapter, output = Path(adapter).expanduser(), Path(output).expanduser()
-    base_name = base_model_of(adapter, model)  # also checks the adapter folder
+    t0 = time.perf_counter()
+    adapter = resolve_checkpoint(adapter)
+    output = Path(output).expanduser()
     if output.exists() and any(output.iterdir()) and not overwrite:
         raise UserError(
             "output folder exists and is not empty",
             where=str(output),
             fix="choose a new --output folder (or pass --overwrite)",
         )
+    if is_model(adapter):  # a full-parameter checkpoint: nothing to merge
+        return _export_full(adapter, output, dtype, device, gguf, log)
+    base_name = base_model_of(adapter, model)  # also checks the adapter folder
     dev = pick_device(device, where="--device")
     if dtype == "trained":  # the dtype the adapter was trained in (fp32 for a CPU run)
         dtype = trained_dtype(adapter) or "auto"
@@ -154,13 +168,17 @@ def export_merged(
             fix="export in float32 (--dtype fp32), and check that --model is the base the "
             "adapter was trained on",
         )
+    log(f"saving the merged model to {output} ...")
     output.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(str(output))
     tokenizer.save_pretrained(str(output))
+    info = _card_info(adapter, base_name, kind="merged")
+    gguf_path = _write_gguf(merged, tokenizer, output, gguf, info, log)
+    write_folder_card(output, info, what="gguf" if gguf_path else "export")
     a_bytes, m_bytes = folder_size(adapter), folder_size(output)
     log(
         f"saved {output}: adapter {human_size(a_bytes)} on disk -> merged model "
-        f"{human_size(m_bytes)} ({name})"
+        f"{human_size(m_bytes)} ({name}) in {time.perf_counter() - t0:.0f} s"
     )
     return {
         "output": str(output),
@@ -171,4 +189,65 @@ def export_merged(
         "adapter_effect": effect,
         "adapter_bytes": a_bytes,
         "merged_bytes": m_bytes,
+        "gguf": str(gguf_path) if gguf_path else None,
+    }
+
+
+def _card_info(folder: Path, base_name: str, *, kind: str) -> dict[str, Any]:
+    """The checkpoint's training facts (from danka_training.json) for the export's card;
+    a folder danka did not write gets the facts it can tell."""
+    from danka import __version__
+    from danka.model_card import base_model_ref, read_training_info
+
+    info = read_training_info(folder) or {
+        "base_model": base_model_ref(base_name),
+        "algorithm": "unknown",
+        "step": "?",
+        "data": {"train": "unknown", "eval": "unknown"},
+        "rewards": [],
+        "eval": [],
+        "danka_version": __version__,
+    }
+    return {**info, "kind": kind, "exported_from": str(folder)}
+
+
+def _write_gguf(model, tokenizer, output: Path, gguf: str | None, info: dict, log: Any):
+    if not gguf:
+        return None
+    from danka.models.gguf_export import write_gguf
+
+    stem = Path(str(info.get("base_model") or "model")).name
+    path = output / f"{stem}-{info.get('algorithm', 'danka')}-{gguf}.gguf"
+    log(f"writing {path.name} ({gguf}) ...")
+    write_gguf(model, tokenizer, path, out_type=gguf, name=stem, log=log)
+    info["gguf_file"] = path.name
+    return path
+
+
+def _export_full(folder: Path, output: Path, dtype: str, device: str, gguf, log) -> dict:
+    """A full-parameter checkpoint: loaded and saved again (dtype) with a card, and
+    converted with ``gguf``; no merge check (there is no adapter)."""
+    from danka.models.loading import dtype_name, load_causal_lm, load_tokenizer, pick_device
+    from danka.tools.generate import canonical_dtype
+
+    t0 = time.perf_counter()
+    dev = pick_device(device, where="--device")
+    name = "auto" if dtype == "trained" else canonical_dtype(dtype)
+    tokenizer = load_tokenizer(str(folder), log=log)
+    model = load_causal_lm(str(folder), dtype=name, device=dev, log=log)
+    log(f"saving the model to {output} ...")
+    output.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(output))
+    tokenizer.save_pretrained(str(output))
+    info = _card_info(folder, str(folder), kind="full")
+    gguf_path = _write_gguf(model, tokenizer, output, gguf, info, log)
+    write_folder_card(output, info, what="gguf" if gguf_path else "export")
+    size = folder_size(output)
+    log(f"saved {output}: {human_size(size)} in {time.perf_counter() - t0:.0f} s")
+    return {
+        "output": str(output),
+        "base_model": info["base_model"],
+        "dtype": dtype_name(next(model.parameters()).dtype),
+        "merged_bytes": size,
+        "gguf": str(gguf_path) if gguf_path else None,
     }

@@ -86,7 +86,13 @@ def load_for_inference(
     from peft import PeftModel
 
     from danka.models.loading import load_causal_lm, load_tokenizer, sync_special_tokens
+    from danka.tools.locate import is_adapter, resolve_checkpoint
 
+    if model and adapter is None and Path(model).expanduser().is_dir():
+        # OUTPUT/actor/checkpoint_N as --model: a LoRA checkpoint is its base + adapter; a
+        # run folder means its newest checkpoint
+        found = resolve_checkpoint(model, flag="--model")
+        model, adapter = (None, str(found)) if is_adapter(found) else (str(found), None)
     if adapter is not None:
         read_adapter_config(adapter)  # fail on a bad folder before loading any weights
         model = base_model_of(adapter, model)
@@ -169,10 +175,12 @@ def generate_batch(
     opts: AnswerOptions | None = None,
     *,
     max_prompt_length: int = 1_000_000,
+    progress: Any = None,
 ) -> list[dict[str, Any]]:
     """``opts.n`` answers per row through the HF rollout engine. Returns one dict per row:
     ``{"index", "row", "prompt", "completions": [n texts], "response_tokens": [n],
-    "truncated": [n]}`` (``prompt`` is the rendered text the model saw)."""
+    "truncated": [n]}`` (``prompt`` is the rendered text the model saw). ``progress``: a
+    :class:`danka.logging.progress.WorkProgress` advanced by each batch's prompts."""
     from danka.data.template import encode_prompts
 
     opts = opts or AnswerOptions()
@@ -213,6 +221,8 @@ def generate_batch(
             )
             item["response_tokens"].append(int(mask.sum()))
             item["truncated"].append(bool(batch.truncated[k]))
+        if progress is not None:
+            progress.advance(batch.size // n, tokens=int(batch.response_mask.sum()))
     return out
 
 
@@ -270,13 +280,16 @@ def generate_file(
     calls and responses included (``completion`` is the final answer).
     Returns the number of lines written."""
     from danka.data.formats import load_prompt_rows
+    from danka.logging.progress import WorkProgress
 
     rows = load_prompt_rows(path).rows
     opts = AnswerOptions(**kwargs)
+    progress = WorkProgress(len(rows), "generate", unit="prompts")  # stderr
     if tools is not None:
         items, _ = tool_generate_batch(model, tokenizer, rows, tools, opts)
+        progress.advance(len(rows))
     else:
-        items = generate_batch(model, tokenizer, rows, opts)
+        items = generate_batch(model, tokenizer, rows, opts, progress=progress)
     written = 0
     for item in items:
         line = {

@@ -31,6 +31,7 @@ from danka.checkpoint.resume_changes import (
 from danka.config.secrets import mask_secrets
 from danka.errors import UserError
 from danka.lifecycle import check_run_lock
+from danka.model_card import hub_ready_writers
 from danka.models.value_head import load_value_head, save_value_head
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -98,7 +99,9 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
     path = save_checkpoint(
         run.output_dir,
         step,
-        _writers(run, full, critic_full),
+        hub_ready_writers(
+            _writers(run, full, critic_full), run.cfg, step, history, run.models.lora
+        ),
         trainer_state=state,
         config_hash=config_hash,
         config=resolved,  # masked by save_checkpoint

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from danka import callbacks
 from danka import distributed as dist
 from danka.checkpoint import config_hash
 from danka.checkpoint.cadence import save_due
@@ -83,6 +84,7 @@ def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool
             result = train_step(stages, step)  # 1-7
             m = metrics_of(run, result)
             outputs.record(step, m, result.scored, run.train, run.state.total_steps)  # 8. log
+            callbacks.on_step(step, m)
             bar.update(step, m)
             # after each step: stop? (signal, bad steps, time limit) then evaluate and save
             bad_in_a_row = 0 if result.finite else bad_in_a_row + 1
@@ -99,7 +101,7 @@ def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool
                 step, run.state.total_steps, cfg.trainer.save_steps,
                 cfg.trainer.save_minutes, minutes,
             ):  # fmt: skip
-                save(run, step, outputs.history, resolved, h)
+                callbacks.on_checkpoint(step, save(run, step, outputs.history, resolved, h))
                 t_saved = time.perf_counter()
             if stopping:
                 run.log.warning(

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from danka import callbacks
 from danka import distributed as dist
 from danka.config.schema import DankaConfig
 from danka.config.secrets import mask_secrets
@@ -130,7 +132,10 @@ class Outputs:
         Returns the evaluation's record (what the run doctor reads)."""
         if run.eval is None:
             return None
+        self.log.info(f"step {step} | evaluating {len(run.eval.rows)} held-out prompts (greedy)")
+        t0 = time.perf_counter()
         result = evaluate(eval_context(run), run.rewards)
+        seconds = time.perf_counter() - t0
         samples = result.pop("_samples")
         if "floors" not in self.history:
             self.history["floors"] = guess_floors_of(run)
@@ -142,6 +147,7 @@ class Outputs:
         result.update(probe_metrics)
         self.history["eval"].append({"step": step, **result})
         record = {"step": step, **result}
+        callbacks.on_eval(step, self.history["eval"][-1])
         if self.main:
             check_run_lock(self.output_dir, what=f"the step {step} evaluation")
             (self.output_dir / "eval").mkdir(exist_ok=True)
@@ -158,7 +164,7 @@ class Outputs:
                 f"step {step} | held-out accuracy: {100 * result['eval/accuracy']:.1f}% "
                 f"({int(result['eval/n'])} problems; guess floor "
                 f"{100 * result['eval/guess_floor']:.1f}%, mean answer "
-                f"{result['eval/response_length']:.0f} tokens)"
+                f"{result['eval/response_length']:.0f} tokens; {seconds:.1f} s)"
             )
         return record
 

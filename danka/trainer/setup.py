@@ -18,6 +18,7 @@ from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
 from danka.data.formats import Columns, ReadOptions, load_prompt_rows
+from danka.data.source import data_line
 from danka.data.tasks import task_rows
 from danka.data.template import encode_prompts
 from danka.errors import UserError
@@ -159,6 +160,7 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     device = dist.init(pick_device(cfg.model.device))  # cuda:LOCAL_RANK under torchrun
     torch.manual_seed(t.seed)
     train_rows, held_rows = load_rows(cfg, base_dir, output_dir)  # bad rows fail first
+    log.info(data_line(cfg, train_rows, held_rows))
     engine_name = choose_engine(cfg, device, log)
     tokenizer = build_tokenizer(cfg, log)
     agent = build_agent(cfg, tokenizer, base_dir)  # None unless rollout.tools / environment

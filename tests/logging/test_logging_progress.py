@@ -46,3 +46,33 @@ def test_live_mode_renders():
 def test_gpu_memory_piece(monkeypatch):
     monkeypatch.setattr(progress_mod, "_gpu_memory", lambda: "gpu 1.0/80 GiB")
     assert progress_mod.summarize({"reward": 1.0}) == ["reward 1.000", "gpu 1.0/80 GiB"]
+
+
+def test_training_throughput_metric_is_shown():
+    pieces = progress_mod.summarize({"reward": 0.5, "throughput/gen_tokens_per_s": 812.6})
+    assert "813 tok/s" in pieces
+
+
+def test_work_progress_lines_throttled_and_final(monkeypatch):
+    clock = iter([0.0, 0.0, 1.0, 6.0, 7.0, 8.0, 9.0, 9.0, 9.0])
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    with progress_mod.WorkProgress(48, "eval", unit="prompts", stream=out) as p:
+        p.advance(16, tokens=160)  # t=1: under every_s since the start, no line
+        p.advance(16, tokens=160)  # t=6: a line
+        p.advance(16, tokens=160)  # t=7: the last item, always a line
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("[eval] 32/48 prompts | ")
+    assert "eta " in lines[0]
+    assert lines[1].startswith("[eval] 48/48 prompts | ") and "eta" not in lines[1]
+    assert "tok/s" in lines[1]
+
+
+def test_work_progress_slow_rates_read_as_seconds_per_item(monkeypatch):
+    clock = iter([0.0, 0.0, 80.0, 80.0])
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    with progress_mod.WorkProgress(24, "rm eval", unit="pairs", stream=out) as p:
+        p.advance(4)
+    assert "| 20.0 s/pair |" in out.getvalue()

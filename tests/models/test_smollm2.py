@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from danka.errors import UserError
-from danka.models import loading, smollm2
+from danka.models import gguf, loading, smollm2
 
 
 def test_missing_package_says_no_deps(monkeypatch):
@@ -27,11 +27,13 @@ def test_failed_conversion_leaves_no_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("DANKA_CACHE", str(tmp_path))
     monkeypatch.setattr(smollm2, "find_gguf", lambda: tmp_path / "fake.gguf")
 
-    def killed(gguf, out, log):
+    (tmp_path / "fake.gguf").write_bytes(b"GGUF")
+
+    def killed(gguf_path, out, log, info=None):
         (out / "config.json").write_text("{}")  # half-written ...
         raise KeyboardInterrupt  # ... then killed
 
-    monkeypatch.setattr(smollm2, "_convert", killed)
+    monkeypatch.setattr(gguf, "convert", killed)
     with pytest.raises(KeyboardInterrupt):
         smollm2.ensure_converted(log=lambda s: None)
     assert list((tmp_path / "models").iterdir()) == []  # no cache, no temp folder

@@ -207,7 +207,7 @@ def test_logits_chunk_counts_response_positions_only(tmp_path):
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
     # 4 x 128 = 512 response rows < chunk 1024: 512 x V x 4 bytes x 4 (z, log-softmax, p, grad)
     assert plan["components"]["logits (chunked, update)"] == 512 * v * 4 * 4
-    assert plan["full_logits_would_be"] == 512 * v * 4
+    assert plan["full_logits_would_be"] == 512 * v * 4 * 4  # the same 4 buffers, all rows
     cfg, base = load_config(str(_config(tmp_path)), ["trainer.micro_batch_size=4"])
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
     # 4 x 512 = 2048 response rows > 1024: the chunk is capped at logprob_chunk_size
@@ -224,3 +224,24 @@ def test_a_critic_is_counted_whenever_the_estimator_needs_one(tmp_path):
     b = estimate_memory(gae, model_config=qwen2_7b_config())["components"]
     assert "critic LoRA + value head" not in a
     assert "critic LoRA + value head" in b
+
+
+def test_verdict_shows_the_margin_and_never_calls_full_logits_smaller(tmp_path):
+    from danka.tools.estimate import GIB, format_plan
+
+    cfg, base = load_config(str(_config(tmp_path)), ["trainer.micro_batch_size=4"])
+    plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
+    assert plan["full_logits_would_be"] >= plan["components"]["logits (chunked, update)"]
+    needed = plan["peak"] + plan["overhead"]
+    roomy = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config(),
+                            gpu_memory=int(needed * 2))  # fmt: skip
+    assert roomy["fits"] and not roomy["tight"]
+    assert "GiB to spare)" in format_plan(roomy) and "only just" not in format_plan(roomy)
+    tight = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config(),
+                            gpu_memory=int(needed + 0.01 * GIB))  # fmt: skip
+    assert tight["fits"] and tight["tight"]
+    assert "fits only just" in format_plan(tight)
+    short = ["trainer.micro_batch_size=4", "trainer.max_new_tokens=128", "trainer.max_length=640"]
+    cfg, base = load_config(str(_config(tmp_path)), short)
+    text = format_plan(estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config()))
+    assert "chunking saves nothing at these settings" in text

@@ -56,7 +56,7 @@ def test_evaluate_rows_scores_sampled_answers(monkeypatch, tmp_path):
     answers = [["right", "wrong", "wrong", "wrong"], ["right", "right", "wrong", "wrong"]]
     seen = {}
 
-    def fake_generate(model, tok, rows, opts):
+    def fake_generate(model, tok, rows, opts, progress=None):
         seen.update(vars(opts))
         return [
             {
@@ -173,3 +173,38 @@ def test_cli_eval_bad_input(tiny_dir, prompts_file, tmp_path, capsys):
         == 2
     )
     assert "adapter folder not found" in capsys.readouterr().err
+
+
+def test_cli_eval_config_says_it_scores_the_base_and_takes_a_run_folder(
+    tiny_dir, adapter_dir, prompts_file, yes_reward, tmp_path, capsys
+):
+    """``danka eval CONFIG`` alone scores the base model (said at the start and in the
+    result line, with the run's newest checkpoint to use instead); ``--adapter RUN``
+    scores that newest checkpoint."""
+    import shutil
+
+    run = tmp_path / "out"
+    for step in (1, 2):  # two complete checkpoints (manifest written), 2 is the newest
+        shutil.copytree(adapter_dir, run / "actor" / f"checkpoint_{step}")
+        (run / "state" / f"checkpoint_{step}").mkdir(parents=True)
+        (run / "state" / f"checkpoint_{step}" / "manifest.json").write_text("{}")
+    shutil.copytree(adapter_dir, run / "actor" / "checkpoint_3")  # no manifest: incomplete
+    cfg = {
+        "model": {"actor_model_name_or_path": str(tiny_dir), "device": "cpu"},
+        "trainer": {"max_new_tokens": 3, "max_length": 128},
+        "data": {"train_dataset": str(prompts_file)},
+        "reward": {"functions": [{"name": f"{yes_reward}:compute_score"}]},
+        "output_dir": str(run),
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["eval", str(path), "--n", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert f"WARNING: no --adapter or --model: this scores the BASE model {tiny_dir}" in err
+    assert f"--adapter {run} (its newest checkpoint: {run / 'actor' / 'checkpoint_2'})" in err
+    assert "(the BASE model: no --adapter)" in out
+    assert "[eval] 2/2 prompts" in err  # progress
+    assert main(["eval", str(path), "--n", "2", "--adapter", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert f"scoring the newest checkpoint of {run}: {run / 'actor' / 'checkpoint_2'}" in err
+    assert "BASE" not in out + err

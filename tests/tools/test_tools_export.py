@@ -94,3 +94,29 @@ def test_export_default_dtype_is_the_one_the_adapter_was_trained_in(tmp_path):
         "[INFO] Loaded model HuggingFaceTB/SmolLM2-135M-Instruct with float32\n"
     )
     assert trained_dtype(adapter) == "float32"  # what the run actually loaded wins
+
+
+def test_cli_export_gguf_round_trips_and_has_a_card(adapter_dir, tmp_path, capsys):
+    """``danka export --gguf f32``: the .gguf reads back (transformers) to the merged
+    model's logits; the folder has a model card naming the base."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "merged"
+    assert _export(adapter_dir, out, dtype="fp32", device="cpu", gguf="f32") == 0
+    [gguf_file] = out.glob("*.gguf")
+    merged = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    back = AutoModelForCausalLM.from_pretrained(str(out), gguf_file=gguf_file.name).eval()
+    ids = torch.tensor([[5, 17, 40, 2, 99, 120]])
+    with torch.no_grad():
+        diff = (merged(input_ids=ids).logits - back(input_ids=ids).logits).abs().max()
+    assert float(diff) < 1e-5
+    card = (out / "README.md").read_text()
+    assert "library_name: transformers" in card and "gguf" in card
+    assert f"llama-cli -m {gguf_file.name}" in card
+    assert "writing " in capsys.readouterr().out
+
+
+def test_export_a_full_parameter_checkpoint_to_gguf(tiny_dir, tmp_path):
+    info = export_merged(tiny_dir, tmp_path / "out", device="cpu", gguf="q8_0", log=lambda m: None)
+    assert info["gguf"].endswith("-q8_0.gguf") and (tmp_path / "out" / "README.md").is_file()
+    assert (tmp_path / "out" / "model.safetensors").is_file()

@@ -9,6 +9,7 @@ checkpoint, a checkpoint from another model, a truncated checkpoint file.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from safetensors.torch import load_file
 
 from danka.checkpoint import find_latest_checkpoint, verify_checkpoint
 from danka.cli import main
-from danka.logging.runlog import close_run_logger
+from danka.logging.runlog import LINE_PREFIX, close_run_logger
 
 from .conftest import make_config
 
@@ -128,7 +129,7 @@ def test_resume_logs_the_step_and_the_changed_total_steps(runs):
     log = _log(runs["resumed"])
     assert f"Resumed from {runs['resumed'] / 'state' / f'checkpoint_{N}'} at step {N}" in log
     warning = [x for x in log.splitlines() if "resuming with a changed config" in x]
-    assert len(warning) == 1 and warning[0].startswith("[WARNING]")
+    assert len(warning) == 1 and re.match(LINE_PREFIX + r"\[WARNING\]", warning[0])
     assert f"trainer.total_steps: {N} -> {2 * N}" in warning[0]
 
 

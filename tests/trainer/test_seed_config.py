@@ -11,6 +11,7 @@ import pytest
 from peft import PeftConfig
 
 from danka.cli import main
+from danka.logging.runlog import LINE_PREFIX
 
 from .conftest import smollm2_installed
 
@@ -48,7 +49,9 @@ def test_seed_ppo_config_runs_three_steps(tmp_path, monkeypatch):
     assert "[INFO] Using HF Transformers backend for Actor/Critic inference" in log
     assert f"[INFO] Loaded model {SMOL} with float32" in log
     assert "[INFO] LoRA enabled on q_proj, v_proj, o_proj, up_proj, down_proj" in log
-    step_lines = re.findall(r"^\[INFO\] step (\d+) \| loss: \S+, reward: \S+", log, re.M)
+    step_lines = re.findall(
+        rf"^{LINE_PREFIX}\[INFO\] step (\d+) \| loss: \S+, reward: \S+", log, re.M
+    )
     assert step_lines == ["1", "2", "3"]
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3] and all("critic/vf_loss" in s for s in steps)

@@ -1,0 +1,216 @@
+"""The Python API: ``danka.train(config) -> TrainResult``.
+
+``danka train CONFIG key=value`` is this function behind a command line::
+
+    import danka
+
+    result = danka.train("examples/quickstart.yaml", overrides=["trainer.total_steps=2"])
+    cfg = danka.Config.from_dict({"model": {...}, "trainer": {...}, "data": {...}})
+    result = danka.train(cfg, callbacks=[MyCallback()])
+    print(result.before, "->", result.after, result.checkpoint)
+
+A run here is the CLI's run: the output folder is locked (one run per folder), train.log
+gets the start-up warnings, SIGTERM/Ctrl-C finish the step and save a checkpoint (in the
+main thread), and the plots are drawn at the end. Bad input raises
+:class:`danka.errors.UserError` (the CLI prints it and exits 2). One process only: for
+several GPUs use ``danka train --nproc N``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from danka.config.schema import DankaConfig
+
+ConfigLike = DankaConfig | dict | str | Path
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a run produced (also in ``OUTPUT/<logging.result_file>``)."""
+
+    output_dir: Path
+    steps: int
+    seconds: float
+    before: float | None = None  # held-out accuracy before training (None: no held-out data)
+    after: float | None = None  # ... and after
+    n: int | None = None  # held-out problems
+    checkpoint: Path | None = None  # the newest complete OUTPUT/actor/checkpoint_N
+    stopped: str | None = None  # "SIGTERM" / "SIGINT" when a signal ended the run early
+    raw: dict = field(default_factory=dict)  # the result file's contents
+
+
+def _non_defaults(obj: Any, default: Any) -> dict:
+    """The fields of dataclass ``obj`` that differ from ``default``'s, as a nested dict:
+    what the user set (so algorithm presets still fill what they did not)."""
+    out: dict = {}
+    for f in dataclasses.fields(obj):
+        value, base = getattr(obj, f.name), getattr(default, f.name)
+        if dataclasses.is_dataclass(value) and dataclasses.is_dataclass(base):
+            sub = _non_defaults(value, base)
+            if sub:
+                out[f.name] = sub
+        elif value != base:
+            out[f.name] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def to_config(config: ConfigLike, overrides: list[str] | None = None) -> tuple[DankaConfig, Path]:
+    """A validated, read-only config and the folder its relative paths are read from."""
+    from danka.config.load import config_base_dir, config_from_dict, load_config
+    from danka.errors import UserError
+
+    if isinstance(config, (str, Path)):
+        return load_config(config, overrides)
+    if isinstance(config, dict):
+        cfg = config_from_dict(config, overrides)
+        return cfg, config_base_dir(cfg)
+    if isinstance(config, DankaConfig):
+        data = _non_defaults(config, DankaConfig())
+        base = config_base_dir(config)
+        return config_from_dict(data, overrides, base_dir=base), base
+    raise UserError(
+        f"danka.train takes a config path, a dict or a danka.Config, got {type(config).__name__}",
+        where="danka.train",
+        fix="danka.train('config.yaml') or danka.train(danka.Config.from_dict({...}))",
+    )
+
+
+def train(
+    config: ConfigLike,
+    overrides: list[str] | None = None,
+    *,
+    callbacks: Iterable[Any] = (),
+    resume: str | None = None,
+    discard_newer: bool = False,
+    plot: bool = True,
+) -> TrainResult:
+    """Train as ``config`` says: a YAML path, a dict laid out as the YAML is, or a
+    :class:`danka.Config`; ``overrides`` are ``key=value`` strings as on the command line.
+    ``callbacks``: objects with ``on_step`` / ``on_eval`` / ``on_checkpoint``
+    (:mod:`danka.callbacks`). ``resume``: ``"auto"`` or a checkpoint path (as
+    ``--resume``). Returns the :class:`TrainResult`."""
+    from danka.callbacks import check_callbacks
+
+    cbs = check_callbacks(callbacks)  # a wrong object fails before any work
+    cfg, base_dir = to_config(config, overrides)
+    raw, _ = run_training(
+        cfg, base_dir, resume=resume, discard_newer=discard_newer, callbacks=cbs, plot=plot
+    )
+    return result_of(cfg, raw)  # after SIGTERM/Ctrl-C: .stopped names the signal
+
+
+def result_of(cfg: DankaConfig, raw: dict) -> TrainResult:
+    from danka.tools.locate import latest_actor_checkpoint
+
+    out = Path(cfg.output_dir)
+    return TrainResult(
+        output_dir=out,
+        steps=int(raw.get("steps", 0)),
+        seconds=float(raw.get("seconds", 0.0)),
+        before=raw.get("before"),
+        after=raw.get("after"),
+        n=raw.get("n"),
+        checkpoint=latest_actor_checkpoint(out),
+        stopped=raw.get("stopped"),
+        raw=raw,
+    )
+
+
+def run_training(
+    cfg: DankaConfig,
+    base_dir: Path,
+    *,
+    resume: str | None = None,
+    discard_newer: bool = False,
+    callbacks: Iterable[Any] = (),
+    plot: bool = True,
+) -> tuple[dict, int]:
+    """One process's run, as ``danka train`` does it: lock the output folder, check a
+    ``resume`` target, log the start-up warnings, turn SIGTERM/SIGINT into
+    checkpoint-and-stop, fit, plot. Returns (the result dict, the signal exit code or 0).
+    Under torchrun (the CLI's ``--nproc``) every rank runs this; rank 0 locks and logs."""
+    import os
+    from contextlib import nullcontext
+
+    from danka import callbacks as cb
+    from danka import distributed as dist
+    from danka.config.compat import fallback_warnings
+    from danka.lifecycle import RunLock, StopRequest
+    from danka.logging.runlog import setup_run_logger
+    from danka.trainer.fit import fit
+
+    output_dir = Path(cfg.output_dir)
+    main = not dist.requested() or os.environ.get("RANK", "0") == "0"
+    lock = RunLock(output_dir) if main and not RunLock.held_by_parent() else nullcontext()
+    with lock:
+        log = None
+        if main:
+            check_resume_target(resume, discard_newer, output_dir)
+            log = setup_run_logger(output_dir)  # fit() reuses it (same arguments)
+            for line in fallback_warnings(cfg):
+                log.warning(line)
+        with StopRequest(log) as stop, cb.active(callbacks):
+            try:
+                result = fit(cfg, base_dir, resume=resume)
+            finally:
+                dist.destroy()
+    if stop.requested:
+        return result, stop.exit_code
+    if plot:
+        plot_quietly(cfg.output_dir)
+    return result, 0
+
+
+def check_resume_target(resume: str | None, discard_newer: bool, output_dir: Path) -> None:
+    """``--resume PATH`` to an older checkpoint would drop the newer ones: refuse unless
+    ``discard_newer`` (fit deletes them then)."""
+    from danka.checkpoint.store import newer_checkpoints
+    from danka.errors import UserError
+
+    if not resume or resume == "auto":
+        return
+    name = Path(resume).name
+    if not name.startswith("checkpoint_") or not name[len("checkpoint_") :].isdigit():
+        return  # fit() names the problem
+    newer = newer_checkpoints(Path(output_dir), int(name[len("checkpoint_") :]))
+    if newer and not discard_newer:
+        raise UserError(
+            f"{len(newer)} newer checkpoint(s) exist ({', '.join(newer)}); resuming from "
+            f"{name} would replace them",
+            where=str(output_dir),
+            fix="add --discard-newer to delete them, use --resume auto for the newest, or "
+            "copy the checkpoint to a new output_dir",
+        )
+
+
+def plot_quietly(output_dir: str | Path) -> None:
+    """The curves of a finished run (rank 0); a plot must never fail a finished run."""
+    import os
+    import sys
+
+    from danka import distributed as dist
+
+    if dist.requested() and os.environ.get("RANK", "0") != "0":
+        return
+    try:
+        from danka.tools.plot import plot_run
+
+        plot_run(Path(output_dir))
+    except Exception as err:  # noqa: BLE001
+        print(f"danka: warning: plot failed: {err}", file=sys.stderr)
+
+
+__all__ = ["TrainResult", "run_training", "to_config", "train"]

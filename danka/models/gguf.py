@@ -1,0 +1,126 @@
+"""A ``.gguf`` model file as a plain Hugging Face folder, converted once and cached.
+
+transformers can load a GGUF directly (``gguf_file=``: it dequantises every tensor to
+float), but the model it returns stays tagged "GGUF-quantised" and refuses
+``save_pretrained`` (a full-parameter checkpoint, ``danka export``). So every ``.gguf``
+path is converted once: dequantised through transformers, special tokens fixed, saved as
+safetensors + tokenizer under ``$DANKA_CACHE/models/gguf-<name>-<key>`` (``<key>``: the
+file's resolved path, size and modification time), and later loads read that folder as
+any local model. The folder is written under a temporary name and renamed, so a killed
+conversion never leaves a half cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from danka.errors import UserError
+
+MARKER = "danka_source.json"  # written last into a complete conversion
+
+Log = Callable[[str], Any]
+
+
+def danka_cache_root() -> Path:
+    """``$DANKA_CACHE`` or ``~/.cache/danka``."""
+    return Path(os.environ.get("DANKA_CACHE") or Path.home() / ".cache" / "danka").expanduser()
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / MARKER).is_file() and (folder / "config.json").is_file()
+
+
+def source_of(folder: str | Path) -> dict | None:
+    """What a converted folder was made from (its marker file), or None for other folders."""
+    marker = Path(folder) / MARKER
+    if not marker.is_file():
+        return None
+    try:
+        return json.loads(marker.read_text())
+    except ValueError:
+        return None
+
+
+def cache_dir_for(gguf_path: Path) -> Path:
+    """``<danka cache>/models/gguf-<stem>-<12 hex>`` for this exact file (path, size, mtime)."""
+    st = gguf_path.stat()
+    key = f"{gguf_path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return danka_cache_root() / "models" / f"gguf-{gguf_path.stem}-{digest}"
+
+
+def ensure_converted(
+    gguf_path: str | Path,
+    *,
+    target: Path | None = None,
+    info: dict | None = None,
+    log: Log = print,
+) -> Path:
+    """The plain HF folder of ``gguf_path`` (``target``, default :func:`cache_dir_for`),
+    converting it first if needed. ``info`` is added to the folder's marker file."""
+    gguf_path = Path(gguf_path).expanduser()
+    if not gguf_path.is_file():
+        raise UserError(f"GGUF file {gguf_path} does not exist", fix="check the path")
+    target = target or cache_dir_for(gguf_path)
+    if is_complete(target):
+        return target
+    if target.exists():
+        raise UserError(
+            f"{target} exists but is not a complete danka conversion",
+            fix=f"delete {target} and run again",
+        )
+    log(f"Converting {gguf_path.name} to a plain HF folder (one time) in {target}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+    try:
+        convert(gguf_path, tmp, log, info=info)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not is_complete(target):  # not a concurrent conversion that won the race
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def convert(gguf_path: Path, out: Path, log: Log = print, *, info: dict | None = None) -> None:
+    """Dequantise ``gguf_path`` with transformers and save model + tokenizer into ``out``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from danka.models.special_tokens import fix_special_tokens, sync_special_tokens
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name
+        )
+    except (ValueError, KeyError, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(
+            f"transformers cannot read the GGUF file {gguf_path}: {first}",
+            where=str(gguf_path),
+            fix="use a GGUF of an architecture transformers supports (llama, mistral, qwen2, "
+            "qwen3, ...), or the model's Hugging Face folder",
+        ) from err
+    for change in fix_special_tokens(tokenizer):
+        log(f"  tokenizer: {change}")
+    for change in sync_special_tokens(model, tokenizer):
+        log(f"  model: {change}")
+    # The weights are already dequantised floats; transformers still tags the model as
+    # "gguf-quantised" and refuses to save it, so drop that tag first.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out))  # safetensors, float32 (the dequantised values)
+    tokenizer.save_pretrained(str(out))
+    marker = {"source": str(gguf_path.resolve()), **(info or {})}
+    (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")

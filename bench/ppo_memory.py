@@ -26,8 +26,8 @@ import bench_train as bt
 import torch
 
 from danka.config import load_config
+from danka.planning.memory import estimate_memory
 from danka.rollout.base import build_engine
-from danka.tools.estimate import estimate_memory
 
 GIB = 2**30
 QLORA_SUFFIX = "-qlora"

@@ -2,14 +2,15 @@
 with ``ast``) goes from a module to one of the same or a lower layer. The layers, lowest
 first (a module belongs to the longest prefix listed):
 
-0 foundations: errors, registry, types, io, lifecycle, config.schema, config.dtypes,
-  config.secrets
+0 foundations: errors, registry, types, io, lifecycle, callbacks (the user's hooks),
+  config.schema, config.dtypes, config.secrets
 1 pure pieces: algorithms, data, checkpoint, usercode (running named user code)
 2 models, rewards' building blocks, logging
 3 rollout (generation engines)
 4 agent (the multi-turn loop over a rollout engine)
 5 rewards (the reward computer, which also scores agent answers), planning (memory
-  plans and the engine choice), config (loading and validation read every registry)
+  plans and the engine choice), config (loading and validation read every registry),
+  diagnose (the run doctor's checks), model_card (what a checkpoint says about its run)
 6 distributed, trainer
 7 the user's commands: tools, rm, cli, commands, api, the package itself
 """
@@ -24,6 +25,7 @@ LAYERS = {
     "danka.types": 0,
     "danka.io": 0,
     "danka.lifecycle": 0,
+    "danka.callbacks": 0,
     "danka.config.schema": 0,
     "danka.config.dtypes": 0,
     "danka.config.secrets": 0,
@@ -39,6 +41,7 @@ LAYERS = {
     "danka.planning": 5,
     "danka.config": 5,
     "danka.diagnose": 5,
+    "danka.model_card": 5,
     "danka.distributed": 6,
     "danka.trainer": 6,
     "danka.tools": 7,
@@ -46,7 +49,6 @@ LAYERS = {
     "danka.cli": 7,
     "danka.commands": 7,
     "danka.api": 7,
-    "danka.callbacks": 7,
     "danka.hub": 7,
     "danka.__main__": 7,
     "danka": 7,

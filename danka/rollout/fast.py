@@ -53,7 +53,7 @@ from danka.rollout.fast_weights import (
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
 # keep_cache=None keeps the cache for models whose weights take at most this (~2B params in
-# bf16); danka.tools.estimate applies the same rule.
+# bf16); danka.planning.memory applies the same rule.
 KEEP_CACHE_LIMIT_BYTES = 4 * 2**30
 
 

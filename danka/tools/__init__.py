@@ -7,5 +7,5 @@ them as ``danka`` subcommands; each is also a plain function:
 - :func:`danka.tools.plot.plot_run`
 - :func:`danka.tools.export.export_merged`
 - :func:`danka.tools.doctor.collect_checks`
-- :func:`danka.tools.estimate.estimate_memory`
+- :func:`danka.planning.memory.estimate_memory` (printed by ``danka.tools.estimate``)
 """

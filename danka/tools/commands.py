@@ -378,7 +378,8 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
 @command("estimate", "GPU memory plan per phase, and whether the config fits", _estimate_args)
 def _estimate(args) -> int:
     from danka.config import load_config
-    from danka.tools.estimate import estimate_memory, format_plan, parse_memory
+    from danka.planning.memory import estimate_memory, parse_memory
+    from danka.tools.estimate import format_plan
 
     cfg, base_dir = load_config(args.config, args.overrides)
     if args.gpu_memory:

@@ -30,6 +30,7 @@ from danka.models.loading import (
     resolve_dtype,
     stop_ids,
 )
+from danka.planning.engine import choose_engine as choose_rollout_engine
 from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
 from danka.rollout.base import (
     ROLLOUT_ENGINES,
@@ -37,7 +38,6 @@ from danka.rollout.base import (
     build_engine,
     engine_meta,
 )
-from danka.rollout.choose import choose_engine as choose_rollout_engine
 from danka.trainer.agent import build_agent, encode_agent_prompts
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import build_models

@@ -7,9 +7,9 @@ import torch
 
 from danka.config.schema import DankaConfig
 from danka.models.tiny import qwen2_7b_config
+from danka.planning.engine import choose_engine
+from danka.planning.memory import GIB
 from danka.rollout.base import EngineOptions, SamplingParams, build_engine
-from danka.rollout.choose import choose_engine
-from danka.tools.estimate import GIB
 
 CUDA = torch.device("cuda")
 

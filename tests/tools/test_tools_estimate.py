@@ -4,7 +4,7 @@ import yaml
 from danka.cli import main
 from danka.config import load_config
 from danka.models.tiny import qwen2_7b_config
-from danka.tools.estimate import GIB, count_parameters, estimate_memory, parse_memory
+from danka.planning.memory import GIB, count_parameters, estimate_memory, parse_memory
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -173,8 +173,8 @@ def test_fast_engine_holds_no_weight_copy_for_a_7b(tmp_path, counts_7b):
 def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_dir):
     """The fast engine keeps its KV cache and buffers through the update only for models
     whose weights take <= 4 GiB (its keep_cache=None rule); a 7B frees them first."""
+    from danka.planning.memory import KEEP_CACHE_LIMIT_BYTES as ESTIMATE_LIMIT
     from danka.rollout.fast import KEEP_CACHE_LIMIT_BYTES
-    from danka.tools.estimate import KEEP_CACHE_LIMIT_BYTES as ESTIMATE_LIMIT
 
     assert ESTIMATE_LIMIT == KEEP_CACHE_LIMIT_BYTES
     cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])
@@ -227,7 +227,8 @@ def test_a_critic_is_counted_whenever_the_estimator_needs_one(tmp_path):
 
 
 def test_verdict_shows_the_margin_and_never_calls_full_logits_smaller(tmp_path):
-    from danka.tools.estimate import GIB, format_plan
+    from danka.planning.memory import GIB
+    from danka.tools.estimate import format_plan
 
     cfg, base = load_config(str(_config(tmp_path)), ["trainer.micro_batch_size=4"])
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())

@@ -1,7 +1,7 @@
 """Which rollout engine a run uses, and why (logged at start-up).
 
-Kept out of ``rollout/base.py``: it asks ``danka estimate``'s memory model, which itself
-reads the engine registry, so living in base.py would make an import cycle.
+It sits above the rollout package: the choice asks the memory plan
+(danka/planning/memory.py), which itself reads the engine registry.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def choose_engine(
     type the fast engine does not run (HF); else fast only when ``danka estimate``'s whole
     step with the fast engine fits the free GPU memory (``free_bytes``, default: now).
     """
+    from danka.planning.memory import GIB, OVERHEAD_BYTES, estimate_memory, load_model_config
     from danka.rollout.fast_weights import SUPPORTED_MODEL_TYPES
-    from danka.tools.estimate import GIB, OVERHEAD_BYTES, estimate_memory, load_model_config
 
     r, m = cfg.rollout, cfg.model
     quantized = bool(m.load_in_4bit or m.load_in_8bit)

@@ -1,7 +1,7 @@
 """The headline numbers of BENCHMARKS.md, read back from the bench's JSON files.
 
-    python bench/summary.py                 # markdown table from bench/results/*.json
-    python bench/summary.py --results DIR   # another results folder
+    python -m bench summary                 # markdown table from bench/results/*.json
+    python -m bench summary --results DIR   # another results folder
 
 Each row names the file it comes from and computes every ratio from the two sides stored in
 that file, so a number in BENCHMARKS.md's summary can be checked against the run that made
@@ -127,10 +127,14 @@ def scaling(d: dict, name: str) -> Iterator[Row]:
 def learning(d: dict, name: str) -> Iterator[Row]:
     b, a = d["before"], d["after"]
     key = "strict" if "strict" in b else "accuracy"
+    length = ""
+    if b.get("mean_length") is not None and a.get("mean_length") is not None:
+        length = f", mean answer {b['mean_length']:.0f} -> {a['mean_length']:.0f} tokens"
     yield (
         f"learning run ({d.get('device', '?')}), held-out {key}",
         f"{_pct(b[key])} -> {_pct(a[key])} in {d['steps']} steps, {d['train_minutes']} min"
-        + (f", {d['skipped_steps']} skipped" if "skipped_steps" in d else ""),
+        + (f", {d['skipped_steps']} skipped" if "skipped_steps" in d else "")
+        + length,
         name,
     )
     sb, sa = d.get("sampled_before"), d.get("sampled_after")
@@ -142,6 +146,17 @@ def learning(d: dict, name: str) -> Iterator[Row]:
             f"{_pct(sb['valid_call_rate'])} -> {_pct(sa['valid_call_rate'])}",
             name,
         )
+
+
+def gsm8k_floors(d: dict, name: str) -> Iterator[Row]:
+    """gsm8k_floors.py: the strict accuracy of answers that do not reason."""
+    f = d["floors"]
+    yield (
+        f"GSM8K strict floors ({d['n']} test questions)",
+        f"constant {f['constant']['answer']!r} {_pct(f['constant']['strict'])}, last number "
+        f"of the question {_pct(f['last_number_of_question']['strict'])}",
+        name,
+    )
 
 
 def packing(d: dict, name: str) -> Iterator[Row]:
@@ -173,9 +188,7 @@ def shared_prefix(d: dict, name: str) -> Iterator[Row]:
 # file pattern -> row maker; a file matching several patterns uses the first
 READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("rollout_*x*.json", rollout),
-    ("train_logprob_memory_update_05b.json", update),
     ("train_update_05b*.json", update),
-    ("train_head_update_05b*.json", update),
     ("train_ppo_7b*.json", ppo_7b),
     ("trl_*.json", trl),
     ("equivalence_2x*.json", equivalence),
@@ -183,6 +196,7 @@ READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("*_result.json", learning),
     ("calc_tool_learning_h200*.json", learning),
     ("packing_gsm8k_lengths.json", packing),
+    ("gsm8k_floors.json", gsm8k_floors),
     ("shared_prefix_*.json", shared_prefix),
 ]
 
@@ -214,7 +228,3 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print(table(rows(args.results)))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,31 +1,43 @@
-"""One side of the rollout benchmark, in its own process (``bench/run.py rollout`` runs
-every side in a fresh process and merges them; timing HF after the engine ran in the same
-process understated HF by 3-4x).
+"""Rollout tokens/s: danka's fast engine vs HF ``generate``, each side in its own process.
+
+    python -m bench rollout --shape smollm2-135m --prompts 64 --new-tokens 256 --lora
+    python -m bench rollout --shape qwen2-0.5b --sides fast,fast-compile,hf-static
+    python -m bench rollout --shape tiny --prompts 4 --new-tokens 8 --prompt-len 8 \
+        --sides fast,hf-dynamic          # CPU check of the bench (timings mean nothing)
 
 Sides, at ``--prompts`` x ``--new-tokens`` (EOS disabled, so every sequence generates all
 tokens and every side does the same work), each with its first-call time and a timed call:
-``fast`` (danka's engine; with ``--lora`` also with a live LoRA adapter, and the mean
-|log-prob diff| to a training forward), ``hf-dynamic`` (HF generate, dynamic cache) and
-``hf-static`` (static cache; transformers compiles the decode step with torch.compile).
-``--profile`` (fast side) adds, per variant, the top CUDA kernels of one more call under
-``torch.profiler`` (bench/kernel_profile.py): name, calls, ms and % of the timed call.
+``fast`` (danka's engine; with ``--lora`` also with a live LoRA adapter, ``lora_`` with its
+fp32 low-rank path (peft's exactly) and ``lora_base_`` with ``lora_compute="base"``, and the
+mean |log-prob diff| to a training forward), ``fast-whole-cache`` (attention over the whole
+KV capacity), ``fast-compile`` (``rollout.compile``), ``-triton`` variants
+(``rollout.decode_attention: triton``), ``hf-dynamic`` (HF generate, dynamic cache) and
+``hf-static`` (static cache; transformers compiles the decode step). Timing HF after the
+engine ran in the same process understates HF 3-4x, so every side runs in a fresh
+``python -m bench rollout --side NAME`` process; the result JSON holds both sides of every
+ratio and the greedy-token agreement of fast vs HF. ``--profile`` (fast sides) adds the top
+CUDA kernels of one more call (``bench/kernel_profile.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
+import shutil
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # the bench's own modules
-
-from kernel_profile import profile_or_error
-
+from bench.common import (
+    add_output_args,
+    bench_command,
+    environment,
+    ratio,
+    run_side,
+    timed_call,
+    write_result,
+)
+from bench.kernel_profile import profile_or_error
 from danka.data.template import left_pad
 from danka.rollout.base import SamplingParams
 from danka.rollout.fast import FastEngine
@@ -83,11 +95,6 @@ def make_prompts(args, vocab: int) -> list[list[int]]:
     return [torch.randint(100, vocab - 100, (n,), generator=g).tolist() for n in lens]
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 @torch.no_grad()
 def hf_generate(model, prompts, new_tokens: int, greedy: bool, static: bool = False):
     """HF generate (dynamic cache, or static cache + transformers' automatic torch.compile);
@@ -109,14 +116,6 @@ def hf_generate(model, prompts, new_tokens: int, greedy: bool, static: bool = Fa
     return out[:, plen:].cpu()
 
 
-def timed(fn, device: str) -> tuple[float, object]:
-    sync(device)
-    t0 = time.perf_counter()
-    result = fn()
-    sync(device)
-    return time.perf_counter() - t0, result
-
-
 @torch.no_grad()
 def training_logprobs(model, batch, chunk: int = 8) -> torch.Tensor:
     """log_softmax of a plain forward over prompt + response at the response tokens (B, R)."""
@@ -136,12 +135,6 @@ def training_logprobs(model, batch, chunk: int = 8) -> torch.Tensor:
         resp = batch.response_ids[s : s + chunk].to(device)
         out.append(lp.gather(-1, resp[..., None])[..., 0].cpu())
     return torch.cat(out)
-
-
-def prefix_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Mean fraction of each row that matches before the first differing token."""
-    same = (a == b).long().cumprod(1)
-    return float(same.sum(1).float().mean() / a.shape[1])
 
 
 def add_lora(model, rank: int = 16):
@@ -181,9 +174,9 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
         def run(params, m=m, engine=engine):
             return engine.generate(m, prompts, params, eos_ids=[], pad_id=0)
 
-        res[prefix + "first_call_s"], _ = timed(lambda: run(sample), args.device)
+        res[prefix + "first_call_s"], _ = timed_call(lambda: run(sample), args.device)
         res[prefix + "capture_s"] = engine.stats.get("capture_s", 0.0)
-        res[prefix + "s"], batch = timed(lambda: run(sample), args.device)
+        res[prefix + "s"], batch = timed_call(lambda: run(sample), args.device)
         res[prefix + "tok_s"] = tokens / res[prefix + "s"]
         if args.profile:  # one more call under torch.profiler: where its time goes
             res[prefix + "profile"] = profile_or_error(
@@ -202,11 +195,11 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
 def side_hf(args, model, prompts, tokens: int, res: dict, static: bool) -> None:
     """HF generate in this fresh process: dynamic cache, or static cache (transformers then
     compiles the decode step with torch.compile itself); first call timed separately."""
-    res["first_call_s"], _ = timed(
+    res["first_call_s"], _ = timed_call(
         lambda: hf_generate(model, prompts, args.new_tokens, greedy=False, static=static),
         args.device,
     )
-    res["s"], _ = timed(
+    res["s"], _ = timed_call(
         lambda: hf_generate(model, prompts, args.new_tokens, greedy=False, static=static),
         args.device,
     )
@@ -216,21 +209,28 @@ def side_hf(args, model, prompts, tokens: int, res: dict, static: bool) -> None:
         res["greedy_tokens"] = ref.tolist()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+HF_SIDES = ("hf-dynamic", "hf-static")
+VARIANTS = FAST_SIDES[1:]  # engine variants, compared with the default fast side
+PREFIXES = ("", "lora_", "lora_base_")  # plain, LoRA live, LoRA folded (lora_compute base)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench rollout", description=__doc__.splitlines()[0]
+    )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="hub id, local folder or .gguf (danka.models.loading)")
     src.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape")
     ap.add_argument(
-        "--side",
-        required=True,
-        choices=list(FAST_SIDES) + ["hf-dynamic", "hf-static"],
-        help="fast-whole-cache: the fast engine attending over the whole KV capacity at "
-        "every step (live_chunk=0, the engine before session 5); fast-compile: with "
-        "rollout.compile (torch.compile'd decode layer; the first call compiles); "
-        "-triton: with rollout.decode_attention: triton (danka's split-K kernel)",
+        "--sides",
+        default="fast,hf-dynamic,hf-static",
+        help=f"comma list of {', '.join(FAST_SIDES + HF_SIDES)}: fast-whole-cache attends "
+        "over the whole KV capacity every step (live_chunk=0); fast-compile adds "
+        "rollout.compile (the first call compiles); -triton uses rollout.decode_attention: "
+        "triton (danka's split-K kernel)",
     )
-    ap.add_argument("--lora", action="store_true", help="fast side: also with a live LoRA")
+    ap.add_argument("--side", choices=FAST_SIDES + HF_SIDES, help="(internal) run one side")
+    ap.add_argument("--lora", action="store_true", help="fast sides: also with a live LoRA")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=160)
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -238,11 +238,15 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-cuda-graph", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="fast side: top CUDA kernels per call")
+    ap.add_argument("--profile", action="store_true", help="fast sides: top CUDA kernels per call")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True, help="JSON for this side")
-    args = ap.parse_args()
+    ap.add_argument("--out", help="(with --side) the side's JSON")
+    add_output_args(ap, timeout=300)
+    return ap.parse_args(argv)
 
+
+def one_side(args) -> None:
+    """This process runs ``args.side`` and writes its JSON to ``args.out``."""
     model = build_model(args)
     vocab = model.get_output_embeddings().weight.shape[0]
     prompts = make_prompts(args, vocab)
@@ -254,10 +258,75 @@ def main() -> None:
         side_hf(args, model, prompts, tokens, res, static=args.side == "hf-static")
     if args.device.startswith("cuda"):
         res["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    with open(args.out, "w") as f:
-        json.dump(res, f)
+    Path(args.out).write_text(json.dumps(res))
     print({k: v for k, v in res.items() if k != "greedy_tokens" and not k.endswith("profile")})
 
 
-if __name__ == "__main__":
-    main()
+def side_args(args, side: str) -> list[str]:
+    """The command-line of one side's child process."""
+    cmd = ["--side", side, "--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens)]
+    cmd += ["--prompt-len", str(args.prompt_len), "--device", args.device, "--dtype", args.dtype]
+    cmd += ["--shape", args.shape] if args.shape else ["--model", args.model]
+    fast = side.startswith("fast")
+    cmd += ["--lora"] if args.lora and fast else []
+    cmd += ["--profile"] if args.profile and fast else []
+    return cmd + (["--no-cuda-graph"] if args.no_cuda_graph else [])
+
+
+def compare(args) -> dict:
+    """Every side in its own process, then the ratios from both sides."""
+    res: dict = {
+        "bench": "rollout",
+        "model": args.shape or args.model,
+        "prompts": args.prompts,
+        "new_tokens": args.new_tokens,
+        "prompt_len": args.prompt_len,
+        "settings": "bf16, sampling temperature 1, EOS off (every sequence generates "
+        "new_tokens), each side in its own fresh process; HF sides on the plain model",
+        "sides": {},
+    }
+    tmp = Path(args.out_dir) / "_sides"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for side in args.sides.split(","):
+        cmd = bench_command("rollout", *side_args(args, side))
+        side_res = res["sides"][side] = run_side(cmd, tmp / f"{side}.json", args.timeout)
+        shown = {k: v for k, v in side_res.items() if k != "greedy_tokens" and "profile" not in k}
+        print(side, shown, flush=True)
+    s = res["sides"]
+    fast = s.get("fast", {})
+    for other in VARIANTS:  # engine variants vs the default
+        o = s.get(other, {})
+        for prefix in PREFIXES:
+            if f"{prefix}tok_s" in fast and f"{prefix}tok_s" in o:
+                res[f"{other.replace('-', '_')}_{prefix}over_fast"] = ratio(
+                    other, o[f"{prefix}tok_s"], "fast", fast[f"{prefix}tok_s"]
+                )
+        o.pop("greedy_tokens", None)
+    for hf in HF_SIDES:  # every fast variant against each HF path
+        base = s.get(hf, {}).get("tok_s")
+        for side in FAST_SIDES:
+            for prefix in PREFIXES:
+                got = s.get(side, {}).get(f"{prefix}tok_s")
+                if base and got:
+                    key = f"{side.replace('-', '_')}_{prefix}over_{hf.replace('-', '_')}"
+                    name = f"{side}_{prefix}".rstrip("_")
+                    res[key] = ratio(name, got, hf.replace("-", "_"), base)
+    a, b = fast.pop("greedy_tokens", None), s.get("hf-dynamic", {}).pop("greedy_tokens", None)
+    if a and b:
+        same = [[int(x == y) for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
+        res["greedy_token_agreement"] = sum(map(sum, same)) / sum(map(len, same))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.side:
+        one_side(args)
+        return 0
+    env = environment()
+    res = compare(args)
+    res["environment"] = env
+    default = f"rollout_{Path(str(res['model'])).stem}_{args.prompts}x{args.new_tokens}"
+    write_result(res, args.out_dir, args.name or default)
+    return 0

@@ -1,12 +1,12 @@
 """Decode attention kernels at the fast engine's shapes (CUDA), one JSON.
 
-    python bench/bench_decode_attention.py --out bench/results/decode_attention_h200.json
+    python -m bench decode-attention --name decode_attention_h200
 
-Why: the session-3 profile put memory-efficient attention at 37% of a SmolLM2 64 x 256
-rollout call, ~36 us per layer call, although one layer's K and V (64 rows x 3 heads x 384
-slots x 64 x 2 bytes x 2) are 12 MB, ~4 us of HBM traffic. This measures the candidates
-for the engine's decode step, each as 30 (layers) calls captured in one CUDA graph and
-replayed (so launch gaps count as in the engine):
+Why: one layer's K and V at the SmolLM2 shape (64 rows x 3 heads x 384 slots x 64 x 2 bytes
+x 2) are 12 MB, ~4 us of HBM traffic, yet memory-efficient attention took ~36 us a layer
+call in a profiled rollout. This measures the candidates for the engine's decode step,
+each as 30 (layers) calls captured in one CUDA graph and replayed (so launch gaps count as
+in the engine):
 
 - ``sdpa_efficient``: what the engine runs (GQA group as query rows, additive mask over
   the whole cache capacity T);
@@ -25,16 +25,13 @@ Every variant's output is compared with the fp32 reference (max abs difference).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from bench.common import add_output_args, write_result
 
 SHAPES = {  # name: (query heads, kv heads, head dim, layers)
     "smollm2-135m": (9, 3, 64, 30),
@@ -129,9 +126,13 @@ def measure(shape: str, rows: int, capacity: int, live: int, reps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", required=True)
+    p = argparse.ArgumentParser(
+        prog="python -m bench decode-attention",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--reps", type=int, default=50)
+    add_output_args(p)
     args = p.parse_args(argv)
     cases = [
         ("smollm2-135m", 64, 384, 256),
@@ -142,13 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     results = [measure(*c, reps=args.reps) for c in cases]
     env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
     doc = {"date": time.strftime("%Y-%m-%d"), "env": env, "results": results}
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    write_result(doc, args.out_dir, args.name or "decode_attention")
     for r in results:
         cells = {k: v.get("us_per_layer", "err") for k, v in r.items() if isinstance(v, dict)}
         print(r["shape"], r["rows"], r["capacity"], r["live"], cells, flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""bench/rm_tracking.py: RM score vs the logged rule reward, with hand-computed values."""
+"""bench.rm_tracking: RM score vs the logged rule reward, with hand-computed values."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import rm_tracking
 
-import rm_tracking  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pearson_by_hand_and_none_when_constant():
@@ -53,7 +52,7 @@ def test_script_reads_completions_of_a_run(tmp_path):
     text = "".join(json.dumps(r) + "\n" for r in rows)
     (tmp_path / "completions" / "step_3.jsonl").write_text(text)
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "bench/rm_tracking.py", str(tmp_path), "--out", str(out)]
+    cmd = [sys.executable, "-m", "bench", "rm-tracking", str(tmp_path), "--out", str(out)]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=60)
     got = json.loads(out.read_text())
     assert got["per_step"][0]["step"] == 3

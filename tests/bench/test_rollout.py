@@ -1,4 +1,4 @@
-"""bench/run.py on CPU with a tiny shape: each side runs in its own process, one JSON."""
+"""python -m bench rollout on CPU with a tiny shape: each side in its own process, one JSON."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_rollout_sides_in_fresh_processes_one_json(tmp_path):
-    cmd = [sys.executable, "bench/run.py", "--out-dir", str(tmp_path), "--name", "r"]
-    cmd += ["rollout", "--shape", "tiny", "--prompts", "4", "--new-tokens", "8"]
+    cmd = [sys.executable, "-m", "bench", "rollout", "--out-dir", str(tmp_path), "--name", "r"]
+    cmd += ["--shape", "tiny", "--prompts", "4", "--new-tokens", "8"]
     cmd += ["--prompt-len", "8", "--sides", "fast,hf-dynamic", "--lora"]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=300)
     res = json.loads((tmp_path / "r.json").read_text())

@@ -3,7 +3,9 @@ weights (equivalence) and the step throughput at the same global batch (scaling)
 
 Run on the 2-GPU machine from the repository root (``bench/gpu_2x.sh`` does, < 6 minutes)::
 
-    python3 bench/bench_scale.py --work /tmp/scale --out bench/results/scale_2x.json
+    python -m bench scale --work /tmp/scale --out bench/results/scale_2x.json
+    python -m bench scale --device cpu --only equivalence --cases grpo_lora_float32 \
+        --out /tmp/eq.json                      # CPU check of the bench (gloo)
 
 Everything is read from what a user sees: the checkpoints under OUTPUT/actor and the
 per-step lines of OUTPUT/metrics.jsonl; peak memory per GPU from ``nvidia-smi`` sampled
@@ -41,8 +43,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import child_env
 
 REWARD = """
 def reward(prompts, completions, **columns):
@@ -150,8 +151,7 @@ def train(paths, work: Path, name: str, nproc: int, overrides: list[str], gpus: 
     out = work / "runs" / name
     cmd = [sys.executable, "-m", "danka", "train", str(paths["config"]), "--nproc", str(nproc),
            f"output_dir={out}", *overrides]  # fmt: skip
-    path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus, PYTHONPATH=path)  # keeps carried wheels
+    env = dict(child_env(), CUDA_VISIBLE_DEVICES=gpus)  # this checkout first, carried wheels kept
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True,
@@ -316,8 +316,8 @@ def scaling(paths, work: Path, steps: int, budget_end: float, model: str, rows: 
     return rows
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__.splitlines()[0])
     p.add_argument("--work", default="/tmp/danka_scale", help="scratch folder")
     p.add_argument("--out", action="append", required=True, help="JSON file (repeatable)")
     p.add_argument("--only", default="equivalence,scaling")
@@ -329,7 +329,7 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=0, help="scaling: prompts per step")
     p.add_argument("--cases", default="all", help="equivalence cases, e.g. grpo_lora_float32")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (gloo)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     t0 = time.perf_counter()
     work = Path(args.work)
     only = args.only.split(",")
@@ -372,7 +372,3 @@ def main() -> int:
         write()
     eq = result.get("equivalence", [])
     return 1 if eq and not all(r.get("pass") for r in eq) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,35 +1,27 @@
-"""bench/bench_train.py on CPU with tiny models: the sections run and report sane numbers."""
+"""python -m bench train on CPU with tiny models: the sections run and report sane numbers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-from danka.trainer.forward import effective_token_ratio
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "bench_train.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench import train
+from bench.danka_side import effective_token_ratio
+from bench.packing import padded_batch
 
 
-def test_tiny_sections_run_in_process(bench, tmp_path):
-    out = tmp_path / "bench.json"
-    report = bench.main([
+def test_tiny_sections_run_in_process(tmp_path):
+    assert train.main([
         "--tiny", "--device", "cpu", "--only", "update_05b,logprob_memory,packing",
-        "--update-variants", "mb4,mb2+gc", "--train-mode", "--out", str(out),
-    ])  # fmt: skip
-    assert json.loads(out.read_text())["sections"].keys() == report["sections"].keys()
+        "--update-variants", "mb4,mb2+gc", "--train-mode", "--out-dir", str(tmp_path),
+        "--name", "b",
+    ]) == 0  # fmt: skip
+    result = json.loads((tmp_path / "b.json").read_text())
+    assert result["bench"] == "train" and result["environment"]["torch"]
+    report = result["result"]
     secs = report["sections"]
     assert [s["status"] for s in secs.values()] == ["ok", "ok", "ok"], secs
 
@@ -49,10 +41,10 @@ def test_tiny_sections_run_in_process(bench, tmp_path):
     assert 0 < pk["padded_ratio"] <= pk["danka_ratio"] <= 1
 
 
-def test_padded_batch_masks_give_the_hand_computed_ratio(bench):
+def test_padded_batch_masks_give_the_hand_computed_ratio():
     # prompts of 2 and 1 tokens, responses of 1 and 3: one micro-batch pads to P=2, R=3,
     # real 2+1+1+3 = 7 of 2 x (2+3) = 10 -> 0.7; micro-batches of 1 trim each row -> 1.0
-    batch = bench._padded_batch(torch.tensor([2, 1]), torch.tensor([1, 3]), n=1)
+    batch = padded_batch(torch.tensor([2, 1]), torch.tensor([1, 3]), n=1)
     assert batch.prompt_mask.tolist() == [[1, 1], [0, 1]]
     assert batch.response_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
     assert effective_token_ratio(batch, 8) == pytest.approx(0.7)

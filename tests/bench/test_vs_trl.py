@@ -1,4 +1,4 @@
-"""bench/bench_trl.py: TRL's GRPOTrainer vs `danka train` on the same settings (CPU smoke)."""
+"""bench.vs_trl: TRL's GRPOTrainer vs `danka train` on the same settings (CPU smoke)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import danka_side, vs_trl
 
-import bench_trl  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("variant", ["lora", "full"])
@@ -26,8 +25,8 @@ def test_danka_side_config_is_valid_and_equal_to_the_trl_settings(tmp_path, vari
         variant=variant, steps=3, prompts=8, generations=8, micro=16, new_tokens=256
     )
     data = tmp_path / "p.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in bench_trl.prompts(8)))
-    raw = bench_trl.danka_config(args, "HuggingFaceTB/SmolLM2-135M-Instruct", data, tmp_path)
+    data.write_text("".join(json.dumps(r) + "\n" for r in vs_trl.prompts(8)))
+    raw = vs_trl.danka_config(args, "HuggingFaceTB/SmolLM2-135M-Instruct", data, tmp_path)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
     cfg, _ = load_config(str(path), [])  # danka's own validation accepts it
@@ -40,13 +39,13 @@ def test_danka_side_config_is_valid_and_equal_to_the_trl_settings(tmp_path, vari
 
 def test_reward_is_the_last_number_rule():
     done = [[{"role": "assistant", "content": "It is 12, no: 85"}], "85.", "85 or 86", ""]
-    assert bench_trl.last_number_reward(done, answer=["85"] * 4) == [1.0, 1.0, 0.0, 0.0]
+    assert vs_trl.last_number_reward(done, answer=["85"] * 4) == [1.0, 1.0, 0.0, 0.0]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed")
 def test_trl_and_danka_sides_one_json(tmp_path):
-    cmd = [sys.executable, "bench/run.py", "--out-dir", str(tmp_path), "--name", "t", "trl"]
+    cmd = [sys.executable, "-m", "bench", "trl", "--out-dir", str(tmp_path), "--name", "t"]
     cmd += ["--tiny", "--variants", "lora", "--prompts", "2", "--generations", "2"]
     cmd += ["--new-tokens", "8", "--micro", "4", "--steps", "2"]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
@@ -66,19 +65,18 @@ def test_danka_set_overrides_reach_danka_train_as_its_own_overrides(tmp_path):
     args = SimpleNamespace(
         variant="full", steps=3, prompts=8, generations=8, micro=16, new_tokens=256,
         danka_set=["rollout.keep_cache=false", "trainer.logprob_chunk_size=256"],
-        eager_head=False,
     )  # fmt: skip
     data = tmp_path / "p.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in bench_trl.prompts(8)))
+    data.write_text("".join(json.dumps(r) + "\n" for r in vs_trl.prompts(8)))
     path = tmp_path / "c.yaml"
-    raw = bench_trl.danka_config(args, "HuggingFaceTB/SmolLM2-135M-Instruct", data, tmp_path)
+    raw = vs_trl.danka_config(args, "HuggingFaceTB/SmolLM2-135M-Instruct", data, tmp_path)
     path.write_text(yaml.safe_dump(raw))
-    cmd = bench_trl.danka_command(args, path)
+    cmd = danka_side.danka_train_command(path, args.danka_set, eager_head=False)
     assert cmd[1:4] == ["-m", "danka", "train"]
     parsed = build_parser().parse_args(cmd[3:])  # what `danka train` sees
     cfg, _ = load_config(parsed.config, parsed.overrides)
     assert cfg.rollout.keep_cache is False  # YAML false, not the string "false"
     assert cfg.trainer.logprob_chunk_size == 256 and cfg.trainer.batch_size == 8
-    args.eager_head = True  # the same CLI, the head's per-chunk work eager
-    eager = bench_trl.danka_command(args, path)
+    # the same CLI, the head's per-chunk work eager
+    eager = danka_side.danka_train_command(path, args.danka_set, eager_head=True)
     assert "m.FUSED = False" in eager[2] and eager[3:] == cmd[3:]

@@ -1,6 +1,12 @@
 """GRPO step time and peak memory: TRL's GRPOTrainer vs ``danka train``, same settings.
 
-One side per process (``bench/run.py trl`` starts each in a fresh one):
+    python -m bench trl --model PATH --variants lora,full
+    python -m bench trl --model PATH --variants full --sides danka \
+        --danka-set rollout.keep_cache=false --danka-set trainer.logprob_chunk_size=256
+    python -m bench trl --tiny --variants lora --prompts 2 --generations 2 --new-tokens 8 \
+        --micro 4 --steps 2                      # CPU check of the bench
+
+Each variant and side runs in its own fresh process (``--side trl|danka``):
 
 * ``--side trl``: TRL ``GRPOTrainer`` (HF ``generate`` rollout), ``--prompts`` prompts x
   ``--generations`` completions per optimizer step, ``--new-tokens`` max completion tokens,
@@ -9,7 +15,9 @@ One side per process (``bench/run.py trl`` starts each in a fresh one):
   measured by a callback (``on_step_begin`` -> ``on_step_end``), peak =
   ``torch.cuda.max_memory_allocated``.
 * ``--side danka``: ``danka train`` on a generated config with the same settings, in a
-  subprocess; danka's own ``time/step`` and ``memory/peak_gib`` from its metrics.jsonl.
+  subprocess; danka's own ``time/step`` and ``memory/peak_gib`` from its metrics.jsonl;
+  ``--danka-set KEY=VALUE`` goes to it as its own overrides; side ``danka-eager`` runs it
+  with the log-prob head's per-chunk work eager (an A/B of the fused head).
 
 Both sides: the same prompts (one user message "What is a + b? Reply with only the number.",
 rendered with the tokenizer's chat template by each side), the same rule reward (1 if the
@@ -28,15 +36,23 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's danka, also for the `danka train` child
+from bench.common import (
+    ROOT,
+    add_output_args,
+    bench_command,
+    child_env,
+    environment,
+    run_side,
+    write_result,
+)
+
 PROMPT = "What is {a} + {b}? Reply with only the number.\n"
 
 
@@ -174,17 +190,6 @@ def danka_config(args, model_path: str, data_path: Path, out_dir: Path) -> dict:
     }
 
 
-def danka_command(args, cfg: Path) -> list[str]:
-    """``danka train CONFIG [KEY=VALUE ...]``: ``--danka-set`` goes through danka's own
-    dotted overrides (validated like any user's); ``--eager-head`` runs the same CLI with the
-    log-prob head's per-chunk work eager (an A/B of the fused head)."""
-    if not args.eager_head:
-        return [sys.executable, "-m", "danka", "train", str(cfg), *args.danka_set]
-    boot = "import sys, danka.models.logprobs as m; m.FUSED = False; "
-    boot += "from danka.cli import main; sys.exit(main())"
-    return [sys.executable, "-c", boot, "train", str(cfg), *args.danka_set]
-
-
 def side_danka(args, model_path: str, work: Path) -> dict:
     import yaml
 
@@ -193,12 +198,10 @@ def side_danka(args, model_path: str, work: Path) -> dict:
     out_dir = work / "danka"
     cfg = work / "danka.yaml"
     cfg.write_text(yaml.safe_dump(danka_config(args, model_path, data, out_dir)))
-    cmd = danka_command(args, cfg)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    from bench.danka_side import danka_train_command
+
+    cmd = danka_train_command(cfg, args.danka_set, args.eager_head)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=child_env())
     if proc.returncode != 0:
         raise RuntimeError("danka train failed:\n" + proc.stderr[-3000:])
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
@@ -235,13 +238,16 @@ def summarise(res: dict, args) -> dict:
     return res
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--side", required=True, choices=["trl", "danka"])
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench trl", description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="model path or hub id (real weights)")
+    src.add_argument("--model", help="model path or hub id (both sides load it)")
     src.add_argument("--tiny", action="store_true", help="tiny random model (CPU smoke test)")
-    ap.add_argument("--variant", default="lora", choices=["lora", "full"])
+    ap.add_argument("--variants", default="lora,full", help="lora,full or one of them")
+    ap.add_argument("--sides", default="trl,danka", help="trl,danka[,danka-eager] or a subset")
+    ap.add_argument("--side", choices=["trl", "danka"], help="(internal) run one side")
+    ap.add_argument("--variant", default="lora", choices=["lora", "full"], help="(with --side)")
+    ap.add_argument("--eager-head", action="store_true", help="(with --side danka) eager head")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -252,14 +258,17 @@ def main() -> None:
         "--danka-set", action="append", default=[], metavar="KEY=VALUE",
         help="danka side: override a config key (YAML value), e.g. rollout.keep_cache=false",
     )  # fmt: skip
-    ap.add_argument(
-        "--eager-head", action="store_true",
-        help="danka side: run the log-prob head's per-chunk work eagerly (A/B of the fused head)",
-    )  # fmt: skip
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    ap.add_argument("--out", help="(with --side) the side's JSON")
+    add_output_args(ap, timeout=300)
+    args = ap.parse_args(argv)
     if (args.prompts * args.generations) % args.micro:
         ap.error("--micro must divide prompts x generations")
+    return args
+
+
+def one_side(args) -> None:
+    """This process runs ``args.side`` for ``args.variant`` and writes its JSON."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_path = args.model
@@ -275,6 +284,55 @@ def main() -> None:
     print(json.dumps({k: v for k, v in res.items() if k not in ("step_s", "completion_len")}))
 
 
-if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+def compare(args) -> dict:
+    """Per variant, each side in a fresh process; the step-time and peak ratios."""
+    common = ["--prompts", str(args.prompts), "--generations", str(args.generations)]
+    common += ["--new-tokens", str(args.new_tokens), "--micro", str(args.micro)]
+    common += ["--steps", str(args.steps), "--seed", str(args.seed)]
+    common += ["--tiny"] if args.tiny else ["--model", args.model]
+    common += [f"--danka-set={o}" for o in args.danka_set]
+    res: dict = {
+        "bench": "trl",
+        "model": "tiny" if args.tiny else args.model,
+        "settings": f"GRPO, {args.prompts} prompts x {args.generations} generations, "
+        f"{args.new_tokens} max new tokens, micro-batch {args.micro}, gradient checkpointing, "
+        "bf16 on a GPU, beta 0, temperature 1, LoRA r16 all-linear (lora) or full-parameter; "
+        "median step s after the first step; peak = torch.cuda.max_memory_allocated",
+        "variants": {},
+    }
+    tmp = Path(args.out_dir) / "_sides"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for variant in args.variants.split(","):
+        sides = {}
+        for side in args.sides.split(","):
+            cmd = ["--side", side.split("-")[0], "--variant", variant]
+            cmd += ["--eager-head"] if side == "danka-eager" else []
+            path = tmp / f"trl_{variant}_{side}.json"
+            sides[side] = run_side(bench_command("trl", *cmd, *common), path, args.timeout)
+            print(variant, side, {k: v for k, v in sides[side].items() if k != "step_s"})
+        entry: dict = {"sides": sides}
+        t, d = (sides.get(s, {}).get("median_step_s") for s in ("trl", "danka"))
+        if t and d:
+            entry["trl_over_danka_step_time"] = t / d
+        pt, pd = (sides.get(s, {}).get("peak_gib") for s in ("trl", "danka"))
+        if pt and pd:
+            entry["danka_over_trl_peak"] = pd / pt
+        e = sides.get("danka-eager", {}).get("median_step_s")
+        if t and e:
+            entry["trl_over_danka_eager_head_step_time"] = t / e
+        res["variants"][variant] = entry
+    shutil.rmtree(tmp, ignore_errors=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.side:
+        one_side(args)
+        return 0
+    env = environment()
+    res = compare(args)
+    res["environment"] = env
+    default = f"trl_{Path(str(res['model'])).stem}_{args.prompts}x{args.generations}"
+    write_result(res, args.out_dir, args.name or default)
+    return 0

@@ -1,29 +1,30 @@
-"""bench/ packing_step, ppo_memory (QLoRA + danka estimate) and kernel_profile on CPU."""
+"""bench's packing, ppo_memory (QLoRA + danka estimate) and kernel_profile on CPU."""
 
 from __future__ import annotations
 
-import sys
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
+from bench import kernel_profile, ppo_memory, train
+from bench import packing as packing_step
 
-import bench_train  # noqa: E402
-import kernel_profile  # noqa: E402
-import packing_step  # noqa: E402
-import ppo_memory  # noqa: E402
+
+def _train(tmp_path, *args: str) -> dict:
+    """``python -m bench train ARGS`` in this process; the sections of its report."""
+    assert train.main([*args, "--out-dir", str(tmp_path), "--name", "b"]) == 0
+    return json.loads((tmp_path / "b.json").read_text())["result"]["sections"]
 
 
 def test_tiny_ppo_7b_qlora_fails_cleanly_and_every_engine_has_an_estimate(tmp_path):
-    report = bench_train.main([
-        "--tiny", "--device", "cpu", "--only", "ppo_7b", "--ppo-engines", "hf,hf-qlora",
-        "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "b.json"),
-    ])  # fmt: skip
-    res = report["sections"]["ppo_7b"]["results"]
+    sections = _train(
+        tmp_path, "--tiny", "--device", "cpu", "--only", "ppo_7b", "--ppo-engines", "hf,hf-qlora",
+        "--ckpt-dir", str(tmp_path / "ckpt"),
+    )  # fmt: skip
+    res = sections["ppo_7b"]["results"]
     assert res["checkpoint"]["path"] == str(tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()  # deleted after the (failed) load
     assert "error" not in res["engines"]["hf"]
@@ -80,11 +81,11 @@ def test_gsm8k_like_batch_lengths_and_padding():
 
 
 def test_tiny_packing_step_runs_both_sides(tmp_path):
-    report = bench_train.main([
-        "--tiny", "--device", "cpu", "--only", "packing_step",
-        "--packing-variants", "mb8,mb8+pack", "--out", str(tmp_path / "b.json"),
-    ])  # fmt: skip
-    sh = report["sections"]["packing_step"]["results"]["shapes"]["tiny"]
+    sections = _train(
+        tmp_path, "--tiny", "--device", "cpu", "--only", "packing_step",
+        "--packing-variants", "mb8,mb8+pack",
+    )  # fmt: skip
+    sh = sections["packing_step"]["results"]["shapes"]["tiny"]
     off, on = sh["variants"]["mb8"], sh["variants"]["mb8+pack"]
     assert off["packing"] is False and on["packing"] is True and off["step_s"] > 0
     # 8 tiny sequences of <= 40 tokens, rows of 64: packing computes fewer pad tokens

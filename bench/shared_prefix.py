@@ -1,6 +1,6 @@
 """Shared-prefix prefill (HF engine) and training forward, on vs off, SmolLM2 + LoRA.
 
-    python bench/bench_shared_prefix.py [--device cpu] [--out bench/results/shared_prefix_cpu.json]
+    python -m bench shared-prefix [--device cpu] [--name shared_prefix_cpu]
 
 The quickstart's shapes: 200 held-out prompts answered greedily (the evaluation), 8 prompts
 x 8 samples at T=0.7 (a rollout), 16 new tokens; one training forward + backward over the
@@ -17,13 +17,9 @@ import json
 import random
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
-from unittest import mock
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.common import ROOT, add_output_args, bench_command, child_env, environment, write_result
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 BIG = ("eval_tokens", "rollout_tokens", "logprobs")  # compared, not stored
@@ -45,15 +41,12 @@ def side(name: str, device: str) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
+    from bench import danka_side as ds
     from danka.models.loading import load_causal_lm, load_tokenizer
-    from danka.rollout import hf_prefix
     from danka.rollout.base import SamplingParams, build_engine
-    from danka.trainer import shared_prefix
-    from danka.trainer.forward import policy_logprobs, trim
 
     if name == "plain":  # both paths off: plain generate, plain training forward
-        mock.patch.object(hf_prefix, "usable", lambda m: False).start()
-        mock.patch.object(shared_prefix, "ENABLED", False).start()
+        ds.shared_prefix_off()
     tok = load_tokenizer(MODEL, log=lambda *a: None)
     model = load_causal_lm(MODEL, dtype="float32", device=device, log=lambda *a: None)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA))
@@ -76,12 +69,12 @@ def side(name: str, device: str) -> dict:
     sampled = SamplingParams(n=8, temperature=0.7, max_new_tokens=16)
     eval_s, eval_out = _timed(lambda: gen(prompts, greedy))
     roll_s, roll_out = _timed(lambda: gen(prompts[:8], sampled))
-    mb = trim(roll_out.select(torch.arange(16)))
+    mb = ds.trim(roll_out.select(torch.arange(16)))
     model.train()
 
     def train_step():
         model.zero_grad()
-        lp, _ = policy_logprobs(model, mb, temperature=0.7, chunk_size=1024)
+        lp, _ = ds.policy_logprobs(model, mb, temperature=0.7, chunk_size=1024)
         (lp * mb.response_mask.to(lp.device)).sum().backward()
         return lp.detach().cpu() * mb.response_mask
 
@@ -92,7 +85,7 @@ def side(name: str, device: str) -> dict:
         "rollout_8x8_s": roll_s,
         "train_fwd_bwd_16_rows_s": train_s,
         "prompt_tokens": len(prompts[0]),
-        "shared_prefix_tokens": hf_prefix.common_prefix_len(prompts),
+        "shared_prefix_tokens": ds.common_prefix_len(prompts),
         "micro_batch": [mb.size, mb.prompt_ids.shape[1], mb.response_ids.shape[1]],
         "eval_tokens": eval_out.response_ids.tolist(),
         "rollout_tokens": roll_out.response_ids.tolist(),
@@ -100,22 +93,26 @@ def side(name: str, device: str) -> dict:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench shared-prefix", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--side", choices=["plain", "shared"], help="(internal) run one side")
-    ap.add_argument("--out", default=str(ROOT / "bench/results/shared_prefix_cpu.json"))
-    args = ap.parse_args()
+    add_output_args(ap, timeout=1800)
+    args = ap.parse_args(argv)
     if args.side:
         print(json.dumps(side(args.side, args.device)))
-        return
+        return 0
     import torch
-    from run import environment
 
     sides = {}
     for name in ("plain", "shared"):  # each in a fresh process
-        cmd = [sys.executable, __file__, "--side", name, "--device", args.device]
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True)
+        cmd = bench_command("shared-prefix", "--side", name, "--device", args.device)
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, cwd=ROOT, env=child_env(), check=True,
+            timeout=args.timeout,
+        )  # fmt: skip
         sides[name] = json.loads(out.stdout.strip().splitlines()[-1])
     a, b = sides["plain"], sides["shared"]
     lp_diff = (torch.tensor(a["logprobs"]) - torch.tensor(b["logprobs"])).abs().max().item()
@@ -129,11 +126,7 @@ def main() -> None:
         "same_rollout_tokens": a["rollout_tokens"] == b["rollout_tokens"],
         "max_abs_logprob_diff": lp_diff,
     }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(
-        json.dumps({k: result[k] for k in ("speedup", "same_eval_tokens", "max_abs_logprob_diff")})
-    )
-
-
-if __name__ == "__main__":
-    main()
+    write_result(result, args.out_dir, args.name or f"shared_prefix_{args.device}")
+    shown = ("speedup", "same_eval_tokens", "max_abs_logprob_diff")
+    print(json.dumps({k: result[k] for k in shown}))
+    return 0

@@ -6,12 +6,12 @@ calculator tool offered (no training): the starting point of examples/calculator
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 
+from bench.common import parser
 from danka.agent.rewards import final_number, same_number, tool_answer_reward
 from danka.agent.setup import build_agent_loop
 from danka.config.schema import RolloutConfig
@@ -48,7 +48,7 @@ def no_tool_accuracy(engine, model, tok, rows) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench calc-baseline", description=__doc__)
+    ap = parser("calc-baseline", __doc__)
     ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--engine", default="hf")

@@ -20,7 +20,6 @@ the same with a 5-digit and a 4-digit number; ``two_ops`` ``a * b + c`` / ``a * 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -29,6 +28,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from bench.common import parser
 
 SPLITS = ("default", "digits5x4", "two_ops")
 
@@ -125,11 +126,7 @@ def measure(
 def main(argv: list[str] | None = None) -> int:
     from danka.config import load_config
 
-    ap = argparse.ArgumentParser(
-        prog="python -m bench calc-heldout",
-        description=__doc__,
-        formatter_class=argparse.RawTextHelpFormatter,
-    )
+    ap = parser("calc-heldout", __doc__)
     ap.add_argument("config", help="examples/calculator_tool.yaml")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides")
     ap.add_argument("--model", help="checkpoint dir: full model or LoRA adapter (default: base)")

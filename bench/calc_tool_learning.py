@@ -23,11 +23,11 @@ and the final step).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from bench.calc_tool_heldout import load_policy, measure, without_example
+from bench.common import parser
 from bench.gsm8k_learning import (
     add_run_args,
     print_before_after,
@@ -109,11 +109,7 @@ def sampled_before_after(args, run_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench calc-learning",
-        description=__doc__,
-        formatter_class=argparse.RawTextHelpFormatter,
-    )
+    p = parser("calc-learning", __doc__)
     p.add_argument("config", help="examples/calculator_tool.yaml")
     add_run_args(p)
     p.add_argument(

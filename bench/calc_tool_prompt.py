@@ -13,13 +13,14 @@ valid-call rate over attempted calls, calls per answer and accuracy (tool_answer
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import time
 
 import torch
+
+from bench.common import parser
 
 SHORT_TEXT = (
     "You can call these tools:\n<tools>\n{schemas}\n</tools>\nTo call one, reply with only "
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from danka.data.calc_task import calc_rows
     from danka.models.loading import load_causal_lm, load_tokenizer
 
-    ap = argparse.ArgumentParser(prog="python -m bench calc-prompt", description=__doc__)
+    ap = parser("calc-prompt", __doc__)
     ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     ap.add_argument("--n", type=int, default=32, help="held-out problems")
     ap.add_argument("--temperature", type=float, default=1.0)

@@ -89,6 +89,29 @@ def ratio(a_name: str, a: float, b_name: str, b: float) -> dict:
     return {f"{a_name}_tok_s": a, f"{b_name}_tok_s": b, "ratio": a / b}
 
 
+def parser(subcommand: str, doc: str) -> argparse.ArgumentParser:
+    """The argument parser of ``python -m bench SUBCOMMAND``, its help from ``doc``."""
+    return argparse.ArgumentParser(
+        prog=f"python -m bench {subcommand}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def sides_main(args, one_side: Callable, compare: Callable, name: str) -> int:
+    """``main`` of a benchmark whose sides run in fresh processes: with ``--side`` this
+    process is one side; else ``compare`` runs them all and its result is written as
+    ``--name`` or ``name``, with the environment record."""
+    if args.side:
+        one_side(args)
+        return 0
+    env = environment()
+    res = compare(args)
+    res["environment"] = env
+    write_result(res, args.out_dir, args.name or name)
+    return 0
+
+
 def add_output_args(p: argparse.ArgumentParser, timeout: int | None = None) -> None:
     """``--out-dir`` and ``--name`` of a benchmark that writes one result; ``--timeout``
     (seconds per child process) for one that starts its sides in child processes."""
@@ -117,7 +140,8 @@ def error_text(err: BaseException) -> str:
 # ----------------------------------------------------------------------------- timing
 
 
-def _is_cuda(dev) -> bool:
+def is_cuda(dev) -> bool:
+    """Whether ``dev`` (a device or its name) is a CUDA device."""
     import torch
 
     return torch.device(dev).type == "cuda"
@@ -126,14 +150,14 @@ def _is_cuda(dev) -> bool:
 def sync(dev) -> None:
     import torch
 
-    if _is_cuda(dev):
+    if is_cuda(dev):
         torch.cuda.synchronize(dev)
 
 
 def reset_peak(dev) -> None:
     import torch
 
-    if _is_cuda(dev):
+    if is_cuda(dev):
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
 
@@ -142,14 +166,14 @@ def peak_gib(dev) -> float | None:
     """``torch.cuda.max_memory_allocated`` in GiB since the last reset; None off CUDA."""
     import torch
 
-    return torch.cuda.max_memory_allocated(dev) / GIB if _is_cuda(dev) else None
+    return torch.cuda.max_memory_allocated(dev) / GIB if is_cuda(dev) else None
 
 
 def free(dev) -> None:
     import torch
 
     gc.collect()
-    if _is_cuda(dev):
+    if is_cuda(dev):
         torch.cuda.empty_cache()
 
 
@@ -167,76 +191,6 @@ def timed(fn: Callable[[], object], dev) -> float:
     return timed_call(fn, dev)[0]
 
 
-# ------------------------------------------------------------------- random-weight models
-
-
-def pick_size(args, sizes: tuple[dict, dict]):
-    """The (real, ``--tiny``) size pair of a section as a namespace, by ``args.tiny``."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(**sizes[1 if args.tiny else 0])
-
-
-def shape(args, real: Callable):
-    """(model config, dtype): the real shape in bf16, or a tiny Qwen2 in fp32 with --tiny."""
-    import torch
-
-    from danka.models import tiny
-
-    if args.tiny:
-        return tiny.tiny_config(tiny.tiny_tokenizer(), arch="qwen2"), torch.float32
-    return real(), torch.bfloat16
-
-
-def random_model(config, dev, dtype):
-    """Random-weight causal LM built directly on ``dev`` in ``dtype`` (no CPU copy, no fp32
-    detour: a 7B model is 15 GB). HF's init (normal_, std 0.02) runs on the device in
-    seconds; skipping it would leave uninitialised memory (possible NaNs). Put in eval mode,
-    the state ``danka.models.loading.load_causal_lm`` hands to the trainer, so the bench sees
-    what a real run sees (see ``--train-mode``)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    with torch.device(dev):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    return model.eval()
-
-
-def gc_active(model) -> bool:
-    """HF layers checkpoint only when ``gradient_checkpointing`` is set AND in train mode."""
-    return any(getattr(m, "gradient_checkpointing", False) and m.training for m in model.modules())
-
-
-def run_steps(run, steps: int, dev) -> dict:
-    """``steps`` steps of the training loop; median over steps 2.. and per-phase peaks, as
-    the loop itself measures them (``time/<phase>``, ``memory/<phase>_peak_gib``)."""
-    import statistics
-    from collections import defaultdict
-
-    from bench.danka_side import train_step
-
-    per_step, peaks = [], defaultdict(float)
-    reset_peak(dev)
-    for step in range(1, steps + 1):
-        metrics, batch = train_step(run, step)
-        keep = {k: float(v) for k, v in metrics.items()
-                if k.startswith(("time/", "throughput/", "packing/", "response"))}  # fmt: skip
-        keep["prompt_tokens_mean"] = float(batch.prompt_mask.sum(1).float().mean())
-        per_step.append(keep)
-        for k, v in metrics.items():
-            if k.startswith("memory/") and k.endswith("_peak_gib"):
-                name = k.removeprefix("memory/").removesuffix("_peak_gib")
-                peaks[name] = max(peaks[name], float(v))
-        if "memory/peak_gib" in metrics:
-            peaks["step"] = max(peaks["step"], float(metrics["memory/peak_gib"]))
-    later = per_step[1:] or per_step
-    med = {k: statistics.median(s[k] for s in later) for k in later[0]}
-    return {"steps": per_step, "median": med, "first_step_s": per_step[0]["time/step"],
-            "median_step_s": med["time/step"],
-            "phase_peak_gib": dict(peaks) if _is_cuda(dev) else None}  # fmt: skip
-
-
 def fmt(x, spec: str = "{:.2f}") -> str:
     """A table cell: ``-`` for None, ``nan``/``inf`` as written, else ``spec``."""
     import math
@@ -246,3 +200,11 @@ def fmt(x, spec: str = "{:.2f}") -> str:
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
     return spec.format(x) if isinstance(x, (int, float)) else str(x)
+
+
+def variant_rows(variants: dict, rows_of: Callable[[str, dict], list]) -> list:
+    """Table rows of every variant: ``rows_of(name, result)``, or one ERROR row."""
+    rows = []
+    for key, v in variants.items():
+        rows += [(key, "ERROR", v["error"][:60])] if "error" in v else rows_of(key, v)
+    return rows

@@ -24,14 +24,13 @@ Every variant's output is compared with the fp32 reference (max abs difference).
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.common import add_output_args, write_result
+from bench.common import add_output_args, parser, write_result
 
 SHAPES = {  # name: (query heads, kv heads, head dim, layers)
     "smollm2-135m": (9, 3, 64, 30),
@@ -126,11 +125,7 @@ def measure(shape: str, rows: int, capacity: int, live: int, reps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench decode-attention",
-        description=__doc__,
-        formatter_class=argparse.RawTextHelpFormatter,
-    )
+    p = parser("decode-attention", __doc__)
     p.add_argument("--reps", type=int, default=50)
     add_output_args(p)
     args = p.parse_args(argv)

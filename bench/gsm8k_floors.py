@@ -13,14 +13,13 @@ rule, the one the learning runs report):
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import time
 from collections import Counter
 from pathlib import Path
 
-from bench.common import add_output_args, write_result
+from bench.common import add_output_args, parser, write_result
 from danka.rewards.builtin import gsm8k, last_number_in
 from danka.types import PromptRow
 
@@ -52,7 +51,7 @@ def floors(rows: list[PromptRow]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench gsm8k-floors", description=__doc__)
+    ap = parser("gsm8k-floors", __doc__)
     ap.add_argument("--test", required=True, type=Path, help="GSM8K test.jsonl")
     add_output_args(ap)
     args = ap.parse_args(argv)

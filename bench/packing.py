@@ -31,17 +31,8 @@ from types import SimpleNamespace
 import torch
 
 from bench import danka_side as ds
-from bench.common import (
-    error_text,
-    fmt,
-    free,
-    gc_active,
-    peak_gib,
-    random_model,
-    reset_peak,
-    shape,
-    timed,
-)
+from bench.common import error_text, fmt, free, peak_gib, reset_peak, timed
+from bench.training import gc_active, random_model, shape
 from danka.config import load_config
 from danka.models import tiny
 from danka.models.lora import count_parameters

@@ -30,19 +30,8 @@ from pathlib import Path
 import torch
 
 from bench import danka_side as ds
-from bench.common import (
-    GIB,
-    error_text,
-    fmt,
-    free,
-    gc_active,
-    peak_gib,
-    pick_size,
-    random_model,
-    reset_peak,
-    run_steps,
-    shape,
-)
+from bench.common import GIB, error_text, fmt, free, peak_gib, reset_peak, variant_rows
+from bench.training import gc_active, pick_size, random_model, run_steps, shape
 from danka.config import load_config
 from danka.models import tiny
 from danka.rollout.base import build_engine
@@ -237,7 +226,7 @@ def rel_error(est: float, measured: float | None) -> float | None:
 
 def compare(est: dict, measured: dict) -> dict:
     """Estimate vs a variant's measured phase peaks (``phase_peak_gib`` of run_steps):
-    relative errors of the step peak and per phase; ``within_15pct`` is the issue's bar."""
+    relative errors of the step peak and per phase; ``within_15pct``: the error is at most 15%."""
     peaks = measured.get("phase_peak_gib") or {}
     ph = est["phases_gib"]
     pairs = {
@@ -268,26 +257,18 @@ def with_estimate(res: dict, overrides: list[str], engine: str, z, dtype, model_
 
 def ppo_rows(res: dict) -> list[tuple[str, str, str]]:
     """(metric, value, reference) rows of ``ppo_7b`` for the final table."""
-    rows = []
-    rows.append(
-        ("weights GiB | gc active", f"{res['weights_gib']:.2f} | {res.get('gc_active')}", "")
-    )
-    for eng, v in res["engines"].items():
-        if "error" in v:
-            rows.append((eng, "ERROR", v["error"][:60]))
-            continue
+
+    def rows_of(eng: str, v: dict) -> list:
         pk = v["phase_peak_gib"] or {}
         phases = "/".join(fmt(pk.get(k)) for k in ("rollout", "logprobs", "values", "update"))
-        rows.append(
-            (
-                f"{eng}: peak GiB (rollout/logp/values/update)",
-                fmt(v["peak_gib"]),
-                f"{phases}; goal <= 16",
-            )
-        )
-        rows.append((f"{eng}: step s | response tokens", f"{fmt(v['median_step_s'])} | "
-                     f"{fmt(v['response_len_mean'], '{:.0f}')}", ""))  # fmt: skip
         vs = v.get("vs_estimate", {}).get("step", {})
-        rows.append((f"{eng}: danka estimate GiB | error", f"{fmt(vs.get('estimate_gib'))} | "
-                     f"{fmt(vs.get('rel_error'), '{:+.1%}')}", "goal within 15%"))  # fmt: skip
-    return rows
+        return [
+            (f"{eng}: peak GiB (rollout/logp/values/update)", fmt(v["peak_gib"]), phases),
+            (f"{eng}: step s | response tokens", f"{fmt(v['median_step_s'])} | "
+             f"{fmt(v['response_len_mean'], '{:.0f}')}", ""),
+            (f"{eng}: danka estimate GiB | error", f"{fmt(vs.get('estimate_gib'))} | "
+             f"{fmt(vs.get('rel_error'), '{:+.1%}')}", ""),
+        ]  # fmt: skip
+
+    weights = f"{res['weights_gib']:.2f} | {res.get('gc_active')}"
+    return [("weights GiB | gc active", weights, "")] + variant_rows(res["engines"], rows_of)

@@ -12,12 +12,13 @@ any other value is a folder written by ``danka rm``. Texts are rendered and trun
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import torch
+
+from bench.common import parser
 
 
 def _model(spec: str, base: str, seed: int):
@@ -35,9 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from danka.rewards.model import ClassifierReward
     from danka.rm.train import _Pairs, evaluate_pairs
 
-    ap = argparse.ArgumentParser(
-        prog="python -m bench rm-eval", description=__doc__.split("\n\n")[0]
-    )
+    ap = parser("rm-eval", __doc__)
     ap.add_argument("--pairs", action="append", required=True, help="NAME=path.jsonl")
     ap.add_argument("--model", action="append", required=True, help="NAME=base|folder")
     ap.add_argument("--base", default="HuggingFaceTB/SmolLM2-135M-Instruct")

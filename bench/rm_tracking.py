@@ -23,11 +23,12 @@ prefers correct answers" from "the RM prefers finished, well-formatted ones".
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections import defaultdict
 from pathlib import Path
+
+from bench.common import parser
 
 
 def pearson(x: list[float], y: list[float]) -> float | None:
@@ -112,9 +113,7 @@ def read_samples(output_dir: Path, rule: str) -> dict[int, list[dict]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench rm-tracking", description=__doc__.split("\n\n")[0]
-    )
+    ap = parser("rm-tracking", __doc__)
     ap.add_argument("output_dir", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rule", default="gsm8k", help="the logged rule reward's name")

@@ -31,11 +31,11 @@ import torch
 from bench.common import (
     add_output_args,
     bench_command,
-    environment,
+    parser,
     ratio,
     run_side,
+    sides_main,
     timed_call,
-    write_result,
 )
 from bench.kernel_profile import profile_or_error
 from danka.data.template import left_pad
@@ -215,9 +215,7 @@ PREFIXES = ("", "lora_", "lora_base_")  # plain, LoRA live, LoRA folded (lora_co
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench rollout", description=__doc__.splitlines()[0]
-    )
+    ap = parser("rollout", __doc__)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="hub id, local folder or .gguf (danka.models.loading)")
     src.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape")
@@ -321,12 +319,5 @@ def compare(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if args.side:
-        one_side(args)
-        return 0
-    env = environment()
-    res = compare(args)
-    res["environment"] = env
-    default = f"rollout_{Path(str(res['model'])).stem}_{args.prompts}x{args.new_tokens}"
-    write_result(res, args.out_dir, args.name or default)
-    return 0
+    model = Path(str(args.shape or args.model)).stem
+    return sides_main(args, one_side, compare, f"rollout_{model}_{args.prompts}x{args.new_tokens}")

@@ -32,7 +32,6 @@ reserve, so it is above torch's ``max_memory_allocated``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -43,7 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import child_env
+from bench.common import child_env, parser
 
 REWARD = """
 def reward(prompts, completions, **columns):
@@ -317,7 +316,7 @@ def scaling(paths, work: Path, steps: int, budget_end: float, model: str, rows: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__.splitlines()[0])
+    p = parser("scale", __doc__)
     p.add_argument("--work", default="/tmp/danka_scale", help="scratch folder")
     p.add_argument("--out", action="append", required=True, help="JSON file (repeatable)")
     p.add_argument("--only", default="equivalence,scaling")

@@ -12,14 +12,21 @@ and the check that both sides produced the same tokens (and log-probs within 1e-
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
 import subprocess
 import time
 
-from bench.common import ROOT, add_output_args, bench_command, child_env, environment, write_result
+from bench.common import (
+    ROOT,
+    add_output_args,
+    bench_command,
+    child_env,
+    environment,
+    parser,
+    write_result,
+)
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 BIG = ("eval_tokens", "rollout_tokens", "logprobs")  # compared, not stored
@@ -94,9 +101,7 @@ def side(name: str, device: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench shared-prefix", description=__doc__.splitlines()[0]
-    )
+    ap = parser("shared-prefix", __doc__)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--side", choices=["plain", "shared"], help="(internal) run one side")
     add_output_args(ap, timeout=1800)

@@ -10,10 +10,11 @@ it. A file that is missing gives no row (a machine that ran only part of the sui
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from bench.common import parser
 
 RESULTS = Path(__file__).resolve().parent / "results"
 Row = tuple[str, str, str]  # what, measured, file
@@ -223,7 +224,7 @@ def table(items: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser("summary", __doc__)
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     print(table(rows(args.results)))

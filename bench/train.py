@@ -42,13 +42,13 @@ from bench.common import (
     error_text,
     fmt,
     free,
-    gc_active,
-    pick_size,
-    run_steps,
+    parser,
+    variant_rows,
     write_result,
 )
 from bench.packing import packing, packing_rows, packing_step, packing_step_rows
 from bench.ppo_memory import ppo_7b, ppo_rows
+from bench.training import gc_active, pick_size, run_steps
 from bench.update_mfu import logprob_memory, logprob_rows, update_05b, update_rows
 from danka.config import load_config
 from danka.models import tiny
@@ -148,22 +148,22 @@ def _grpo_one(args, dev, log, overrides: list[str]) -> dict:
 
 def grpo_rows(res: dict) -> list[tuple[str, str, str]]:
     """(metric, value, reference) rows of ``grpo_step`` for the final table."""
-    rows = []
-    for key, v in res["variants"].items():
-        if "error" in v:
-            rows.append((key, "ERROR", v["error"][:60]))
-            continue
-        ph = v["median"]
+
+    def rows_of(key: str, v: dict) -> list:
+        ph, peaks = v["median"], v["phase_peak_gib"] or {}
         tag = f"{key} (gc {'on' if v['gc_active'] else 'OFF'})"
-        phases = ("rollout", "reward", "logprobs", "update")
-        peaks = v["phase_peak_gib"] or {}
-        rows.append((f"{tag} median step s", fmt(v["median_step_s"]),
-                     f"first step {fmt(v['first_step_s'])} s"))  # fmt: skip
-        rows.append((f"{key} rollout/reward/logprobs/update s",
-                     "/".join(fmt(ph.get(f"time/{k}")) for k in phases), ""))  # fmt: skip
-        rows.append((f"{key} peak GiB", fmt(v["peak_gib"]),
-                     f"rollout {fmt(peaks.get('rollout'))}, update {fmt(peaks.get('update'))}"))  # fmt: skip
-    return rows
+        phases = "/".join(
+            fmt(ph.get(f"time/{k}")) for k in ("rollout", "reward", "logprobs", "update")
+        )
+        first = f"first step {fmt(v['first_step_s'])} s"
+        return [
+            (f"{tag} median step s", fmt(v["median_step_s"]), first),
+            (f"{key} rollout/reward/logprobs/update s", phases, ""),
+            (f"{key} peak GiB", fmt(v["peak_gib"]),
+             f"rollout {fmt(peaks.get('rollout'))}, update {fmt(peaks.get('update'))}"),
+        ]  # fmt: skip
+
+    return variant_rows(res["variants"], rows_of)
 
 
 # name -> (section, its table rows)
@@ -202,7 +202,7 @@ def print_table(report: dict) -> None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench train", description=__doc__.splitlines()[0])
+    ap = parser("train", __doc__)
     ap.add_argument("--only", default="update_05b,ppo_7b,logprob_memory", help="sections: "
                     + ",".join(SECTIONS))  # fmt: skip
     ap.add_argument("--model", default=SMOLLM2, help="grpo_step policy (hub id or folder)")
@@ -233,12 +233,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="packing_step: mb<micro-batch>[+pack][+gc], comma-separated")  # fmt: skip
     ap.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler")
     ap.add_argument("--ppo-micro", type=int, default=4, help="ppo_7b micro-batch (seqs)")
-    ap.add_argument(
-        "--train-mode",
-        action="store_true",
-        help="put the policy in train mode (danka's loader leaves it in eval "
-        "mode, where HF skips gradient checkpointing)",
-    )
+    ap.add_argument("--train-mode", action="store_true", help="policy in train mode (the "
+                    "loader leaves eval mode, where HF skips gradient checkpointing)")  # fmt: skip
     ap.add_argument("--verbose", action="store_true", help="show danka's INFO log")
     add_output_args(ap)
     args = ap.parse_args(argv)

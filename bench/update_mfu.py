@@ -27,16 +27,14 @@ from bench.common import (
     error_text,
     fmt,
     free,
-    gc_active,
     peak_gib,
-    pick_size,
-    random_model,
     reset_peak,
-    shape,
     sync,
     timed,
+    variant_rows,
 )
 from bench.kernel_profile import profile_or_error
+from bench.training import gc_active, pick_size, random_model, shape
 from danka.config import load_config
 from danka.models import tiny
 from danka.models.logprobs import chunked_logprobs_entropy
@@ -209,21 +207,16 @@ def logprob_memory(args, dev: torch.device, log) -> dict:
 
 def update_rows(res: dict) -> list[tuple[str, str, str]]:
     """(metric, value, reference) rows of ``update_05b`` for the final table."""
-    rows = []
-    for key, v in res["variants"].items():
-        if "error" in v:
-            rows.append((key, "ERROR", v["error"][:60]))
-            continue
+
+    def rows_of(key: str, v: dict) -> list:
         gc_tag = "" if "+gc" not in key or v["gc_active"] else " (gc INACTIVE)"
-        rows.append(
-            (
-                f"{key}{gc_tag} tok/s | MFU",
-                f"{v['tok_s'] / 1e3:.1f}k | {v['mfu']:.1%}",
-                "HF 77k | 29%; goal MFU >= 45%",
-            )
-        )
-        rows.append((f"{key} peak GiB", fmt(v["peak_gib"]), "HF 27.3; goal <= 12"))
-    return rows
+        speed = f"{v['tok_s'] / 1e3:.1f}k | {v['mfu']:.1%}"
+        return [
+            (f"{key}{gc_tag} tok/s | MFU", speed, ""),
+            (f"{key} peak GiB", fmt(v["peak_gib"]), ""),
+        ]
+
+    return variant_rows(res["variants"], rows_of)
 
 
 def logprob_rows(res: dict) -> list[tuple[str, str, str]]:

@@ -48,9 +48,9 @@ from bench.common import (
     add_output_args,
     bench_command,
     child_env,
-    environment,
+    parser,
     run_side,
-    write_result,
+    sides_main,
 )
 
 PROMPT = "What is {a} + {b}? Reply with only the number.\n"
@@ -136,14 +136,9 @@ def side_trl(args, model_path: str, work: Path) -> dict:
     if args.variant == "lora":
         peft_config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")
     data = Dataset.from_list(prompts(args.prompts * args.steps, args.seed))
-    trainer = GRPOTrainer(
-        model=model_path,
-        reward_funcs=last_number_reward,
-        args=config,
-        train_dataset=data,
-        peft_config=peft_config,
-        callbacks=[Timer()],
-    )
+    trainer = GRPOTrainer(model=model_path, reward_funcs=last_number_reward, args=config,
+                          train_dataset=data, peft_config=peft_config,
+                          callbacks=[Timer()])  # fmt: skip
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
@@ -239,7 +234,7 @@ def summarise(res: dict, args) -> dict:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench trl", description=__doc__.splitlines()[0])
+    ap = parser("trl", __doc__)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model path or hub id (both sides load it)")
     src.add_argument("--tiny", action="store_true", help="tiny random model (CPU smoke test)")
@@ -327,12 +322,5 @@ def compare(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if args.side:
-        one_side(args)
-        return 0
-    env = environment()
-    res = compare(args)
-    res["environment"] = env
-    default = f"trl_{Path(str(res['model'])).stem}_{args.prompts}x{args.generations}"
-    write_result(res, args.out_dir, args.name or default)
-    return 0
+    model = "tiny" if args.tiny else Path(args.model).stem
+    return sides_main(args, one_side, compare, f"trl_{model}_{args.prompts}x{args.generations}")

@@ -1,6 +1,7 @@
 """GRPO step time and peak memory: TRL's GRPOTrainer vs ``danka train``, same settings.
 
-    python -m bench trl --model PATH --variants lora,full
+    python -m bench trl --model HuggingFaceTB/SmolLM2-135M-Instruct --random-weights \
+        --variants lora,full
     python -m bench trl --model PATH --variants full --sides danka \
         --danka-set rollout.keep_cache=false --danka-set trainer.logprob_chunk_size=256
     python -m bench trl --tiny --variants lora --prompts 2 --generations 2 --new-tokens 8 \
@@ -25,7 +26,9 @@ last number is the sum), temperature 1, constant lr 1e-5 (full) / 2e-4 (LoRA), m
 ``--micro`` sequences, AdamW.
 The median over the steps after the first (warm-up) is reported, with the mean completion
 length of each side (EOS is on: a side that stops earlier does less work; compare tok/s too).
-``--tiny`` runs a tiny random model on the CPU (a smoke test of the script; timings mean
+``--random-weights`` gives both sides ``--model``'s config, tokenizer and chat template with
+random bf16 weights (seed 0): they never emit the end token, so both sides generate every
+token of every answer (equal work). ``--tiny`` runs a tiny random model on the CPU (a smoke test of the script; timings mean
 nothing). TRL is not a danka dependency: install it on the benchmark machine only.
 """
 
@@ -238,6 +241,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model path or hub id (both sides load it)")
     src.add_argument("--tiny", action="store_true", help="tiny random model (CPU smoke test)")
+    ap.add_argument("--random-weights", action="store_true", help="--model's shape, random weights")
     ap.add_argument("--variants", default="lora,full", help="lora,full or one of them")
     ap.add_argument("--sides", default="trl,danka", help="trl,danka[,danka-eager] or a subset")
     ap.add_argument("--side", choices=["trl", "danka"], help="(internal) run one side")
@@ -261,6 +265,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def save_random_copy(model: str, out: Path) -> Path:
+    """``model``'s config, tokenizer and chat template with random bf16 weights, in ``out``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from danka.models.loading import load_causal_lm, load_tokenizer
+
+    quiet = lambda *_: None  # noqa: E731
+    config = load_causal_lm(model, dtype="bfloat16", device="cpu", log=quiet).config
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(str(out))
+    load_tokenizer(model, log=quiet).save_pretrained(str(out))
+    return out
+
+
 def one_side(args) -> None:
     """This process runs ``args.side`` for ``args.variant`` and writes its JSON."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -271,6 +290,8 @@ def one_side(args) -> None:
             from danka.models.tiny import save_tiny_model
 
             model_path = str(save_tiny_model(work / "tiny"))
+        elif args.random_weights:
+            model_path = str(save_random_copy(args.model, work / "random"))
         t0 = time.perf_counter()
         side = side_trl if args.side == "trl" else side_danka
         res = summarise(side(args, model_path, work), args)
@@ -285,10 +306,12 @@ def compare(args) -> dict:
     common += ["--new-tokens", str(args.new_tokens), "--micro", str(args.micro)]
     common += ["--steps", str(args.steps), "--seed", str(args.seed)]
     common += ["--tiny"] if args.tiny else ["--model", args.model]
+    common += ["--random-weights"] if args.random_weights else []
     common += [f"--danka-set={o}" for o in args.danka_set]
     res: dict = {
         "bench": "trl",
         "model": "tiny" if args.tiny else args.model,
+        "random_weights": args.random_weights,
         "settings": f"GRPO, {args.prompts} prompts x {args.generations} generations, "
         f"{args.new_tokens} max new tokens, micro-batch {args.micro}, gradient checkpointing, "
         "bf16 on a GPU, beta 0, temperature 1, LoRA r16 all-linear (lora) or full-parameter; "

@@ -80,3 +80,21 @@ def test_danka_set_overrides_reach_danka_train_as_its_own_overrides(tmp_path):
     # the same CLI, the head's per-chunk work eager
     eager = danka_side.danka_train_command(path, args.danka_set, eager_head=True)
     assert "m.FUSED = False" in eager[2] and eager[3:] == cmd[3:]
+
+
+def test_random_weights_copy_keeps_config_and_tokenizer(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from danka.models.tiny import save_tiny_model
+
+    src = save_tiny_model(tmp_path / "src")
+    out = vs_trl.save_random_copy(str(src), tmp_path / "random")
+    a = AutoModelForCausalLM.from_pretrained(str(src))
+    b = AutoModelForCausalLM.from_pretrained(str(out))
+    assert a.config.num_hidden_layers == b.config.num_hidden_layers
+    assert b.dtype == torch.bfloat16  # the benchmark's weights: bf16, random
+    wa, wb = a.get_input_embeddings().weight, b.get_input_embeddings().weight.float()
+    assert wa.shape == wb.shape and not torch.allclose(wa, wb)
+    tok_a, tok_b = AutoTokenizer.from_pretrained(str(src)), AutoTokenizer.from_pretrained(str(out))
+    assert tok_a.chat_template == tok_b.chat_template and len(tok_a) == len(tok_b)

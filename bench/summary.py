@@ -150,7 +150,7 @@ def learning(d: dict, name: str) -> Iterator[Row]:
 
 
 def gsm8k_floors(d: dict, name: str) -> Iterator[Row]:
-    """gsm8k_floors.py: the strict accuracy of answers that do not reason."""
+    """python -m bench gsm8k-floors: the strict accuracy of answers that do not reason."""
     f = d["floors"]
     yield (
         f"GSM8K strict floors ({d['n']} test questions)",
@@ -171,7 +171,7 @@ def packing(d: dict, name: str) -> Iterator[Row]:
 
 
 def shared_prefix(d: dict, name: str) -> Iterator[Row]:
-    """bench_shared_prefix.py: plain vs shared-prefix paths, each side a fresh process."""
+    """python -m bench shared-prefix: plain vs shared-prefix paths, each side a fresh process."""
     a, b = d["sides"]["plain"], d["sides"]["shared"]
     for key, what in (
         ("eval_200_greedy_s", "200 greedy answers"),

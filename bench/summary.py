@@ -160,6 +160,17 @@ def gsm8k_floors(d: dict, name: str) -> Iterator[Row]:
     )
 
 
+def quickstart(d: dict, name: str) -> Iterator[Row]:
+    """The quickstart run: held-out accuracy before and after, and what the run took."""
+    accuracy = f"{_pct(d['held_out_before'])} -> {_pct(d['held_out_after'])}"
+    took = f"wall clock {d['wall_clock']}, peak {d['max_rss_gb']} GB"
+    yield (
+        f"quickstart ({d['n']} held-out problems), {d['steps']} steps",
+        f"{accuracy}; {took}",
+        name,
+    )
+
+
 def packing(d: dict, name: str) -> Iterator[Row]:
     r = d["sections"]["packing"]["results"]
     yield (
@@ -198,6 +209,7 @@ READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("calc_tool_learning_h200*.json", learning),
     ("packing_gsm8k_lengths.json", packing),
     ("gsm8k_floors.json", gsm8k_floors),
+    ("quickstart_cpu.json", quickstart),
     ("shared_prefix_*.json", shared_prefix),
 ]
 

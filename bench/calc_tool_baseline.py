@@ -1,17 +1,17 @@
 """Held-out accuracy of an untrained model on the calculator task, without and with the
 calculator tool offered (no training): the starting point of examples/calculator_tool.yaml.
 
-    python bench/calc_tool_baseline.py [--model HuggingFaceTB/SmolLM2-135M-Instruct] [--n 50]
+    python -m bench calc-baseline [--model HuggingFaceTB/SmolLM2-135M-Instruct] [--n 50]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 
+from bench.common import parser
 from danka.agent.rewards import final_number, same_number, tool_answer_reward
 from danka.agent.setup import build_agent_loop
 from danka.config.schema import RolloutConfig
@@ -47,8 +47,8 @@ def no_tool_accuracy(engine, model, tok, rows) -> dict:
     return {"accuracy": sum(correct) / len(rows), "s": time.time() - t0, "examples": texts[:3]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    ap = parser("calc-baseline", __doc__)
     ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--engine", default="hf")
@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--skip-no-tool", action="store_true")
     ap.add_argument("--tool-prompt", default="auto", help="rollout.tool_prompt")
     ap.add_argument("--tool-demo", default="auto", help="rollout.tool_demo (none: no examples)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = pick_device(args.device)
     quiet = lambda *_: None  # noqa: E731
     tok = load_tokenizer(args.model, log=quiet)
@@ -101,7 +101,4 @@ def main() -> None:
         print(json.dumps({name: result[name]}), flush=True)
     loop.close()
     print(json.dumps(result, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

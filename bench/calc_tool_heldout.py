@@ -8,7 +8,7 @@ sampled accuracy at the training temperature (``--samples K`` answers per proble
 accuracy = pass@1, and the valid-call rates), with examples/calculator_tool.yaml's tool
 settings (prompt, worked examples, turns, token budgets, reward)::
 
-    OMP_NUM_THREADS=2 python bench/calc_tool_heldout.py examples/calculator_tool.yaml \\
+    OMP_NUM_THREADS=2 python -m bench calc-heldout examples/calculator_tool.yaml \\
         --n 32 --samples 4 --split default --split digits5x4 --split two_ops \\
         --out bench/results/calc_tool_heldout_cpu.json [--model DIR] [key=value ...]
 
@@ -20,18 +20,16 @@ the same with a 5-digit and a 4-digit number; ``two_ops`` ``a * b + c`` / ``a * 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+from bench.common import parser
 
 SPLITS = ("default", "digits5x4", "two_ops")
 
@@ -92,9 +90,9 @@ def measure(
     """Accuracy and tool use over ``rows`` through the config's agent loop and reward
     (danka eval's code path): greedy for ``samples == 1``, else ``samples`` answers per
     row at ``temperature`` (accuracy = the mean over all answers = pass@1)."""
+    from bench.danka_side import reward_specs
     from danka.rewards.combine import build_reward_computer
     from danka.tools.evaluate import evaluate_rows
-    from danka.trainer.setup import reward_specs
 
     t0 = time.time()
     with build_reward_computer(reward_specs(cfg, rows), base_dir=base_dir) as rewards:
@@ -125,10 +123,10 @@ def measure(
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     from danka.config import load_config
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = parser("calc-heldout", __doc__)
     ap.add_argument("config", help="examples/calculator_tool.yaml")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides")
     ap.add_argument("--model", help="checkpoint dir: full model or LoRA adapter (default: base)")
@@ -137,7 +135,7 @@ def main() -> None:
     ap.add_argument("--split", action="append", help=f"one of {SPLITS} (repeatable)")
     ap.add_argument("--no-greedy", action="store_true", help="sampled only")
     ap.add_argument("--out", help="result JSON")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cfg, base_dir = load_config(args.config, args.overrides)
     model, tok = load_policy(cfg, args.model)
     device = next(model.parameters()).device
@@ -165,11 +163,8 @@ def main() -> None:
             if args.out:
                 with open(args.out, "w") as f:
                     json.dump(result, f, indent=1)
+    return 0
 
 
 def without_example(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "example"}
-
-
-if __name__ == "__main__":
-    main()

@@ -2,7 +2,7 @@
 write one result JSON with the held-out accuracy WITH the tool before and after training,
 greedy AND sampled, the valid-call rates before and after, and the per-step training curve.
 
-    python bench/calc_tool_learning.py examples/calculator_tool.yaml --minutes 6 \\
+    python -m bench calc-learning examples/calculator_tool.yaml --minutes 6 \\
         --out bench/results/calc_tool_learning_h200.json [--eval-samples 4] [key=value ...]
 
 Why sampled: with the worked examples (``rollout.tool_demo: auto``) the untrained model
@@ -10,7 +10,7 @@ already answers every held-out problem greedily (100%), so greedy accuracy canno
 what training changes is the sampled policy. ``sampled_before`` / ``sampled_after``: K
 answers per held-out problem at the training temperature (``trainer.temperature``, top-p
 1) from the base model and from the run's last checkpoint, through the same agent loop
-and reward (bench/calc_tool_heldout.py ``measure``): mean accuracy (= pass@1) and the
+and reward (``bench.calc_tool_heldout.measure``): mean accuracy (= pass@1) and the
 valid-call rates.
 
 The training runs in its own ``danka train`` process (what a user runs); this script only
@@ -23,13 +23,12 @@ and the final step).
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
-from calc_tool_heldout import load_policy, measure, without_example  # bench/: this folder
-from gsm8k_learning import (  # bench/: this folder
+from bench.calc_tool_heldout import load_policy, measure, without_example
+from bench.common import parser
+from bench.gsm8k_learning import (
     add_run_args,
     print_before_after,
     run_danka_train,
@@ -88,12 +87,12 @@ def sampled_before_after(args, run_dir: Path) -> dict:
     """Held-out accuracy at the training temperature, ``args.eval_samples`` answers per
     problem (the first ``args.eval_n``; all by default), before (the config's model) and
     after (the run's newest complete checkpoint)."""
+    from bench.danka_side import held_out_rows
     from danka.checkpoint import checkpoint_parts, find_latest_checkpoint
     from danka.config import load_config
-    from danka.trainer.setup import load_rows
 
     cfg, base_dir = load_config(args.config, args.overrides)
-    _, held = load_rows(cfg, base_dir, run_dir)
+    held = held_out_rows(cfg, base_dir, run_dir)
     rows = held[: args.eval_n] if args.eval_n else held
     state = find_latest_checkpoint(run_dir)
     if not rows or state is None:
@@ -110,7 +109,7 @@ def sampled_before_after(args, run_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = parser("calc-learning", __doc__)
     p.add_argument("config", help="examples/calculator_tool.yaml")
     add_run_args(p)
     p.add_argument(
@@ -153,7 +152,3 @@ def main(argv: list[str] | None = None) -> int:
             f"{pct(a['valid_call_rate'])}"
         )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,7 @@ sampled as in examples/calculator_tool.yaml (T = 1, its instruction, 3 turns of 
 tokens). Reinforcement learning can only strengthen calls the model already makes, so
 this rate is what a run starts from.
 
-    python bench/calc_tool_prompt.py --n 32 --out bench/results/calc_tool_prompt_cpu.json \\
+    python -m bench calc-prompt --n 32 --out bench/results/calc_tool_prompt_cpu.json \\
         [--design hermes:none --design hermes:auto ...]
 
 Per design: answers with at least one valid call (``agent/valid_call_samples``), the
@@ -13,13 +13,14 @@ valid-call rate over attempted calls, calls per answer and accuracy (tool_answer
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import time
 
 import torch
+
+from bench.common import parser
 
 SHORT_TEXT = (
     "You can call these tools:\n<tools>\n{schemas}\n</tools>\nTo call one, reply with only "
@@ -81,11 +82,11 @@ def measure(model, tok, rows, tool_prompt: str, tool_demo: str, args) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     from danka.data.calc_task import calc_rows
     from danka.models.loading import load_causal_lm, load_tokenizer
 
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = parser("calc-prompt", __doc__)
     ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     ap.add_argument("--n", type=int, default=32, help="held-out problems")
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -95,7 +96,7 @@ def main() -> None:
     )
     ap.add_argument("--design", action="append", help="tool_prompt:tool_demo (repeatable)")
     ap.add_argument("--out", help="result JSON")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     quiet = lambda *_: None  # noqa: E731
     tok = load_tokenizer(args.model, log=quiet)
     model = load_causal_lm(args.model, dtype="float32", device=torch.device("cpu"), log=quiet)
@@ -119,7 +120,4 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -21,8 +21,8 @@ fi
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -3
 mkdir -p bench/results
-# (a) ~2.8 minutes (measured 2026-11-30: 1-GPU runs ~17 s side by side, then each 2-GPU
-#     run ~27 s one after another): no run starts after 160 s, none outlives 190 s
+# (a) ~2.8 minutes (1-GPU runs ~17 s side by side, then each 2-GPU run ~27 s one after
+#     another): no run starts after 160 s, none outlives 190 s
 DANKA_EQUIV_JSON=bench/results/equivalence_2x.json DANKA_EQUIV_BUDGET_S=160 \
   timeout 195 python3 -m pytest -q -p no:cacheprovider -m gpu -rA \
   tests/distributed/test_gpu_equivalence.py 2>&1 | tail -25
@@ -30,7 +30,7 @@ equiv=${PIPESTATUS[0]}
 # (b) <= 2.5 minutes (0.5B-shape model built ~25 s, each run ~45-55 s; the fast engine
 #     first, then HF if time is left): runs start only within 120 s, each ends by 145 s;
 #     the JSON is rewritten after every run, so a cut-off run keeps the others
-timeout 150 python3 bench/bench_scale.py --only scaling --work /tmp/danka_scale \
+timeout 150 python3 -m bench scale --only scaling --work /tmp/danka_scale \
   --budget-s 120 --out bench/results/scale_2x.json
 if [ -n "${OUT:-}" ]; then
   cp bench/results/equivalence_2x.json bench/results/scale_2x.json "$OUT/" 2>/dev/null

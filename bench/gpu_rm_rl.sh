@@ -34,7 +34,7 @@ python -m danka train examples/gsm8k_grpo_rm_smollm2.yaml \
   model.reward_model_name_or_path="$W/rm_wrong_number/model" \
   data.train_dataset="$GSM/train.jsonl" data.eval_dataset="$GSM/test.jsonl" \
   trainer.max_train_minutes=3 output_dir="$W/grpo"
-python bench/rm_tracking.py "$W/grpo" --out bench/results/rl_with_rm_gpu.json \
+python -m bench rm-tracking "$W/grpo" --out bench/results/rl_with_rm_gpu.json \
   --device "$DEV" --date "$DATE" --command "bash bench/gpu_rm_rl.sh"
 [ -n "${OUT:-}" ] && cp bench/results/rm_gsm8k_smollm2_gpu.json bench/results/rl_with_rm_gpu.json \
   "$W/grpo/metrics.jsonl" "$OUT"/ || true

@@ -1,4 +1,9 @@
-"""The 7B PPO memory section's QLoRA variant and its ``danka estimate`` comparison.
+"""Whole PPO step on the Qwen2-7B shape: peak memory per phase, per rollout engine, against
+``danka estimate`` (section ``ppo_7b`` of ``python -m bench train``).
+
+The step: actor LoRA, critic LoRA + value head, reference = adapters off, one random
+Qwen2-7B-shaped base, 4 prompts x 512 tokens + exactly 128 new tokens (``--ppo-micro``
+sequences per micro-batch), ``--ppo-engines hf,fast,hf-qlora``.
 
 QLoRA (``--ppo-engines ...,hf-qlora``): the bitsandbytes NF4 base goes through danka's own
 loading path, ``model.load_in_4bit: true`` -> ``danka.trainer.setup.build_model_set`` ->
@@ -9,7 +14,7 @@ safetensors (bf16, ~15 GB) to ``/dev/shm`` when it has the room, else to the tem
 directory (``--ckpt-dir`` overrides), and deleted once loaded. The rollout engine is HF
 ``generate`` (the fast engine refuses a quantised base).
 
-Every variant also records what ``danka estimate`` (``danka.tools.estimate.estimate_memory``)
+Every variant also records what ``danka estimate`` (``danka.planning.memory.estimate_memory``)
 predicts for the same settings (engine, quantisation, prompt and response lengths, micro-
 batch), next to the measured peaks, with the relative error (estimate - measured) /
 measured of the step peak and of each phase (prepare = max of log-probs and values).
@@ -22,15 +27,95 @@ import tempfile
 import time
 from pathlib import Path
 
-import bench_train as bt
 import torch
 
+from bench import danka_side as ds
+from bench.common import GIB, error_text, fmt, free, peak_gib, reset_peak, variant_rows
+from bench.training import gc_active, pick_size, random_model, run_steps, shape
 from danka.config import load_config
+from danka.models import tiny
 from danka.planning.memory import estimate_memory
 from danka.rollout.base import build_engine
 
-GIB = 2**30
 QLORA_SUFFIX = "-qlora"
+SIZES = ({"b": 4, "p": 512, "new": 128}, {"b": 2, "p": 32, "new": 16})  # (real, --tiny)
+
+
+def ppo_7b(args, dev: torch.device, log) -> dict:
+    z = pick_size(args, SIZES)
+    config, dtype = shape(args, tiny.qwen2_7b_config)
+    b, p, new, micro = z.b, z.p, z.new, (2 if args.tiny else args.ppo_micro)
+    overrides = [
+        "model.actor_model_name_or_path=random:qwen2-7b", f"model.device={dev}",
+        "model.use_gradient_checkpointing=true", "data.task=arithmetic", "trainer.algorithm=ppo",
+        f"trainer.batch_size={b}", "trainer.samples_per_prompt=1",
+        f"trainer.micro_batch_size={micro}", f"trainer.max_new_tokens={new}",
+        f"trainer.max_length={p + new + 64}", "trainer.kl.coef=0.05", "trainer.lr=1e-5",
+    ]  # fmt: skip
+    cfg, _ = load_config(None, overrides)
+    engines = [e.strip() for e in args.ppo_engines.split(",") if e.strip()]
+    # Random weights: no file to load, so the model is built on the GPU and wrapped by the
+    # trainer's model set (one base: actor adapter 'default', critic adapter 'critic' +
+    # value head, reference = adapters off); a bench run stands in for tokenizer, data and
+    # rewards. QLoRA variants load a checkpoint of the same random base.
+    base = random_model(config, dev, dtype)
+    g = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(100, config.vocab_size - 100, (p,), generator=g).tolist() for _ in range(b)
+    ]
+    # eos = vocab_size: a real id is never sampled from vocab_size logits, so every response
+    # runs the full `new` tokens (the worst-case shape) with either engine
+    eos, pad = [config.vocab_size], config.pad_token_id or 0
+    out = {"shape": "tiny" if args.tiny else "qwen2-7b",
+           "weights_gib": sum(x.numel() * x.element_size() for x in base.parameters()) / GIB,
+           "prompts": b, "prompt_len": p, "new_tokens": new, "micro_batch": micro,
+           "lora_r": cfg.lora.lora_r, "engines": {}}  # fmt: skip
+    ckpt: dict = {}
+    if any(is_qlora(e) for e in engines):
+        try:
+            ckpt = out["checkpoint"] = save_checkpoint(args, base)
+        except Exception as err:  # noqa: BLE001 - the bf16 variants still run
+            out["checkpoint"] = {"error": error_text(err)}
+    plain = [e for e in engines if not is_qlora(e)]
+    if plain:
+        _ppo_plain(args, dev, log, cfg, base, plain, out, prompts=prompts, eos=eos, pad=pad)
+    del base
+    free(dev)
+    for engine in [e for e in engines if is_qlora(e)]:
+        try:
+            if "path" not in ckpt:
+                raise RuntimeError(f"no checkpoint to quantise: {out['checkpoint'].get('error')}")
+            out["engines"][engine] = run_qlora(dev, dtype, log, overrides, ckpt, prompts, eos, pad)
+        except Exception as err:  # noqa: BLE001 - e.g. no bitsandbytes / no CUDA
+            out["engines"][engine] = {"error": error_text(err)}
+        free(dev)
+    for engine, res in out["engines"].items():
+        with_estimate(res, overrides, engine, z, dtype, config)
+    return out
+
+
+def _ppo_plain(args, dev, log, cfg, base, engines, out, **prompt_kw) -> None:
+    """PPO steps on the bf16 base, one rollout engine after the other (hf first: the fast
+    engine keeps buffers)."""
+    if args.train_mode:
+        base.train()
+    models = ds.wrap_models(cfg, base, log)
+    out["gc_active"] = gc_active(models.policy)
+    run = ds.build_run_for_bench(cfg, models, dev, base.dtype, log, **prompt_kw)
+    for engine in engines:
+        try:
+            ds.set_engine(run, build_engine(engine))
+            res = run_steps(run, 2, dev)  # step 1 warms up (and captures CUDA graphs)
+            res["response_len_mean"] = res["median"].get("response_length")
+            peaks = res["phase_peak_gib"]
+            res["peak_gib"] = peaks.get("step") if peaks else None
+            out["engines"][engine] = res
+        except Exception as err:  # noqa: BLE001
+            out["engines"][engine] = {"error": error_text(err)}
+        finally:
+            ds.close_run(run)
+            ds.set_engine(run, None)
+            free(dev)
 
 
 def is_qlora(engine: str) -> bool:
@@ -65,32 +150,30 @@ def quantised_linears(model: torch.nn.Module) -> int:
 
 def run_qlora(dev, dtype, log, overrides: list[str], ckpt: dict, prompts, eos, pad) -> dict:
     """Two PPO ``train_step`` calls on the NF4 base loaded by danka's own path."""
-    from danka.trainer.setup import build_model_set
-
     cfg, _ = load_config(None, overrides + qlora_overrides(ckpt["path"]))
     before = torch.cuda.memory_allocated(dev) / GIB if dev.type == "cuda" else None
-    bt.reset_peak(dev)
+    reset_peak(dev)
     t0 = time.perf_counter()
     try:
-        models, _ = build_model_set(cfg, dev, log)
+        models = ds.load_models(cfg, dev, log)
     finally:
         shutil.rmtree(ckpt["path"], ignore_errors=True)  # loaded (or failed): free the RAM
     res = {
         "load_s": time.perf_counter() - t0,
         "quantised_linears": quantised_linears(models.policy),
-        "gc_active": bt.gc_active(models.policy),
+        "gc_active": gc_active(models.policy),
         "versions": _versions(),
     }
     if dev.type == "cuda":  # what the bf16 variants left behind should be ~0
         res["allocated_before_load_gib"] = before
         res["weights_gib"] = torch.cuda.memory_allocated(dev) / GIB - before
-        res["load_peak_gib"] = bt.peak_gib(dev)
-    run = bt.bare_run(cfg, models, dev, dtype, log, prompts=prompts, eos=eos, pad=pad)
-    run.engine = build_engine("hf")
+        res["load_peak_gib"] = peak_gib(dev)
+    run = ds.build_run_for_bench(cfg, models, dev, dtype, log, prompts=prompts, eos=eos, pad=pad)
+    ds.set_engine(run, build_engine("hf"))
     try:
-        res.update(bt.run_steps(run, 2, dev))
+        res.update(run_steps(run, 2, dev))
     finally:
-        run.engine = None
+        ds.set_engine(run, None)
     res["response_len_mean"] = res["median"].get("response_length")
     peaks = res["phase_peak_gib"]
     res["peak_gib"] = peaks.get("step") if peaks else None
@@ -143,7 +226,7 @@ def rel_error(est: float, measured: float | None) -> float | None:
 
 def compare(est: dict, measured: dict) -> dict:
     """Estimate vs a variant's measured phase peaks (``phase_peak_gib`` of run_steps):
-    relative errors of the step peak and per phase; ``within_15pct`` is the issue's bar."""
+    relative errors of the step peak and per phase; ``within_15pct``: the error is at most 15%."""
     peaks = measured.get("phase_peak_gib") or {}
     ph = est["phases_gib"]
     pairs = {
@@ -164,9 +247,28 @@ def with_estimate(res: dict, overrides: list[str], engine: str, z, dtype, model_
     try:
         est = estimate(overrides + estimate_overrides(engine, z.p, dtype), model_config)
     except Exception as err:  # noqa: BLE001 - the measurement stays valid without it
-        res["estimate_error"] = bt._err(err)
+        res["estimate_error"] = error_text(err)
         return res
     res["estimate"] = est
     if res.get("phase_peak_gib"):
         res["vs_estimate"] = compare(est, res)
     return res
+
+
+def ppo_rows(res: dict) -> list[tuple[str, str, str]]:
+    """(metric, value, reference) rows of ``ppo_7b`` for the final table."""
+
+    def rows_of(eng: str, v: dict) -> list:
+        pk = v["phase_peak_gib"] or {}
+        phases = "/".join(fmt(pk.get(k)) for k in ("rollout", "logprobs", "values", "update"))
+        vs = v.get("vs_estimate", {}).get("step", {})
+        return [
+            (f"{eng}: peak GiB (rollout/logp/values/update)", fmt(v["peak_gib"]), phases),
+            (f"{eng}: step s | response tokens", f"{fmt(v['median_step_s'])} | "
+             f"{fmt(v['response_len_mean'], '{:.0f}')}", ""),
+            (f"{eng}: danka estimate GiB | error", f"{fmt(vs.get('estimate_gib'))} | "
+             f"{fmt(vs.get('rel_error'), '{:+.1%}')}", ""),
+        ]  # fmt: skip
+
+    weights = f"{res['weights_gib']:.2f} | {res.get('gc_active')}"
+    return [("weights GiB | gc active", weights, "")] + variant_rows(res["engines"], rows_of)

@@ -1,6 +1,6 @@
 """Held-out pairwise accuracy of reward models on several pair sets (every model x every set).
 
-    python bench/rm_eval_pairs.py --pairs wrong_number=P/wrong_number/test.jsonl \
+    python -m bench rm-eval --pairs wrong_number=P/wrong_number/test.jsonl \
         --pairs refusal=P/refusal/test.jsonl --model untrained=base \
         --model rm_wrong=output/rm_wrong/model --max-length 96 --out result.json
 
@@ -12,15 +12,13 @@ any other value is a folder written by ``danka rm``. Texts are rendered and trun
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+from bench.common import parser
 
 
 def _model(spec: str, base: str, seed: int):
@@ -33,12 +31,12 @@ def _model(spec: str, base: str, seed: int):
     return rm.model, rm.tokenizer
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     from danka.data.pairs import load_pairs
     from danka.rewards.model import ClassifierReward
     from danka.rm.train import _Pairs, evaluate_pairs
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser("rm-eval", __doc__)
     ap.add_argument("--pairs", action="append", required=True, help="NAME=path.jsonl")
     ap.add_argument("--model", action="append", required=True, help="NAME=base|folder")
     ap.add_argument("--base", default="HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -46,7 +44,7 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=384)
     ap.add_argument("--batch", type=int, default=8, help="pairs per forward")
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     sets = dict(s.split("=", 1) for s in args.pairs)
     result: dict = {"max_length": args.max_length, "base": args.base, "models": {}}
     for name, spec in (m.split("=", 1) for m in args.model):
@@ -65,7 +63,4 @@ def main() -> None:
             print(name, set_name, {k: round(v, 4) for k, v in stats.items()}, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,7 +1,7 @@
 """Does a reward model track correctness? Read an RL run trained on a reward model with a
 rule reward logged beside it (weight 0), and compare the two sample by sample.
 
-    python bench/rm_tracking.py OUTPUT_DIR --out bench/results/rl_with_rm.json \
+    python -m bench rm-tracking OUTPUT_DIR --out bench/results/rl_with_rm.json \
         [--rule gsm8k] [--command "..."] [--device "..."]
 
 Reads ``OUTPUT_DIR/completions/step_N.jsonl`` (``logging.save_completions`` >= the samples
@@ -23,11 +23,12 @@ prefers correct answers" from "the RM prefers finished, well-formatted ones".
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections import defaultdict
 from pathlib import Path
+
+from bench.common import parser
 
 
 def pearson(x: list[float], y: list[float]) -> float | None:
@@ -111,8 +112,8 @@ def read_samples(output_dir: Path, rule: str) -> dict[int, list[dict]]:
     return dict(sorted(steps.items()))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = parser("rm-tracking", __doc__)
     ap.add_argument("output_dir", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rule", default="gsm8k", help="the logged rule reward's name")
@@ -121,7 +122,7 @@ def main() -> None:
     ap.add_argument("--command", default=None, help="the training command, recorded")
     ap.add_argument("--device", default=None, help="where it ran, recorded")
     ap.add_argument("--date", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     steps = read_samples(args.output_dir, args.rule)
     per_step = [{"step": k, **summarize(v, args.correct_at)} for k, v in steps.items()]
     every = [s for v in steps.values() for s in v]
@@ -151,7 +152,4 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(pooled, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,7 +1,7 @@
 """The headline numbers of BENCHMARKS.md, read back from the bench's JSON files.
 
-    python bench/summary.py                 # markdown table from bench/results/*.json
-    python bench/summary.py --results DIR   # another results folder
+    python -m bench summary                 # markdown table from bench/results/*.json
+    python -m bench summary --results DIR   # another results folder
 
 Each row names the file it comes from and computes every ratio from the two sides stored in
 that file, so a number in BENCHMARKS.md's summary can be checked against the run that made
@@ -10,10 +10,11 @@ it. A file that is missing gives no row (a machine that ran only part of the sui
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from bench.common import parser
 
 RESULTS = Path(__file__).resolve().parent / "results"
 Row = tuple[str, str, str]  # what, measured, file
@@ -127,10 +128,14 @@ def scaling(d: dict, name: str) -> Iterator[Row]:
 def learning(d: dict, name: str) -> Iterator[Row]:
     b, a = d["before"], d["after"]
     key = "strict" if "strict" in b else "accuracy"
+    length = ""
+    if b.get("mean_length") is not None and a.get("mean_length") is not None:
+        length = f", mean answer {b['mean_length']:.0f} -> {a['mean_length']:.0f} tokens"
     yield (
         f"learning run ({d.get('device', '?')}), held-out {key}",
         f"{_pct(b[key])} -> {_pct(a[key])} in {d['steps']} steps, {d['train_minutes']} min"
-        + (f", {d['skipped_steps']} skipped" if "skipped_steps" in d else ""),
+        + (f", {d['skipped_steps']} skipped" if "skipped_steps" in d else "")
+        + length,
         name,
     )
     sb, sa = d.get("sampled_before"), d.get("sampled_after")
@@ -144,6 +149,28 @@ def learning(d: dict, name: str) -> Iterator[Row]:
         )
 
 
+def gsm8k_floors(d: dict, name: str) -> Iterator[Row]:
+    """python -m bench gsm8k-floors: the strict accuracy of answers that do not reason."""
+    f = d["floors"]
+    yield (
+        f"GSM8K strict floors ({d['n']} test questions)",
+        f"constant {f['constant']['answer']!r} {_pct(f['constant']['strict'])}, last number "
+        f"of the question {_pct(f['last_number_of_question']['strict'])}",
+        name,
+    )
+
+
+def quickstart(d: dict, name: str) -> Iterator[Row]:
+    """The quickstart run: held-out accuracy before and after, and what the run took."""
+    accuracy = f"{_pct(d['held_out_before'])} -> {_pct(d['held_out_after'])}"
+    took = f"wall clock {d['wall_clock']}, peak {d['max_rss_gb']} GB"
+    yield (
+        f"quickstart ({d['n']} held-out problems), {d['steps']} steps",
+        f"{accuracy}; {took}",
+        name,
+    )
+
+
 def packing(d: dict, name: str) -> Iterator[Row]:
     r = d["sections"]["packing"]["results"]
     yield (
@@ -155,7 +182,7 @@ def packing(d: dict, name: str) -> Iterator[Row]:
 
 
 def shared_prefix(d: dict, name: str) -> Iterator[Row]:
-    """bench_shared_prefix.py: plain vs shared-prefix paths, each side a fresh process."""
+    """python -m bench shared-prefix: plain vs shared-prefix paths, each side a fresh process."""
     a, b = d["sides"]["plain"], d["sides"]["shared"]
     for key, what in (
         ("eval_200_greedy_s", "200 greedy answers"),
@@ -173,9 +200,7 @@ def shared_prefix(d: dict, name: str) -> Iterator[Row]:
 # file pattern -> row maker; a file matching several patterns uses the first
 READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("rollout_*x*.json", rollout),
-    ("train_logprob_memory_update_05b.json", update),
     ("train_update_05b*.json", update),
-    ("train_head_update_05b*.json", update),
     ("train_ppo_7b*.json", ppo_7b),
     ("trl_*.json", trl),
     ("equivalence_2x*.json", equivalence),
@@ -183,6 +208,8 @@ READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("*_result.json", learning),
     ("calc_tool_learning_h200*.json", learning),
     ("packing_gsm8k_lengths.json", packing),
+    ("gsm8k_floors.json", gsm8k_floors),
+    ("quickstart_cpu.json", quickstart),
     ("shared_prefix_*.json", shared_prefix),
 ]
 
@@ -209,12 +236,8 @@ def table(items: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser("summary", __doc__)
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     print(table(rows(args.results)))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -174,7 +174,7 @@ class FastEngine(RolloutEngine):
         self.lora_compute = lora_compute
         # live_chunk: decode attention runs over the live slots rounded up to a multiple of
         # this (one graph per length; H200, SmolLM2 shape, 64 rows: 17.6 us per layer over
-        # 256 slots vs 24.8 over 384, bench/results/decode_attention_h200.json); 0 = always
+        # 256 slots vs 24.7 over 384, bench/results/decode_attention_h200.json); 0 = always
         # the whole capacity T (one graph).
         self.live_chunk = max(0, int(live_chunk))
         # compile_step (rollout.compile): torch.compile the per-layer decode function (one
@@ -186,7 +186,7 @@ class FastEngine(RolloutEngine):
         # (masked memory-efficient SDPA), "triton" (danka.rollout.triton_decode: split-K
         # FlashDecoding over the live slots, CUDA only) or "auto" (triton on a CUDA model when
         # triton imports, else sdpa; H200, SmolLM2 shape, 64 x 256: 1.23x tok/s plain, 1.22x
-        # with a live LoRA, bench/results/rollout_smollm2-135m_64x256_s7.json); prefill
+        # with a live LoRA, bench/results/rollout_smollm2-135m_64x256.json); prefill
         # always runs SDPA.
         self.attention = check_attention(attention)
         self._attention = "sdpa"  # resolved for each new model (``auto`` depends on its device)

@@ -12,7 +12,7 @@ Active LoRA adapters (Hu et al. 2021, https://arxiv.org/abs/2106.09685) are appl
 UNMERGED, as peft's training forward applies them: ``y = x @ W.T + (x @ A.T) @ (s * B).T``
 with the low-rank path in the adapter's dtype (fp32 when peft keeps adapters in fp32).
 Merging ``W + s * B @ A`` into bf16 weights would round away deltas smaller than W's bf16
-step, i.e. most of an adapter's first updates (issue 11 #2). For a fused matrix the
+step, i.e. most of an adapter's first updates. For a fused matrix the
 adapters' A matrices are stacked (``.la``: R x in, R = sum of ranks) and their scaled B
 matrices placed block-diagonally (``.lb``: out x R), one low-rank pair per fused linear.
 Embedding adapters use ``.la`` = stacked A.T (V x R), looked up like the embedding.

@@ -67,7 +67,7 @@ def sampling_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> 
     Every processor HF would otherwise add (repetition penalty, min-p, typical-p, n-gram
     bans, suppressed tokens, ...) is set to its neutral value, so a model's own
     ``generation_config.json`` (e.g. Qwen2-Instruct's repetition_penalty 1.05, top_k 20)
-    cannot change the distribution the policy is trained on (issue 11 #7).
+    cannot change the distribution the policy is trained on.
     """
     return GenerationConfig(
         max_new_tokens=params.max_new_tokens,

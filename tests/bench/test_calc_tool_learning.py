@@ -1,25 +1,15 @@
-"""bench/calc_tool_learning.py reads a finished run: before/after held-out accuracy with the
+"""bench.calc_tool_learning reads a finished run: before/after held-out accuracy with the
 tool, the valid-call rates, the training curve (a fake run folder, written by hand)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
+from bench import calc_tool_learning
+from bench.calc_tool_heldout import split_rows
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _module():
-    if str(ROOT / "bench") not in sys.path:  # as when run as a script: its folder is on the path
-        sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(
-        "calc_tool_learning", ROOT / "bench/calc_tool_learning.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_summarize_run_before_and_after(tmp_path):
@@ -40,7 +30,7 @@ def test_summarize_run_before_and_after(tmp_path):
         for s in (1, 2)
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    out = _module().summarize_run(tmp_path)
+    out = calc_tool_learning.summarize_run(tmp_path)
     # evaluations sorted by step (file order is not): 0 -> 9 -> 20
     assert [e["step"] for e in out["evaluations"]] == [0, 9, 20]
     assert out["before"]["accuracy"] == 0.05 and out["after"]["accuracy"] == 0.4
@@ -69,7 +59,7 @@ def test_sampled_before_uses_the_base_and_after_the_last_checkpoint(tmp_path, mo
 
     from danka.checkpoint import save_checkpoint
 
-    mod = _module()
+    mod = calc_tool_learning
     for step in (3, 6):  # the newest complete one is 6
         save_checkpoint(
             tmp_path,
@@ -103,9 +93,6 @@ def test_sampled_before_uses_the_base_and_after_the_last_checkpoint(tmp_path, mo
 
 
 def test_harder_held_out_splits_are_right_and_held_out():
-    _module()  # puts bench/ on the path
-    from calc_tool_heldout import split_rows
-
     from danka.data.calc_task import calc_split
 
     for row in split_rows("two_ops", 20):  # "What is a * b + c?": one calculator expression

@@ -1,15 +1,10 @@
 """Kernel names -> the classes of the profile tables in BENCHMARKS.md."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from kernel_profile import kernel_class  # noqa: E402
+from bench.kernel_profile import kernel_class
 
 
 def test_kernel_classes_of_real_h200_kernel_names():
-    # names from bench/results/rollout_smollm2-135m_64x256_compile_profile_s5.json
+    # names from a profiled rollout on an H200 (rollout.compile: true)
     fmha = "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel"
     assert kernel_class(fmha) == "attention"  # a CUTLASS kernel, but attention
     assert kernel_class("nvjet_sm90_tst_64x8_64x16_2x4_h_badd_TNT") == "gemm"

@@ -1,6 +1,6 @@
 """On 2 GPUs (NCCL): K training steps through ``danka train --nproc 2`` give the 1-GPU weights.
 
-Runs ``bench/bench_scale.py --only equivalence`` (GRPO LoRA and full-parameter in float32
+Runs ``python -m bench scale --only equivalence`` (GRPO LoRA and full-parameter in float32
 and bfloat16, PPO with a critic in float32; greedy rollouts so both runs see the same
 samples) and checks every case against its tolerance: rel = ||w_2 - w_1|| / ||w_1 - w_0||
 <= 1e-3 in float32 (only the reduction order differs) and <= 5e-2 in bfloat16.
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_two_gpus_train_like_one(tmp_path):
     out = Path(os.environ.get("DANKA_EQUIV_JSON", tmp_path / "equivalence.json"))
-    cmd = [sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--only", "equivalence",
+    cmd = [sys.executable, "-m", "bench", "scale", "--only", "equivalence",
            "--work", str(tmp_path / "work"), "--out", str(out),
            "--budget-s", os.environ.get("DANKA_EQUIV_BUDGET_S", "330")]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)

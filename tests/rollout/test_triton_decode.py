@@ -5,9 +5,6 @@ Skipped where triton is not importable (CI). Run with triton on the path:
 ``PYTHONPATH=/tmp/triton_site:. TRITON_INTERPRET=1 python -m pytest -q THIS_FILE``.
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,11 +12,8 @@ from .triton_setup import triton_device
 
 DEVICE = triton_device()  # before danka's kernel imports triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from bench_decode_attention import matmul_softmax  # noqa: E402
-
 import danka.rollout.triton_decode as tda  # noqa: E402
+from bench.decode_attention import matmul_softmax  # noqa: E402
 
 
 def _case(b, kvh, g, d, cap, live, start, slot, seed=0):

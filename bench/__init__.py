@@ -1,0 +1,7 @@
+"""danka's benchmarks: ``python -m bench <subcommand> [args]`` from the repository root.
+
+Each benchmark is a module with ``main(argv) -> int``; ``bench/__main__.py`` lists them.
+Results go to ``bench/results/`` (one current JSON per benchmark, ``INDEX.md`` says what
+each measured). Every place a benchmark reaches into danka's trainer internals is in
+``danka_side.py``.
+"""

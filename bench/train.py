@@ -1,0 +1,283 @@
+"""Training-side benchmarks of danka on one GPU: step time, update MFU, memory.
+
+    python -m bench train --only update_05b,logprob_memory --update-variants mb16,mb16+gc
+    python -m bench train --only ppo_7b --ppo-engines hf,fast --name train_ppo_7b
+    python -m bench train --tiny --device cpu --only update_05b,packing   # CPU check
+
+Sections (``--only a,b``), each failing on its own (the error goes to the JSON and table):
+
+1. ``grpo_step``: danka's GRPO step at TRL's settings (SmolLM2-135M-Instruct, 8 prompts x 8
+   samples, 256 new tokens, LoRA r16 all-linear or full-parameter, gradient checkpointing,
+   beta 0): median step time (first step excluded), per-phase times and peak memory.
+2. ``update_05b`` and 4. ``logprob_memory``: the full-parameter update and the log-prob head
+   on the Qwen2.5-0.5B shape (``bench/update_mfu.py``).
+3. ``ppo_7b``: the whole PPO step on the Qwen2-7B shape per rollout engine, against ``danka
+   estimate`` (``bench/ppo_memory.py``).
+5. ``packing`` and 6. ``packing_step``: the effective-token ratio and the update with
+   ``data.packing`` on vs off (``bench/packing.py``).
+
+``--tiny --device cpu`` swaps every model for a small one (danka.models.tiny) and every size
+for a small one, so each code path runs on a laptop; timings then mean nothing. The result
+JSON (``train_<sections>.json`` unless ``--name``) is rewritten after every section, so a
+run cut short keeps the sections it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from bench import danka_side as ds
+from bench.common import (
+    add_output_args,
+    environment,
+    error_text,
+    fmt,
+    free,
+    parser,
+    variant_rows,
+    write_result,
+)
+from bench.packing import packing, packing_rows, packing_step, packing_step_rows
+from bench.ppo_memory import ppo_7b, ppo_rows
+from bench.training import gc_active, pick_size, run_steps
+from bench.update_mfu import logprob_memory, logprob_rows, update_05b, update_rows
+from danka.config import load_config
+from danka.models import tiny
+from danka.models.loading import configure_attention_backends
+from danka.models.lora import count_parameters
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# (real, --tiny) sizes of grpo_step
+GRPO_SIZES = (
+    {"prompts": 8, "n": 8, "new": 256, "sentences": 8},
+    {"prompts": 2, "n": 4, "new": 16, "sentences": 2},
+)  # fmt: skip (real, --tiny)
+
+
+def quiet_log(verbose: bool) -> logging.Logger:
+    log = logging.getLogger("bench.train")
+    log.setLevel(logging.INFO if verbose else logging.WARNING)
+    if not log.handlers:
+        log.addHandler(logging.StreamHandler(sys.stderr))
+    return log
+
+
+def synthetic_gsm8k(path: Path, rows: int, sentences: int) -> Path:
+    """GSM8K-format rows (question/answer '#### n'); ``sentences`` x ~16 tokens per question."""
+    g = torch.Generator().manual_seed(0)
+    names = ["Tom", "Maria", "Ali", "Chen", "Priya", "Lena", "Omar", "Kofi"]
+    with path.open("w") as f:
+        for i in range(rows):
+            parts = []
+            for s in range(sentences):
+                a, b, c = torch.randint(2, 99, (3,), generator=g).tolist()
+                parts.append(f"{names[(i + s) % 8]} buys {a} boxes of {b} pencils each and then "
+                             f"gives {c} pencils to a friend at school.")  # fmt: skip
+            q = " ".join(parts) + " How many pencils are left in total?"
+            f.write(json.dumps({"question": q, "answer": f"Work it out. #### {i}"}) + "\n")
+    return path
+
+
+def grpo_step(args, dev: torch.device, log) -> dict:
+    z = pick_size(args, GRPO_SIZES)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_grpo_"))
+    model = str(tiny.save_tiny_model(tmp / "model")) if args.tiny else args.model
+    micro = 4 if args.tiny else args.grpo_micro
+    data = args.data or str(synthetic_gsm8k(tmp / "gsm8k.jsonl", 64, z.sentences))
+    out = {"model": model, "data": data if args.data else "synthetic", "prompts": z.prompts,
+           "samples": z.n, "max_new_tokens": z.new, "micro_batch": micro, "variants": {}}  # fmt: skip
+    for variant in args.grpo_variants.split(","):
+        for engine in args.engine.split(","):
+            key = f"{variant}/{engine}"
+            overrides = grpo_overrides(args, dev, model, data, variant, engine, z, micro,
+                                       tmp / key.replace("/", "_"))  # fmt: skip
+            try:
+                out["variants"][key] = _grpo_one(args, dev, log, overrides)
+            except Exception as err:  # noqa: BLE001 - one variant failing keeps the others
+                out["variants"][key] = {"error": error_text(err)}
+            free(dev)
+    return out
+
+
+def grpo_overrides(args, dev, model, data, variant, engine, z, micro, out_dir) -> list[str]:
+    """TRL's GRPO anchor as danka ``key=value`` overrides (beta 0, LoRA r16 all-linear)."""
+    lora = variant == "lora"
+    return [
+        f"model.actor_model_name_or_path={model}", f"model.device={dev}",
+        "model.use_gradient_checkpointing=true",
+        "trainer.algorithm=grpo", f"trainer.batch_size={z.prompts}",
+        f"trainer.samples_per_prompt={z.n}", f"trainer.micro_batch_size={micro}",
+        f"trainer.max_new_tokens={z.new}", f"trainer.max_length={z.new + 768}",
+        f"trainer.total_steps={args.steps}", "trainer.kl.coef=0", "trainer.temperature=1.0",
+        f"trainer.lr={1e-5 if lora else 1e-6}", f"lora.enable_lora={str(lora).lower()}",
+        "lora.lora_r=16", "lora.lora_alpha=32", "lora.target_modules=all-linear",
+        f"rollout.engine={engine}", f"data.train_dataset={data}", "data.format=gsm8k",
+        "data.eval_size=0", "data.overlong_prompt=truncate_left", "logging.tensorboard=false",
+        "logging.progress=false", f"output_dir={out_dir}",
+    ]  # fmt: skip
+
+
+def _grpo_one(args, dev, log, overrides: list[str]) -> dict:
+    cfg, base_dir = load_config(None, overrides)
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run = ds.build_run_from_config(cfg, base_dir, out_dir, log)
+    policy = ds.policy_of(run)
+    try:
+        if args.train_mode:
+            policy.train()
+        res = run_steps(run, args.steps, dev)
+        res["gc_active"] = gc_active(policy)
+        trainable, total = count_parameters(policy)
+        res["params"], res["trainable_params"] = total, trainable
+    finally:
+        ds.close_run(run)
+    peaks = res["phase_peak_gib"]
+    res["peak_gib"] = peaks.get("step") if peaks else None
+    return res
+
+
+def grpo_rows(res: dict) -> list[tuple[str, str, str]]:
+    """(metric, value, reference) rows of ``grpo_step`` for the final table."""
+
+    def rows_of(key: str, v: dict) -> list:
+        ph, peaks = v["median"], v["phase_peak_gib"] or {}
+        tag = f"{key} (gc {'on' if v['gc_active'] else 'OFF'})"
+        phases = "/".join(
+            fmt(ph.get(f"time/{k}")) for k in ("rollout", "reward", "logprobs", "update")
+        )
+        first = f"first step {fmt(v['first_step_s'])} s"
+        return [
+            (f"{tag} median step s", fmt(v["median_step_s"]), first),
+            (f"{key} rollout/reward/logprobs/update s", phases, ""),
+            (f"{key} peak GiB", fmt(v["peak_gib"]),
+             f"rollout {fmt(peaks.get('rollout'))}, update {fmt(peaks.get('update'))}"),
+        ]  # fmt: skip
+
+    return variant_rows(res["variants"], rows_of)
+
+
+# name -> (section, its table rows)
+SECTIONS = {
+    "grpo_step": (grpo_step, grpo_rows),
+    "update_05b": (update_05b, update_rows),
+    "ppo_7b": (ppo_7b, ppo_rows),
+    "logprob_memory": (logprob_memory, logprob_rows),
+    "packing": (packing, packing_rows),
+    "packing_step": (packing_step, packing_step_rows),
+}
+
+
+def print_table(report: dict) -> None:
+    lines = []
+    for name, sec in report["sections"].items():
+        if sec["status"] != "ok":
+            lines.append((name, "ERROR", sec["error"][:80]))
+            continue
+        try:
+            for metric, value, ref in SECTIONS[name][1](sec["results"]):
+                lines.append((name, f"{metric}: {value}", ref))
+        except Exception as err:  # noqa: BLE001 - a table bug must not hide the JSON
+            lines.append((name, "table error", error_text(err)))
+        lines.append((name, f"wall {sec['wall_s']:.1f} s", ""))
+    w0 = max(len(a) for a, _, _ in lines) if lines else 8
+    w1 = max(len(b) for _, b, _ in lines) if lines else 8
+    tiny_note = "  (TINY: timings meaningless)" if report["tiny"] else ""
+    print(
+        f"\ndanka training benchmark: {report['device']}  torch {report['torch']}  "
+        f"transformers {report['transformers']}{tiny_note}"
+    )
+    print("-" * (w0 + w1 + 40))
+    for a, b, c in lines:
+        print(f"{a:<{w0}}  {b:<{w1}}  {c}")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = parser("train", __doc__)
+    ap.add_argument("--only", default="update_05b,ppo_7b,logprob_memory", help="sections: "
+                    + ",".join(SECTIONS))  # fmt: skip
+    ap.add_argument("--model", default=SMOLLM2, help="grpo_step policy (hub id or folder)")
+    ap.add_argument("--data", help="GSM8K jsonl (question/answer); default synthetic prompts")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="small models and sizes (CPU check)")
+    ap.add_argument("--steps", type=int, default=6, help="grpo_step: train steps per variant")
+    ap.add_argument("--engine", default="fast", help="grpo_step rollout engines: fast,hf")
+    ap.add_argument("--grpo-variants", default="lora,full", help="lora,full")
+    ap.add_argument("--grpo-micro", type=int, default=8, help="grpo_step micro-batch (seqs)")
+    ap.add_argument(
+        "--update-variants",
+        default="mb16,mb8,mb16+gc,mb8+gc",
+        help="update_05b: mb<micro-batch>[+gc][+compile][+eager_head], comma-separated "
+        "(+compile: trainer.compile, stays on for the variants after it; +eager_head: the "
+        "log-prob head's per-chunk work eager instead of compiled)",
+    )
+    ap.add_argument(
+        "--ppo-engines",
+        default="hf,fast",
+        help="ppo_7b rollout engines: hf, fast, hf-qlora (NF4 base through model.load_in_4bit)",
+    )
+    ap.add_argument("--ckpt-dir", help="ppo_7b qlora: where the random 7B checkpoint goes "
+                    "(default /dev/shm when it has room, else the temp dir)")  # fmt: skip
+    ap.add_argument("--profile", action="store_true", help="update_05b: top CUDA kernels")
+    ap.add_argument("--packing-shapes", default="smollm2-135m,qwen2-0.5b", help="packing_step")
+    ap.add_argument("--packing-variants", default="mb8,mb8+pack,mb16,mb16+pack,mb64,mb64+pack",
+                    help="packing_step: mb<micro-batch>[+pack][+gc], comma-separated")  # fmt: skip
+    ap.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler")
+    ap.add_argument("--ppo-micro", type=int, default=4, help="ppo_7b micro-batch (seqs)")
+    ap.add_argument("--train-mode", action="store_true", help="policy in train mode (the "
+                    "loader leaves eval mode, where HF skips gradient checkpointing)")  # fmt: skip
+    ap.add_argument("--verbose", action="store_true", help="show danka's INFO log")
+    add_output_args(ap)
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.steps = min(args.steps, 3)
+    return args
+
+
+def run(args) -> dict:
+    """Run the sections of ``args.only``; the report (and its JSON after each section)."""
+    dev = torch.device(args.device)
+    # as in every danka run: no cuDNN SDPA (its backward gave NaN gradients on padded rows,
+    # and the sections build random models without danka's loader, which turns it off)
+    configure_attention_backends()
+    log = quiet_log(args.verbose)
+    import transformers
+
+    report = {"args": vars(args), "tiny": args.tiny, "torch": torch.__version__,
+              "transformers": transformers.__version__,
+              "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+              "sections": {}}  # fmt: skip
+    result = {"bench": "train", "sections": args.only, "environment": environment(),
+              "result": report}  # fmt: skip
+    name = args.name or "train_" + args.only.replace(",", "_")
+    for section in [s.strip() for s in args.only.split(",") if s.strip()]:
+        t0 = time.perf_counter()
+        if section not in SECTIONS:
+            sec = {"status": "error", "error": f"unknown section (use {', '.join(SECTIONS)})"}
+        else:
+            print(f"[bench train] {section} ...", file=sys.stderr, flush=True)
+            try:
+                sec = {"status": "ok", "results": SECTIONS[section][0](args, dev, log)}
+            except Exception as err:  # noqa: BLE001 - record, go on with the next section
+                traceback.print_exc()
+                sec = {"status": "error", "error": error_text(err)}
+        sec["wall_s"] = time.perf_counter() - t0
+        report["sections"][section] = sec
+        free(dev)
+        write_result(result, args.out_dir, name)  # partial results survive
+    print_table(report)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    run(parse(argv))
+    return 0

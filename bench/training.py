@@ -1,0 +1,80 @@
+"""What the training-side benchmarks share: sizes, random-weight models, and the training
+loop's own step timings and per-phase peaks.
+
+A section runs at its real size, or with ``--tiny`` at a small one on a CPU (every code path,
+timings meaningless). Random weights need no download; they are built directly on the
+device in the benchmark's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bench.common import is_cuda, reset_peak
+
+
+def pick_size(args, sizes: tuple[dict, dict]):
+    """The (real, ``--tiny``) size pair of a section as a namespace, by ``args.tiny``."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**sizes[1 if args.tiny else 0])
+
+
+def shape(args, real: Callable):
+    """(model config, dtype): the real shape in bf16, or a tiny Qwen2 in fp32 with --tiny."""
+    import torch
+
+    from danka.models import tiny
+
+    if args.tiny:
+        return tiny.tiny_config(tiny.tiny_tokenizer(), arch="qwen2"), torch.float32
+    return real(), torch.bfloat16
+
+
+def random_model(config, dev, dtype):
+    """Random-weight causal LM built directly on ``dev`` in ``dtype`` (no CPU copy, no fp32
+    detour: a 7B model is 15 GB). HF's init (normal_, std 0.02) runs on the device in
+    seconds; skipping it would leave uninitialised memory (possible NaNs). Put in eval mode,
+    the state ``danka.models.loading.load_causal_lm`` hands to the trainer, so the bench sees
+    what a real run sees (see ``--train-mode``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def gc_active(model) -> bool:
+    """HF layers checkpoint only when ``gradient_checkpointing`` is set AND in train mode."""
+    return any(getattr(m, "gradient_checkpointing", False) and m.training for m in model.modules())
+
+
+def run_steps(run, steps: int, dev) -> dict:
+    """``steps`` steps of the training loop; median over steps 2.. and per-phase peaks, as
+    the loop itself measures them (``time/<phase>``, ``memory/<phase>_peak_gib``)."""
+    import statistics
+    from collections import defaultdict
+
+    from bench.danka_side import train_step
+
+    per_step, peaks = [], defaultdict(float)
+    reset_peak(dev)
+    for step in range(1, steps + 1):
+        metrics, batch = train_step(run, step)
+        keep = {k: float(v) for k, v in metrics.items()
+                if k.startswith(("time/", "throughput/", "packing/", "response"))}  # fmt: skip
+        keep["prompt_tokens_mean"] = float(batch.prompt_mask.sum(1).float().mean())
+        per_step.append(keep)
+        for k, v in metrics.items():
+            if k.startswith("memory/") and k.endswith("_peak_gib"):
+                name = k.removeprefix("memory/").removesuffix("_peak_gib")
+                peaks[name] = max(peaks[name], float(v))
+        if "memory/peak_gib" in metrics:
+            peaks["step"] = max(peaks["step"], float(metrics["memory/peak_gib"]))
+    later = per_step[1:] or per_step
+    med = {k: statistics.median(s[k] for s in later) for k in later[0]}
+    return {"steps": per_step, "median": med, "first_step_s": per_step[0]["time/step"],
+            "median_step_s": med["time/step"],
+            "phase_peak_gib": dict(peaks) if is_cuda(dev) else None}  # fmt: skip

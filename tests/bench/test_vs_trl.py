@@ -1,0 +1,100 @@
+"""bench.vs_trl: TRL's GRPOTrainer vs `danka train` on the same settings (CPU smoke)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from bench import danka_side, vs_trl
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("variant", ["lora", "full"])
+def test_danka_side_config_is_valid_and_equal_to_the_trl_settings(tmp_path, variant):
+    from danka.config import load_config
+
+    args = SimpleNamespace(
+        variant=variant, steps=3, prompts=8, generations=8, micro=16, new_tokens=256
+    )
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in vs_trl.prompts(8)))
+    raw = vs_trl.danka_config(args, "HuggingFaceTB/SmolLM2-135M-Instruct", data, tmp_path)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cfg, _ = load_config(str(path), [])  # danka's own validation accepts it
+    t = cfg.trainer
+    assert (t.batch_size, t.samples_per_prompt, t.max_new_tokens) == (8, 8, 256)
+    assert t.kl.coef == 0.0 and cfg.model.use_gradient_checkpointing
+    assert cfg.lora.enable_lora is (variant == "lora") and cfg.lora.lora_r == 16
+    assert t.lr == (2e-4 if variant == "lora" else 1e-5)
+
+
+def test_reward_is_the_last_number_rule():
+    done = [[{"role": "assistant", "content": "It is 12, no: 85"}], "85.", "85 or 86", ""]
+    assert vs_trl.last_number_reward(done, answer=["85"] * 4) == [1.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed")
+def test_trl_and_danka_sides_one_json(tmp_path):
+    cmd = [sys.executable, "-m", "bench", "trl", "--out-dir", str(tmp_path), "--name", "t"]
+    cmd += ["--tiny", "--variants", "lora", "--prompts", "2", "--generations", "2"]
+    cmd += ["--new-tokens", "8", "--micro", "4", "--steps", "2"]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    res = json.loads((tmp_path / "t.json").read_text())
+    sides = res["variants"]["lora"]["sides"]
+    assert "error" not in sides["trl"] and "error" not in sides["danka"], sides
+    assert len(sides["trl"]["step_s"]) == len(sides["danka"]["step_s"]) == 2
+    ratio = res["variants"]["lora"]["trl_over_danka_step_time"]
+    assert ratio == sides["trl"]["median_step_s"] / sides["danka"]["median_step_s"]
+    assert sides["trl"]["trl"] and res["environment"]["torch"]
+
+
+def test_danka_set_overrides_reach_danka_train_as_its_own_overrides(tmp_path):
+    from danka.cli import build_parser
+    from danka.config import load_config
+
+    args = SimpleNamespace(
+        variant="full", steps=3, prompts=8, generations=8, micro=16, new_tokens=256,
+        danka_set=["rollout.keep_cache=false", "trainer.logprob_chunk_size=256"],
+    )  # fmt: skip
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in vs_trl.prompts(8)))
+    path = tmp_path / "c.yaml"
+    raw = vs_trl.danka_config(args, "HuggingFaceTB/SmolLM2-135M-Instruct", data, tmp_path)
+    path.write_text(yaml.safe_dump(raw))
+    cmd = danka_side.danka_train_command(path, args.danka_set, eager_head=False)
+    assert cmd[1:4] == ["-m", "danka", "train"]
+    parsed = build_parser().parse_args(cmd[3:])  # what `danka train` sees
+    cfg, _ = load_config(parsed.config, parsed.overrides)
+    assert cfg.rollout.keep_cache is False  # YAML false, not the string "false"
+    assert cfg.trainer.logprob_chunk_size == 256 and cfg.trainer.batch_size == 8
+    # the same CLI, the head's per-chunk work eager
+    eager = danka_side.danka_train_command(path, args.danka_set, eager_head=True)
+    assert "m.FUSED = False" in eager[2] and eager[3:] == cmd[3:]
+
+
+def test_random_weights_copy_keeps_config_and_tokenizer(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from danka.models.tiny import save_tiny_model
+
+    src = save_tiny_model(tmp_path / "src")
+    out = vs_trl.save_random_copy(str(src), tmp_path / "random")
+    a = AutoModelForCausalLM.from_pretrained(str(src))
+    b = AutoModelForCausalLM.from_pretrained(str(out))
+    assert a.config.num_hidden_layers == b.config.num_hidden_layers
+    assert b.dtype == torch.bfloat16  # the benchmark's weights: bf16, random
+    wa, wb = a.get_input_embeddings().weight, b.get_input_embeddings().weight.float()
+    assert wa.shape == wb.shape and not torch.allclose(wa, wb)
+    tok_a, tok_b = AutoTokenizer.from_pretrained(str(src)), AutoTokenizer.from_pretrained(str(out))
+    assert tok_a.chat_template == tok_b.chat_template and len(tok_a) == len(tok_b)

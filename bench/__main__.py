@@ -26,7 +26,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm-tracking": ("bench.rm_tracking", "does a reward model track the rule reward in RL?"),
     "gsm8k-floors": ("bench.gsm8k_floors", "GSM8K accuracy of answers that do not reason"),
     "learning": ("bench.learning", "learning runs: held-out accuracy before/after training"),
-    "gsm8k-learning": ("bench.gsm8k_learning", "GSM8K learning run on one GPU"),
     "summary": ("bench.summary", "the headline numbers, read back from bench/results/"),
 }
 

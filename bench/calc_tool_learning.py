@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench.calc_tool_heldout import load_policy, measure, without_example
 from bench.common import parser
-from bench.gsm8k_learning import (
+from bench.learning import (
     add_run_args,
     print_before_after,
     run_danka_train,

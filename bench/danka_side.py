@@ -1,43 +1,50 @@
-"""Every place a benchmark reaches into danka's trainer internals, in one file.
+"""Every place a benchmark reaches into danka's trainer, in one file, through its public
+builders only.
 
 The training benchmarks run danka's own step (``train_step``, ``update``) on random-weight
-models that have no files to load, so they cannot go through ``danka train``; they build a
-trainer ``Run`` around the model instead, and flip two module switches for A/B runs (the
-fused log-prob head, the shared-prefix paths). Nothing else in ``bench/`` imports
-``danka.trainer``: when the trainer's builders change, this file is the one to change.
+models that have no files to load, so they cannot go through ``danka train``: they build
+the model set (``trainer.models.build_models``), hand it to ``trainer.setup.assemble_run``
+(the builder ``build_run`` ends in) with stand-in rewards, and bind the step's stages with
+``trainer.stages.build_stages``. A/B switches are config settings
+(``trainer.fused_logprob_head``, ``trainer.shared_prefix_forward``,
+``rollout.shared_prefix``), never patched module globals. Nothing else in ``bench/``
+imports ``danka.trainer``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-import tempfile
 from pathlib import Path
-from unittest import mock
 
 import torch
 
-import danka.models.logprobs as _logprobs
-from danka.algorithms.kl import FixedKLController
 from danka.lifecycle import compile_forward
 from danka.rewards.combine import RewardOutput
 from danka.rollout import hf_prefix as _hf_prefix
 from danka.trainer import fit as _fit
-from danka.trainer import shared_prefix as _shared_prefix
-from danka.trainer.forward import effective_token_ratio, policy_logprobs, trim
+from danka.trainer.forward import (
+    ForwardSettings,
+    effective_token_ratio,
+    policy_logprobs,
+    trim,
+)
 from danka.trainer.models import build_models
-from danka.trainer.optim import build_optimizer, build_scheduler
-from danka.trainer.run import PromptSet, Run, RunState
-from danka.trainer.sampler import PromptSampler
-from danka.trainer.setup import build_algorithm, build_model_set, build_run, load_rows
+from danka.trainer.records import ON_POLICY, TrainBatch
+from danka.trainer.run import PromptSet, Run
+from danka.trainer.setup import assemble_run, build_model_set, build_run, load_rows
 from danka.trainer.setup import reward_specs as _reward_specs
+from danka.trainer.stages import Stages, build_stages
 from danka.trainer.update import update
 from danka.types import PromptRow, RolloutBatch
 
-__all__ = ["effective_token_ratio", "policy_logprobs", "trim"]
+__all__ = ["ForwardSettings", "effective_token_ratio", "policy_logprobs", "trim"]
 
 
 class _NoText:
     """Tokenizer stand-in for random-weight runs: completions decode to empty strings."""
+
+    pad_token_id = 0
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return ""
@@ -67,28 +74,15 @@ def load_models(cfg, dev: torch.device, log):
 def build_run_for_bench(
     cfg, models, dev, dtype, log, *, prompts=None, engine=None, eos=(), pad=0
 ) -> Run:
-    """A ``Run`` without tokenizer, data files or reward functions: the pieces
-    ``build_run`` would load are stand-ins, so random-weight models go through the
-    trainer's own ``train_step``/``update``. ``prompts``: token-id lists to sample from."""
-    t = cfg.trainer
-    sched = dict(kind="constant", warmup_steps=0, total_steps=10_000)
-    actor_opt = build_optimizer(models.actor_params, lr=t.lr, weight_decay=t.weight_decay)
-    critic_opt = critic_sched = None
-    if models.critic_params:
-        critic_opt = build_optimizer(models.critic_params, lr=t.critic_lr, weight_decay=0.0)
-        critic_sched = build_scheduler(critic_opt, **sched)
-    prompts = prompts or []
+    """``assemble_run`` with stand-ins for what a random-weight model has no files for:
+    the tokenizer (empty completions) and the rewards (N(0, 1)). ``prompts``: token-id
+    lists to sample from."""
+    prompts = prompts or [[pad]] * cfg.trainer.batch_size
     rows = [PromptRow(index=i, prompt="") for i in range(len(prompts))]
-    sampler = PromptSampler(len(prompts), t.batch_size, seed=0, shuffle=False) if prompts else None
-    return Run(
-        cfg=cfg, base_dir=Path.cwd(), output_dir=Path(tempfile.gettempdir()), device=dev,
-        dtype=dtype, tokenizer=_NoText(), models=models, engine=engine, rewards=random_rewards,
-        train=PromptSet(rows=rows, texts=[""] * len(rows), ids=prompts), eval=None,
-        actor_opt=actor_opt, actor_sched=build_scheduler(actor_opt, **sched),
-        critic_opt=critic_opt, critic_sched=critic_sched, kl_ctl=FixedKLController(t.kl.coef),
-        sampler=sampler, log=log, algo=build_algorithm(cfg),
-        state=RunState(total_steps=10_000, micro_batch_size=t.micro_batch_size),
-        update_generator=torch.Generator().manual_seed(0), eos_ids=list(eos), pad_id=pad,
+    train = PromptSet(rows=rows, texts=[""] * len(rows), ids=prompts)
+    return assemble_run(
+        cfg, models, engine=engine, rewards=random_rewards, train=train, tokenizer=_NoText(),
+        log=log, eos_ids=list(eos), pad_id=pad,
     )  # fmt: skip
 
 
@@ -121,15 +115,42 @@ def packed_length(run: Run) -> int | None:
     return run.pack_len
 
 
+def stages_of(run: Run, *, fused_head: bool | None = None) -> Stages:
+    """The run's step stages (``build_stages``), the log-prob head's fused chunks on or off
+    when ``fused_head`` is given (``trainer.fused_logprob_head`` for this run)."""
+    s = build_stages(run)
+    if fused_head is not None:
+        fwd = dataclasses.replace(s.updating.forward, fused_head=fused_head)
+        s.updating = dataclasses.replace(s.updating, forward=fwd)
+        s.preparing = dataclasses.replace(s.preparing, forward=fwd)
+    return s
+
+
 def train_step(run: Run, step: int) -> tuple[dict[str, float], RolloutBatch]:
-    """One step of the training loop: (its metrics, its batch)."""
-    metrics, batch, _ = _fit.train_step(run, step)
-    return metrics, batch
+    """One step of the training loop: (its metrics, its samples)."""
+    result = _fit.train_step(stages_of(run), step)
+    return _fit.metrics_of(run, result), result.scored.batch
 
 
-def update_step(run: Run, batch: RolloutBatch) -> None:
+def train_batch(batch: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:
+    """An on-policy training batch (pi_old = the policy at the update's one optimiser step)
+    of ``batch``'s sequences with the given (B, R) advantages."""
+    b = batch
+    return TrainBatch(
+        prompt_ids=b.prompt_ids, prompt_mask=b.prompt_mask, response_ids=b.response_ids,
+        response_mask=b.response_mask, loss_mask=b.loss_mask,
+        valid=torch.ones(b.size, dtype=torch.bool), advantages=advantages,
+        old_logprobs=ON_POLICY,
+    )  # fmt: skip
+
+
+def update_step(run: Run, batch: TrainBatch, *, fused_head: bool = True) -> None:
     """The update phase alone (log-probs, loss, backward, optimiser) on a ready batch."""
-    update(run, batch, run.update_generator)
+    s = stages_of(run, fused_head=fused_head)
+    update(
+        s.models, s.algo, s.opts, batch, s.updating, micro_size=run.state.micro_batch_size,
+        kl_coef=float(run.kl_ctl.value), generator=run.update_generator,
+    )  # fmt: skip
 
 
 def compile_body(model: torch.nn.Module, dev: torch.device) -> None:
@@ -137,34 +158,15 @@ def compile_body(model: torch.nn.Module, dev: torch.device) -> None:
     compile_forward(model, True, dev)
 
 
-def set_fused_head(on: bool) -> None:
-    """The log-prob head's per-chunk work compiled on CUDA (on) or eager (off), for A/B."""
-    _logprobs.FUSED = on
-
-
-def fused_head() -> bool:
-    return _logprobs.FUSED
-
-
-def shared_prefix_off() -> None:
-    """Switch both shared-prefix paths off in this process: plain ``generate`` and the
-    plain training forward (the "off" side of the shared-prefix A/B)."""
-    mock.patch.object(_hf_prefix, "usable", lambda m: False).start()
-    mock.patch.object(_shared_prefix, "ENABLED", False).start()
-
-
 def common_prefix_len(prompts: list[list[int]]) -> int:
     return _hf_prefix.common_prefix_len(prompts)
 
 
 def danka_train_command(config: Path, overrides: list[str], eager_head: bool) -> list[str]:
-    """``danka train CONFIG KEY=VALUE ...`` as a child command; ``eager_head`` runs the
-    same CLI with the log-prob head's per-chunk work eager."""
-    if not eager_head:
-        return [sys.executable, "-m", "danka", "train", str(config), *overrides]
-    boot = "import sys, danka.models.logprobs as m; m.FUSED = False; "
-    boot += "from danka.cli import main; sys.exit(main())"
-    return [sys.executable, "-c", boot, "train", str(config), *overrides]
+    """``danka train CONFIG KEY=VALUE ...`` as a child command; ``eager_head`` runs it with
+    the log-prob head's per-chunk work eager (``trainer.fused_logprob_head: false``)."""
+    extra = ["trainer.fused_logprob_head=false"] if eager_head else []
+    return [sys.executable, "-m", "danka", "train", str(config), *overrides, *extra]
 
 
 def held_out_rows(cfg, base_dir: Path, run_dir: Path) -> list[PromptRow]:

@@ -130,16 +130,16 @@ def computed_floor(run_dir: Path) -> tuple[float | None, str]:
     """(guess floor, how it was found) for a run that did not record ``eval/guess_floor``:
     the config's held-out rows scored by its own rule rewards (danka.diagnose.floors)."""
     try:
+        from bench import danka_side as ds
         from danka.config import load_config
         from danka.diagnose.floors import guess_floors, prompt_text
         from danka.rewards.combine import build_reward_computer
-        from danka.trainer.setup import load_rows, reward_specs
 
         cfg, base_dir = load_config(str(run_dir / "config.json"), [])
-        _, held = load_rows(cfg, Path.cwd(), run_dir)
+        held = ds.held_out_rows(cfg, Path.cwd(), run_dir)
         if not held:
             return None, "no held-out rows in the config"
-        specs = reward_specs(cfg, held)
+        specs = ds.reward_specs(cfg, held)
         with build_reward_computer(specs, base_dir=Path.cwd()) as rewards:
             floors = guess_floors(held, [prompt_text(r) for r in held], rewards)
         return floors.guess_floor, f"computed from the config's {len(held)} held-out rows"

@@ -116,7 +116,7 @@ SIZES = (  # (real, --tiny)
 )
 
 
-def gsm8k_like_batch(z: SimpleNamespace, vocab: int, seed: int = 0) -> RolloutBatch:
+def gsm8k_like_batch(z: SimpleNamespace, vocab: int, seed: int = 0):
     """Left-padded prompts, right-padded responses with the lengths of the module
     docstring; random ids, N(0, 1) advantages, on-policy (the update's own log-probs are
     pi_old)."""
@@ -127,16 +127,15 @@ def gsm8k_like_batch(z: SimpleNamespace, vocab: int, seed: int = 0) -> RolloutBa
     p, r = int(plen.max()), int(rlen.max())
     prompt_mask = (torch.arange(p)[None, :] >= p - plen[:, None]).long()
     response_mask = (torch.arange(r)[None, :] < rlen[:, None]).float()
-    return RolloutBatch(
+    batch = RolloutBatch(
         prompt_ids=torch.randint(0, vocab, (b, p), generator=g) * prompt_mask,
         prompt_mask=prompt_mask,
         response_ids=torch.randint(0, vocab, (b, r), generator=g) * response_mask.long(),
         response_mask=response_mask,
         group_index=torch.arange(b) // z.n,
         truncated=torch.zeros(b, dtype=torch.bool),
-        advantages=torch.randn(b, r, generator=g) * response_mask,
-        old_is_current=True,
     )
+    return ds.train_batch(batch, torch.randn(b, r, generator=g) * response_mask)
 
 
 def parse_variant(variant: str) -> tuple[int, bool, bool]:

@@ -50,10 +50,10 @@ def side(name: str, device: str) -> dict:
 
     from bench import danka_side as ds
     from danka.models.loading import load_causal_lm, load_tokenizer
-    from danka.rollout.base import SamplingParams, build_engine
+    from danka.rollout.base import EngineOptions, SamplingParams, build_engine
 
-    if name == "plain":  # both paths off: plain generate, plain training forward
-        ds.shared_prefix_off()
+    shared = name == "shared"  # "plain": both paths off (rollout.shared_prefix,
+    # trainer.shared_prefix_forward): plain generate, plain training forward
     tok = load_tokenizer(MODEL, log=lambda *a: None)
     model = load_causal_lm(MODEL, dtype="float32", device=device, log=lambda *a: None)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA))
@@ -66,7 +66,7 @@ def side(name: str, device: str) -> dict:
 
     prompts = [encode(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(200)]
     eos = [tok.convert_tokens_to_ids("<|im_end|>")]
-    engine = build_engine("hf")
+    engine = build_engine("hf", EngineOptions(shared_prefix=shared))
 
     def gen(ps, params):
         torch.manual_seed(1)
@@ -81,7 +81,8 @@ def side(name: str, device: str) -> dict:
 
     def train_step():
         model.zero_grad()
-        lp, _ = ds.policy_logprobs(model, mb, temperature=0.7, chunk_size=1024)
+        fwd = ds.ForwardSettings(temperature=0.7, chunk_size=1024, shared_prefix=shared)
+        lp, _ = ds.policy_logprobs(model, mb, settings=fwd)
         (lp * mb.response_mask.to(lp.device)).sum().backward()
         return lp.detach().cpu() * mb.response_mask
 

@@ -48,19 +48,19 @@ HEAD_SIZES = ({"n": 16 * 512, "h": 896, "vocab": 151936, "chunk": 1024, "iters":
               {"n": 4 * 64, "h": 64, "vocab": 4096, "chunk": 64, "iters": 2})  # fmt: skip
 
 
-def update_batch(b: int, p: int, r: int, vocab: int, group: int) -> RolloutBatch:
-    """Random full-length sequences (no padding), N(0, 1) advantages, on-policy (no old)."""
+def update_batch(b: int, p: int, r: int, vocab: int, group: int):
+    """Random full-length sequences (no padding), N(0, 1) advantages, on-policy (the
+    update's own detached log-probs are pi_old)."""
     g = torch.Generator().manual_seed(0)
-    return RolloutBatch(
+    batch = RolloutBatch(
         prompt_ids=torch.randint(0, vocab, (b, p), generator=g),
         prompt_mask=torch.ones(b, p, dtype=torch.long),
         response_ids=torch.randint(0, vocab, (b, r), generator=g),
         response_mask=torch.ones(b, r),
         group_index=torch.arange(b) // group,
         truncated=torch.zeros(b, dtype=torch.bool),
-        advantages=torch.randn(b, r, generator=g),
-        old_is_current=True,  # on-policy: the update's own detached log-probs are pi_old
     )
+    return ds.train_batch(batch, torch.randn(b, r, generator=g))
 
 
 def update_05b(args, dev: torch.device, log) -> dict:
@@ -98,13 +98,13 @@ def update_05b(args, dev: torch.device, log) -> dict:
             else:
                 base.gradient_checkpointing_disable()
             ds.set_micro_batch(run, micro)
-            ds.set_fused_head("+eager_head" not in variant)  # A/B: the fused head
+            fused = "+eager_head" not in variant  # A/B: trainer.fused_logprob_head
             if "+compile" in variant and not compiled:  # trainer.compile (stays on: list last)
                 ds.compile_body(base, dev)
                 compiled = True
 
-            def step(run=run, batch=batch):
-                ds.update_step(run, batch)
+            def step(run=run, batch=batch, fused=fused):
+                ds.update_step(run, batch, fused_head=fused)
 
             warmup_s = timed(step, dev)  # warm-up (allocator, cuBLAS, AdamW state, compile)
             reset_peak(dev)
@@ -112,7 +112,7 @@ def update_05b(args, dev: torch.device, log) -> dict:
             s = statistics.median(times)
             out["variants"][variant] = {
                 "micro_batch": micro, "gc_active": gc_active(base), "compiled": compiled,
-                "fused_head": ds.fused_head(),
+                "fused_head": fused,
                 "warmup_step_s": warmup_s, "step_s": s,
                 "tok_s": tokens / s, "mfu": 6 * n_params * tokens / s / PEAK_FLOPS,
                 "peak_gib": peak_gib(dev),
@@ -182,9 +182,8 @@ def logprob_memory(args, dev: torch.device, log) -> dict:
     }
 
     def chunked(fused: bool):
-        def fn(h, w):
-            ds.set_fused_head(fused)  # per-chunk work compiled (CUDA default) or eager
-            return chunked_logprobs_entropy(h, w, y, chunk_size=z.chunk)
+        def fn(h, w):  # per-chunk work compiled (CUDA default) or eager
+            return chunked_logprobs_entropy(h, w, y, chunk_size=z.chunk, fused=fused)
 
         return fn
 
@@ -197,7 +196,6 @@ def logprob_memory(args, dev: torch.device, log) -> dict:
         except Exception as err:  # noqa: BLE001 - e.g. the naive path running out of memory
             out[name] = {"error": error_text(err)}
         free(dev)
-    ds.set_fused_head(True)
     for name in ("chunked_eager", "chunked"):
         if name in first and "naive" in first:
             pairs = zip(("logp", "grad_h", "grad_w"), first[name], first["naive"])

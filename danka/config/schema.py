@@ -235,6 +235,11 @@ class RolloutConfig:
         "graphs: 1.2-1.4x tok/s on an H200; the first call compiles, 7-10 s for SmolLM2); "
         "other engines refuse it",
     )
+    shared_prefix: bool = _f(
+        True,
+        "HF engine: prefill the prompt tokens a call's rows share (a system turn, a GRPO "
+        "group's prompt) once and reuse their cache; false = plain generate (same tokens)",
+    )
     decode_attention: str = _f(
         "auto",
         "fast engine: the decode step's attention kernel: auto (triton on a CUDA GPU when the "

@@ -83,6 +83,7 @@ class EngineOptions:
     keep_cache: bool | None = None  # keep the KV cache between calls (None = by model size)
     compile: bool = False  # torch.compile the engine's decode layer
     decode_attention: str = "auto"  # the decode step's attention kernel (auto|sdpa|triton)
+    shared_prefix: bool = True  # HF: prompt tokens the rows share are prefilled once
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ ROLLOUT_ENGINES.add(
     "hf",
     "danka.rollout.hf:HFGenerateEngine",
     EngineMeta(
-        options={"generation_batch_size": "batch_size"},
+        options={"generation_batch_size": "batch_size", "shared_prefix": "shared_prefix"},
         auto_devices=("cpu", "cuda"),
         quantized_base=True,
         distributed=True,

@@ -21,10 +21,11 @@ from danka.rollout.fast_weights import unwrap_causal_lm
 class HFGenerateEngine(RolloutEngine):
     name = "hf"
 
-    def __init__(self, batch_size: int = 0):
+    def __init__(self, batch_size: int = 0, shared_prefix: bool = True):
         # batch_size (rollout.generation_batch_size): sequences per generate call, 0 = all
         # at once; the prompts are chunked so a call holds batch_size // n of them (>= 1).
         self.batch_size = max(0, int(batch_size))
+        self.shared_prefix = shared_prefix  # rollout.shared_prefix (see hf_prefix)
 
     def sample(self, model, prompt_ids, params, eos_ids, pad_id, generator) -> Sampled:
         device = next(model.parameters()).device
@@ -35,15 +36,16 @@ class HFGenerateEngine(RolloutEngine):
         try:
             for start in range(0, len(prompt_ids), chunk):
                 part = prompt_ids[start : start + chunk]
-                responses.extend(self._generate_chunk(model, part, params, eos_ids, pad_id, device))
+                responses.extend(
+                    self._generate_chunk(model, part, params, eos_ids, pad_id, device)
+                )
         finally:
             model.train(was_training)
         return responses, None
 
-    @staticmethod
-    def _generate_chunk(model, prompts, params, eos_ids, pad_id, device) -> list[list[int]]:
+    def _generate_chunk(self, model, prompts, params, eos_ids, pad_id, device) -> list[list[int]]:
         kw = {}
-        if hf_prefix.usable(model):  # shared prompt tokens run once (see hf_prefix)
+        if self.shared_prefix and hf_prefix.usable(model):  # shared tokens once (hf_prefix)
             ids, mask, kw = hf_prefix.prefill(model, prompts, params.n, pad_id, device)
         else:  # greedy search refuses num_return_sequences > 1: repeat the prompts instead
             ids, mask = left_pad(prompts, pad_id)

@@ -176,7 +176,6 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
 def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, engine_name,
                 tokenizer, agent) -> Run:  # fmt: skip
     """build_run after the agent loop exists (it is closed if this raises)."""
-    t = cfg.trainer
     train, held = build_prompts(cfg, tokenizer, train_rows, held_rows, agent)
     specs = reward_specs(cfg, train.rows)
     rewards = build_rule_rewards(cfg, base_dir, specs, train.rows)
@@ -185,6 +184,55 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
     if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
         reward_model = _reward_model(cfg, models, tokenizer, load)
         rewards = build_rule_rewards(cfg, base_dir, specs, train.rows, reward_model)
+    return assemble_run(
+        cfg,
+        models,
+        engine=build_engine(engine_name, engine_options(cfg)),
+        rewards=rewards,
+        train=train,
+        held=held,
+        tokenizer=tokenizer,
+        log=log,
+        base_dir=base_dir,
+        output_dir=output_dir,
+        agent=agent,
+    )
+
+
+def engine_options(cfg: DankaConfig) -> EngineOptions:
+    r = cfg.rollout
+    return EngineOptions(
+        r.generation_batch_size,
+        keep_cache=r.keep_cache,
+        compile=r.compile,
+        decode_attention=r.decode_attention,
+        shared_prefix=r.shared_prefix,
+    )
+
+
+def assemble_run(
+    cfg: DankaConfig,
+    models,
+    *,
+    engine,
+    rewards,
+    train: PromptSet,
+    tokenizer,
+    log: logging.Logger,
+    held: PromptSet | None = None,
+    base_dir: Path | None = None,
+    output_dir: Path | None = None,
+    agent: AgentLoop | None = None,
+    eos_ids: list[int] | None = None,
+    pad_id: int | None = None,
+) -> Run:
+    """A ``Run`` around parts already built: the models (``build_model_set`` or
+    ``trainer.models.build_models``), a rollout engine, a reward computer (any
+    ``rewards(rows, texts, completions) -> RewardOutput``) and the prompt sets. Builds the
+    optimisers, schedules, algorithm, KL controller, prompt sampler and state from the
+    config. ``build_run`` ends here; benchmarks on random-weight models start here."""
+    t = cfg.trainer
+    device = next(models.policy.parameters()).device
     sampler = PromptSampler(len(train.rows), t.batch_size, seed=t.seed, shuffle=cfg.data.shuffle)
     total = t.total_steps or sampler.steps_per_epoch * t.num_epochs
     actor_opt, actor_sched = build_optimizer_and_schedule(cfg, models.actor_params, t.lr, total)
@@ -193,23 +241,16 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
         critic_opt, critic_sched = build_optimizer_and_schedule(
             cfg, models.critic_params, t.critic_lr, total
         )
+    pad = tokenizer.pad_token_id if pad_id is None else pad_id
     return Run(
         cfg=cfg,
-        base_dir=base_dir,
-        output_dir=output_dir,
+        base_dir=base_dir or Path.cwd(),
+        output_dir=output_dir or Path(cfg.output_dir),
         device=device,
         dtype=resolve_dtype(cfg.model.torch_dtype, device),
         tokenizer=tokenizer,
         models=models,
-        engine=build_engine(
-            engine_name,
-            EngineOptions(
-                cfg.rollout.generation_batch_size,
-                keep_cache=cfg.rollout.keep_cache,
-                compile=cfg.rollout.compile,
-                decode_attention=cfg.rollout.decode_attention,
-            ),
-        ),
+        engine=engine,
         rewards=rewards,
         train=train,
         eval=held,
@@ -223,9 +264,9 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
         log=log,
         state=RunState(total_steps=total, micro_batch_size=t.micro_batch_size),
         update_generator=torch.Generator().manual_seed(t.seed),
-        eos_ids=stop_ids(tokenizer),
-        pad_id=tokenizer.pad_token_id,
-        dynamic=build_dynamic_sampler(cfg, tokenizer.pad_token_id),
+        eos_ids=stop_ids(tokenizer) if eos_ids is None else list(eos_ids),
+        pad_id=pad,
+        dynamic=build_dynamic_sampler(cfg, pad),
         agent=agent,
     )
 

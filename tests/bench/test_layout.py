@@ -11,8 +11,7 @@ from pathlib import Path
 from bench.__main__ import COMMANDS, main
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-# the GSM8K learning script keeps its own entry point until bench/learning.py replaces it
-OWN_ENTRY_POINT = {"__main__.py", "gsm8k_learning.py"}
+OWN_ENTRY_POINT = {"__main__.py"}
 
 
 def _trees() -> dict[str, ast.Module]:
@@ -35,8 +34,7 @@ def test_one_entry_point():
         return any(isinstance(n, ast.If) and "__main__" in ast.dump(n.test) for n in tree.body)
 
     blocks = {name for name, tree in _trees().items() if has_main_block(tree)}
-    assert blocks - OWN_ENTRY_POINT == set(), "use python -m bench SUB, not a script"
-    assert "__main__.py" in blocks
+    assert blocks == OWN_ENTRY_POINT, "use python -m bench SUB, not a script"
 
 
 def test_every_subcommand_is_a_module_with_main():

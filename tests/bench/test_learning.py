@@ -69,24 +69,3 @@ def test_floor_computed_from_the_config_when_the_run_did_not_record_it(tmp_path)
     r = json.loads(out.read_text())
     assert r["guess_floor_source"] == "computed from the config's 30 held-out rows"
     assert 0.0 <= r["guess_floor"] < 0.2
-
-
-def test_gsm8k_alias_names_the_roles(tmp_path):
-    gsm8k = _module("gsm8k_learning")
-    config = {"reward": {"functions": [
-        {"name": "gsm8k", "kwargs": {"method": "strict"}},
-        {"name": "gsm8k", "weight": 0.5, "kwargs": {"method": "flexible"}},
-        {"name": "format", "weight": 0.1},
-    ]}}  # fmt: skip
-    assert gsm8k.reward_roles(config) == {"strict": "gsm8k", "flexible": "gsm8k_2",
-                                          "format": "format"}  # fmt: skip
-    e = {"per_function": {"gsm8k": 0.1, "gsm8k_2": 0.2, "format": 0.9}}
-    r = gsm8k.add_roles({"config": config, "before": e, "after": None, "evaluations": []})
-    assert (r["before"]["strict"], r["before"]["flexible"], r["before"]["format"]) == (
-        0.1,
-        0.2,
-        0.9,
-    )
-    # a strict-only reward list has no flexible role: nothing to look up (was a KeyError)
-    strict = {"reward": {"functions": [{"name": "gsm8k"}]}}
-    assert gsm8k.reward_roles(strict) == {"strict": "gsm8k"}

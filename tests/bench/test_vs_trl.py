@@ -77,9 +77,11 @@ def test_danka_set_overrides_reach_danka_train_as_its_own_overrides(tmp_path):
     cfg, _ = load_config(parsed.config, parsed.overrides)
     assert cfg.rollout.keep_cache is False  # YAML false, not the string "false"
     assert cfg.trainer.logprob_chunk_size == 256 and cfg.trainer.batch_size == 8
-    # the same CLI, the head's per-chunk work eager
+    # the same CLI, the head's per-chunk work eager: a setting, not a patched global
     eager = danka_side.danka_train_command(path, args.danka_set, eager_head=True)
-    assert "m.FUSED = False" in eager[2] and eager[3:] == cmd[3:]
+    assert eager[:-1] == cmd and eager[-1] == "trainer.fused_logprob_head=false"
+    cfg, _ = load_config(parsed.config, build_parser().parse_args(eager[3:]).overrides)
+    assert cfg.trainer.fused_logprob_head is False
 
 
 def test_random_weights_copy_keeps_config_and_tokenizer(tmp_path):

@@ -14,10 +14,14 @@ Two contracts are recognised from the function's signature:
   are strings.
 
 Security: the code runs only from the file the config names (resolved against the
-config's folder); nothing is imported by module name. The file is executed once in the
-trainer (to check the signature) and once in each reward worker (guard.py), so its
-import-time code runs more than once. This module imports no torch so
-the reward worker process (guard.py) starts fast.
+config's folder); nothing is imported by module name. The file is never executed in the
+trainer's process: :func:`load_reward_function` starts the reward worker (worker.py),
+which imports the file and reports the signature, under the worker's time limit and
+process-group rules. So a file that calls ``sys.exit()``/``os._exit()``, hangs, crashes
+or forks at import ends or blocks only its worker, and the run stops with a message
+(exit 2), never with a false success. The worker that checked the file then serves the
+calls, so the file's import-time code runs once per worker start. This module imports
+no torch so the reward worker process starts fast.
 """
 
 from __future__ import annotations
@@ -48,16 +52,22 @@ _TRL_ARGS = {"prompts", "completions", "completion_ids", "trainer_state"}
 
 @dataclass(frozen=True)
 class CustomReward:
-    """A user reward function: where it lives and which contract it follows."""
+    """A user reward function: where it lives and which contract it follows. ``worker``:
+    the running worker process that loaded it (guard.py's GuardedReward takes it over)."""
 
     path: Path  # absolute path of the .py file
     function: str  # attribute name inside the file
     kind: Kind  # "verl" (per sample) or "trl" (batched)
-    fn: Callable[..., Any] = field(compare=False, repr=False)
+    worker: Any = field(default=None, compare=False, repr=False)
 
     @property
     def spec(self) -> str:
         return f"{self.path}:{self.function}"
+
+    def load(self) -> Callable[..., Any]:
+        """The function, imported in THIS process (runs the file's top-level code here:
+        for the worker and for tests, never for the trainer)."""
+        return load_function_from_file(self.path, self.function)
 
 
 def is_custom_spec(name: str) -> bool:
@@ -67,7 +77,21 @@ def is_custom_spec(name: str) -> bool:
 
 
 def _short_traceback(exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError) and exc.text:  # the offending line, not only its number
+        return f"SyntaxError: {exc.msg}: {exc.text.strip()[:120]!r}"
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
+
+
+def _user_line(exc: BaseException, path: Path) -> int | None:
+    """The line of ``path`` where importing it failed: a syntax error's own line, else the
+    last traceback frame inside the file (None if the failure is not located there)."""
+    if isinstance(exc, SyntaxError) and exc.lineno and Path(exc.filename or "") == path:
+        return exc.lineno
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if Path(frame.filename) == path:
+            line = frame.lineno
+    return line
 
 
 def load_function_from_file(path: Path, function: str) -> Callable[..., Any]:
@@ -95,10 +119,11 @@ def load_function_from_file(path: Path, function: str) -> Callable[..., Any]:
         spec.loader.exec_module(module)
     except BaseException as exc:  # noqa: BLE001 - user code may raise anything, even SystemExit
         sys.modules.pop(mod_name, None)
+        line = _user_line(exc, path)
         raise UserError(
             f"importing the reward file failed: {_short_traceback(exc)} "
             f"(while loading function {function!r})",
-            where=str(path),
+            where=f"{path}:{line}" if line else str(path),
             fix="run `python " + str(path) + "` to see the full traceback and fix the file",
         ) from exc
     fn = getattr(module, function, None)
@@ -137,10 +162,28 @@ def detect_kind(fn: Callable[..., Any]) -> Kind | None:
     return None
 
 
-def load_reward_function(spec: str, base_dir: Path) -> CustomReward:
-    """Load ``path/to/file.py:function`` (relative to ``base_dir``, the config's folder)
-    and detect its contract. UserError on a malformed spec, a missing file, an import
-    error, a missing function or a signature that is neither verl's nor TRL's."""
+def contract_of(fn: Callable[..., Any], path: Path, function: str) -> Kind:
+    """``fn``'s contract ("verl" or "trl"); UserError naming both signatures for neither."""
+    kind = detect_kind(fn)
+    if kind is not None:
+        return kind
+    try:
+        shown = f"{function}{inspect.signature(fn)}"
+    except (TypeError, ValueError):
+        shown = function
+    raise UserError(
+        f"reward function {shown} has neither the verl nor the TRL signature",
+        where=f"{path}:{function}",
+        fix=(
+            f"use one of:\n    {VERL_SIGNATURE}   (verl, per sample)\n"
+            f"    {TRL_SIGNATURE}   (TRL, batched; other dataset columns arrive "
+            "as keyword lists)"
+        ),
+    )
+
+
+def resolve_spec(spec: str, base_dir: Path) -> tuple[Path, str]:
+    """``path/to/file.py:function`` -> (absolute path, function); UserError if malformed."""
     file, sep, function = str(spec).rpartition(":")
     if not sep or not file.endswith(".py") or not function.isidentifier():
         raise UserError(
@@ -150,24 +193,29 @@ def load_reward_function(spec: str, base_dir: Path) -> CustomReward:
     path = Path(file).expanduser()
     if not path.is_absolute():
         path = Path(base_dir) / path
-    path = path.resolve()
-    fn = load_function_from_file(path, function)
-    kind = detect_kind(fn)
-    if kind is None:
-        try:
-            shown = f"{function}{inspect.signature(fn)}"
-        except (TypeError, ValueError):
-            shown = function
+    return path.resolve(), function
+
+
+def load_reward_function(spec: str, base_dir: Path, *, timeout_s: float = 30.0) -> CustomReward:
+    """Load ``path/to/file.py:function`` (relative to ``base_dir``, the config's folder)
+    in a reward worker process and detect its contract; the worker keeps running and
+    serves the calls (see the module docstring). ``timeout_s`` (``reward.timeout_s``, at
+    least worker.LOAD_FLOOR_S) bounds the import. UserError on a malformed spec, a missing
+    file, an import error, an exit or a hang at import, a missing function or a signature
+    that is neither verl's nor TRL's."""
+    from danka.rewards.worker import Target, Worker  # the worker module imports this one
+
+    path, function = resolve_spec(spec, base_dir)
+    if not path.is_file():
         raise UserError(
-            f"reward function {shown} has neither the verl nor the TRL signature",
-            where=f"{path}:{function}",
-            fix=(
-                f"use one of:\n    {VERL_SIGNATURE}   (verl, per sample)\n"
-                f"    {TRL_SIGNATURE}   (TRL, batched; other dataset columns arrive "
-                "as keyword lists)"
-            ),
+            f"reward function file not found (looking for function {function!r})",
+            where=str(path),
+            fix="check the path; relative paths are resolved against the config file's folder",
         )
-    return CustomReward(path=path, function=function, kind=kind, fn=fn)
+    where = f"{path}:{function}"
+    worker = Worker(Target(str(path), function, "auto", where), timeout_s)
+    kind = worker.start()
+    return CustomReward(path=path, function=function, kind=kind, worker=worker)  # type: ignore[arg-type]
 
 
 # ---- building the call arguments (main process) ---------------------------------------

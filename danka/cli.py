@@ -13,7 +13,7 @@ import traceback
 
 from danka import __version__
 from danka.commands import COMMANDS, command
-from danka.errors import UserError
+from danka.errors import UserError, as_user_error
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -135,15 +135,20 @@ def _check_resume_target(args, output_dir) -> None:
     ``--discard-newer`` (train deletes them then)."""
     from pathlib import Path
 
-    from danka.checkpoint.store import newer_checkpoints
+    from danka.checkpoint.retention import delete_checkpoints_after, newer_checkpoints
 
     if not args.resume or args.resume == "auto":
         return
     name = Path(args.resume).name
     if not name.startswith("checkpoint_") or not name[len("checkpoint_") :].isdigit():
         return  # train() names the problem
-    newer = newer_checkpoints(Path(output_dir), int(name[len("checkpoint_") :]))
-    if newer and not args.discard_newer:
+    step = int(name[len("checkpoint_") :])
+    newer = newer_checkpoints(Path(output_dir), step)
+    if newer and args.discard_newer:  # asked for: deleted (train would only set them aside)
+        for gone in delete_checkpoints_after(Path(output_dir), step):
+            print(f"danka: --discard-newer: deleted {gone}", file=sys.stderr)
+        return
+    if newer:
         raise UserError(
             f"{len(newer)} newer checkpoint(s) exist ({', '.join(newer)}); resuming from "
             f"{name} would replace them",
@@ -159,7 +164,14 @@ def _run_train(args, cfg, base_dir, dist) -> int:
     from pathlib import Path
 
     from danka.config.compat import fallback_warnings
-    from danka.lifecycle import LOCK_HELD_ENV, RunLock, StopRequest, run_forwarding_signals
+    from danka.lifecycle import (
+        LOCK_HELD_ENV,
+        RankLock,
+        RunLock,
+        StopRequest,
+        note_failure,
+        run_forwarding_signals,
+    )
     from danka.logging.runlog import setup_run_logger
 
     output_dir = Path(cfg.output_dir)
@@ -170,23 +182,30 @@ def _run_train(args, cfg, base_dir, dist) -> int:
             env = {**os.environ, LOCK_HELD_ENV: str(os.getpid())}
             return run_forwarding_signals(argv, env=env)
     main = not dist.requested() or os.environ.get("RANK", "0") == "0"
-    lock = RunLock(output_dir) if main and not RunLock.held_by_parent() else nullcontext()
+    if RunLock.held_by_parent():  # a rank of --nproc: the launcher holds the run lock
+        lock = RankLock(output_dir)
+    else:
+        lock = RunLock(output_dir) if main else nullcontext()
     from danka.trainer.fit import fit
 
-    with lock:
-        log = None
-        if main:
-            _check_resume_target(args, output_dir)
-            log = setup_run_logger(output_dir)  # train() reuses it (same arguments)
-            for line in fallback_warnings(cfg):
-                log.warning(line)
-        with StopRequest(log) as stop:
-            try:
-                fit(cfg, base_dir, resume=args.resume)
-            finally:
-                dist.destroy()
+    with lock, StopRequest() as stop:
+        try:
+            if main:
+                _check_resume_target(args, output_dir)
+                log = setup_run_logger(output_dir)  # train() reuses it (same arguments)
+                for line in fallback_warnings(cfg):
+                    log.warning(line)
+            fit(cfg, base_dir, resume=args.resume)
+        except BaseException as err:
+            if main:  # the message in train.log too; no half-written outputs
+                note_failure(output_dir, err)
+            raise
+        finally:
+            dist.destroy()
     if stop.requested:
-        return stop.exit_code
+        # under --nproc the launcher reports the signal (143/130): a rank that stopped
+        # cleanly exits 0, so torchrun does not report it as a failed worker
+        return 0 if RunLock.held_by_parent() and dist.requested() else stop.exit_code
     _plot_quietly(cfg.output_dir)
     return 0
 
@@ -337,7 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return COMMANDS.get(args.command).run(args) or 0
-    except UserError as err:
+    except Exception as exc:  # noqa: BLE001 - the user's input (exit 2/3) or a bug (re-raised)
+        err = as_user_error(exc)
+        if err is None:
+            raise
         if args.debug:
             traceback.print_exc()
         print(f"danka: error: {err}", file=sys.stderr)

@@ -66,6 +66,11 @@ def _parents() -> dict[int, int]:
     return out
 
 
+def children(pid: int) -> list[int]:
+    """The live direct children of ``pid``."""
+    return [child for child, parent in _parents().items() if parent == pid]
+
+
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (children, grandchildren, ...), parents first."""
     children: dict[int, list[int]] = {}

@@ -130,24 +130,27 @@ def _check_rewards(cfg) -> None:
     check_reward_specs(cfg.reward.functions)
 
 
-def _check_resume_target(args, output_dir) -> None:
+def _check_resume_target(args, output_dir):
     """``--resume PATH`` to an older checkpoint would drop the newer ones: refuse unless
-    ``--discard-newer`` (train deletes them then)."""
+    ``--discard-newer``; then returns ``discard(log)``, which deletes them (logged)."""
     from pathlib import Path
 
     from danka.checkpoint.retention import delete_checkpoints_after, newer_checkpoints
 
     if not args.resume or args.resume == "auto":
-        return
+        return None
     name = Path(args.resume).name
     if not name.startswith("checkpoint_") or not name[len("checkpoint_") :].isdigit():
-        return  # train() names the problem
+        return None  # train() names the problem
     step = int(name[len("checkpoint_") :])
     newer = newer_checkpoints(Path(output_dir), step)
     if newer and args.discard_newer:  # asked for: deleted (train would only set them aside)
-        for gone in delete_checkpoints_after(Path(output_dir), step):
-            print(f"danka: --discard-newer: deleted {gone}", file=sys.stderr)
-        return
+
+        def discard(log) -> None:
+            for gone in delete_checkpoints_after(Path(output_dir), step):
+                log.warning(f"removing {gone} (newer than the resumed step {step})")
+
+        return discard
     if newer:
         raise UserError(
             f"{len(newer)} newer checkpoint(s) exist ({', '.join(newer)}); resuming from "
@@ -191,8 +194,10 @@ def _run_train(args, cfg, base_dir, dist) -> int:
     with lock, StopRequest() as stop:
         try:
             if main:
-                _check_resume_target(args, output_dir)
+                discard = _check_resume_target(args, output_dir)
                 log = setup_run_logger(output_dir)  # train() reuses it (same arguments)
+                if discard is not None:
+                    discard(log)
                 for line in fallback_warnings(cfg):
                     log.warning(line)
             fit(cfg, base_dir, resume=args.resume)

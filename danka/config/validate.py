@@ -50,6 +50,7 @@ def choices() -> dict[str, set]:
         "data.task": {None, "arithmetic", "calculator"},
         "reward.on_error": {"fail", "zero", "skip_sample"},
         "backend.fsdp.sharding": {"auto", "shard", "replicate"},
+        "rollout.tool_sandbox": {"auto", "bwrap", "namespaces", "none"},
     }
 
 
@@ -309,6 +310,10 @@ def _check_agent(cfg: DankaConfig, fail) -> None:
 
     t, d = cfg.trainer, cfg.data
     check_agent_config(cfg.rollout, max_new_tokens=t.max_new_tokens)
+    if cfg.rollout.tool_sandbox not in ("auto", "none") and "python" in cfg.rollout.tools:
+        from danka.agent.sandbox import choose
+
+        choose(cfg.rollout.tool_sandbox)  # an explicit sandbox that cannot work: refused now
     total = cfg.rollout.max_total_tokens or t.max_new_tokens
     if d.max_prompt_length + total > t.max_length:
         fail(

@@ -32,11 +32,17 @@ The worker never outlives the trainer:
   thread polls ``os.getppid()`` and kills the worker's group when the parent is gone;
 * a worker whose pipe to the trainer is closed exits quietly (no BrokenPipe traceback).
 
-Limits: processes started by user code survive a SIGKILLed trainer when the worker died
-by the parent-death signal while they ran (the kernel signals the worker, not its
-group). The parent-death signal fires when the THREAD that started the worker exits; a
-worker found dead is restarted before the next batch, so calling from short-lived threads
-costs restarts, not scores.
+Processes the user's code starts are ended with the worker, detached ones too: the
+worker is a child subreaper (Linux), so a ``setsid`` daemon or a double-forked child stays
+in its process tree, and :func:`kill_group` freezes and kills that whole tree
+(danka/subprocs.py). The file itself is imported here, never in the trainer: a file that
+exits, crashes or hangs at import ends or blocks its worker, and loading reports it
+(within :func:`load_timeout`).
+
+Limits: when the trainer is SIGKILLed, the worker dies at once by the parent-death signal,
+and processes its user code detached are not reached. The parent-death signal fires when
+the THREAD that started the worker exits; a worker found dead is restarted before the
+next batch, so calling from short-lived threads costs restarts, not scores.
 """
 
 from __future__ import annotations

@@ -136,9 +136,7 @@ def as_user_error(exc: BaseException) -> UserError | None:
             where=file or "model.actor_model_name_or_path",
             fix="download the .gguf file again and compare its size with the original",
         )
-    if name == "SafetensorError" or (
-        _raised_in(exc, "safetensors") and isinstance(exc, (OSError, ValueError))
-    ):
+    if name == "SafetensorError" and "deserializ" in text:  # reading, not writing
         file = _file_of(exc)
         return UserError(
             f"this safetensors file is truncated or damaged ({text[:160]})",

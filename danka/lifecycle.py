@@ -508,8 +508,8 @@ def compile_forward(model, enabled: bool, device):
     """``trainer.compile: true`` -> the forward of the model's transformer body (what the
     training forward calls: ``get_decoder()``, through a PeftModel too; the LM head runs
     chunked outside it) becomes ``torch.compile(forward, dynamic=True)`` (dynamic: every
-    step has other sequence lengths). Until session 5 ``model.forward`` was compiled,
-    which the training forward never calls: a silent no-op. Only on a CUDA GPU: elsewhere
+    step has other sequence lengths). Compiling ``model.forward`` instead would be a
+    silent no-op: the training forward never calls it. Only on a CUDA GPU: elsewhere
     UserError (exit 2). Returns the model."""
     if not enabled:
         return model

@@ -48,7 +48,7 @@ TRAINER_STATE_NAME = "trainer_state.pt"
 CONFIG_NAME = "config.json"
 _CKPT_RE = re.compile(r"^checkpoint_(\d+)$")
 _RESUME_FIX = "resume from another checkpoint (--resume PATH) or use `--resume auto`"
-# <pid>- since agent4; names without it (older danka) are always leftovers
+# the <pid>- part names the saving process; names without it (older danka) are always leftovers
 _TMP_RE = re.compile(r"^\.tmp-(old-)?checkpoint_\d+-(?:(\d+)-)?[0-9a-f]{8}$")
 PARTS_NAME = "parts.json"  # in state/checkpoint_<step>: the parts this save wrote (ours)
 

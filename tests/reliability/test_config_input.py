@@ -119,7 +119,14 @@ def test_top_p_zero_names_top_p(tmp_path):
 
 
 def test_grpo_with_one_sample_per_prompt_says_so(tmp_path):
-    err = _error(_write(tmp_path, BASE), ["trainer.samples_per_prompt=1"])
+    """Before: 2 prompts x 1 sample in micro-batches of 4 was reported as a micro-batch
+    divisibility problem."""
+    overrides = [
+        "trainer.samples_per_prompt=1",
+        "trainer.batch_size=2",
+        "trainer.micro_batch_size=4",
+    ]
+    err = _error(_write(tmp_path, BASE), overrides)
     assert "trainer.samples_per_prompt" in str(err)
     assert "GRPO needs >= 2 samples per prompt" in str(err)
     assert "micro_batch" not in str(err)

@@ -148,6 +148,7 @@ def test_nproc_sigterm_during_a_long_step_saves_a_checkpoint(tmp_path, model_dir
     assert _metric_steps(out) == [1, 2]
 
 
+@pytest.mark.slow
 def test_nproc_ranks_die_with_a_killed_launcher_and_never_share_the_folder(tmp_path, model_dir):
     """Before: after kill -9 of the launcher, a new run took the output dir's lock while
     the old ranks were still training into it."""

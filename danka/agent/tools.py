@@ -92,7 +92,7 @@ def _builtin_or_file(spec: str, base_dir: Path | str) -> ToolSpec | tuple[Path, 
     path = Path(file).expanduser()
     path = (path if path.is_absolute() else Path(base_dir) / path).resolve()
     if not path.is_file():
-        from danka.rewards.custom import load_function_from_file
+        from danka.rewards.contract import load_function_from_file
 
         load_function_from_file(path, function)  # raises the "file not found" UserError
     return path, function
@@ -135,7 +135,7 @@ def _probe_main() -> None:
     import sys
 
     from danka.errors import UserError
-    from danka.rewards.custom import load_function_from_file
+    from danka.rewards.contract import load_function_from_file
     from danka.rewards.worker import guard_child
 
     guard_child(int(sys.argv[1]))

@@ -82,7 +82,7 @@ def _worker_main() -> None:
         else:
             from pathlib import Path
 
-            from danka.rewards.custom import load_function_from_file
+            from danka.rewards.contract import load_function_from_file
 
             fns[name] = load_function_from_file(Path(source), function)
     out.write('{"ready": true}\n')

@@ -239,8 +239,6 @@ def save_checkpoint(
     size = checkpoint_size(state_final)
     log.info("Saved checkpoint %d to %s (%s)", step, state_final, format_size(size))
 
-    from danka.checkpoint.retention import prune, remember_verified
-
     remember_verified(state_final)  # just hashed: keep_last need not read it again
     _sweep_tmp(output_dir)  # leftovers of writes a crash interrupted
     if keep_last is not None:
@@ -468,3 +466,116 @@ def load_checkpoint_config(state_dir: Path) -> dict | None:
     """The resolved config saved with the checkpoint (None if it was saved without one)."""
     path = Path(state_dir) / CONFIG_NAME
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+# ---------------------------------------------------------------- keep_last (verified only)
+# Verification reads every byte, so its result is remembered per checkpoint with the size
+# and mtime of each file: a later keep_last pass re-hashes only a file that changed since.
+
+_VERIFIED: dict[str, tuple] = {}  # state dir -> file signature when it last verified
+_PROTECTED: dict[str, set[int]] = {}  # output dir -> steps keep_last must not delete
+
+
+def _signature(state_dir: Path) -> tuple | None:
+    """(path, size, mtime) of every file the manifest lists; None if one is missing."""
+    try:
+        manifest = _read_manifest(state_dir)
+        out = []
+        root = manifest.state_dir.parent.parent
+        for info in manifest.parts.values():
+            for rel in sorted(info["files"]):
+                st = os.stat(root / info["dir"] / rel)
+                out.append((f"{info['dir']}/{rel}", st.st_size, st.st_mtime_ns))
+        st = os.stat(manifest.state_dir / MANIFEST_NAME)
+        out.append((MANIFEST_NAME, st.st_size, st.st_mtime_ns))
+        return tuple(out)
+    except (UserError, OSError):
+        return None
+
+
+def remember_verified(state_dir: Path) -> None:
+    """``state_dir`` was just written and hashed: record it as verified."""
+    signature = _signature(state_dir)
+    if signature is not None:
+        _VERIFIED[str(Path(state_dir).resolve())] = signature
+
+
+def verified(state_dir: Path) -> tuple[bool, str]:
+    """(True, "") if the checkpoint verifies, else (False, why)."""
+    key, signature = str(Path(state_dir).resolve()), _signature(state_dir)
+    if signature is not None and _VERIFIED.get(key) == signature:
+        return True, ""
+    try:
+        verify_checkpoint(state_dir)
+    except UserError as err:
+        _VERIFIED.pop(key, None)
+        return False, err.what
+    if signature is not None:
+        _VERIFIED[key] = signature
+    return True, ""
+
+
+def protect(output_dir: Path, step: int) -> None:
+    """``keep_last`` never deletes checkpoint ``step`` of ``output_dir`` in this process
+    (the one a resume started from: the last state known good before this run)."""
+    _PROTECTED.setdefault(str(Path(output_dir).resolve()), set()).add(int(step))
+
+
+def _own_parts(state_dir: Path) -> set[str] | None:
+    """The part names danka wrote for this checkpoint (from its manifest, else from
+    ``parts.json``); None if neither names them: then the folder is not danka's."""
+    for reader in (
+        lambda: set(_read_manifest(state_dir).parts),
+        lambda: set(json.loads((state_dir / PARTS_NAME).read_text(encoding="utf-8"))),
+    ):
+        try:
+            parts = reader()
+        except (UserError, OSError, ValueError, TypeError):
+            continue
+        if all(isinstance(p, str) and _safe_name(p) for p in parts):
+            return parts | {STATE_PART}
+    return None
+
+
+def _delete_checkpoint(output_dir: Path, state_dir: Path) -> bool:
+    """Remove danka's checkpoint ``state_dir`` and its parts (manifest first, so a crash
+    mid-delete leaves an incomplete checkpoint, state last). A folder danka did not write
+    (no manifest, no parts.json) is left alone; returns whether it was deleted."""
+    parts = _own_parts(state_dir)
+    if parts is None:
+        return False
+    name = state_dir.name
+    manifest = state_dir / MANIFEST_NAME
+    if manifest.exists():
+        manifest.unlink()
+        fsync_dir(state_dir)
+    for part in sorted(parts - {STATE_PART}) + [STATE_PART]:
+        shutil.rmtree(output_dir / part / name, ignore_errors=True)
+    fsync_dir(output_dir / STATE_PART)
+    return True
+
+
+def prune(output_dir: Path, keep_last: int, keep_step: int) -> None:
+    """Keep the newest ``keep_last`` verified checkpoints (always ``keep_step``, never a
+    protected one); a checkpoint that fails verification is reported and kept, uncounted.
+    Danka's incomplete checkpoints older than ``keep_step`` go. Folders danka did not write
+    (a ``checkpoint_<N>`` without manifest or parts.json) are never touched."""
+    protected = _PROTECTED.get(str(Path(output_dir).resolve()), set())
+    kept = 0
+    for d in complete_checkpoints(output_dir):  # newest first
+        step = _step_of(d)
+        ok, why = verified(d)
+        if not ok:
+            log.warning("keep_last: %s fails verification (%s); kept, not counted", d.name, why)
+            continue
+        if step == keep_step or kept < max(keep_last, 1):
+            kept += 1
+            continue
+        if step in protected:
+            continue  # the resume started here
+        if _delete_checkpoint(output_dir, d):
+            _VERIFIED.pop(str(d.resolve()), None)
+            log.info("Deleted old checkpoint %s (keep_last=%d)", d.name, keep_last)
+    for d in _state_dirs(output_dir):
+        if not (d / MANIFEST_NAME).exists() and _step_of(d) < keep_step:
+            _delete_checkpoint(output_dir, d)

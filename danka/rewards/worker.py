@@ -64,7 +64,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from danka.errors import UserError
-from danka.rewards.custom import call_custom, contract_of, load_function_from_file, to_score
+from danka.rewards.contract import call_custom, contract_of, load_function_from_file, to_score
 from danka.subprocs import become_subreaper, descendants, kill_tree, set_parent_death_signal
 
 LOAD_FLOOR_S = 10.0  # the least time a worker gets to start and import the file

@@ -8,9 +8,9 @@ Rules (why: a checkpoint is the user's work; a wrong deletion cannot be undone):
   prunes or overwrites it) and the rename is reported. Only leftovers of an interrupted
   save (no manifest: never a checkpoint) are deleted, and newer intact checkpoints only
   on an explicit ``--discard-newer`` (:func:`delete_checkpoints_after`).
-* ``keep_last`` (store.prune) keeps the newest N checkpoints that verify, never deletes
-  one that fails (it is reported, not counted), nor the one a resume started from
-  (:func:`protect`).
+* ``keep_last`` (store.prune) keeps the newest N checkpoints that verify and never
+  deletes one that fails (it is reported, not counted): damaged checkpoints cannot push
+  out the one a resume started from.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from danka.checkpoint.store import (  # noqa: F401  (protect: re-exported)
+from danka.checkpoint.store import (
     _VERIFIED,
     MANIFEST_NAME,
     STATE_PART,
@@ -28,7 +28,6 @@ from danka.checkpoint.store import (  # noqa: F401  (protect: re-exported)
     _own_parts,
     _state_dirs,
     _step_of,
-    protect,
     verified,
 )
 from danka.io import fsync_dir

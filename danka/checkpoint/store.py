@@ -473,7 +473,6 @@ def load_checkpoint_config(state_dir: Path) -> dict | None:
 # and mtime of each file: a later keep_last pass re-hashes only a file that changed since.
 
 _VERIFIED: dict[str, tuple] = {}  # state dir -> file signature when it last verified
-_PROTECTED: dict[str, set[int]] = {}  # output dir -> steps keep_last must not delete
 
 
 def _signature(state_dir: Path) -> tuple | None:
@@ -515,12 +514,6 @@ def verified(state_dir: Path) -> tuple[bool, str]:
     return True, ""
 
 
-def protect(output_dir: Path, step: int) -> None:
-    """``keep_last`` never deletes checkpoint ``step`` of ``output_dir`` in this process
-    (the one a resume started from: the last state known good before this run)."""
-    _PROTECTED.setdefault(str(Path(output_dir).resolve()), set()).add(int(step))
-
-
 def _own_parts(state_dir: Path) -> set[str] | None:
     """The part names danka wrote for this checkpoint (from its manifest, else from
     ``parts.json``); None if neither names them: then the folder is not danka's."""
@@ -556,23 +549,21 @@ def _delete_checkpoint(output_dir: Path, state_dir: Path) -> bool:
 
 
 def prune(output_dir: Path, keep_last: int, keep_step: int) -> None:
-    """Keep the newest ``keep_last`` verified checkpoints (always ``keep_step``, never a
-    protected one); a checkpoint that fails verification is reported and kept, uncounted.
-    Danka's incomplete checkpoints older than ``keep_step`` go. Folders danka did not write
-    (a ``checkpoint_<N>`` without manifest or parts.json) are never touched."""
-    protected = _PROTECTED.get(str(Path(output_dir).resolve()), set())
+    """Keep the newest ``keep_last`` checkpoints that verify (always ``keep_step``); one
+    that fails verification is reported and kept, not counted, so damaged checkpoints
+    never push out an intact one (the one a resume started from goes only once
+    ``keep_last`` newer verified checkpoints exist). Danka's incomplete checkpoints older
+    than ``keep_step`` go. Folders danka did not write (a ``checkpoint_<N>`` without
+    manifest or parts.json) are never touched."""
     kept = 0
     for d in complete_checkpoints(output_dir):  # newest first
-        step = _step_of(d)
         ok, why = verified(d)
         if not ok:
             log.warning("keep_last: %s fails verification (%s); kept, not counted", d.name, why)
             continue
-        if step == keep_step or kept < max(keep_last, 1):
+        if _step_of(d) == keep_step or kept < max(keep_last, 1):
             kept += 1
             continue
-        if step in protected:
-            continue  # the resume started here
         if _delete_checkpoint(output_dir, d):
             _VERIFIED.pop(str(d.resolve()), None)
             log.info("Deleted old checkpoint %s (keep_last=%d)", d.name, keep_last)

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 from danka.checkpoint import complete_checkpoints, put_aside_after, verify_checkpoint
-from danka.checkpoint.retention import protect
 from danka.checkpoint.store import latest_verified
 from danka.errors import UserError
 from danka.trainer.checkpointing import restore
@@ -64,7 +63,6 @@ def resume_from(run: Run, ckpt: Path | None, resolved: dict, main: bool) -> tupl
         return 0, {"eval": []}
     start, history = restore(run, ckpt, resolved)
     run.log.info(f"Resumed from {ckpt} at step {start}")
-    protect(run.output_dir, start)  # keep_last never deletes where this run started
     if main:
         # newer checkpoints belong to the abandoned continuation (its metrics lines go
         # too); left in place, a later --resume auto would jump back onto them. They are

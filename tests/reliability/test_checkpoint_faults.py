@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from danka.checkpoint import find_latest_checkpoint, save_checkpoint, verify_checkpoint
-from danka.checkpoint.retention import protect
 from danka.checkpoint.store import CheckpointDiskFull
 from tests.trainer.conftest import train_cli
 
@@ -101,12 +100,16 @@ def test_keep_last_counts_only_verified_checkpoints(tmp_path):
     assert _steps(tmp_path) == [2, 3, 4]
 
 
-def test_keep_last_never_deletes_the_checkpoint_a_resume_started_from(tmp_path):
-    _save(tmp_path, 1)
-    protect(tmp_path, 1)
+def test_damaged_checkpoints_never_push_out_the_one_a_resume_started_from(tmp_path):
+    """A run resumed from checkpoint 1 while 2 and 3 are damaged: with keep_last=2 the
+    next save keeps 4 and 1 (the two that verify). Before: 4 and 3 were kept, 1 deleted."""
+    for step in (1, 2, 3):
+        _save(tmp_path, step)
     for step in (2, 3):
-        _save(tmp_path, step, keep_last=1)
-    assert _steps(tmp_path) == [1, 3]
+        (tmp_path / "actor" / f"checkpoint_{step}" / "adapter_model.safetensors").write_bytes(b"x")
+    _save(tmp_path, 4, keep_last=2)
+    assert _steps(tmp_path) == [1, 2, 3, 4]
+    verify_checkpoint(tmp_path / "state" / "checkpoint_1")
 
 
 # ---------------------------------------------------------------- disk full

@@ -139,54 +139,79 @@ def run_training(
     plot: bool = True,
 ) -> tuple[dict, int]:
     """One process's run, as ``danka train`` does it: lock the output folder, check a
-    ``resume`` target, log the start-up warnings, turn SIGTERM/SIGINT into
-    checkpoint-and-stop, fit, plot. Returns (the result dict, the signal exit code or 0).
-    Under torchrun (the CLI's ``--nproc``) every rank runs this; rank 0 locks and logs."""
+    ``resume`` target (deleting newer checkpoints only with ``discard_newer``), log the
+    start-up warnings, turn SIGTERM/SIGINT into checkpoint-and-stop, fit, plot. Returns
+    (the result dict, the signal exit code or 0). A failure is also written to
+    OUTPUT/logs/train.log, and a run that never finished a step leaves no half-written
+    outputs. Under torchrun (the CLI's ``--nproc``) every rank runs this: the launcher holds
+    the run lock, each rank a rank lock (it dies with its launcher); rank 0 logs."""
     import os
     from contextlib import nullcontext
 
     from danka import callbacks as cb
     from danka import distributed as dist
     from danka.config.compat import fallback_warnings
-    from danka.lifecycle import RunLock, StopRequest
+    from danka.lifecycle import RankLock, RunLock, StopRequest, note_failure
     from danka.logging.runlog import setup_run_logger
     from danka.trainer.fit import fit
 
     output_dir = Path(cfg.output_dir)
     main = not dist.requested() or os.environ.get("RANK", "0") == "0"
-    lock = RunLock(output_dir) if main and not RunLock.held_by_parent() else nullcontext()
+    if RunLock.held_by_parent():  # a rank of --nproc: the launcher holds the run lock
+        lock = RankLock(output_dir)
+    else:
+        lock = RunLock(output_dir) if main else nullcontext()
+    result: dict = {}
     with lock:
         log = None
-        if main:
-            check_resume_target(resume, discard_newer, output_dir)
-            log = setup_run_logger(output_dir)  # fit() reuses it (same arguments)
-            for line in fallback_warnings(cfg):
-                log.warning(line)
-        with StopRequest(log) as stop, cb.active(callbacks):
-            try:
-                result = fit(cfg, base_dir, resume=resume)
-            finally:
-                dist.destroy()
+        try:
+            if main:
+                discard = check_resume_target(resume, discard_newer, output_dir)
+                log = setup_run_logger(output_dir)  # fit() reuses it (same arguments)
+                if discard is not None:
+                    discard(log)
+                for line in fallback_warnings(cfg):
+                    log.warning(line)
+            with StopRequest(log) as stop, cb.active(callbacks):
+                try:
+                    result = fit(cfg, base_dir, resume=resume)
+                finally:
+                    dist.destroy()
+        except BaseException as err:
+            if main:  # the message in train.log too; no half-written outputs
+                note_failure(output_dir, err)
+            raise
     if stop.requested:
-        return result, stop.exit_code
+        # under --nproc the launcher reports the signal (143/130): a rank that stopped
+        # cleanly exits 0, so torchrun does not report it as a failed worker
+        return result, 0 if RunLock.held_by_parent() and dist.requested() else stop.exit_code
     if plot:
         plot_quietly(cfg.output_dir)
     return result, 0
 
 
-def check_resume_target(resume: str | None, discard_newer: bool, output_dir: Path) -> None:
-    """``--resume PATH`` to an older checkpoint would drop the newer ones: refuse unless
-    ``discard_newer`` (fit deletes them then)."""
-    from danka.checkpoint.store import newer_checkpoints
+def check_resume_target(resume: str | None, discard_newer: bool, output_dir: Path):
+    """``--resume PATH`` to an older checkpoint would drop the newer ones: refused unless
+    ``discard_newer``; then returns ``discard(log)``, which deletes them (logged). None
+    when there is nothing to discard."""
+    from danka.checkpoint.retention import delete_checkpoints_after, newer_checkpoints
     from danka.errors import UserError
 
     if not resume or resume == "auto":
-        return
+        return None
     name = Path(resume).name
     if not name.startswith("checkpoint_") or not name[len("checkpoint_") :].isdigit():
-        return  # fit() names the problem
-    newer = newer_checkpoints(Path(output_dir), int(name[len("checkpoint_") :]))
-    if newer and not discard_newer:
+        return None  # fit() names the problem
+    step = int(name[len("checkpoint_") :])
+    newer = newer_checkpoints(Path(output_dir), step)
+    if newer and discard_newer:  # asked for: deleted (fit would only set them aside)
+
+        def discard(log) -> None:
+            for gone in delete_checkpoints_after(Path(output_dir), step):
+                log.warning(f"removing {gone} (newer than the resumed step {step})")
+
+        return discard
+    if newer:
         raise UserError(
             f"{len(newer)} newer checkpoint(s) exist ({', '.join(newer)}); resuming from "
             f"{name} would replace them",
@@ -194,6 +219,7 @@ def check_resume_target(resume: str | None, discard_newer: bool, output_dir: Pat
             fix="add --discard-newer to delete them, use --resume auto for the newest, or "
             "copy the checkpoint to a new output_dir",
         )
+    return None
 
 
 def plot_quietly(output_dir: str | Path) -> None:

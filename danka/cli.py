@@ -13,7 +13,7 @@ import traceback
 
 from danka import __version__
 from danka.commands import COMMANDS, command
-from danka.errors import UserError
+from danka.errors import UserError, as_user_error
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -303,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return COMMANDS.get(args.command).run(args) or 0
-    except UserError as err:
+    except Exception as exc:  # noqa: BLE001 - the user's input (exit 2/3) or a bug (re-raised)
+        err = as_user_error(exc)
+        if err is None:
+            raise
         if args.debug:
             traceback.print_exc()
         print(f"danka: error: {err}", file=sys.stderr)

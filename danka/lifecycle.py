@@ -12,10 +12,17 @@
   a step): it saves a checkpoint there and the CLI exits with :attr:`StopRequest.exit_code`
   (143 terminated, 130 interrupted). A second Ctrl-C (or SIGTERM) aborts at once.
 - :func:`run_forwarding_signals` runs a child (torchrun for ``--nproc``) in its own process
-  group and forwards SIGTERM/SIGINT to it; the child gets SIGTERM if this process dies.
+  group and forwards SIGTERM/SIGINT to its ranks (each saves after its step, as one
+  process does); the child gets SIGTERM if this process dies.
+- :class:`RankLock`: each rank of a ``--nproc`` run holds a shared lock on
+  ``OUTPUT/.danka.ranks.lock`` and ends itself within a second of its launcher's death, so
+  a new run can never share the folder with orphaned ranks (RunLock refuses while any
+  rank lives).
+- :func:`note_failure`: a failed run's message goes to ``OUTPUT/logs/train.log`` too, and a
+  run that stopped before its first step leaves no metrics, evaluation or completions.
 
-Exit codes of ``danka`` (README, "Exit codes"): 0 done, 2 bad input, 3 training fault,
-130 interrupted (SIGINT/Ctrl-C), 143 terminated (SIGTERM).
+Exit codes of ``danka`` (docs/troubleshooting.md): 0 done, 1 a bug (traceback), 2 bad
+input, 3 training fault, 130 interrupted (SIGINT/Ctrl-C), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -40,13 +47,19 @@ log = logging.getLogger("danka.lifecycle")
 
 
 def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
+    except OSError:
+        return True  # no /proc here: the signal test is all there is
 
 
 class RunLock:
@@ -76,7 +89,14 @@ class RunLock:
     def acquire(self) -> RunLock:
         import fcntl
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        from danka.errors import output_dir_error
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:  # read-only filesystem, no permission, a file in the way
+            raise output_dir_error(self.path.parent, err) from None
+        os.close(fd)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -98,6 +118,12 @@ class RunLock:
             if same:
                 break
             os.close(fd)
+        try:
+            _refuse_orphaned_ranks(self.path.parent)
+        except BaseException:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            raise
         old = self._read_pid()
         if old and old != os.getpid():
             self.took_over = old
@@ -171,6 +197,96 @@ def check_run_lock(output_dir: str | Path, what: str = "files") -> None:
         )
 
 
+RANKS_LOCK_NAME = ".danka.ranks.lock"  # shared-locked by every rank of a --nproc run
+
+
+def _lock_holders(path: Path) -> list[int]:
+    """pids that hold a lock on ``path`` (Linux ``/proc/locks``; empty elsewhere)."""
+    try:
+        inode = os.stat(path).st_ino
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    pids = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 5 and fields[5].rsplit(":", 1)[-1] == str(inode):
+            pid = int(fields[4]) if fields[4].isdigit() else None
+            if pid and pid_alive(pid) and pid not in pids:
+                pids.append(pid)
+    return pids
+
+
+def _refuse_orphaned_ranks(output_dir: Path) -> None:
+    """UserError while processes of an earlier ``--nproc`` run still hold the ranks lock of
+    ``output_dir`` (their launcher died: its run lock is free, but they may still write)."""
+    import fcntl
+
+    path = output_dir / RANKS_LOCK_NAME
+    if not path.exists():
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pids = _lock_holders(path)
+        shown = " ".join(map(str, pids)) or "PID"
+        raise UserError(
+            f"processes of an earlier --nproc run (pids {shown}) are still running in this "
+            "output_dir: its launcher is gone, but they could still write here",
+            where=str(output_dir),
+            fix=f"wait a few seconds (they stop when they notice), or end them: kill {shown}",
+        ) from None
+    finally:
+        os.close(fd)  # closing drops the probe's lock
+
+
+class RankLock:
+    """``with RankLock(output_dir):`` in each rank of a ``--nproc`` run (its launcher holds
+    the :class:`RunLock`). Every rank holds a SHARED lock on ``OUTPUT/.danka.ranks.lock``
+    for its whole life, so a new run is refused while any rank lives, even after the
+    launcher was killed (``kill -9``: the run lock died with it); and a watchdog thread
+    ends the rank within a second of its launcher's death, so orphaned ranks never linger."""
+
+    POLL_S = 0.5
+
+    def __init__(self, output_dir: str | Path):
+        self.path = Path(output_dir) / RANKS_LOCK_NAME
+        self._fd: int | None = None
+        raw = os.environ.get(LOCK_HELD_ENV, "")
+        self.launcher = int(raw) if raw.isdigit() else None
+
+    def __enter__(self) -> RankLock:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_SH)
+        if self.launcher is not None:
+            if not pid_alive(self.launcher):  # died before we held the lock: never start
+                os._exit(1)
+            threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        import time
+
+        while pid_alive(self.launcher):  # type: ignore[arg-type]
+            time.sleep(self.POLL_S)
+        print(
+            f"danka: rank {os.environ.get('RANK', '?')}: the launcher (pid {self.launcher}) "
+            "is gone; stopping",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # the lock goes with the last descriptor
+            self._fd = None
+
+
 _current_stop: StopRequest | None = None
 
 
@@ -240,6 +356,64 @@ class StopRequest:
             _current_stop = None
 
 
+def note_failure(output_dir: str | Path, err: BaseException) -> None:
+    """A run that stops on ``err``: the CLI's message goes to ``OUTPUT/logs/train.log`` too
+    (the ``danka: error:`` line for bad input or a training fault, the traceback for a
+    bug), and outputs of a run that never finished a step are removed
+    (:func:`discard_unstarted_outputs`). A signal (SystemExit/KeyboardInterrupt) is
+    logged by :class:`StopRequest`; it only gets the clean-up."""
+    import traceback
+
+    from danka.errors import as_user_error
+
+    output_dir = Path(output_dir)
+    try:
+        discard_unstarted_outputs(output_dir)
+    except OSError:
+        pass
+    if not isinstance(err, Exception):
+        return
+    user = as_user_error(err)
+    if user is not None:
+        text = f"[ERROR] danka: error: {user}"
+    else:
+        text = "[ERROR] " + "".join(traceback.format_exception(err)).rstrip()
+    log_file = output_dir / "logs" / "train.log"
+    if log_file.parent.is_dir():
+        try:
+            with open(log_file, "a", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError:
+            pass
+
+
+def discard_unstarted_outputs(output_dir: Path) -> list[str]:
+    """Remove what a run wrote before its first step was done, when it stops there: an
+    empty ``metrics.jsonl``, the step-0 evaluation, completions. Only where the output
+    dir holds no checkpoint and ``metrics.jsonl`` no complete step (a resumed run keeps
+    everything). ``config.json`` and ``logs/`` stay. Returns the removed names."""
+    import shutil
+
+    metrics, state = output_dir / "metrics.jsonl", output_dir / "state"  # checkpoint.store
+    if state.is_dir() and any(state.iterdir()):
+        return []
+    if metrics.is_file():
+        with open(metrics, "rb") as f:
+            if b"\n" in f.read(1 << 20):
+                return []
+    removed = []
+    for name in ("metrics.jsonl", "eval", "completions"):
+        path = output_dir / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the parent dies (Linux prctl)."""
     if sys.platform.startswith("linux"):
@@ -255,19 +429,27 @@ def _die_with_parent() -> None:
 def run_forwarding_signals(argv: list[str], env: dict | None = None) -> int:
     """Run ``argv`` in its own process group, forward SIGTERM/SIGINT to it, wait for it.
 
-    Own group: a terminal's Ctrl-C reaches the child once (from us), not twice. Returns the
-    child's exit code; 128+signal if the child was killed by one (or if we forwarded one
-    and the child then ended with a failure code of its own).
+    Own group: a terminal's Ctrl-C reaches the child once (from us), not twice. A signal
+    goes to the child's children (torchrun's ranks) where there are any, else to the child.
+    Returns the child's exit code; 128+signal if the child was killed by one, or if we
+    forwarded one and the child then ended with any other code (0 included: ranks that
+    saved and stopped cleanly exit 0).
     """
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     got: list[int] = []
 
     def forward(signum, frame):
         got.append(signum)
-        try:
-            proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
+        # to the ranks themselves (torchrun's children): each saves after its step as one
+        # process does; torchrun, signalled, would SIGKILL them 30 s later, mid-step
+        from danka.subprocs import children
+
+        targets = children(proc.pid) or [proc.pid]  # no ranks yet: torchrun stops them
+        for pid in targets:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -282,7 +464,7 @@ def run_forwarding_signals(argv: list[str], env: dict | None = None) -> int:
             signal.signal(s, h)
     if rc < 0:
         return 128 - rc
-    if got and rc not in (0, EXIT_INTERRUPTED, EXIT_TERMINATED):
+    if got and rc not in (EXIT_INTERRUPTED, EXIT_TERMINATED):  # ranks that stopped cleanly exit 0
         return 128 + got[0]
     return rc
 
@@ -326,8 +508,8 @@ def compile_forward(model, enabled: bool, device):
     """``trainer.compile: true`` -> the forward of the model's transformer body (what the
     training forward calls: ``get_decoder()``, through a PeftModel too; the LM head runs
     chunked outside it) becomes ``torch.compile(forward, dynamic=True)`` (dynamic: every
-    step has other sequence lengths). Until session 5 ``model.forward`` was compiled,
-    which the training forward never calls: a silent no-op. Only on a CUDA GPU: elsewhere
+    step has other sequence lengths). Compiling ``model.forward`` instead would be a
+    silent no-op: the training forward never calls it. Only on a CUDA GPU: elsewhere
     UserError (exit 2). Returns the model."""
     if not enabled:
         return model

@@ -5,32 +5,20 @@
 names, calls or attributes). Exponents and operand sizes are bounded so a call cannot
 hang the worker (``9**9**9``).
 
-``python`` runs a snippet in a fresh interpreter and returns what it printed. What it
-does, and what it does NOT guarantee (it is a convenience, not a sandbox):
-
-* ``python -I`` (isolated: no PYTHONPATH, no user site, no current-directory import),
-  working directory = a new empty temporary folder, deleted afterwards;
-* environment reduced to ``PATH`` and ``LANG`` (no proxies, tokens or HF variables);
-* a wall-clock timeout (kill), and POSIX rlimits: CPU seconds, 1 GiB address space,
-  16 MiB per written file, no core files;
-* no network only where the OS allows an unprivileged network namespace
-  (``unshare --net --map-root-user``, probed once; :func:`network_isolated` says
-  whether it is in force). Elsewhere the snippet CAN reach the network;
-* it CAN read any file the trainer's user can read (absolute paths), and write outside
-  the temporary folder. Offer it only to models and data you trust, or run the trainer
-  inside a container.
+``python`` runs a snippet of model-written code in a fresh interpreter and returns what
+it printed, sandboxed by default (danka/agent/sandbox.py, ``rollout.tool_sandbox``): its
+own temporary folder is the only writable place and the only folder of the user's it can
+see, no network, a wall-clock timeout (its whole process tree is killed) and rlimits
+(CPU seconds, 1 GiB address space, 16 MiB per file, a process count, no core files).
+Where no sandbox works here and the config did not say ``rollout.tool_sandbox: none``,
+the trainer warns loudly at start-up: unconfined, the code can read and write the
+user's files and reach the network.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import operator
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 
 _BINOPS = {
     ast.Add: operator.add,
@@ -84,28 +72,13 @@ def calculator(expression: str) -> str:
     return str(value)
 
 
-@functools.cache
-def network_isolated() -> bool:
-    """True if ``unshare --net --map-root-user`` works here (snippets get no network)."""
-    exe = shutil.which("unshare")
-    if exe is None:
-        return False
-    try:
-        probe = subprocess.run(
-            [exe, "--net", "--map-root-user", "true"], capture_output=True, timeout=5
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
+_SANDBOX: list[str] = []  # the mode the tool worker was told to use (use_sandbox)
 
 
-def _limits(cpu_s: int) -> None:  # runs in the child between fork and exec
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def use_sandbox(mode: str) -> None:
+    """``rollout.tool_sandbox`` as resolved by the trainer (bwrap, namespaces or none): the
+    tool worker calls this once; without it, the best mode that works here is used."""
+    _SANDBOX[:] = [mode]
 
 
 def python(code: str) -> str:
@@ -114,25 +87,12 @@ def python(code: str) -> str:
     Args:
         code: Python source; print() the values you want to see.
     """
-    timeout_s = PYTHON_TIMEOUT_S
-    argv = [sys.executable, "-I", "-c", str(code)]
-    if network_isolated():
-        argv = [str(shutil.which("unshare")), "--net", "--map-root-user", *argv]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
-    with tempfile.TemporaryDirectory(prefix="danka-python-tool-") as cwd:
-        try:
-            done = subprocess.run(
-                argv,
-                cwd=cwd,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=functools.partial(_limits, int(timeout_s) + 1),
-            )
-        except subprocess.TimeoutExpired:
-            return f"error: the snippet ran longer than {timeout_s:g} s and was killed"
+    from danka.agent.sandbox import choose, run_snippet
+
+    mode = _SANDBOX[0] if _SANDBOX else choose("auto")
+    done = run_snippet(str(code), mode, PYTHON_TIMEOUT_S)
+    if done.returncode is None:
+        return f"error: the snippet ran longer than {PYTHON_TIMEOUT_S:g} s and was killed"
     out = done.stdout
     if done.returncode != 0:
         out += done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""

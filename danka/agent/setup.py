@@ -76,8 +76,9 @@ def build_agent_loop(
             limits=limits,
             kv_reuse=rollout.kv_reuse,
         )
-    tools = load_tools(list(rollout.tools), base_dir)
-    runner = ToolRunner(tools, timeout_s=rollout.tool_timeout_s, max_chars=rollout.tool_max_chars)
+    tools = load_tools(list(rollout.tools), base_dir, timeout_s=rollout.tool_timeout_s)
+    runner = ToolRunner(tools, timeout_s=rollout.tool_timeout_s, max_chars=rollout.tool_max_chars,
+                        sandbox=rollout.tool_sandbox)  # fmt: skip
     builtin = [t.name for t in tools if t.source == "builtin"]
     demo = load_demo(rollout.tool_demo, builtin, base_dir, instruction)
     chat = ChatFormat(tokenizer, rollout.tool_prompt, demo)
@@ -110,7 +111,7 @@ def validate_agent(rollout: Any, *, base_dir: Path | str, max_new_tokens: int) -
     if rollout.environment:
         load_environment_class(rollout.environment, base_dir)
     else:
-        tools = load_tools(list(rollout.tools), base_dir)
+        tools = load_tools(list(rollout.tools), base_dir, timeout_s=rollout.tool_timeout_s)
         load_demo(rollout.tool_demo, [t.name for t in tools if t.source == "builtin"], base_dir)
 
 

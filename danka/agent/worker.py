@@ -18,6 +18,7 @@ A tool's return value becomes the tool message: a ``str`` as is, anything JSON c
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import subprocess
@@ -29,9 +30,14 @@ from typing import Any
 
 from danka.agent.parse import ToolCall
 from danka.agent.tools import ToolSpec
-from danka.rewards.worker import forget_worker, guard_child, kill_group, spawn_worker
-
-_START_TIMEOUT_S = 120.0  # importing the tool files (they may import heavy libraries)
+from danka.errors import UserError
+from danka.rewards.worker import (
+    forget_worker,
+    guard_child,
+    kill_group,
+    load_timeout,
+    spawn_worker,
+)
 
 
 @dataclass
@@ -64,6 +70,10 @@ def _worker_main() -> None:
     os.dup2(2, 1)  # the tools' print() goes to stderr
     sys.stdout = sys.stderr
     fns = {}
+    if len(sys.argv) > 3:  # rollout.tool_sandbox as the trainer resolved it
+        from danka.agent.builtins import use_sandbox
+
+        use_sandbox(sys.argv[3])
     for name, source, function in json.loads(sys.argv[1]):
         if source == "builtin":
             from danka.agent.builtins import BUILTIN_TOOLS
@@ -72,7 +82,7 @@ def _worker_main() -> None:
         else:
             from pathlib import Path
 
-            from danka.rewards.custom import load_function_from_file
+            from danka.rewards.contract import load_function_from_file
 
             fns[name] = load_function_from_file(Path(source), function)
     out.write('{"ready": true}\n')
@@ -94,23 +104,50 @@ _WORKER_CODE = "from danka.agent.worker import _worker_main; _worker_main()"
 class ToolRunner:
     """Executes parsed calls against ``tools`` with a per-call timeout."""
 
-    def __init__(self, tools: list[ToolSpec], *, timeout_s: float = 10.0, max_chars: int = 2000):
+    def __init__(
+        self,
+        tools: list[ToolSpec],
+        *,
+        timeout_s: float = 10.0,
+        max_chars: int = 2000,
+        sandbox: str = "auto",
+    ):
         self.tools = {t.name: t for t in tools}
         self.timeout_s, self.max_chars = float(timeout_s), int(max_chars)
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
+        self.sandbox = "none"  # where the builtin python tool runs (rollout.tool_sandbox)
+        if "python" in self.tools and self.tools["python"].source == "builtin":
+            from danka.agent.sandbox import choose, startup_warning
+
+            self.sandbox = choose(sandbox)
+            warning = startup_warning(sandbox, self.sandbox)
+            log = logging.getLogger("danka.agent")
+            if warning:
+                log.warning(warning)
+            else:
+                log.info(f"builtin python tool: sandbox {self.sandbox}")
 
     # -- process management
     def _start(self) -> None:
         listing = [[t.name, t.source, t.function] for t in self.tools.values()]
-        args = [json.dumps(listing), str(os.getpid())]
+        args = [json.dumps(listing), str(os.getpid()), self.sandbox]
         self._proc = spawn_worker(
             self, _WORKER_CODE, args, stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         self._buf = b""
-        if self._readline(_START_TIMEOUT_S) is None:
+        limit = load_timeout(self.timeout_s)
+        if self._readline(limit) is None:
+            code = self._proc.poll()
             self.close()
-            raise RuntimeError("the tool worker did not start (see the error above)")
+            raise UserError(
+                f"the tool worker did not start within {limit:g} s"
+                + (f" (it exited with code {code})" if code is not None else "")
+                + ": importing a tool file failed, exited or hung",
+                where="rollout.tools",
+                fix="run `python FILE` for each tool file; import-time code must be fast "
+                "and must not exit",
+            )
 
     def _readline(self, timeout_s: float) -> bytes | None:
         """One line from the worker, or None on timeout or worker exit."""

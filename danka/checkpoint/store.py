@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from danka import __version__
-from danka.errors import UserError
+from danka.errors import DiskFull, UserError
 from danka.io import fsync_dir, write_text_atomic
 from danka.lifecycle import pid_alive
 
@@ -48,16 +48,47 @@ TRAINER_STATE_NAME = "trainer_state.pt"
 CONFIG_NAME = "config.json"
 _CKPT_RE = re.compile(r"^checkpoint_(\d+)$")
 _RESUME_FIX = "resume from another checkpoint (--resume PATH) or use `--resume auto`"
-# <pid>- since agent4; names without it (older danka) are always leftovers
+# the <pid>- part names the saving process; names without it (older danka) are always leftovers
 _TMP_RE = re.compile(r"^\.tmp-(old-)?checkpoint_\d+-(?:(\d+)-)?[0-9a-f]{8}$")
 PARTS_NAME = "parts.json"  # in state/checkpoint_<step>: the parts this save wrote (ours)
 
 
-class CheckpointDiskFull(UserError):
+class CheckpointDiskFull(DiskFull):
     """The disk filled up while a checkpoint was written: a training fault (exit code 3);
     the temporary files are removed and the previous checkpoint is untouched."""
 
-    exit_code = 3
+
+_FULL_BELOW = 1 << 20  # bytes free: a failed write with less than this left is a full disk
+
+
+def _disk_full_error(err: BaseException, output_dir: Path) -> bool:
+    """Did ``err`` come from a full disk? safetensors reports it as ``SafetensorError: ...
+    No space left on device (os error 28)`` and torch.save as ``RuntimeError: [enforce
+    fail at inline_container.cc] unexpected pos``, neither an OSError with ENOSPC; so
+    the message is read, and a failed write with (almost) no space left counts too."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if any(m in str(err) for m in ("No space left on device", "os error 28", "Disk quota")):
+        return True
+    try:
+        return shutil.disk_usage(output_dir).free < _FULL_BELOW
+    except OSError:
+        return False
+
+
+def _file_mode() -> int:
+    """The mode a new file gets from the umask (0644 under the usual 022): mkstemp, used
+    for the atomic writes, makes 0600 files, which other users of a shared run folder (a
+    job that uploads the adapter, a colleague) could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _chmod_tree(root: Path, mode: int) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.chmod(path, mode)
 
 
 @dataclass
@@ -170,6 +201,7 @@ def save_checkpoint(
             tmp.mkdir()
             tmp_dirs[part] = tmp
             writer(tmp)
+            _chmod_tree(tmp, _file_mode())
             _fsync_tree(tmp)
         parts = {
             part: {"dir": f"{part}/{name}", "files": _hash_tree(tmp)}
@@ -193,10 +225,11 @@ def save_checkpoint(
             fsync_dir(final.parent)
         # 3. the manifest, last and atomically
         _write_manifest(state_final, step, config_hash, parts)
-    except OSError as err:
+    except Exception as err:
+        full = _disk_full_error(err, output_dir)  # before the clean-up frees space again
         for tmp in tmp_dirs.values():
             shutil.rmtree(tmp, ignore_errors=True)
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        if full:
             raise _disk_full(output_dir, step, parts_written=tmp_dirs) from err
         raise
     except BaseException:
@@ -206,9 +239,10 @@ def save_checkpoint(
     size = checkpoint_size(state_final)
     log.info("Saved checkpoint %d to %s (%s)", step, state_final, format_size(size))
 
+    remember_verified(state_final)  # just hashed: keep_last need not read it again
     _sweep_tmp(output_dir)  # leftovers of writes a crash interrupted
     if keep_last is not None:
-        _prune(output_dir, keep_last, keep_step=step)
+        prune(output_dir, keep_last, keep_step=step)
     return state_final
 
 
@@ -258,63 +292,17 @@ def _write_manifest(state_dir: Path, step: int, config_hash: str, parts: dict) -
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_text_atomic(state_dir / MANIFEST_NAME, json.dumps(manifest, indent=2), sync_dir=True)
-
-
-def _own_parts(state_dir: Path) -> set[str] | None:
-    """The part names danka wrote for this checkpoint (from its manifest, else from
-    ``parts.json``); None if neither names them: then the folder is not danka's."""
-    for reader in (
-        lambda: set(_read_manifest(state_dir).parts),
-        lambda: set(json.loads((state_dir / PARTS_NAME).read_text(encoding="utf-8"))),
-    ):
-        try:
-            parts = reader()
-        except (UserError, OSError, ValueError, TypeError):
-            continue
-        if all(isinstance(p, str) and _safe_name(p) for p in parts):
-            return parts | {STATE_PART}
-    return None
+    os.chmod(state_dir / MANIFEST_NAME, _file_mode())
 
 
 def _safe_name(part: str) -> bool:
     return bool(part) and "/" not in part and "\\" not in part and part not in (".", "..")
 
 
-def _delete_checkpoint(output_dir: Path, state_dir: Path) -> bool:
-    """Remove danka's checkpoint ``state_dir`` and its parts (manifest first, so a crash
-    mid-delete leaves an incomplete checkpoint, state last). A folder danka did not write
-    (no manifest, no parts.json) is left alone; returns whether it was deleted."""
-    parts = _own_parts(state_dir)
-    if parts is None:
-        return False
-    name = state_dir.name
-    manifest = state_dir / MANIFEST_NAME
-    if manifest.exists():
-        manifest.unlink()
-        fsync_dir(state_dir)
-    for part in sorted(parts - {STATE_PART}) + [STATE_PART]:
-        shutil.rmtree(output_dir / part / name, ignore_errors=True)
-    fsync_dir(output_dir / STATE_PART)
-    return True
-
-
 def complete_checkpoints(output_dir: Path) -> list[Path]:
     """State dirs whose manifest was written (the commit marker), newest first. Hashes are
     not checked here: ``verify_checkpoint`` does that."""
     return [d for d in _state_dirs(output_dir) if (d / MANIFEST_NAME).exists()]
-
-
-def newer_checkpoints(output_dir: Path, step: int) -> list[str]:
-    """Names of danka's checkpoints newer than ``step`` (complete or not), oldest first."""
-    newer = [d for d in _state_dirs(output_dir) if _step_of(d) > step]
-    return [d.name for d in reversed(newer) if _own_parts(d) is not None]
-
-
-def delete_checkpoints_after(output_dir: Path, step: int) -> list[str]:
-    """Delete every danka checkpoint newer than ``step`` (manifest first); returns their
-    names."""
-    newer = [d for d in _state_dirs(output_dir) if _step_of(d) > step]
-    return [d.name for d in newer if _delete_checkpoint(output_dir, d)]
 
 
 def _sweep_tmp(output_dir: Path) -> None:
@@ -335,23 +323,6 @@ def _sweep_tmp(output_dir: Path) -> None:
             if pid is not None and pid != os.getpid() and pid_alive(pid):
                 continue  # a save in progress in another process
             shutil.rmtree(stale, ignore_errors=True)
-
-
-def _prune(output_dir: Path, keep_last: int, keep_step: int) -> None:
-    """Keep the newest ``keep_last`` complete checkpoints (always ``keep_step``); drop
-    danka's incomplete checkpoints older than ``keep_step``. Folders danka did not write
-    (a ``checkpoint_<N>`` without manifest or parts.json) are never touched."""
-    complete = complete_checkpoints(output_dir)
-    kept = 0
-    for d in complete:  # newest first
-        if _step_of(d) == keep_step or kept < max(keep_last, 1):
-            kept += 1
-            continue
-        if _delete_checkpoint(output_dir, d):
-            log.info("Deleted old checkpoint %s (keep_last=%d)", d.name, keep_last)
-    for d in _state_dirs(output_dir):
-        if not (d / MANIFEST_NAME).exists() and _step_of(d) < keep_step:
-            _delete_checkpoint(output_dir, d)
 
 
 # ---------------------------------------------------------------- find / verify / load
@@ -440,17 +411,27 @@ def verify_checkpoint(state_dir: Path) -> Manifest:
     return manifest
 
 
-def find_latest_checkpoint(output_dir: Path) -> Path | None:
-    """State dir of the newest complete checkpoint under ``output_dir`` (None if there is
-    none); newer incomplete or corrupted ones are skipped with a warning."""
+def latest_verified(output_dir: Path) -> tuple[Path | None, dict[str, str]]:
+    """(state dir of the newest checkpoint that verifies or None, {name: why} of the newer
+    ones that do not: incomplete, damaged or edited)."""
+    skipped: dict[str, str] = {}
     for state_dir in _state_dirs(Path(output_dir)):
         try:
             verify_checkpoint(state_dir)
         except UserError as err:
-            log.warning("Ignoring %s: %s", state_dir, err.what)
+            skipped[state_dir.name] = err.what
             continue
-        return state_dir
-    return None
+        return state_dir, skipped
+    return None, skipped
+
+
+def find_latest_checkpoint(output_dir: Path) -> Path | None:
+    """State dir of the newest complete checkpoint under ``output_dir`` (None if there is
+    none); newer incomplete or corrupted ones are skipped with a warning."""
+    found, skipped = latest_verified(output_dir)
+    for name, why in skipped.items():
+        log.warning("Ignoring %s: %s", Path(output_dir) / STATE_PART / name, why)
+    return found
 
 
 def checkpoint_parts(state_dir: Path) -> dict[str, Path]:
@@ -467,10 +448,125 @@ def load_trainer_state(state_dir: Path) -> dict:
         raise UserError(
             f"no {TRAINER_STATE_NAME} in checkpoint", where=str(state_dir), fix=_RESUME_FIX
         )
-    return torch.load(path, map_location="cpu", weights_only=True)
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+        kind = "a pickle that could run code" if "Weights only" in str(err) else "damaged"
+        raise UserError(
+            f"{TRAINER_STATE_NAME} is not plain tensors and numbers ({kind}): "
+            "torch.load(weights_only=True) refused it, nothing in it was run",
+            where=str(path),
+            fix=_RESUME_FIX,
+        ) from None
 
 
 def load_checkpoint_config(state_dir: Path) -> dict | None:
     """The resolved config saved with the checkpoint (None if it was saved without one)."""
     path = Path(state_dir) / CONFIG_NAME
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+# ---------------------------------------------------------------- keep_last (verified only)
+# Verification reads every byte, so its result is remembered per checkpoint with the size
+# and mtime of each file: a later keep_last pass re-hashes only a file that changed since.
+
+_VERIFIED: dict[str, tuple] = {}  # state dir -> file signature when it last verified
+
+
+def _signature(state_dir: Path) -> tuple | None:
+    """(path, size, mtime) of every file the manifest lists; None if one is missing."""
+    try:
+        manifest = _read_manifest(state_dir)
+        out = []
+        root = manifest.state_dir.parent.parent
+        for info in manifest.parts.values():
+            for rel in sorted(info["files"]):
+                st = os.stat(root / info["dir"] / rel)
+                out.append((f"{info['dir']}/{rel}", st.st_size, st.st_mtime_ns))
+        st = os.stat(manifest.state_dir / MANIFEST_NAME)
+        out.append((MANIFEST_NAME, st.st_size, st.st_mtime_ns))
+        return tuple(out)
+    except (UserError, OSError):
+        return None
+
+
+def remember_verified(state_dir: Path) -> None:
+    """``state_dir`` was just written and hashed: record it as verified."""
+    signature = _signature(state_dir)
+    if signature is not None:
+        _VERIFIED[str(Path(state_dir).resolve())] = signature
+
+
+def verified(state_dir: Path) -> tuple[bool, str]:
+    """(True, "") if the checkpoint verifies, else (False, why)."""
+    key, signature = str(Path(state_dir).resolve()), _signature(state_dir)
+    if signature is not None and _VERIFIED.get(key) == signature:
+        return True, ""
+    try:
+        verify_checkpoint(state_dir)
+    except UserError as err:
+        _VERIFIED.pop(key, None)
+        return False, err.what
+    if signature is not None:
+        _VERIFIED[key] = signature
+    return True, ""
+
+
+def _own_parts(state_dir: Path) -> set[str] | None:
+    """The part names danka wrote for this checkpoint (from its manifest, else from
+    ``parts.json``); None if neither names them: then the folder is not danka's."""
+    for reader in (
+        lambda: set(_read_manifest(state_dir).parts),
+        lambda: set(json.loads((state_dir / PARTS_NAME).read_text(encoding="utf-8"))),
+    ):
+        try:
+            parts = reader()
+        except (UserError, OSError, ValueError, TypeError):
+            continue
+        if all(isinstance(p, str) and _safe_name(p) for p in parts):
+            return parts | {STATE_PART}
+    return None
+
+
+def _delete_checkpoint(output_dir: Path, state_dir: Path) -> bool:
+    """Remove danka's checkpoint ``state_dir`` and its parts (manifest first, so a crash
+    mid-delete leaves an incomplete checkpoint, state last). A folder danka did not write
+    (no manifest, no parts.json) is left alone; returns whether it was deleted."""
+    parts = _own_parts(state_dir)
+    if parts is None:
+        return False
+    name = state_dir.name
+    manifest = state_dir / MANIFEST_NAME
+    if manifest.exists():
+        manifest.unlink()
+        fsync_dir(state_dir)
+    for part in sorted(parts - {STATE_PART}) + [STATE_PART]:
+        shutil.rmtree(output_dir / part / name, ignore_errors=True)
+    fsync_dir(output_dir / STATE_PART)
+    return True
+
+
+def prune(output_dir: Path, keep_last: int, keep_step: int) -> None:
+    """Keep the newest ``keep_last`` checkpoints that verify (always ``keep_step``); one
+    that fails verification is reported and kept, not counted, so damaged checkpoints
+    never push out an intact one (the one a resume started from goes only once
+    ``keep_last`` newer verified checkpoints exist). Danka's incomplete checkpoints older
+    than ``keep_step`` go. Folders danka did not write (a ``checkpoint_<N>`` without
+    manifest or parts.json) are never touched."""
+    kept = 0
+    for d in complete_checkpoints(output_dir):  # newest first
+        ok, why = verified(d)
+        if not ok:
+            log.warning("keep_last: %s fails verification (%s); kept, not counted", d.name, why)
+            continue
+        if _step_of(d) == keep_step or kept < max(keep_last, 1):
+            kept += 1
+            continue
+        if _delete_checkpoint(output_dir, d):
+            _VERIFIED.pop(str(d.resolve()), None)
+            log.info("Deleted old checkpoint %s (keep_last=%d)", d.name, keep_last)
+    for d in _state_dirs(output_dir):
+        if not (d / MANIFEST_NAME).exists() and _step_of(d) < keep_step:
+            _delete_checkpoint(output_dir, d)

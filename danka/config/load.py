@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -52,8 +53,10 @@ class _Source:
         self.explicit: set[str] = set()  # dotted keys the user set (file or override)
 
     def where(self, key: str) -> str:
-        if key in self.overridden:
-            return f"command-line override {key}"
+        # an override may create a section: `foo.bar=1` makes the unknown key `foo`
+        by_override = [k for k in self.overridden if k == key or k.startswith(key + ".")]
+        if by_override and key not in self.lines:
+            return f"command-line override {by_override[0]}"
         if self.path is None:
             return f"config key {key}"
         line = self.lines.get(key)
@@ -61,11 +64,27 @@ class _Source:
 
 
 def read_yaml(path: Path) -> tuple[dict, str]:
+    if path.is_dir():
+        raise UserError(
+            "this is a folder, not a config file",
+            where=str(path),
+            fix="give the YAML file itself, e.g. danka train "
+            + str(path / "config.yaml" if (path / "config.yaml").is_file() else "CONFIG.yaml"),
+        )
     if not path.is_file():
         raise UserError(
             "config file not found", where=str(path), fix="check the path (danka train CONFIG.yaml)"
         )
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise UserError(
+            f"the config file is not UTF-8 text (byte {raw[err.start]:#04x} at offset {err.start})",
+            where=f"{path}:{line}",
+            fix="save the file as UTF-8 (most editors: 'Save with encoding')",
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -76,6 +95,7 @@ def read_yaml(path: Path) -> tuple[dict, str]:
             where=where,
             fix="fix the YAML syntax (indentation, colons, quotes)",
         ) from None
+    _refuse_duplicate_keys(path, text)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -85,6 +105,34 @@ def read_yaml(path: Path) -> tuple[dict, str]:
             fix="start with sections like 'model:', 'trainer:', 'data:'",
         )
     return data, text
+
+
+def _refuse_duplicate_keys(path: Path, text: str) -> None:
+    """UserError naming both lines when one mapping sets a key twice (PyYAML silently keeps
+    the last value: ``total_steps: 2`` on line 4 and ``total_steps: 500`` on line 10 ran
+    500 steps)."""
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key_node, value_node in node.value:
+                key, line = str(key_node.value), key_node.start_mark.line + 1
+                if key in seen:
+                    raise UserError(
+                        f"duplicate key {prefix + key!r}: set on line {seen[key]} and again on "
+                        f"line {line}",
+                        where=f"{path}:{line}",
+                        fix="keep one of the two lines",
+                    )
+                seen[key] = line
+                walk(value_node, f"{prefix}{key}.")
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, f"{prefix[:-1]}[{i}].")
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        walk(root, "")
 
 
 def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
@@ -128,16 +176,21 @@ def _type_name(tp: Any) -> str:
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
+class _NotFinite(UserError):
+    """NaN or infinity for a float setting (reported as such, not as a type error)."""
+
+
 def _coerce(value: Any, tp: Any, key: str, source: _Source) -> Any:
     """Check ``value`` against the annotation ``tp``; build nested dataclasses."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        errors = []
         for arg in typing.get_args(tp):
             try:
                 return _coerce(value, arg, key, source)
-            except UserError as err:
-                errors.append(err)
+            except _NotFinite:
+                raise
+            except UserError:
+                pass
         raise _type_error(value, tp, key, source)
     if tp is type(None):
         if value is None:
@@ -167,14 +220,23 @@ def _coerce(value: Any, tp: Any, key: str, source: _Source) -> Any:
             return value
         raise _type_error(value, tp, key, source)
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads 1e-5 (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML reads 1e-5 (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise _type_error(value, tp, key, source)
+        if number is None:
+            raise _type_error(value, tp, key, source)
+        if not math.isfinite(number):  # no setting means anything at NaN or infinity
+            raise _NotFinite(
+                f"must be a finite number, got {value!r}",
+                where=source.where(key),
+                fix=f"set {key} to a finite number (NaN and infinity are never valid)",
+            )
+        return number
     if tp is str:
         if isinstance(value, str):
             return value

@@ -260,6 +260,13 @@ class RolloutConfig:
         0, "response tokens over all turns incl. tool responses (0 = trainer.max_new_tokens)"
     )
     tool_timeout_s: float = _f(10.0, "wall-clock limit per tool call (the worker is killed)")
+    tool_sandbox: str = _f(
+        "auto",
+        "where the builtin python tool runs model-written code: auto (bwrap or Linux "
+        "namespaces, whichever works; else unconfined with a loud warning) | bwrap | "
+        "namespaces | none (unconfined: the code can read and write your files; you accept "
+        "the risk)",
+    )
     tool_max_chars: int = _f(2000, "tool responses longer than this are cut")
     # tools2:
     tool_prompt: str = _f(

@@ -51,6 +51,7 @@ def choices() -> dict[str, set]:
         "data.task": {None, *TASKS.names()},
         "reward.on_error": {"fail", "zero", "skip_sample"},
         "backend.fsdp.sharding": {"auto", "shard", "replicate"},
+        "rollout.tool_sandbox": {"auto", "bwrap", "namespaces", "none"},
     }
 
 
@@ -174,6 +175,14 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             f"exceeds max_length ({t.max_length})",
             "lower data.max_prompt_length or raise trainer.max_length",
         )
+    if estimator.grouped and t.samples_per_prompt < 2:
+        fail(
+            "trainer.samples_per_prompt",
+            f"{t.algorithm.upper() if t.algorithm == 'grpo' else t.advantage_estimator} needs "
+            f">= 2 samples per prompt: it compares answers to the same prompt "
+            f"(samples_per_prompt >= 2, got {t.samples_per_prompt})",
+            "set trainer.samples_per_prompt: 8 (or use trainer.algorithm: ppo)",
+        )
     if t.batch_size % t.mini_batch_size:
         fail(
             "trainer.mini_batch_size",
@@ -189,13 +198,6 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             f"{t.samples_per_prompt} = {seqs} sequences, not a multiple of micro_batch_size "
             f"({t.micro_batch_size})",
             f"choose a micro_batch_size that divides {seqs}",
-        )
-    if estimator.grouped and t.samples_per_prompt < 2:
-        fail(
-            "trainer.samples_per_prompt",
-            f"{t.advantage_estimator} compares answers to the same prompt and needs "
-            f"samples_per_prompt >= 2, got {t.samples_per_prompt}",
-            "set trainer.samples_per_prompt: 8 (or use trainer.algorithm: ppo)",
         )
     if rc.cap <= 1.0:
         fail(
@@ -219,16 +221,20 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         )
     if t.dual_clip_c is not None and t.dual_clip_c <= 1.0:
         fail("trainer.dual_clip_c", f"must be > 1, got {t.dual_clip_c}", "use 3.0 or null")
-    if t.lr <= 0:
+    if not t.lr > 0:
         fail("trainer.lr", f"must be > 0, got {t.lr}", "typical LoRA: 1e-5 to 5e-4")
     if not 0.0 <= t.gamma <= 1.0 or not 0.0 <= t.lam <= 1.0:
         fail("trainer.gamma", "gamma and lam must be in [0, 1]", "use gamma 1.0, lam 0.95")
-    if t.temperature < 0 or not 0 < t.top_p <= 1 or t.top_k < 0:
+    if not t.temperature >= 0:
+        fail("trainer.temperature", f"must be >= 0, got {t.temperature}", "typical: 1.0")
+    if not 0 < t.top_p <= 1:
         fail(
-            "trainer.temperature",
-            "sampling settings out of range",
-            "temperature >= 0, 0 < top_p <= 1, top_k >= 0",
+            "trainer.top_p",
+            f"must be in (0, 1], got {t.top_p}",
+            "1.0 samples from the whole distribution; 0.9-0.95 cuts the tail",
         )
+    if t.top_k < 0:
+        fail("trainer.top_k", f"must be >= 0, got {t.top_k}", "0 (off) or e.g. 50")
     lora = cfg.lora
     if lora.enable_lora and (lora.lora_r < 1 or lora.lora_alpha <= 0):
         fail("lora.lora_r", "lora_r must be >= 1 and lora_alpha > 0", "typical: r 8-64, alpha 2r")
@@ -240,7 +246,7 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             f"{lora.target_modules!r} is not a list",
             "give a list like [q_proj, v_proj] or the string all-linear",
         )
-    if cfg.reward.timeout_s <= 0:
+    if not cfg.reward.timeout_s > 0:
         fail("reward.timeout_s", "must be > 0", "e.g. 30")
     from danka.rewards.specs import check_reward_specs  # torch-free; runs no user code
 
@@ -329,6 +335,10 @@ def _check_agent(cfg: DankaConfig, fail) -> None:
 
     t, d = cfg.trainer, cfg.data
     check_agent_config(cfg.rollout, max_new_tokens=t.max_new_tokens)
+    if cfg.rollout.tool_sandbox not in ("auto", "none") and "python" in cfg.rollout.tools:
+        from danka.agent.sandbox import choose
+
+        choose(cfg.rollout.tool_sandbox)  # an explicit sandbox that cannot work: refused now
     total = cfg.rollout.max_total_tokens or t.max_new_tokens
     if d.max_prompt_length + total > t.max_length:
         fail(

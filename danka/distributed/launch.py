@@ -47,13 +47,15 @@ def launcher_argv(torchrun_args: list[str]) -> list[str]:
 
 
 def failure_report(exc: BaseException) -> tuple[int, str]:
-    """(exit code, text) as ``danka``'s CLI reports ``exc``: a UserError (TrainingFault...)
+    """(exit code, text) as ``danka``'s CLI reports ``exc``: a UserError (TrainingFault...),
+    or a library error that :func:`danka.errors.as_user_error` recognises as the user's,
     is one line ``danka: error: ...`` and its ``exit_code``; anything else is a bug: its
     traceback and 1."""
-    from danka.errors import UserError
+    from danka.errors import as_user_error
 
-    if isinstance(exc, UserError):
-        return exc.exit_code, f"danka: error: {exc}"
+    user = as_user_error(exc)  # a library error caused by a user file counts too
+    if user is not None:
+        return user.exit_code, f"danka: error: {user}"
     return 1, "".join(traceback.format_exception(exc)).rstrip()
 
 

@@ -110,18 +110,21 @@ class MetricsWriter:
 
     def __init__(self, output_dir: Path):
         self.path = Path(output_dir) / "metrics.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _drop_partial_tail(self.path)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = None  # opened by the first write: a run that fails before its first
+        # step leaves no (empty) metrics file
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": int(step), "timestamp": round(time.time(), 3), **metrics}
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _drop_partial_tail(self.path)
+            self._file = open(self.path, "a", encoding="utf-8")
         self._file.write(_dumps(record) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        if not self._file.closed:
+        if self._file is not None and not self._file.closed:
             self._file.close()
 
     def __enter__(self) -> MetricsWriter:

@@ -241,7 +241,7 @@ def build_reward_computer(
         check_reward_spec(spec.name, spec.kwargs, where)
         fn: Callable[..., float] | CustomReward
         if is_custom_spec(spec.name):
-            fn = load_reward_function(spec.name, base_dir)
+            fn = load_reward_function(spec.name, base_dir, timeout_s=timeout_s)
             short = fn.function
         else:
             fn, short = REWARDS[spec.name], spec.name

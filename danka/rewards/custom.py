@@ -14,50 +14,58 @@ Two contracts are recognised from the function's signature:
   are strings.
 
 Security: the code runs only from the file the config names (resolved against the
-config's folder); nothing is imported by module name. The file is executed once in the
-trainer (to check the signature) and once in each reward worker (guard.py), so its
-import-time code runs more than once. This module imports no torch so
-the reward worker process (guard.py) starts fast.
+config's folder); nothing is imported by module name. The file is never executed in the
+trainer's process: :func:`load_reward_function` starts the reward worker (worker.py),
+which imports the file and reports the signature, under the worker's time limit and
+process-group rules. So a file that calls ``sys.exit()``/``os._exit()``, hangs, crashes
+or forks at import ends or blocks only its worker, and the run stops with a message
+(exit 2), never with a false success. The worker that checked the file then serves the
+calls, so the file's import-time code runs once per worker start. This module imports
+no torch so the reward worker process starts fast.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import inspect
-import math
-import sys
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from danka.errors import UserError
-
-if TYPE_CHECKING:
-    from danka.types import PromptRow
-
-Kind = Literal["verl", "trl"]
-
-VERL_SIGNATURE = "compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float"
-TRL_SIGNATURE = "fn(prompts, completions, **kwargs) -> list[float | None]"
-_VERL_ARGS = {"data_source", "solution_str", "ground_truth", "extra_info"}
-_TRL_ARGS = {"prompts", "completions", "completion_ids", "trainer_state"}
+from danka.rewards.contract import (  # noqa: F401  (re-exported: the contracts live there)
+    TRL_SIGNATURE,
+    VERL_SIGNATURE,
+    Kind,
+    call_custom,
+    contract_of,
+    detect_kind,
+    load_function_from_file,
+    problem_with,
+    to_score,
+    to_scores,
+    trl_call_args,
+    verl_call_args,
+)
 
 
 @dataclass(frozen=True)
 class CustomReward:
-    """A user reward function: where it lives and which contract it follows."""
+    """A user reward function: where it lives and which contract it follows. ``worker``:
+    the running worker process that loaded it (guard.py's GuardedReward takes it over)."""
 
     path: Path  # absolute path of the .py file
     function: str  # attribute name inside the file
     kind: Kind  # "verl" (per sample) or "trl" (batched)
-    fn: Callable[..., Any] = field(compare=False, repr=False)
+    worker: Any = field(default=None, compare=False, repr=False)
 
     @property
     def spec(self) -> str:
         return f"{self.path}:{self.function}"
+
+    def load(self) -> Callable[..., Any]:
+        """The function, imported in THIS process (runs the file's top-level code here:
+        for the worker and for tests, never for the trainer)."""
+        return load_function_from_file(self.path, self.function)
 
 
 def is_custom_spec(name: str) -> bool:
@@ -66,81 +74,8 @@ def is_custom_spec(name: str) -> bool:
     return bool(sep) and file.endswith(".py") and bool(func)
 
 
-def _short_traceback(exc: BaseException) -> str:
-    return traceback.format_exception_only(type(exc), exc)[-1].strip()
-
-
-def load_function_from_file(path: Path, function: str) -> Callable[..., Any]:
-    """Execute ``path`` as a fresh module and return its attribute ``function``.
-
-    Raises UserError for a missing file, an import-time error (with the traceback's last
-    line) or a missing/non-callable attribute.
-    """
-    expected = f"expected one of:\n    {VERL_SIGNATURE}   (verl)\n    {TRL_SIGNATURE}   (TRL)"
-    if not path.is_file():
-        raise UserError(
-            f"reward function file not found (looking for function {function!r})",
-            where=str(path),
-            fix="check the path; relative paths are resolved against the config file's folder",
-        )
-    # A private, path-derived module name: never shadows or reuses an installed module.
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    mod_name = f"_danka_user_reward_{path.stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise UserError("cannot load this file as Python code", where=str(path))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module  # dataclasses/pickle inside the file need it
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:  # noqa: BLE001 - user code may raise anything, even SystemExit
-        sys.modules.pop(mod_name, None)
-        raise UserError(
-            f"importing the reward file failed: {_short_traceback(exc)} "
-            f"(while loading function {function!r})",
-            where=str(path),
-            fix="run `python " + str(path) + "` to see the full traceback and fix the file",
-        ) from exc
-    fn = getattr(module, function, None)
-    if fn is None or not callable(fn):
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise UserError(
-            f"no function {function!r} in the reward file"
-            + (" (it is not callable)" if fn is not None else ""),
-            where=str(path),
-            fix=f"name a function defined there ({', '.join(names) or 'none found'}); {expected}",
-        )
-    return fn
-
-
-def detect_kind(fn: Callable[..., Any]) -> Kind | None:
-    """ "verl", "trl", or None when the signature fits neither contract."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return None
-    names = set(params)
-    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    required = {
-        n
-        for n, p in params.items()
-        if p.default is inspect.Parameter.empty
-        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    }
-    positional_only = any(p.kind is inspect.Parameter.POSITIONAL_ONLY for p in params.values())
-    if positional_only:  # both contracts pass arguments by keyword
-        return None
-    if "solution_str" in names:
-        return "verl" if required <= _VERL_ARGS else None
-    if "completions" in names or (has_var_kw and not required):
-        return "trl"
-    return None
-
-
-def load_reward_function(spec: str, base_dir: Path) -> CustomReward:
-    """Load ``path/to/file.py:function`` (relative to ``base_dir``, the config's folder)
-    and detect its contract. UserError on a malformed spec, a missing file, an import
-    error, a missing function or a signature that is neither verl's nor TRL's."""
+def resolve_spec(spec: str, base_dir: Path) -> tuple[Path, str]:
+    """``path/to/file.py:function`` -> (absolute path, function); UserError if malformed."""
     file, sep, function = str(spec).rpartition(":")
     if not sep or not file.endswith(".py") or not function.isidentifier():
         raise UserError(
@@ -150,136 +85,26 @@ def load_reward_function(spec: str, base_dir: Path) -> CustomReward:
     path = Path(file).expanduser()
     if not path.is_absolute():
         path = Path(base_dir) / path
-    path = path.resolve()
-    fn = load_function_from_file(path, function)
-    kind = detect_kind(fn)
-    if kind is None:
-        try:
-            shown = f"{function}{inspect.signature(fn)}"
-        except (TypeError, ValueError):
-            shown = function
+    return path.resolve(), function
+
+
+def load_reward_function(spec: str, base_dir: Path, *, timeout_s: float = 30.0) -> CustomReward:
+    """Load ``path/to/file.py:function`` (relative to ``base_dir``, the config's folder)
+    in a reward worker process and detect its contract; the worker keeps running and
+    serves the calls (see the module docstring). ``timeout_s`` (``reward.timeout_s``, at
+    least worker.LOAD_FLOOR_S) bounds the import. UserError on a malformed spec, a missing
+    file, an import error, an exit or a hang at import, a missing function or a signature
+    that is neither verl's nor TRL's."""
+    from danka.rewards.worker import Target, Worker  # the worker module imports this one
+
+    path, function = resolve_spec(spec, base_dir)
+    if not path.is_file():
         raise UserError(
-            f"reward function {shown} has neither the verl nor the TRL signature",
-            where=f"{path}:{function}",
-            fix=(
-                f"use one of:\n    {VERL_SIGNATURE}   (verl, per sample)\n"
-                f"    {TRL_SIGNATURE}   (TRL, batched; other dataset columns arrive "
-                "as keyword lists)"
-            ),
+            f"reward function file not found (looking for function {function!r})",
+            where=str(path),
+            fix="check the path; relative paths are resolved against the config file's folder",
         )
-    return CustomReward(path=path, function=function, kind=kind, fn=fn)
-
-
-# ---- building the call arguments (main process) ---------------------------------------
-
-
-def verl_call_args(row: PromptRow, completion: str) -> dict[str, Any]:
-    """Keyword arguments of one verl ``compute_score`` call. ``extra_info`` is the row's
-    ``extra["extra_info"]`` when that is a dict (verl parquet files), else ``row.extra``."""
-    extra = row.extra.get("extra_info") if isinstance(row.extra.get("extra_info"), dict) else None
-    return {
-        "data_source": row.data_source,
-        "solution_str": completion,
-        "ground_truth": row.ground_truth,
-        "extra_info": extra if extra is not None else dict(row.extra),
-    }
-
-
-def trl_call_args(
-    rows: Sequence[PromptRow],
-    completions: Sequence[str],
-    completion_ids: Sequence[Sequence[int]] | None = None,
-) -> dict[str, Any]:
-    """Keyword arguments of one batched TRL call (see the module docstring)."""
-    chat = [isinstance(r.prompt, list) for r in rows]
-    args: dict[str, Any] = {
-        "prompts": [r.prompt for r in rows],
-        "completions": [
-            [{"role": "assistant", "content": c}] if is_chat else c
-            for c, is_chat in zip(completions, chat)
-        ],
-        "completion_ids": [list(ids) for ids in completion_ids] if completion_ids else None,
-        "trainer_state": None,
-        "ground_truth": [r.ground_truth for r in rows],
-        "data_source": [r.data_source for r in rows],
-    }
-    columns = sorted({k for r in rows for k in r.extra})
-    for col in columns:
-        if col not in args:
-            args[col] = [r.extra.get(col) for r in rows]
-    for alias in ("solution", "answer"):  # TRL examples read the reference as `solution`
-        args.setdefault(alias, args["ground_truth"])
-    return args
-
-
-# ---- checking what came back (worker or main process) ---------------------------------
-
-
-def to_score(value: Any) -> float | None:
-    """A returned value as a float (None stays None; NaN stays NaN). Accepts python
-    numbers and bools, numpy scalars, one-element arrays/tensors (any device), and verl's
-    ``{"score": x, ...}`` dicts. TypeError for anything else."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        if "score" not in value:
-            raise TypeError(f"returned a dict without a 'score' key: keys {sorted(value)}")
-        return to_score(value["score"])
-    if isinstance(value, (bool, int, float)):
-        return float(value)
-    if hasattr(value, "item"):  # numpy scalars/arrays, torch tensors (CUDA too)
-        try:
-            return float(value.item())
-        except (ValueError, RuntimeError, TypeError) as exc:
-            shape = getattr(value, "shape", "?")
-            raise TypeError(
-                f"returned a {type(value).__name__} of shape {tuple(shape)}, expected one number"
-            ) from exc
-    if isinstance(value, str):
-        raise TypeError(f"returned a str ({value[:40]!r}), expected a number")
-    try:
-        return float(value)  # e.g. fractions.Fraction, decimal.Decimal
-    except (TypeError, ValueError):
-        raise TypeError(f"returned a {type(value).__name__}, expected a number") from None
-
-
-def to_scores(values: Any, n: int) -> list[float | None]:
-    """A batched (TRL) return value as n floats-or-None; TypeError on a wrong type/length."""
-    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
-        values = values.tolist()  # 1-D numpy array or tensor
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(f"returned a {type(values).__name__}, expected a list of {n} numbers")
-    if len(values) != n:
-        raise TypeError(f"returned {len(values)} values for {n} completions")
-    return [to_score(v) for v in values]
-
-
-def problem_with(value: float | None) -> str | None:
-    """Why a converted score cannot be used (None, NaN, inf), or None if it is fine."""
-    if value is None:
-        return "returned None"
-    if math.isnan(value):
-        return "returned NaN"
-    if math.isinf(value):
-        return f"returned {value}"
-    return None
-
-
-def call_custom(
-    fn: Callable[..., Any], kind: Kind, args: dict[str, Any], kwargs: dict[str, Any]
-) -> Any:
-    """One call: verl -> ``float | None``; trl -> ``list[float | None]`` of the batch size.
-    Exceptions (the user's, or TypeError for a bad return value) propagate."""
-    if kind == "verl":
-        if not _accepts(fn, "extra_info"):
-            args = {k: v for k, v in args.items() if k != "extra_info"}
-        return to_score(fn(**args, **kwargs))
-    return to_scores(fn(**args, **kwargs), len(args["completions"]))
-
-
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return True
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    where = f"{path}:{function}"
+    worker = Worker(Target(str(path), function, "auto", where), timeout_s)
+    kind = worker.start()
+    return CustomReward(path=path, function=function, kind=kind, worker=worker)  # type: ignore[arg-type]

@@ -70,6 +70,17 @@ def _builtin_name(fn: Callable[..., Any]) -> str:
     )
 
 
+def _adopt(fn: Any, target: Target, timeout_s: float) -> Worker:
+    """The worker that loaded a CustomReward (its first user takes it over: the file is not
+    imported again), else a new one, started on the first call."""
+    worker = getattr(fn, "worker", None)
+    if isinstance(worker, Worker) and not worker.adopted:
+        worker.adopted = True
+        worker.timeout_s = float(timeout_s)
+        return worker
+    return Worker(target, timeout_s)
+
+
 def _row_fields(row: PromptRow) -> dict[str, Any]:
     # What a builtin may read from its row, as plain data (PromptRow imports torch).
     return {"ground_truth": row.ground_truth, "data_source": row.data_source, "index": row.index}
@@ -95,7 +106,7 @@ class GuardedReward:
             raise UserError(
                 f"unknown on_error {on_error!r}", fix=f"use one of: {', '.join(ON_ERROR)}"
             )
-        if timeout_s <= 0:
+        if not 0 < timeout_s < float("inf"):  # NaN too
             raise UserError(f"reward timeout must be > 0 s, got {timeout_s}")
         self.name, self.fn, self.kwargs = name, fn, dict(kwargs or {})
         self.on_error = on_error
@@ -107,7 +118,7 @@ class GuardedReward:
             builtin = _builtin_name(fn)
             self.kind, self.where = "builtin", f"builtin reward {builtin!r}"
             target = Target("", builtin, "builtin", self.where)
-        self._worker = Worker(target, timeout_s)
+        self._worker = _adopt(fn, target, timeout_s)
 
     @property
     def worker_pid(self) -> int | None:

@@ -32,11 +32,17 @@ The worker never outlives the trainer:
   thread polls ``os.getppid()`` and kills the worker's group when the parent is gone;
 * a worker whose pipe to the trainer is closed exits quietly (no BrokenPipe traceback).
 
-Limits: processes started by user code survive a SIGKILLed trainer when the worker died
-by the parent-death signal while they ran (the kernel signals the worker, not its
-group). The parent-death signal fires when the THREAD that started the worker exits; a
-worker found dead is restarted before the next batch, so calling from short-lived threads
-costs restarts, not scores.
+Processes the user's code starts are ended with the worker, detached ones too: the
+worker is a child subreaper (Linux), so a ``setsid`` daemon or a double-forked child stays
+in its process tree, and :func:`kill_group` freezes and kills that whole tree
+(danka/subprocs.py). The file itself is imported here, never in the trainer: a file that
+exits, crashes or hangs at import ends or blocks its worker, and loading reports it
+(within :func:`load_timeout`).
+
+Limits: when the trainer is SIGKILLed, the worker dies at once by the parent-death signal,
+and processes its user code detached are not reached. The parent-death signal fires when
+the THREAD that started the worker exits; a worker found dead is restarted before the
+next batch, so calling from short-lived threads costs restarts, not scores.
 """
 
 from __future__ import annotations
@@ -58,31 +64,35 @@ from types import SimpleNamespace
 from typing import Any
 
 from danka.errors import UserError
-from danka.rewards.custom import call_custom, load_function_from_file, to_score
+from danka.rewards.contract import call_custom, contract_of, load_function_from_file, to_score
+from danka.subprocs import become_subreaper, descendants, kill_tree, set_parent_death_signal
 
-_LOAD_TIMEOUT_S = 120.0  # importing the user's file (it may import torch, sympy, ...)
+LOAD_FLOOR_S = 10.0  # the least time a worker gets to start and import the file
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+def load_timeout(timeout_s: float) -> float:
+    """How long a worker may take to start and import its file: the call timeout
+    (``reward.timeout_s``), but never under :data:`LOAD_FLOOR_S` (a fresh interpreter
+    on a busy machine, and a file that imports torch, need a few seconds)."""
+    return max(float(timeout_s), LOAD_FLOOR_S)
 
 
 def _die_with_parent(parent_pid: int) -> None:
     """SIGKILL this process when its parent dies (Linux); then make sure the parent did
     not die before we asked (the signal would never come)."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # the watchdog thread still covers it
+    set_parent_death_signal(signal.SIGKILL)  # where it fails, the watchdog thread covers it
     if os.getppid() != parent_pid:
         _kill_own_group()
 
 
 def _kill_own_group() -> None:
-    try:
-        os.killpg(os.getpgid(0), signal.SIGKILL)  # this worker and what user code started
+    try:  # what user code started, detached (setsid) ones too: they are our descendants
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os.killpg(os.getpgid(0), signal.SIGKILL)  # this worker and its process group
     finally:
         os._exit(1)
 
@@ -97,22 +107,26 @@ def _watch_parent(parent_pid: int) -> None:
 
 def guard_child(parent_pid: int) -> None:
     """Call first thing in a worker process started with ``start_new_session=True``:
-    die with the parent (``parent_pid``), leave Ctrl-C to it, and watch for its death
-    (the tool worker, danka/agent/worker.py, uses this too)."""
+    die with the parent (``parent_pid``), adopt orphaned descendants (a ``setsid`` child
+    of user code stays in reach of :func:`kill_group`), leave Ctrl-C to the parent, and
+    watch for its death (the tool worker, danka/agent/worker.py, uses this too)."""
     _die_with_parent(parent_pid)
+    become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL a worker started with ``start_new_session=True`` and every process in its
-    group (it may be stuck in user code), then reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the group id is the worker's pid
-    except (ProcessLookupError, PermissionError):
-        pass  # group already gone
+    """SIGKILL a worker started with ``start_new_session=True``, its process group and
+    every descendant (detached ones included: the worker is their subreaper), then reap
+    it."""
     if proc.poll() is None:
-        proc.kill()
+        kill_tree(proc.pid)
+    else:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the group id is the worker's pid
+        except (ProcessLookupError, PermissionError):
+            pass  # group already gone
     proc.wait()
 
 
@@ -123,12 +137,15 @@ def _send(outbox: Connection, message: tuple[str, Any]) -> None:
         os._exit(0)
 
 
-def _load(path: str, function: str, kind: str) -> Callable[..., Any]:
+def _load(path: str, function: str, kind: str) -> tuple[Callable[..., Any], str]:
+    """The function and its contract; ``kind`` "auto" detects verl or TRL (UserError for
+    neither, with both signatures)."""
     if kind == "builtin":
         from danka.rewards.builtin import load_builtin
 
-        return load_builtin(function)
-    return load_function_from_file(Path(path), function)
+        return load_builtin(function), kind
+    fn = load_function_from_file(Path(path), function)
+    return fn, (contract_of(fn, Path(path), function) if kind == "auto" else kind)
 
 
 def _call(fn: Callable[..., Any], kind: str, args: dict[str, Any], kw: dict[str, Any]) -> Any:
@@ -139,18 +156,22 @@ def _call(fn: Callable[..., Any], kind: str, args: dict[str, Any], kw: dict[str,
 
 def _worker_entry() -> None:
     """Worker process, started as ``python -c _WORKER_CODE <read_fd> <write_fd> <path>
-    <function> <kind> <parent_pid>``: load the function, then answer each ("run", calls,
-    kwargs) message with one ("ok", value) or ("err", traceback) message per call."""
+    <function> <kind> <parent_pid>``: load the function, say ("ready", kind) or
+    ("load_error", (what, where, fix)), then answer each ("run", calls, kwargs) message
+    with one ("ok", value) or ("err", traceback) message per call."""
     read_fd, write_fd, path, function, kind, parent_pid = sys.argv[1:7]
     guard_child(int(parent_pid))
     inbox = Connection(int(read_fd), writable=False)
     outbox = Connection(int(write_fd), readable=False)
     try:
-        fn = _load(path, function, kind)
-    except BaseException as exc:  # noqa: BLE001
-        _send(outbox, ("load_error", str(exc)))
+        fn, kind = _load(path, function, kind)
+    except UserError as exc:
+        _send(outbox, ("load_error", (exc.what, exc.where, exc.fix)))
         return
-    _send(outbox, ("ready", None))
+    except BaseException as exc:  # noqa: BLE001
+        _send(outbox, ("load_error", (str(exc), None, None)))
+        return
+    _send(outbox, ("ready", kind))
     while True:
         try:
             msg = inbox.recv()
@@ -204,7 +225,7 @@ class Target:
 
     path: str  # "" for a builtin
     function: str
-    kind: str  # "builtin", "verl" or "trl"
+    kind: str  # "builtin", "verl", "trl", or "auto" (the worker detects verl or TRL)
     where: str  # for error messages
 
 
@@ -213,6 +234,8 @@ class Worker:
 
     def __init__(self, target: Target, timeout_s: float):
         self.target, self.timeout_s = target, float(timeout_s)
+        self.kind = target.kind  # "auto" until the first start says which contract
+        self.adopted = False  # a GuardedReward took this worker over (guard._adopt)
         self._proc: subprocess.Popen[bytes] | None = None
         self._send: Connection | None = None  # to the worker
         self._conn: Connection | None = None  # from the worker
@@ -222,11 +245,19 @@ class Worker:
         """The worker's pid (= its process group id), None when not running."""
         return self._proc.pid if self._proc is not None else None
 
+    def start(self) -> str:
+        """Start the worker (if it is not running) and return the function's contract:
+        "builtin", "verl" or "trl". UserError if the file cannot be loaded."""
+        if self._proc is None or self._proc.poll() is not None:
+            self.close()
+            self._start()
+        return self.kind
+
     def _start(self) -> None:
         t = self.target
         to_child_r, to_child_w = os.pipe()
         to_parent_r, to_parent_w = os.pipe()
-        args = [str(to_child_r), str(to_parent_w), t.path, t.function, t.kind, str(os.getpid())]
+        args = [str(to_child_r), str(to_parent_w), t.path, t.function, self.kind, str(os.getpid())]
         try:
             self._proc = spawn_worker(self, _WORKER_CODE, args, pass_fds=(to_child_r, to_parent_w))
         except BaseException:
@@ -238,22 +269,40 @@ class Worker:
             os.close(to_parent_w)
         self._send = Connection(to_child_w, readable=False)
         self._conn = Connection(to_parent_r, writable=False)
-        if not self._conn.poll(_LOAD_TIMEOUT_S):
+        self.kind = self._ready(load_timeout(self.timeout_s))
+
+    def _ready(self, limit: float) -> str:
+        """Wait for the worker's ("ready", kind); UserError (the worker is killed, with
+        everything it started) when loading fails, exits or takes over ``limit`` s."""
+        t = self.target
+        assert self._conn is not None and self._proc is not None
+        fix = "make the file's import-time code fast (no downloads or long setup), or raise reward.timeout_s"
+        if not self._conn.poll(limit):
             self.close()
             raise UserError(
-                f"loading the reward function took over {_LOAD_TIMEOUT_S:.0f} s in the worker",
+                f"importing the reward file took over {limit:g} s (the limit is reward.timeout_s, "
+                f"at least {LOAD_FLOOR_S:g} s); the worker and every process it started were "
+                "stopped",
                 where=t.where,
-                fix="make the file's import-time code fast (no downloads or long setup)",
+                fix=fix,
             )
         try:
             status, detail = self._conn.recv()
         except (EOFError, OSError):
-            status, detail = "load_error", f"worker exited with code {self._proc.wait()}"
-        if status != "ready":
+            code = self._proc.wait()
             self.close()
             raise UserError(
-                f"the reward worker could not load the function: {detail}", where=t.where
-            )
+                f"the reward file ended its worker process while being imported (exit code "
+                f"{code}): nothing was scored",
+                where=t.where,
+                fix="remove the sys.exit()/os._exit()/exit() (or the crash) from the file's "
+                f"top-level code; run `python {t.path}` to see what it does",
+            ) from None
+        if status != "ready":
+            self.close()
+            what, where, fix = detail
+            raise UserError(what, where=where or t.where, fix=fix)
+        return str(detail)
 
     def run(
         self, calls: list[dict[str, Any]], kwargs: dict[str, Any]
@@ -262,9 +311,7 @@ class Worker:
         death, yields an error for that call; a new worker serves the rest."""
         out: list[tuple[Any, str | None]] = []
         while len(out) < len(calls):
-            if self._proc is None or self._proc.poll() is not None:
-                self.close()
-                self._start()
+            self.start()
             assert self._send is not None and self._conn is not None and self._proc is not None
             pending = calls[len(out) :]
             self._send.send(("run", pending, kwargs))

@@ -36,9 +36,7 @@ class HFGenerateEngine(RolloutEngine):
         try:
             for start in range(0, len(prompt_ids), chunk):
                 part = prompt_ids[start : start + chunk]
-                responses.extend(
-                    self._generate_chunk(model, part, params, eos_ids, pad_id, device)
-                )
+                responses.extend(self._generate_chunk(model, part, params, eos_ids, pad_id, device))
         finally:
             model.train(was_training)
         return responses, None

@@ -97,12 +97,17 @@ def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool
                 if record is not None and not last:  # the last one is in the closing line
                     bar.update(step, {"eval/accuracy": record["eval/accuracy"]})
             minutes = (time.perf_counter() - t_saved) / 60
-            if stopping or save_due(  # 9. checkpoint
+            saved = stopping or save_due(  # 9. checkpoint
                 step, run.state.total_steps, cfg.trainer.save_steps,
                 cfg.trainer.save_minutes, minutes,
-            ):  # fmt: skip
+            )  # fmt: skip
+            if saved:
                 callbacks.on_checkpoint(step, save(run, step, outputs.history, resolved, h))
                 t_saved = time.perf_counter()
+            if not stopping and stop_requested(stop):  # came during the evaluation or the save
+                stopping = True  # stop now, not after one more step
+                if not saved:
+                    callbacks.on_checkpoint(step, save(run, step, outputs.history, resolved, h))
             if stopping:
                 run.log.warning(
                     f"{signal_name(stop)}: stopped after step {step} (checkpoint saved); "

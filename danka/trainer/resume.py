@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
-from danka.checkpoint import (
-    complete_checkpoints,
-    delete_checkpoints_after,
-    find_latest_checkpoint,
-    verify_checkpoint,
-)
+from danka.checkpoint import complete_checkpoints, put_aside_after, verify_checkpoint
+from danka.checkpoint.store import latest_verified
 from danka.errors import UserError
 from danka.trainer.checkpointing import restore
 from danka.trainer.run import Run
@@ -30,7 +27,13 @@ def resolve_resume(resume: str | None, output_dir: Path, log: logging.Logger) ->
             )
         return None
     if resume == "auto":
-        found = find_latest_checkpoint(output_dir)
+        found, skipped = latest_verified(output_dir)
+        if skipped and os.environ.get("RANK", "0") == "0":  # one process renames
+            # training on would write these step numbers again: move them out of the way
+            # (reported, never deleted) before anything else happens
+            start = int(found.name.split("_")[1]) if found is not None else 0
+            for line in put_aside_after(output_dir, start, why=skipped):
+                log.warning(f"--resume auto: {line}")
         if found is None:
             log.info(f"--resume auto: no complete checkpoint in {output_dir}, starting from step 0")
         return found
@@ -62,7 +65,8 @@ def resume_from(run: Run, ckpt: Path | None, resolved: dict, main: bool) -> tupl
     run.log.info(f"Resumed from {ckpt} at step {start}")
     if main:
         # newer checkpoints belong to the abandoned continuation (its metrics lines go
-        # too); left in place, a later --resume auto would jump back onto them
-        for name in delete_checkpoints_after(run.output_dir, start):
-            run.log.warning(f"removing {name} (newer than the resumed step {start})")
+        # too); left in place, a later --resume auto would jump back onto them. They are
+        # set aside, not deleted (`danka train --discard-newer` deletes them first)
+        for line in put_aside_after(run.output_dir, start):
+            run.log.warning(line)
     return start, history

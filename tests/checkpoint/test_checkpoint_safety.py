@@ -17,12 +17,8 @@ import pytest
 import danka.io
 from danka.checkpoint import find_latest_checkpoint, save_checkpoint, store
 from danka.checkpoint.cadence import save_due, save_interval
-from danka.checkpoint.store import (
-    CheckpointDiskFull,
-    checkpoint_size,
-    newer_checkpoints,
-    verify_checkpoint,
-)
+from danka.checkpoint.retention import newer_checkpoints
+from danka.checkpoint.store import CheckpointDiskFull, checkpoint_size, verify_checkpoint
 from danka.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -44,7 +44,7 @@ def test_verl_signature(tmp_path):
     reward = load_reward_function("sub/verl_reward.py:compute_score", tmp_path)
     assert reward.kind == "verl"
     assert reward.path == (tmp_path / "sub/verl_reward.py").resolve()
-    assert reward.fn(data_source="x", solution_str=" 4", ground_truth="4") == 1.0
+    assert reward.load()(data_source="x", solution_str=" 4", ground_truth="4") == 1.0
 
 
 def test_trl_signature(tmp_path):
@@ -58,7 +58,7 @@ def test_trl_signature(tmp_path):
     )
     reward = load_reward_function(f"{path}:accuracy", tmp_path / "elsewhere")  # absolute path
     assert reward.kind == "trl"
-    assert reward.fn(prompts=["p", "p"], completions=["1", "2"], ground_truth=["1", "1"]) == [
+    assert reward.load()(prompts=["p", "p"], completions=["1", "2"], ground_truth=["1", "1"]) == [
         1.0,
         0.0,
     ]

@@ -1,0 +1,117 @@
+"""Process trees of user code: find every descendant of a worker, and end them all.
+
+Why this exists: a reward or tool worker runs in its own session and process group, and a
+timeout or ``close`` SIGKILLs that group. A process the user's code started with
+``setsid`` (a daemon, ``subprocess.Popen(start_new_session=True)``, a double fork) leaves
+the group and survived the run. So a worker makes itself a *child subreaper* (Linux
+``prctl(PR_SET_CHILD_SUBREAPER)``): an orphaned descendant is re-parented to the worker
+instead of to init, the tree stays connected through ``ppid`` links, and
+:func:`kill_tree` finds it in ``/proc``. The tree is stopped (SIGSTOP) before it is killed,
+so a process cannot fork a new child between the listing and the SIGKILL.
+
+Standard library only (the reward worker imports it). Elsewhere than Linux the process
+group kill is all there is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+_PR_SET_PDEATHSIG = 1
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of this process are re-parented to it (Linux); True if set."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """The kernel sends ``sig`` to this process when its parent (thread) dies (Linux)."""
+    return _prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+def _parents() -> dict[int, int]:
+    """pid -> ppid of every process ``/proc`` shows (empty where there is no ``/proc``)."""
+    out: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            out[int(name)] = int(fields[1])
+    return out
+
+
+def children(pid: int) -> list[int]:
+    """The live direct children of ``pid``."""
+    return [child for child, parent in _parents().items() if parent == pid]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children, grandchildren, ...), parents first."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _signal(pids, sig: int) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_tree(pid: int, *, group: bool = True) -> None:
+    """SIGKILL ``pid``, every descendant of it, and (``group``) its process group.
+
+    The tree is frozen first: the root and every descendant found get SIGSTOP, the listing
+    repeats until it finds no new process (one forked while we looked), then all get
+    SIGKILL. A stopped root still adopts orphans (it stays their subreaper until it dies),
+    so nothing escapes between the listing and the kill."""
+    _signal([pid], signal.SIGSTOP)
+    seen: set[int] = set()
+    for _ in range(20):  # a fork bomb cannot keep this busy forever: each round stops more
+        found = set(descendants(pid)) - seen
+        if not found:
+            break
+        _signal(found, signal.SIGSTOP)
+        seen |= found
+    _signal(seen, signal.SIGKILL)
+    if group:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    _signal([pid], signal.SIGKILL)

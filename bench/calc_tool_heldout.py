@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         runs += [args.samples] if args.samples > 1 else []
         result["splits"][split] = out = {}
         for k in runs:
-            row = measure(model, tok, cfg, base_dir, rows, k, cfg.trainer.temperature)
+            row = measure(model, tok, cfg, base_dir, rows, k, cfg.sampling.temperature)
             out["greedy" if k == 1 else "sampled"] = row
             print(json.dumps({"split": split, **without_example(row)}), flush=True)
             if args.out:

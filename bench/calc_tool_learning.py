@@ -100,7 +100,7 @@ def sampled_before_after(args, run_dir: Path) -> dict:
     out = {}
     for name, weights in (("before", None), ("after", str(checkpoint_parts(state)["actor"]))):
         model, tok = load_policy(cfg, weights)
-        k, temp = args.eval_samples, cfg.trainer.temperature
+        k, temp = args.eval_samples, cfg.sampling.temperature
         got = measure(model, tok, cfg, base_dir, rows, k, temp, batch=args.eval_batch)
         out[f"sampled_{name}"] = {"weights": weights or cfg.model.actor_model_name_or_path, **got}
         print(json.dumps({f"sampled_{name}": without_example(got)}), flush=True)

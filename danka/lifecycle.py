@@ -442,7 +442,7 @@ def run_forwarding_signals(argv: list[str], env: dict | None = None) -> int:
         got.append(signum)
         # to the ranks themselves (torchrun's children): each saves after its step as one
         # process does; torchrun, signalled, would SIGKILL them 30 s later, mid-step
-        from danka.subprocs import children
+        from danka.usercode.subprocs import children
 
         targets = children(proc.pid) or [proc.pid]  # no ranks yet: torchrun stops them
         for pid in targets:
@@ -479,7 +479,7 @@ def _cuda_device(device) -> bool:
 
 
 def enable_tf32(enabled: bool, device) -> str | None:
-    """``trainer.tf32: true`` -> ``torch.set_float32_matmul_precision('high')`` (TF32 tensor
+    """``speed.tf32: true`` -> ``torch.set_float32_matmul_precision('high')`` (TF32 tensor
     cores for float32 matmuls). Returns the line to log; UserError (exit 2) where TF32
     does not exist (no CUDA GPU, or one older than Ampere) instead of a silent no-op."""
     if not enabled:
@@ -488,24 +488,24 @@ def enable_tf32(enabled: bool, device) -> str | None:
 
     if not _cuda_device(device):
         raise UserError(
-            "trainer.tf32 needs an NVIDIA GPU (Ampere or newer); this run is on "
+            "speed.tf32 needs an NVIDIA GPU (Ampere or newer); this run is on "
             f"{torch.device(device).type}",
-            where="trainer.tf32",
-            fix="set trainer.tf32: false",
+            where="speed.tf32",
+            fix="set speed.tf32: false",
         )
     major, minor = torch.cuda.get_device_capability(torch.device(device))
     if major < 8:
         raise UserError(
-            f"trainer.tf32 needs compute capability 8.0+ (Ampere), this GPU is {major}.{minor}",
-            where="trainer.tf32",
-            fix="set trainer.tf32: false",
+            f"speed.tf32 needs compute capability 8.0+ (Ampere), this GPU is {major}.{minor}",
+            where="speed.tf32",
+            fix="set speed.tf32: false",
         )
     torch.set_float32_matmul_precision("high")
     return "TF32 matmuls on (torch.set_float32_matmul_precision('high'))"
 
 
 def compile_forward(model, enabled: bool, device):
-    """``trainer.compile: true`` -> the forward of the model's transformer body (what the
+    """``speed.compile: true`` -> the forward of the model's transformer body (what the
     training forward calls: ``get_decoder()``, through a PeftModel too; the LM head runs
     chunked outside it) becomes ``torch.compile(forward, dynamic=True)`` (dynamic: every
     step has other sequence lengths). Compiling ``model.forward`` instead would be a
@@ -517,10 +517,10 @@ def compile_forward(model, enabled: bool, device):
 
     if not _cuda_device(device):
         raise UserError(
-            f"trainer.compile is supported on a CUDA GPU only (this run is on "
+            f"speed.compile is supported on a CUDA GPU only (this run is on "
             f"{torch.device(device).type})",
-            where="trainer.compile",
-            fix="set trainer.compile: false",
+            where="speed.compile",
+            fix="set speed.compile: false",
         )
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     body = base.get_decoder()

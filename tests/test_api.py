@@ -83,7 +83,7 @@ def test_train_from_a_typed_config_and_a_path_with_overrides(tmp_path, model_dir
     cfg = danka.Config.from_dict(_dict_config(tmp_path, model_dir), ["trainer.total_steps=1"])
     assert isinstance(cfg, danka.Config) and cfg.trainer.total_steps == 1
     with pytest.raises(AttributeError, match="read-only"):
-        cfg.trainer.lr = 1.0
+        cfg.optim.lr = 1.0
     try:
         first = danka.train(cfg, ["output_dir=" + str(tmp_path / "a")], plot=False)
         path = make_config(tmp_path, model_dir)  # relative rows.jsonl / reward.py: its folder

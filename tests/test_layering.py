@@ -3,8 +3,9 @@ with ``ast``) goes from a module to one of the same or a lower layer. The layers
 first (a module belongs to the longest prefix listed):
 
 0 foundations: errors, registry, types, io, lifecycle, callbacks (the user's hooks),
-  config.schema, config.dtypes, config.secrets
-1 pure pieces: algorithms, data, checkpoint, usercode (running named user code)
+  usercode (running code the user named: workers, call contracts, process sweeps),
+  config.schema, config.dtypes, config.secrets, config.moved (where keys moved)
+1 pure pieces: algorithms, data, checkpoint
 2 models, rewards' building blocks, logging
 3 rollout (generation engines)
 4 agent (the multi-turn loop over a rollout engine)
@@ -29,10 +30,11 @@ LAYERS = {
     "danka.config.schema": 0,
     "danka.config.dtypes": 0,
     "danka.config.secrets": 0,
+    "danka.config.moved": 0,
     "danka.algorithms": 1,
     "danka.data": 1,
     "danka.checkpoint": 1,
-    "danka.usercode": 1,
+    "danka.usercode": 0,
     "danka.models": 2,
     "danka.logging": 2,
     "danka.rollout": 3,

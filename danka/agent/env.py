@@ -132,7 +132,7 @@ class UserEnvironment:
 
 def load_environment_class(spec: str, base_dir: Path | str = ".") -> type:
     """The class named by ``path/to/file.py:Class`` (only from the file the config names)."""
-    from danka.rewards.custom import load_function_from_file
+    from danka.usercode.contract import load_function_from_file
 
     file, sep, name = str(spec).rpartition(":")
     if not sep or not file.endswith(".py") or not name.isidentifier():

@@ -100,7 +100,7 @@ def _bwrap_argv(code: str, work: str) -> list[str]:
 
 def run_snippet(code: str, mode: str, timeout_s: float) -> Snippet:
     """Run ``code`` in ``mode`` (bwrap, namespaces or none) with the limits above."""
-    from danka.subprocs import kill_tree
+    from danka.usercode.subprocs import kill_tree
 
     cpu_s = int(timeout_s) + 1
     with tempfile.TemporaryDirectory(prefix="danka-python-tool-") as tmp:

@@ -92,7 +92,7 @@ def _builtin_or_file(spec: str, base_dir: Path | str) -> ToolSpec | tuple[Path, 
     path = Path(file).expanduser()
     path = (path if path.is_absolute() else Path(base_dir) / path).resolve()
     if not path.is_file():
-        from danka.rewards.contract import load_function_from_file
+        from danka.usercode.contract import load_function_from_file
 
         load_function_from_file(path, function)  # raises the "file not found" UserError
     return path, function
@@ -135,8 +135,8 @@ def _probe_main() -> None:
     import sys
 
     from danka.errors import UserError
-    from danka.rewards.contract import load_function_from_file
-    from danka.rewards.worker import guard_child
+    from danka.usercode.contract import load_function_from_file
+    from danka.usercode.worker import guard_child
 
     guard_child(int(sys.argv[1]))
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
@@ -172,7 +172,7 @@ def probe_tool_files(files: list[tuple[Path, str]], timeout_s: float) -> list[To
     import json
     import subprocess
 
-    from danka.rewards.worker import forget_worker, kill_group, load_timeout, spawn_worker
+    from danka.usercode.worker import forget_worker, kill_group, load_timeout, spawn_worker
 
     class _Owner:
         proc: subprocess.Popen | None = None

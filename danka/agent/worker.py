@@ -5,7 +5,7 @@ the standard library, this module and the tool files), one call after another. A
 over ``timeout_s`` gets the worker's process group SIGKILLed and a new one started for
 the next call; a thread could not be stopped. The process machinery (own session and
 process group, death with the trainer, ignoring Ctrl-C, the group kill) is the reward
-worker's (rewards/worker.py: ``spawn_worker``, ``guard_child``, ``kill_group``,
+worker's (usercode/worker.py: ``spawn_worker``, ``guard_child``, ``kill_group``,
 ``forget_worker``); only the protocol differs. Requests and replies are JSON lines on the
 worker's stdin and on a duplicate of its original stdout; the tool's own ``print`` output
 goes to stderr, so it cannot corrupt the protocol.
@@ -31,7 +31,7 @@ from typing import Any
 from danka.agent.parse import ToolCall
 from danka.agent.tools import ToolSpec
 from danka.errors import UserError
-from danka.rewards.worker import (
+from danka.usercode.worker import (
     forget_worker,
     guard_child,
     kill_group,
@@ -82,7 +82,7 @@ def _worker_main() -> None:
         else:
             from pathlib import Path
 
-            from danka.rewards.contract import load_function_from_file
+            from danka.usercode.contract import load_function_from_file
 
             fns[name] = load_function_from_file(Path(source), function)
     out.write('{"ready": true}\n')

@@ -131,7 +131,7 @@ def apply_kl_in_reward(
 
 @dataclass(frozen=True)
 class KLModeMeta:
-    """Where the KL(pi || pi_ref) penalty enters (``trainer.kl.mode``)."""
+    """Where the KL(pi || pi_ref) penalty enters (``loss.kl.mode``)."""
 
     in_loss: bool = False  # coef * aggregate(kl) added to the policy loss (GRPO)
     in_reward: bool = False  # coef * kl subtracted from the token rewards (PPO, Ziegler)

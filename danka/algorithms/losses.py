@@ -195,7 +195,7 @@ def _ratio_mean(ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean ratio over the masked tokens; 1.0 (no move) when the micro-batch has none.
 
     ``masked_mean`` gives 0 for an empty mask, and micro-batches are length-sorted, so
-    with ``trainer.mask_truncated`` the truncated (longest) samples fill whole micro-batches
+    with ``loss.mask_truncated`` the truncated (longest) samples fill whole micro-batches
     with no trained token: averaged over micro-batches, those zeros read as ratio 0.75 on
     a run that is exactly on-policy (ratio 1 on every trained token)."""
     return torch.where(mask.sum() > 0, masked_mean(ratio, mask), torch.ones_like(ratio[0, 0]))

@@ -14,7 +14,7 @@ from danka.registry import Registry
 @dataclass(frozen=True)
 class AlgorithmPreset:
     advantage_estimator: str  # entry of ADVANTAGE_ESTIMATORS
-    trainer: dict[str, Any] = field(default_factory=dict)  # trainer.<key> -> paper's value
+    settings: dict[str, Any] = field(default_factory=dict)  # "section.key" -> paper's value
     paper: str = ""
 
 
@@ -25,7 +25,7 @@ ALGORITHMS.add(
     "dr_grpo",
     AlgorithmPreset(
         "dr_grpo",  # no division by the group std
-        {"loss_agg_mode": "seq-mean-token-sum-norm"},  # constant divisor: no length bias
+        {"loss.agg_mode": "seq-mean-token-sum-norm"},  # constant divisor: no length bias
         paper="Liu et al. 2025, arXiv:2503.20783",
     ),
 )
@@ -43,10 +43,10 @@ ALGORITHMS.add(
     AlgorithmPreset(
         "grpo",
         {  # sequence-level ratio and the paper's clip ranges (sec. 5.1), seq-mean-token-mean
-            "policy_loss": "gspo",
-            "clip_ratio_low": 3e-4,
-            "clip_ratio_high": 4e-4,
-            "loss_agg_mode": "seq-mean-token-mean",
+            "loss.policy_loss": "gspo",
+            "loss.clip_ratio_low": 3e-4,
+            "loss.clip_ratio_high": 4e-4,
+            "loss.agg_mode": "seq-mean-token-mean",
         },
         paper="Zheng et al. 2025, arXiv:2507.18071",
     ),

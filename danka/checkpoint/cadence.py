@@ -1,4 +1,4 @@
-"""When to save: ``trainer.save_steps`` / ``trainer.save_minutes`` (pure, the loop calls it).
+"""When to save: ``checkpoint.save_steps`` / ``checkpoint.save_minutes`` (pure, the loop calls it).
 
 Default (``save_steps: null``): every 10% of the run, so a crash at step 190 of 200 loses
 at most 20 steps; ``save_steps: K`` every K steps; ``save_steps: 0`` only at the end.

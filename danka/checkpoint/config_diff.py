@@ -3,10 +3,13 @@ warning on resume."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
 from typing import Any
+
+from danka.config.moved import relocate
 
 
 def config_hash(resolved_config: dict) -> str:
@@ -35,10 +38,18 @@ def _fmt(value: Any) -> str:
 _MISSING = object()
 
 
+def current_layout(cfg: dict) -> dict:
+    """A copy of a resolved config dict with every key in its current place."""
+    out = copy.deepcopy(cfg)
+    relocate(out)
+    return out
+
+
 def diff_configs(old: dict, new: dict) -> list[str]:
-    """One line per changed leaf, dotted keys, sorted: ``"trainer.lr: 1e-5 -> 2e-5"``;
-    keys present on one side only show ``<unset>`` on the other."""
-    a, b = _flatten(old), _flatten(new)
+    """One line per changed leaf, dotted keys, sorted: ``"optim.lr: 1e-5 -> 2e-5"``;
+    keys present on one side only show ``<unset>`` on the other. A config saved with keys
+    in their older place (danka/config/moved.py) is compared in the current layout."""
+    a, b = _flatten(current_layout(old)), _flatten(current_layout(new))
     lines = []
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, _MISSING), b.get(key, _MISSING)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from danka.checkpoint.config_diff import _flatten, _fmt, diff_configs
+from danka.checkpoint.config_diff import _flatten, _fmt, current_layout, diff_configs
 from danka.errors import UserError
 
 LAYOUT_KEYS = (
@@ -31,12 +31,12 @@ LAYOUT_KEYS = (
     "model.critic_model_name_or_path",
 )
 APPLIED_KEYS = (
-    "trainer.lr",
-    "trainer.critic_lr",
-    "trainer.weight_decay",
-    "trainer.kl.coef",
-    "trainer.kl.target",
-    "trainer.kl.horizon",
+    "optim.lr",
+    "optim.critic_lr",
+    "optim.weight_decay",
+    "loss.kl.coef",
+    "loss.kl.target",
+    "loss.kl.horizon",
 )
 
 
@@ -121,29 +121,29 @@ def apply_resume_changes(old: dict, new: dict, state: Any) -> list[str]:
     after the optimiser, schedulers and KL controller were loaded."""
     actor_opt, actor_sched = state.actor_opt, state.actor_sched
     critic_opt, critic_sched, kl_ctl = state.critic_opt, state.critic_sched, state.kl_ctl
-    a, b = _flatten(old), _flatten(new)
+    a, b = _flatten(current_layout(old)), _flatten(current_layout(new))
     applied = []
 
     def changed(key: str) -> bool:
         return key in a and key in b and a[key] != b[key]
 
-    if changed("trainer.lr"):
-        _set_lr(actor_opt, actor_sched, float(b["trainer.lr"]))
-        applied.append("trainer.lr")
-    if critic_opt is not None and changed("trainer.critic_lr"):
-        _set_lr(critic_opt, critic_sched, float(b["trainer.critic_lr"]))
-        applied.append("trainer.critic_lr")
-    if changed("trainer.weight_decay"):
+    if changed("optim.lr"):
+        _set_lr(actor_opt, actor_sched, float(b["optim.lr"]))
+        applied.append("optim.lr")
+    if critic_opt is not None and changed("optim.critic_lr"):
+        _set_lr(critic_opt, critic_sched, float(b["optim.critic_lr"]))
+        applied.append("optim.critic_lr")
+    if changed("optim.weight_decay"):
         for opt in (actor_opt, critic_opt):
             for group in opt.param_groups if opt is not None else []:
-                group["weight_decay"] = float(b["trainer.weight_decay"])
-        applied.append("trainer.weight_decay")
+                group["weight_decay"] = float(b["optim.weight_decay"])
+        applied.append("optim.weight_decay")
     if kl_ctl is not None:
-        if changed("trainer.kl.coef"):  # the adapted value restarts from the new coef
-            kl_ctl.value = float(b["trainer.kl.coef"])
-            applied.append("trainer.kl.coef")
+        if changed("loss.kl.coef"):  # the adapted value restarts from the new coef
+            kl_ctl.value = float(b["loss.kl.coef"])
+            applied.append("loss.kl.coef")
         for name in ("target", "horizon"):
-            key = f"trainer.kl.{name}"
+            key = f"loss.kl.{name}"
             if changed(key) and hasattr(kl_ctl, name):
                 setattr(kl_ctl, name, float(b[key]))
                 applied.append(key)

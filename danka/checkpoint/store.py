@@ -278,7 +278,7 @@ def _disk_full(output_dir: Path, step: int, parts_written: dict) -> CheckpointDi
         f"no space left on the device while saving checkpoint {step}: a checkpoint needs "
         f"{needed}, {format_size(free)} is free; the partial save was removed",
         where=str(output_dir),
-        fix="free disk space (or lower trainer.keep_last, or move output_dir), then "
+        fix="free disk space (or lower checkpoint.keep_last, or move output_dir), then "
         "continue with --resume auto",
     )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from danka.config.moved import new_key, relocate
 from danka.config.schema import LOADERS, DankaConfig
 from danka.config.validate import freeze, validate
 from danka.errors import UserError
@@ -51,16 +52,32 @@ class _Source:
         self.lines = _key_lines(text) if text else {}
         self.overridden: set[str] = set()
         self.explicit: set[str] = set()  # dotted keys the user set (file or override)
+        self.written: dict[str, str] = {}  # key -> the older name the user wrote (moved.py)
+
+    def renamed(self, moves: dict[str, str]) -> None:
+        """Keys moved from their old place (``moves``: new dotted key -> old): messages
+        find their lines under the new name and show the name the user wrote."""
+        for new, old in moves.items():
+            self.written[new] = old
+            for key in [k for k in self.lines if k == old or k.startswith(old + ".")]:
+                self.lines[new + key[len(old) :]] = self.lines[key]
+
+    def _shown(self, key: str) -> str:
+        for new, old in self.written.items():
+            if key == new or key.startswith(new + "."):
+                return f"{old + key[len(new) :]} (now {key})"
+        return key
 
     def where(self, key: str) -> str:
         # an override may create a section: `foo.bar=1` makes the unknown key `foo`
         by_override = [k for k in self.overridden if k == key or k.startswith(key + ".")]
-        if by_override and key not in self.lines:
-            return f"command-line override {by_override[0]}"
+        if key in self.overridden or (by_override and key not in self.lines):
+            return f"command-line override {self._shown(by_override[0])}"
         if self.path is None:
-            return f"config key {key}"
+            return f"config key {self._shown(key)}"
         line = self.lines.get(key)
-        return f"{self.path}:{line}: key {key}" if line else f"{self.path}: key {key}"
+        shown = self._shown(key)
+        return f"{self.path}:{line}: key {shown}" if line else f"{self.path}: key {shown}"
 
 
 def read_yaml(path: Path) -> tuple[dict, str]:
@@ -145,7 +162,10 @@ def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
                 fix="write overrides as section.key=value, e.g. trainer.batch_size=8",
             )
         key, raw = item.split("=", 1)
-        key = key.strip()
+        written = key.strip()
+        key = new_key(written)  # a key under its older name (moved.py) lands in its place
+        if key != written:
+            source.written[key] = written
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
@@ -160,7 +180,7 @@ def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
                 raise UserError(
                     f"{part!r} is not a section",
                     where=f"override {key}",
-                    fix="override a leaf key, e.g. trainer.lr=1e-5",
+                    fix="override a leaf key, e.g. optim.lr=1e-5",
                 )
             node = child
         node[parts[-1]] = value
@@ -332,6 +352,7 @@ def config_from_dict(
         )
     data = copy.deepcopy(data)
     source = _Source(path, text)
+    source.renamed(relocate(data))  # keys written under their older name (moved.py)
     apply_overrides(data, overrides or [], source)
     config = build_dataclass(DankaConfig, data, source)
     source.explicit = set(_dotted_keys(data))

@@ -27,7 +27,7 @@ INTRO = """\
 
 Every key of a danka config, with its type, its default and what it does. Set a key in the
 YAML file under its section, or on the command line as `section.key=value` (after the config
-file: `danka train my.yaml trainer.lr=1e-5`). Unknown keys, wrong types and inconsistent
+file: `danka train my.yaml optim.lr=1e-5`). Unknown keys, wrong types and inconsistent
 batch sizes are refused before any model loads, with the nearest valid key in the message.
 `danka train CONFIG --print-config` shows the resolved values of a config;
 `danka train --help-config` prints this list in the terminal.

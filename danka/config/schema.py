@@ -1,8 +1,11 @@
 """The typed config. Every section is a dataclass; every field has help text.
 
-The seed story's layout (``model``/``trainer``/``lora``/``backend``/``data``/``logging``)
-is accepted as written: its keys are the field names here. danka's own additions
-(``rollout``, ``reward``, and the extra ``trainer``/``data`` fields) have defaults.
+Sections by concern: ``model``, ``trainer`` (the algorithm and the shape of a step),
+``sampling``, ``optim``, ``loss``, ``checkpoint``, ``eval``, ``speed``, ``lora``,
+``rollout``, ``data``, ``reward``, ``logging``, ``backend``, ``rm``. The seed story's
+layout (``model``/``trainer``/``lora``/``backend``/``data``/``logging``) is accepted as
+written: its keys are field names here; keys that moved out of ``trainer`` are read
+through the map in danka/config/moved.py.
 """
 
 from __future__ import annotations
@@ -81,17 +84,14 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class TrainerConfig:
+    """The algorithm and the shape of a step (the seed story's ``trainer`` keys live here)."""
+
     algorithm: str = _f(
         "grpo",
         "ppo (critic + GAE) | grpo | dr_grpo | rloo | reinforce_plus_plus | "
         "reinforce_plus_plus_baseline | gspo",
     )
     advantage_estimator: str | None = _f(None, "override the estimator the algorithm implies")
-    policy_loss: str = _f("vanilla", "vanilla (PPO clip) | gspo")
-    loss_agg_mode: str = _f(
-        "token-mean",
-        "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm",
-    )
     num_epochs: int = _f(1, "passes over the training prompts")
     total_steps: int | None = _f(None, "stop after this many steps (overrides num_epochs)")
     max_train_minutes: float | None = _f(
@@ -104,32 +104,85 @@ class TrainerConfig:
     ppo_epochs: int = _f(1, "passes over each step's samples")
     max_length: int = _f(512, "prompt + response tokens")
     max_new_tokens: int = _f(128, "response tokens")
+    gamma: float = _f(1.0, "discount")
+    lam: float = _f(0.95, "GAE lambda")
+    critic_warmup_steps: int = _f(
+        0, "ppo: update only the critic for the first N steps (verl's critic_warmup)"
+    )
+    rollout_correction: RolloutCorrectionConfig = field(
+        default_factory=lambda: RolloutCorrectionConfig()
+    )
+    max_bad_steps: int = _f(3, "non-finite steps in a row before the run stops")
+    seed: int = _f(42, "random seed")
+
+
+@dataclass
+class SamplingConfig:
+    """How rollouts sample (held-out evaluation is always greedy)."""
+
+    temperature: float = _f(1.0, "sampling temperature for rollouts")
+    top_p: float = _f(1.0, "nucleus sampling")
+    top_k: int = _f(0, "top-k sampling (0 = off)")
+    dynamic_sampling: bool = _f(
+        False,
+        "DAPO dynamic sampling (verl filter_groups): drop groups whose rewards are all equal "
+        "and sample more prompts until the step has batch_size informative groups",
+    )
+    max_sampling_rounds: int = _f(
+        3,
+        "dynamic_sampling: generation rounds per step at most (1 = no extra round); at the "
+        "cap the step trains on the informative groups it has",
+    )
+
+
+@dataclass
+class OptimConfig:
+    """The optimisers (AdamW) and their schedule."""
+
     lr: float = _f(1e-5, "actor learning rate")
     critic_lr: float = _f(1e-5, "critic learning rate (ppo)")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     warmup_steps: int = _f(0, "linear warm-up steps")
     lr_scheduler: str = _f("constant", "constant | cosine | linear")
     max_grad_norm: float = _f(1.0, "gradient clipping (0 = off)")
+
+
+@dataclass
+class LossConfig:
+    """The policy and value losses, the KL term, which tokens train."""
+
+    policy_loss: str = _f("vanilla", "vanilla (PPO clip) | gspo")
+    agg_mode: str = _f(
+        "token-mean",
+        "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm",
+    )
     clip_ratio_low: float = _f(0.2, "PPO clip range below 1")
     clip_ratio_high: float = _f(0.2, "PPO clip range above 1 (clip-higher: raise it)")
     dual_clip_c: float | None = _f(3.0, "dual-clip constant for negative advantages (null = off)")
     value_clip: float = _f(0.2, "critic value clip range")
     vf_coef: float = _f(0.5, "weight of the value loss (ppo)")
-    gamma: float = _f(1.0, "discount")
-    lam: float = _f(0.95, "GAE lambda")
-    kl: KLConfig = field(default_factory=KLConfig)
     entropy_coef: float = _f(0.0, "entropy bonus")
-    temperature: float = _f(1.0, "sampling temperature for rollouts")
-    top_p: float = _f(1.0, "nucleus sampling")
-    top_k: int = _f(0, "top-k sampling (0 = off)")
+    kl: KLConfig = field(default_factory=KLConfig)
+    mask_truncated: bool = _f(
+        False, "samples that hit max_new_tokens get no loss (TRL mask_truncated_completions)"
+    )
+
+
+@dataclass
+class CheckpointConfig:
     save_steps: int | None = _f(
         None, "checkpoint every K steps (null = every 10% of the run; 0 = only at the end)"
     )
-    keep_last: int | None = _f(None, "keep only the newest N checkpoints")
-    eval_steps: int = _f(0, "held-out evaluation every K steps (0 = start and end only)")
-    eval_max_new_tokens: int | None = _f(
-        None, "response tokens at evaluation (null = max_new_tokens)"
+    save_minutes: float | None = _f(
+        None, "also checkpoint when this many minutes passed since the last save (null = off)"
     )
+    keep_last: int | None = _f(None, "keep only the newest N checkpoints")
+
+
+@dataclass
+class SpeedConfig:
+    """Speed and memory; none of these changes what is computed beyond rounding."""
+
     logprob_chunk_size: int = _f(1024, "tokens per chunk of the memory-lean log-prob head")
     fused_logprob_head: bool = _f(
         True,
@@ -142,39 +195,12 @@ class TrainerConfig:
         "(a GRPO group's prompt, a system turn) once; false = every row in full (same numbers "
         "up to rounding)",
     )
-    preflight: bool = _f(False, "run the worst-case shapes once before training")
     auto_micro_batch: bool = _f(False, "on out-of-memory in the update, halve micro_batch_size")
-    max_bad_steps: int = _f(3, "non-finite steps in a row before the run stops")
-    seed: int = _f(42, "random seed")
-    # rm:
-    dynamic_sampling: bool = _f(
-        False,
-        "DAPO dynamic sampling (verl filter_groups): drop groups whose rewards are all equal "
-        "and sample more prompts until the step has batch_size informative groups",
-    )
-    max_sampling_rounds: int = _f(
-        3,
-        "dynamic_sampling: generation rounds per step at most (1 = no extra round); at the "
-        "cap the step trains on the informative groups it has",
-    )
-    mask_truncated: bool = _f(
-        False, "samples that hit max_new_tokens get no loss (TRL mask_truncated_completions)"
-    )
-    # seed:
-    save_minutes: float | None = _f(
-        None, "also checkpoint when this many minutes passed since the last save (null = off)"
-    )
+    preflight: bool = _f(False, "run the worst-case shapes once before training")
     tf32: bool = _f(
         False, "TF32 matmuls on Ampere+ GPUs (torch.set_float32_matmul_precision('high'))"
     )
     compile: bool = _f(False, "torch.compile the training forward (CUDA; refused elsewhere)")
-    # redesign:
-    rollout_correction: RolloutCorrectionConfig = field(
-        default_factory=lambda: RolloutCorrectionConfig()
-    )
-    critic_warmup_steps: int = _f(
-        0, "ppo: update only the critic for the first N steps (verl's critic_warmup)"
-    )
 
 
 @dataclass
@@ -191,7 +217,9 @@ class LoraConfig:
 
 @dataclass
 class FsdpBackend:
-    enable_fsdp: bool = _f(False, "one card needs no FSDP; several GPUs: torchrun (see README)")
+    enable_fsdp: bool = _f(
+        False, "one card needs no FSDP; several GPUs: --nproc N (docs/several_gpus.md)"
+    )
     sharding: str = _f(
         "auto",
         "under torchrun (N > 1): auto = replicate models whose weights take <= 4 GiB (each "
@@ -247,7 +275,6 @@ class RolloutConfig:
         "mask) | triton (danka's split-K kernel over the live slots; CUDA + triton); other "
         "engines refuse a value set here",
     )
-    # agent:
     tools: list[str] = _f(
         [], "tools offered to the model: calculator | python | path/to/file.py:function"
     )
@@ -268,7 +295,6 @@ class RolloutConfig:
         "the risk)",
     )
     tool_max_chars: int = _f(2000, "tool responses longer than this are cut")
-    # tools2:
     tool_prompt: str = _f(
         "auto",
         "how the tools are offered: auto (the chat template's own tool format if it has one, "
@@ -329,7 +355,6 @@ class RewardFunction:
     kwargs: dict[str, Any] = _f({}, "keyword arguments for the function")
 
 
-# rm:
 @dataclass
 class OverlongBufferConfig:
     length: int = _f(
@@ -345,12 +370,17 @@ class RewardConfig:
     judge_template: str | None = _f(None, "judge prompt with {prompt} and {completion}")
     timeout_s: float = _f(30.0, "wall-clock limit per reward call")
     on_error: str = _f("fail", "fail | zero | skip_sample")
-    # rm:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass
 class EvalConfig:
+    """Held-out evaluation (data.eval_dataset / data.eval_size) and the drift probe."""
+
+    every_steps: int = _f(0, "held-out evaluation every K steps (0 = start and end only)")
+    max_new_tokens: int | None = _f(
+        None, "response tokens at evaluation (null = trainer.max_new_tokens)"
+    )
     probe_prompts: list[str] = _f(
         [],
         "general prompts answered greedily at every evaluation (the drift probe: length, "
@@ -371,7 +401,6 @@ class LoggingConfig:
     result_file: str = _f("result.json", "final held-out accuracy and timing, in OUTPUT")
 
 
-# rm:
 @dataclass
 class RMConfig:
     chosen_key: str = _f("chosen", "danka rm: column of the preferred answer (text or messages)")
@@ -386,18 +415,22 @@ class RMConfig:
 class DankaConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
     output_dir: str = _f("output", "where logs, metrics and checkpoints go")
-    # rm:
     rm: RMConfig = field(default_factory=RMConfig)
 
-    # api: typed configs from Python (danka.Config.from_dict / from_yaml)
+    # typed configs from Python (danka.Config.from_dict / from_yaml)
     @classmethod
     def from_dict(cls, data: dict, overrides: list[str] | None = None) -> DankaConfig:
         """A validated, read-only config from a mapping laid out as the YAML is

@@ -38,11 +38,11 @@ def choices() -> dict[str, set]:
         "model.tokenizer_kwargs.padding_side": {"left", "right"},
         "trainer.algorithm": set(ALGORITHMS.names()),
         "trainer.advantage_estimator": {None, *ADVANTAGE_ESTIMATORS.names()},
-        "trainer.policy_loss": set(POLICY_LOSSES.names()),
-        "trainer.loss_agg_mode": set(AGG_MODES),
-        "trainer.lr_scheduler": {"constant", "cosine", "linear"},
-        "trainer.kl.estimator": set(KL_ESTIMATORS.names()),
-        "trainer.kl.mode": set(KL_MODES.names()),
+        "loss.policy_loss": set(POLICY_LOSSES.names()),
+        "loss.agg_mode": set(AGG_MODES),
+        "optim.lr_scheduler": {"constant", "cosine", "linear"},
+        "loss.kl.estimator": set(KL_ESTIMATORS.names()),
+        "loss.kl.mode": set(KL_MODES.names()),
         "trainer.rollout_correction.mode": set(ROLLOUT_CORRECTIONS.names()),
         "rollout.engine": {"auto", *ROLLOUT_ENGINES.names()},
         "data.format": {"auto", "seed", "trl", "verl", "gsm8k"},
@@ -83,6 +83,7 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             fail(key, f"{value!r} is not a valid value", f"use one of: {shown}")
 
     m, t, d = cfg.model, cfg.trainer, cfg.data
+    smp, opt, lo, ck, sp = cfg.sampling, cfg.optim, cfg.loss, cfg.checkpoint, cfg.speed
     resolve_data_source(cfg)  # a named file replaces a generated task (one warning)
     m.torch_dtype = canonical_dtype(m.torch_dtype)  # the loaders know the long names only
     if not m.actor_model_name_or_path:
@@ -118,9 +119,10 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
     preset = ALGORITHMS.get(t.algorithm, where=where("trainer.algorithm"))
     if t.advantage_estimator is None:
         t.advantage_estimator = preset.advantage_estimator
-    for key, value in preset.trainer.items():  # the paper's settings, unless set by the user
-        if f"trainer.{key}" not in explicit:
-            setattr(t, key, value)
+    for key, value in preset.settings.items():  # the paper's settings, unless set by the user
+        if key not in explicit:
+            section, leaf = key.split(".")
+            setattr(getattr(cfg, section), leaf, value)
     estimator = ADVANTAGE_ESTIMATORS.meta(t.advantage_estimator)
     if t.samples_per_prompt is None:
         t.samples_per_prompt = 8 if estimator.grouped else 1
@@ -143,11 +145,12 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         "num_epochs",
         "max_new_tokens",
         "max_length",
-        "logprob_chunk_size",
         "max_bad_steps",
     ):
         if getattr(t, key) < 1:
             fail(f"trainer.{key}", f"must be >= 1, got {getattr(t, key)}", "use a positive number")
+    if sp.logprob_chunk_size < 1:
+        fail("speed.logprob_chunk_size", "must be >= 1", "e.g. 1024 (tokens per chunk)")
     if t.max_train_minutes is not None and t.max_train_minutes <= 0:
         fail(
             "trainer.max_train_minutes",
@@ -213,28 +216,28 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             f"{t.advantage_estimator} trains no critic, so there is nothing to warm up",
             "remove trainer.critic_warmup_steps, or use trainer.algorithm: ppo",
         )
-    if not 0.0 < t.clip_ratio_low < 1.0 or t.clip_ratio_high <= 0.0:
+    if not 0.0 < lo.clip_ratio_low < 1.0 or lo.clip_ratio_high <= 0.0:
         fail(
-            "trainer.clip_ratio_low",
+            "loss.clip_ratio_low",
             "clip ranges must be in (0, 1) below and > 0 above",
             "typical: clip_ratio_low 0.2, clip_ratio_high 0.2-0.28",
         )
-    if t.dual_clip_c is not None and t.dual_clip_c <= 1.0:
-        fail("trainer.dual_clip_c", f"must be > 1, got {t.dual_clip_c}", "use 3.0 or null")
-    if not t.lr > 0:
-        fail("trainer.lr", f"must be > 0, got {t.lr}", "typical LoRA: 1e-5 to 5e-4")
+    if lo.dual_clip_c is not None and lo.dual_clip_c <= 1.0:
+        fail("loss.dual_clip_c", f"must be > 1, got {lo.dual_clip_c}", "use 3.0 or null")
+    if not opt.lr > 0:
+        fail("optim.lr", f"must be > 0, got {opt.lr}", "typical LoRA: 1e-5 to 5e-4")
     if not 0.0 <= t.gamma <= 1.0 or not 0.0 <= t.lam <= 1.0:
         fail("trainer.gamma", "gamma and lam must be in [0, 1]", "use gamma 1.0, lam 0.95")
-    if not t.temperature >= 0:
-        fail("trainer.temperature", f"must be >= 0, got {t.temperature}", "typical: 1.0")
-    if not 0 < t.top_p <= 1:
+    if not smp.temperature >= 0:
+        fail("sampling.temperature", f"must be >= 0, got {smp.temperature}", "typical: 1.0")
+    if not 0 < smp.top_p <= 1:
         fail(
-            "trainer.top_p",
-            f"must be in (0, 1], got {t.top_p}",
+            "sampling.top_p",
+            f"must be in (0, 1], got {smp.top_p}",
             "1.0 samples from the whole distribution; 0.9-0.95 cuts the tail",
         )
-    if t.top_k < 0:
-        fail("trainer.top_k", f"must be >= 0, got {t.top_k}", "0 (off) or e.g. 50")
+    if smp.top_k < 0:
+        fail("sampling.top_k", f"must be >= 0, got {smp.top_k}", "0 (off) or e.g. 50")
     lora = cfg.lora
     if lora.enable_lora and (lora.lora_r < 1 or lora.lora_alpha <= 0):
         fail("lora.lora_r", "lora_r must be >= 1 and lora_alpha > 0", "typical: r 8-64, alpha 2r")
@@ -266,23 +269,28 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             "a sequence must fit one packed row",
             "raise data.max_packed_length",
         )
-    if t.save_steps is not None and t.save_steps < 0:
-        fail("trainer.save_steps", "must be >= 0 or null", "null = every 10% of the run")
-    if t.save_minutes is not None and t.save_minutes <= 0:
-        fail("trainer.save_minutes", "must be > 0 or null", "e.g. 30")
-    if t.keep_last is not None and t.keep_last < 1:
-        fail("trainer.keep_last", "must be >= 1 or null", "e.g. 3 (null keeps every checkpoint)")
+    if ck.save_steps is not None and ck.save_steps < 0:
+        fail("checkpoint.save_steps", "must be >= 0 or null", "null = every 10% of the run")
+    if ck.save_minutes is not None and ck.save_minutes <= 0:
+        fail("checkpoint.save_minutes", "must be > 0 or null", "e.g. 30")
+    if ck.keep_last is not None and ck.keep_last < 1:
+        fail("checkpoint.keep_last", "must be >= 1 or null", "e.g. 3 (null keeps every checkpoint)")
+    if cfg.eval.every_steps < 0:
+        fail("eval.every_steps", "must be >= 0", "0 = at the start and the end only")
+    if cfg.eval.max_new_tokens is not None and cfg.eval.max_new_tokens < 1:
+        fail("eval.max_new_tokens", "must be >= 1 or null", "null = trainer.max_new_tokens")
+    if cfg.eval.probe_max_new_tokens < 1:
+        fail("eval.probe_max_new_tokens", "must be >= 1", "e.g. 96")
     if cfg.logging.log_interval < 1:
         fail("logging.log_interval", "must be >= 1", "e.g. 1 or 10")
-    # rm: dynamic sampling, overlong shaping, truncated-sample masking, reward-model training
-    if t.max_sampling_rounds < 1:
-        fail("trainer.max_sampling_rounds", "must be >= 1", "e.g. 3 (1 = no extra round)")
-    if t.dynamic_sampling and t.samples_per_prompt < 2:
+    if smp.max_sampling_rounds < 1:
+        fail("sampling.max_sampling_rounds", "must be >= 1", "e.g. 3 (1 = no extra round)")
+    if smp.dynamic_sampling and t.samples_per_prompt < 2:
         fail(
-            "trainer.dynamic_sampling",
+            "sampling.dynamic_sampling",
             "dynamic sampling drops groups whose rewards are all equal; a group of one "
             f"sample (samples_per_prompt {t.samples_per_prompt}) always is",
-            "set trainer.samples_per_prompt >= 2 or trainer.dynamic_sampling: false",
+            "set trainer.samples_per_prompt >= 2 or sampling.dynamic_sampling: false",
         )
     ob = cfg.reward.overlong_buffer
     if not 0 <= ob.length < t.max_new_tokens:
@@ -348,11 +356,11 @@ def _check_agent(cfg: DankaConfig, fail) -> None:
             "raise trainer.max_length, or set data.max_prompt_length to "
             f"{max(1, t.max_length - total)} or less",
         )
-    if t.dynamic_sampling:
+    if cfg.sampling.dynamic_sampling:
         fail(
-            "trainer.dynamic_sampling",
+            "sampling.dynamic_sampling",
             "is not supported with rollout.tools / rollout.environment yet",
-            "set trainer.dynamic_sampling: false",
+            "set sampling.dynamic_sampling: false",
         )
 
 
@@ -362,7 +370,7 @@ _FROZEN: dict[type, type] = {}
 def _refuse(self, name, value=None):
     raise AttributeError(
         f"the config is read-only after validation (tried to set {name!r}); keep changing "
-        "run state elsewhere (e.g. trainer.run.RunState)"
+        "run state elsewhere (e.g. danka.trainer.state.RunState)"
     )
 
 

@@ -96,7 +96,7 @@ def eval_truncated(run: RunRecord, at: int) -> Finding | None:
         "many held-out answers of the base model hit the token limit and score 0",
         f"eval/truncated {pct(t)} at step 0 (mean length "
         f"{g(_number(e, 'eval/response_length') or 0)} tokens)",
-        f"raise {key('max_new_tokens')} (or trainer.eval_max_new_tokens) so 'before' measures "
+        f"raise {key('max_new_tokens')} (or eval.max_new_tokens) so 'before' measures "
         "the model, not the budget",
         step=0,
     )

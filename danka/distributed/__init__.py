@@ -154,7 +154,7 @@ def check_config(cfg, engine_name: str) -> None:
     n, t = world_size(), cfg.trainer
     rollout = getattr(cfg, "rollout", None)
     for key, on in (
-        ("trainer.compile", t.compile),
+        ("speed.compile", cfg.speed.compile),
         ("rollout.compile", rollout and rollout.compile),
     ):
         if on:  # compiled forwards under FSDP2 / a replicated policy have never run here

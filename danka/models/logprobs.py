@@ -23,7 +23,7 @@ time in a 0.5B-shape update on an H200, bench/results/train_update_05b_s7.json);
 fuses them into a few reductions (head alone 3.2x faster, update 0.205 -> 0.123 s,
 bench/results/train_head_update_05b_s7.json). Rows
 are a dynamic dimension (one compiled graph serves every chunk length). ``fused=False``
-(``trainer.fused_logprob_head: false``, or a compile failure, logged once) runs the same
+(``speed.fused_logprob_head: false``, or a compile failure, logged once) runs the same
 functions eagerly.
 """
 

@@ -37,7 +37,7 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
                     predicted 0.58 GiB, measured 0.60 GiB peak.
 * logits            danka's chunked log-probs keep chunk x V x 4 x 4 bytes (fp32 logits,
                     log-softmax, softmax for the entropy, their grad) instead of T x V x 4;
-                    chunk = min(trainer.logprob_chunk_size, micro-batch x max_new_tokens):
+                    chunk = min(speed.logprob_chunk_size, micro-batch x max_new_tokens):
                     the head runs over response positions only
 * fast engine       the fast rollout engine (``rollout.engine: fast``, auto on a GPU) keeps
                     fused q|k|v and gate|up weight copies when they take <= 1 GiB (none for
@@ -250,10 +250,10 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     micro = min(t.micro_batch_size, t.batch_size * n)
     tokens = micro * seq_len
     # the LM head runs only over the response positions (trainer.forward.policy_logprobs)
-    chunk = min(t.logprob_chunk_size, micro * t.max_new_tokens)
+    chunk = min(cfg.speed.logprob_chunk_size, micro * t.max_new_tokens)
     use_lora = cfg.lora.enable_lora
     ppo = _estimator_meta(cfg).needs_critic  # e.g. grpo with advantage_estimator gae too
-    need_ref = t.kl.coef > 0
+    need_ref = cfg.loss.kl.coef > 0
 
     c: dict[str, int] = {"weights": params * d}
     quant = QUANT_BYTES.get("4bit" if m.load_in_4bit else "8bit" if m.load_in_8bit else "")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.errors import UserError
-from danka.rewards.contract import (  # noqa: F401  (re-exported: the contracts live there)
+from danka.usercode.contract import (  # noqa: F401  (re-exported: the contracts live there)
     TRL_SIGNATURE,
     VERL_SIGNATURE,
     Kind,
@@ -95,7 +95,7 @@ def load_reward_function(spec: str, base_dir: Path, *, timeout_s: float = 30.0) 
     least worker.LOAD_FLOOR_S) bounds the import. UserError on a malformed spec, a missing
     file, an import error, an exit or a hang at import, a missing function or a signature
     that is neither verl's nor TRL's."""
-    from danka.rewards.worker import Target, Worker  # the worker module imports this one
+    from danka.usercode.worker import Target, Worker  # the worker module imports this one
 
     path, function = resolve_spec(spec, base_dir)
     if not path.is_file():

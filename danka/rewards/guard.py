@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from danka.errors import UserError
 from danka.rewards.custom import CustomReward, problem_with, trl_call_args, verl_call_args
-from danka.rewards.worker import Target, Worker
+from danka.usercode.worker import Target, Worker
 
 if TYPE_CHECKING:
     from danka.types import PromptRow

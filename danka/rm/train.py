@@ -9,7 +9,7 @@ with ``lora.enable_lora: false``) trained with the Bradley-Terry loss of
 2. build the classifier (``model.actor_model_name_or_path``'s backbone, fresh head);
 3. for each step, ``trainer.batch_size`` pairs in micro-batches of
    ``trainer.micro_batch_size`` pairs: loss, backward, clip, AdamW + schedule;
-4. every ``trainer.eval_steps`` steps (and at the start and end) held-out pairwise
+4. every ``eval.every_steps`` steps (and at the start and end) held-out pairwise
    accuracy, margin and reward mean/std -> train.log and metrics.jsonl;
 5. save ``OUTPUT/model`` (safetensors, adapter merged, the trained head, the held-out
    reward mean/std and ``trainer.max_length`` as ``reward_max_length`` in config.json)
@@ -49,9 +49,9 @@ USED_KEYS = (
     "model.attn_implementation", "model.trust_remote_code", "model.tokenizer_kwargs",
     "model.use_gradient_checkpointing", "model.gradient_checkpointing_kwargs", "model.device",
     "trainer.num_epochs", "trainer.total_steps", "trainer.max_train_minutes",
-    "trainer.batch_size", "trainer.micro_batch_size", "trainer.max_length", "trainer.lr",
-    "trainer.weight_decay", "trainer.warmup_steps", "trainer.lr_scheduler",
-    "trainer.max_grad_norm", "trainer.eval_steps", "trainer.seed", "lora", "data.train_dataset",
+    "trainer.batch_size", "trainer.micro_batch_size", "trainer.max_length", "optim.lr",
+    "optim.weight_decay", "optim.warmup_steps", "optim.lr_scheduler",
+    "optim.max_grad_norm", "eval.every_steps", "trainer.seed", "lora", "data.train_dataset",
     "data.eval_dataset", "data.eval_size", "data.dataset_type", "data.prompt_key",
     "data.on_bad_row", "data.shuffle", "data.limit", "logging.log_interval", "output_dir", "rm",
 )  # fmt: skip
@@ -59,7 +59,7 @@ USED_KEYS = (
 # (max_new_tokens is set to 1 by the CLI: an RM generates nothing).
 _DERIVED = {
     "trainer.advantage_estimator", "trainer.samples_per_prompt", "trainer.mini_batch_size",
-    "trainer.policy_loss", "data.max_prompt_length", "trainer.max_new_tokens",
+    "loss.policy_loss", "data.max_prompt_length", "trainer.max_new_tokens",
 }  # fmt: skip
 _SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}
 
@@ -89,7 +89,8 @@ def check_rm_config(cfg: DankaConfig) -> None:
                 f"{key} = {value!r} is not used by danka rm",
                 where=f"config key {key}",
                 fix="remove it from the reward-model config (danka rm reads model, lora, "
-                "data files, the trainer's optimisation keys, logging.log_interval and rm)",
+                "data files, the trainer's step sizes, optim, eval.every_steps, logging.log_interval "
+                "and rm)",
             )
     t = cfg.trainer
     if t.batch_size % t.micro_batch_size:
@@ -288,8 +289,9 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     # 3./4. optimisation with periodic held-out evaluation
     steps_per_epoch = len(train) // t.batch_size
     total = t.total_steps or t.num_epochs * steps_per_epoch
-    opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
-    sched = get_scheduler(_SCHEDULES[t.lr_scheduler], opt, num_warmup_steps=t.warmup_steps,
+    o = cfg.optim
+    opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+    sched = get_scheduler(_SCHEDULES[o.lr_scheduler], opt, num_warmup_steps=o.warmup_steps,
                           num_training_steps=total)  # fmt: skip
     ev = dict(batch=t.micro_batch_size, max_length=t.max_length, device=device,
               center_coef=cfg.rm.center_rewards_coefficient)  # fmt: skip
@@ -317,11 +319,11 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
         if not math.isfinite(row["loss"]):
             raise UserError(
                 f"the loss is {row['loss']} at step {step + 1}; no update was made",
-                where="trainer.lr",
-                fix="lower trainer.lr (or use model.torch_dtype: float32)",
+                where="optim.lr",
+                fix="lower optim.lr (or use model.torch_dtype: float32)",
             )
-        if t.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
+        if o.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, o.max_grad_norm)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -330,7 +332,7 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
         metrics.write(step, row)
         if step % cfg.logging.log_interval == 0:
             log(format_step_line(step, row))
-        if t.eval_steps and step % t.eval_steps == 0 and step < total:
+        if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < total:
             evaluate(step)
     final = evaluate(step)
     metrics.close()

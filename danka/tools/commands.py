@@ -231,7 +231,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
         "--temperature",
         type=float,
         help="with --samples K > 1: sample at this temperature instead of 1 (e.g. the "
-        "config's trainer.temperature); accuracy is then the mean over all K answers",
+        "config's sampling.temperature); accuracy is then the mean over all K answers",
     )
 
 

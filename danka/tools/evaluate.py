@@ -198,7 +198,7 @@ def _from_config(config: str, overrides: list[str]) -> dict[str, Any]:
         "system": cfg.data.system_prompt,
         "instruction": cfg.data.instruction,
         "timeout_s": cfg.reward.timeout_s,
-        "max_new_tokens": t.eval_max_new_tokens or t.max_new_tokens,
+        "max_new_tokens": cfg.eval.max_new_tokens or t.max_new_tokens,
         "data": cfg.data.eval_dataset or cfg.data.task or cfg.data.train_dataset,
         "trust_remote_code": cfg.model.trust_remote_code,
         "rollout": cfg.rollout,

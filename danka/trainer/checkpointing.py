@@ -105,7 +105,7 @@ def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Pat
         trainer_state=state,
         config_hash=config_hash,
         config=resolved,  # masked by save_checkpoint
-        keep_last=run.cfg.trainer.keep_last,
+        keep_last=run.cfg.checkpoint.keep_last,
     )
     run.log.info(f"checkpoint saved: {run.output_dir / 'actor' / f'checkpoint_{step}'}")
     return path

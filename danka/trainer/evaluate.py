@@ -49,7 +49,7 @@ def eval_context(run: Run) -> SampleContext:
     ``rollout.generation_batch_size`` (or 256) prompts at a time."""
     t = run.cfg.trainer
     params = SamplingParams(
-        n=1, temperature=0.0, max_new_tokens=t.eval_max_new_tokens or t.max_new_tokens
+        n=1, temperature=0.0, max_new_tokens=run.cfg.eval.max_new_tokens or t.max_new_tokens
     )
     ctx = sampling_context(run, run.eval, params)
     return dataclasses.replace(ctx, chunk=run.cfg.rollout.generation_batch_size or 256)

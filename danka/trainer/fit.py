@@ -67,7 +67,7 @@ def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool
     log = run.log
     log.info(describe(run))
     stages = build_stages(run)
-    if cfg.trainer.preflight:  # before a restore, which then sets every RNG as saved
+    if cfg.speed.preflight:  # before a restore, which then sets every RNG as saved
         preflight(run, stages, log)
     start, history = resume_from(run, ckpt, resolved, main)
     outputs = Outputs.open(cfg, log, resolved, start)
@@ -92,14 +92,14 @@ def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool
             maybe_stop_early(run, step, t_train)
             stopping = stop_requested(stop)
             last = step == run.state.total_steps  # also when max_train_minutes cut the run
-            if not stopping and (last or every(cfg.trainer.eval_steps, step)):  # 10. evaluate
+            if not stopping and (last or every(cfg.eval.every_steps, step)):  # 10. evaluate
                 record = outputs.evaluate(run, step)  # (first: the checkpoint keeps it)
                 if record is not None and not last:  # the last one is in the closing line
                     bar.update(step, {"eval/accuracy": record["eval/accuracy"]})
             minutes = (time.perf_counter() - t_saved) / 60
             saved = stopping or save_due(  # 9. checkpoint
-                step, run.state.total_steps, cfg.trainer.save_steps,
-                cfg.trainer.save_minutes, minutes,
+                step, run.state.total_steps, cfg.checkpoint.save_steps,
+                cfg.checkpoint.save_minutes, minutes,
             )  # fmt: skip
             if saved:
                 callbacks.on_checkpoint(step, save(run, step, outputs.history, resolved, h))
@@ -245,11 +245,11 @@ class PhaseClock:
 
 def describe(run: Run) -> str:
     """The start-up line: algorithm, resolved loss settings, sizes."""
-    t = run.cfg.trainer
+    t, lo = run.cfg.trainer, run.cfg.loss
     rc = t.rollout_correction
     return (
-        f"{t.algorithm} ({t.advantage_estimator}, policy loss {t.policy_loss}, clip "
-        f"[{t.clip_ratio_low:g}, {t.clip_ratio_high:g}], {t.loss_agg_mode}"
+        f"{t.algorithm} ({t.advantage_estimator}, policy loss {lo.policy_loss}, clip "
+        f"[{lo.clip_ratio_low:g}, {lo.clip_ratio_high:g}], {lo.agg_mode}"
         f"{f', rollout correction {rc.mode} (cap {rc.cap:g})' if run.algo.correction else ''}): "
         f"{run.state.total_steps} steps x {t.batch_size} prompts x {t.samples_per_prompt} "
         f"samples = {t.batch_size * t.samples_per_prompt} sequences/step; "
@@ -280,7 +280,7 @@ def check_bad_steps(run: Run, bad_in_a_row: int, step: int) -> None:
         raise TrainingFault(
             f"{bad_in_a_row} steps in a row had a non-finite loss or gradient (last: step {step})",
             where="training",
-            fix="lower trainer.lr, set trainer.max_grad_norm, use bfloat16 instead of "
+            fix="lower optim.lr, set optim.max_grad_norm, use bfloat16 instead of "
             "float16, or check the reward for inf values; resume with --resume auto "
             "from the last good checkpoint",
         )

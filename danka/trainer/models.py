@@ -82,7 +82,7 @@ def build_models(cfg: DankaConfig, base: torch.nn.Module, load_critic_base, log)
     ``load_critic_base()`` loads a separate critic base when one is configured.
     """
     needs_critic = ADVANTAGE_ESTIMATORS.meta(cfg.trainer.advantage_estimator).needs_critic
-    needs_reference = cfg.trainer.kl.coef > 0
+    needs_reference = cfg.loss.kl.coef > 0
     _enable_checkpointing(base, cfg)
     hidden = base.config.hidden_size
     device = next(base.parameters()).device

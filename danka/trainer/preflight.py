@@ -1,4 +1,4 @@
-"""``trainer.preflight``: run the worst-case shapes once, so a run that will not fit fails
+"""``speed.preflight``: run the worst-case shapes once, so a run that will not fit fails
 in its first minute rather than after hours."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class Run:
     update_generator: torch.Generator = field(default_factory=torch.Generator)
     eos_ids: list[int] = field(default_factory=list)
     pad_id: int = 0
-    dynamic: DynamicSampler | None = None  # trainer.dynamic_sampling (DAPO), else None
+    dynamic: DynamicSampler | None = None  # sampling.dynamic_sampling (DAPO), else None
     agent: AgentLoop | None = None  # the multi-turn loop of rollout.tools / environment
 
     @property
@@ -97,5 +97,5 @@ class Run:
 
     @property
     def temperature(self) -> float:
-        t = self.cfg.trainer.temperature
+        t = self.cfg.sampling.temperature
         return t if t > 0 else 1.0

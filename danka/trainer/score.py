@@ -19,7 +19,7 @@ class ScoreSettings:
     response_budget: int  # response tokens a sample may have (agent: all turns)
     overlong_length: int = 0  # reward.overlong_buffer.length (0 = off)
     overlong_penalty: float = 1.0  # reward.overlong_buffer.penalty
-    mask_truncated: bool = False  # trainer.mask_truncated
+    mask_truncated: bool = False  # loss.mask_truncated
 
 
 def equal_reward_groups(rewards: torch.Tensor, n: int, tol: float = 1e-8) -> float | None:

@@ -235,11 +235,12 @@ def assemble_run(
     device = next(models.policy.parameters()).device
     sampler = PromptSampler(len(train.rows), t.batch_size, seed=t.seed, shuffle=cfg.data.shuffle)
     total = t.total_steps or sampler.steps_per_epoch * t.num_epochs
-    actor_opt, actor_sched = build_optimizer_and_schedule(cfg, models.actor_params, t.lr, total)
+    o = cfg.optim
+    actor_opt, actor_sched = build_optimizer_and_schedule(cfg, models.actor_params, o.lr, total)
     critic_opt = critic_sched = None
     if models.critic_params:
         critic_opt, critic_sched = build_optimizer_and_schedule(
-            cfg, models.critic_params, t.critic_lr, total
+            cfg, models.critic_params, o.critic_lr, total
         )
     pad = tokenizer.pad_token_id if pad_id is None else pad_id
     return Run(
@@ -272,30 +273,30 @@ def assemble_run(
 
 
 def speed_settings(cfg: DankaConfig, models, device: torch.device, log: logging.Logger) -> None:
-    """trainer.tf32 and trainer.compile (CUDA only: UserError elsewhere, never a no-op)."""
-    t = cfg.trainer
+    """speed.tf32 and speed.compile (CUDA only: UserError elsewhere, never a no-op)."""
+    t = cfg.speed
     line = enable_tf32(t.tf32, device)
     if line:
         log.info(line)
     if t.compile:
         compile_forward(models.policy, True, device)
-        log.info("trainer.compile: policy forward compiled (torch.compile, dynamic=True)")
+        log.info("speed.compile: policy forward compiled (torch.compile, dynamic=True)")
 
 
 def build_dynamic_sampler(cfg: DankaConfig, pad_id: int) -> DynamicSampler | None:
-    """trainer.dynamic_sampling: DAPO's filter for all-equal groups (one process only:
+    """sampling.dynamic_sampling: DAPO's filter for all-equal groups (one process only:
     ranks that keep different numbers of groups would leave a collective waiting)."""
     t = cfg.trainer
-    if not t.dynamic_sampling:
+    if not cfg.sampling.dynamic_sampling:
         return None
     if dist.is_active():
         raise UserError(
-            "trainer.dynamic_sampling runs in one process only (ranks would keep different "
+            "sampling.dynamic_sampling runs in one process only (ranks would keep different "
             "numbers of groups and step out of line)",
-            where="trainer.dynamic_sampling",
-            fix="train without --nproc, or set trainer.dynamic_sampling: false",
+            where="sampling.dynamic_sampling",
+            fix="train without --nproc, or set sampling.dynamic_sampling: false",
         )
-    return DynamicSampler(t.batch_size, t.max_sampling_rounds, pad_id)
+    return DynamicSampler(t.batch_size, cfg.sampling.max_sampling_rounds, pad_id)
 
 
 def choose_engine(cfg: DankaConfig, device: torch.device, log: logging.Logger) -> str:
@@ -433,16 +434,18 @@ def build_model_set(cfg: DankaConfig, device: torch.device, log: logging.Logger)
 
 
 def build_optimizer_and_schedule(cfg: DankaConfig, params, lr: float, total_steps: int):
-    t = cfg.trainer
-    opt = build_optimizer(params, lr=lr, weight_decay=t.weight_decay)
+    opt = build_optimizer(params, lr=lr, weight_decay=cfg.optim.weight_decay)
     sched = build_scheduler(
-        opt, kind=t.lr_scheduler, warmup_steps=t.warmup_steps, total_steps=total_steps
+        opt,
+        kind=cfg.optim.lr_scheduler,
+        warmup_steps=cfg.optim.warmup_steps,
+        total_steps=total_steps,
     )
     return opt, sched
 
 
 def build_kl_controller(cfg: DankaConfig) -> FixedKLController | AdaptiveKLController:
-    kl = cfg.trainer.kl
+    kl = cfg.loss.kl
     if kl.adaptive:
         return AdaptiveKLController(kl.coef, kl.target, kl.horizon)
     return FixedKLController(kl.coef)
@@ -450,20 +453,20 @@ def build_kl_controller(cfg: DankaConfig) -> FixedKLController | AdaptiveKLContr
 
 def build_algorithm(cfg: DankaConfig) -> Algorithm:
     """The registry entries the config names, looked up once."""
-    t = cfg.trainer
+    t, lo = cfg.trainer, cfg.loss
     rc = t.rollout_correction
     return Algorithm(
         estimator=ADVANTAGE_ESTIMATORS.get(t.advantage_estimator, "trainer.advantage_estimator"),
         estimator_meta=ADVANTAGE_ESTIMATORS.meta(t.advantage_estimator),
-        policy_loss=POLICY_LOSSES.get(t.policy_loss, "trainer.policy_loss"),
+        policy_loss=POLICY_LOSSES.get(lo.policy_loss, "loss.policy_loss"),
         loss_params=PolicyLossParams(
-            clip_low=t.clip_ratio_low,
-            clip_high=t.clip_ratio_high,
-            dual_clip_c=t.dual_clip_c,
-            agg_mode=t.loss_agg_mode,
+            clip_low=lo.clip_ratio_low,
+            clip_high=lo.clip_ratio_high,
+            dual_clip_c=lo.dual_clip_c,
+            agg_mode=lo.agg_mode,
         ),
-        kl_estimator=KL_ESTIMATORS.get(t.kl.estimator, "trainer.kl.estimator"),
-        kl_mode=KL_MODES.meta(t.kl.mode) if t.kl.coef > 0 else None,
+        kl_estimator=KL_ESTIMATORS.get(lo.kl.estimator, "loss.kl.estimator"),
+        kl_mode=KL_MODES.meta(lo.kl.mode) if lo.kl.coef > 0 else None,
         correction=ROLLOUT_CORRECTIONS.get(rc.mode, "trainer.rollout_correction.mode"),
         correction_cap=float(rc.cap or 0.0),
     )

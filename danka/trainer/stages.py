@@ -77,7 +77,7 @@ class Stages:
 
     def update(self, prepared: Prepared, step: int) -> UpdateStats:
         """Step 7. A non-finite loss or gradient skips the optimiser step (reported in the
-        result); with ``trainer.auto_micro_batch`` an out-of-memory halves the micro-batch
+        result); with ``speed.auto_micro_batch`` an out-of-memory halves the micro-batch
         and retries (no optimiser step has happened yet when a forward/backward runs out).
         During ``trainer.critic_warmup_steps`` only the critic learns. The schedules step
         either way."""
@@ -129,13 +129,13 @@ class Stages:
 
 
 def forward_settings(run: Run) -> ForwardSettings:
-    t = run.cfg.trainer
+    sp = run.cfg.speed
     return ForwardSettings(
         temperature=run.temperature,
-        chunk_size=t.logprob_chunk_size,
+        chunk_size=sp.logprob_chunk_size,
         pack_len=run.pack_len,
-        shared_prefix=t.shared_prefix_forward,
-        fused_head=t.fused_logprob_head,
+        shared_prefix=sp.shared_prefix_forward,
+        fused_head=sp.fused_logprob_head,
     )
 
 
@@ -170,12 +170,13 @@ def sampling_context(run: Run, prompts: PromptSet, params: SamplingParams) -> Sa
 
 def build_stages(run: Run) -> Stages:
     """Every stage of a step bound to what it needs, from the run's validated config."""
-    t, ob = run.cfg.trainer, run.cfg.reward.overlong_buffer
+    cfg = run.cfg
+    t, ob, smp, lo = cfg.trainer, cfg.reward.overlong_buffer, cfg.sampling, cfg.loss
     params = SamplingParams(
         n=t.samples_per_prompt,
-        temperature=t.temperature,
-        top_p=t.top_p,
-        top_k=t.top_k,
+        temperature=smp.temperature,
+        top_p=smp.top_p,
+        top_k=smp.top_k,
         max_new_tokens=t.max_new_tokens,
     )
     fwd = forward_settings(run)
@@ -189,7 +190,7 @@ def build_stages(run: Run) -> Stages:
             response_budget=response_budget(run),
             overlong_length=ob.length,
             overlong_penalty=ob.penalty,
-            mask_truncated=t.mask_truncated,
+            mask_truncated=lo.mask_truncated,
         ),
         models=run.models,
         algo=run.algo,
@@ -198,7 +199,7 @@ def build_stages(run: Run) -> Stages:
             one_optimizer_step=t.ppo_epochs == 1 and t.mini_batch_size == t.batch_size,
             gamma=t.gamma,
             lam=t.lam,
-            kl_estimator=t.kl.estimator,
+            kl_estimator=lo.kl.estimator,
             sizes=sizes(run),
         ),
         updating=UpdateSettings(
@@ -206,11 +207,11 @@ def build_stages(run: Run) -> Stages:
             ppo_epochs=t.ppo_epochs,
             mini_batch_seqs=t.mini_batch_size * t.samples_per_prompt // dist.world_size(),
             max_response_length=t.max_new_tokens,
-            loss_agg_mode=t.loss_agg_mode,
-            entropy_coef=t.entropy_coef,
-            vf_coef=t.vf_coef,
-            value_clip=t.value_clip,
-            max_grad_norm=t.max_grad_norm,
+            loss_agg_mode=lo.agg_mode,
+            entropy_coef=lo.entropy_coef,
+            vf_coef=lo.vf_coef,
+            value_clip=lo.value_clip,
+            max_grad_norm=cfg.optim.max_grad_norm,
         ),
         opts=Optimizers(run.actor_opt, run.actor_sched, run.critic_opt, run.critic_sched),
         kl_ctl=run.kl_ctl,
@@ -219,6 +220,6 @@ def build_stages(run: Run) -> Stages:
         log=run.log,
         dynamic=run.dynamic,
         critic_warmup_steps=t.critic_warmup_steps,
-        auto_micro_batch=t.auto_micro_batch,
+        auto_micro_batch=cfg.speed.auto_micro_batch,
         kl_n_steps=t.batch_size,
     )

@@ -8,4 +8,4 @@ from dataclasses import dataclass
 @dataclass
 class RunState:
     total_steps: int  # lowered when trainer.max_train_minutes ends the run early
-    micro_batch_size: int  # halved on out-of-memory with trainer.auto_micro_batch
+    micro_batch_size: int  # halved on out-of-memory with speed.auto_micro_batch

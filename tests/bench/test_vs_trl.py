@@ -32,9 +32,9 @@ def test_danka_side_config_is_valid_and_equal_to_the_trl_settings(tmp_path, vari
     cfg, _ = load_config(str(path), [])  # danka's own validation accepts it
     t = cfg.trainer
     assert (t.batch_size, t.samples_per_prompt, t.max_new_tokens) == (8, 8, 256)
-    assert t.kl.coef == 0.0 and cfg.model.use_gradient_checkpointing
+    assert cfg.loss.kl.coef == 0.0 and cfg.model.use_gradient_checkpointing
     assert cfg.lora.enable_lora is (variant == "lora") and cfg.lora.lora_r == 16
-    assert t.lr == (2e-4 if variant == "lora" else 1e-5)
+    assert cfg.optim.lr == (2e-4 if variant == "lora" else 1e-5)
 
 
 def test_reward_is_the_last_number_rule():
@@ -76,12 +76,12 @@ def test_danka_set_overrides_reach_danka_train_as_its_own_overrides(tmp_path):
     parsed = build_parser().parse_args(cmd[3:])  # what `danka train` sees
     cfg, _ = load_config(parsed.config, parsed.overrides)
     assert cfg.rollout.keep_cache is False  # YAML false, not the string "false"
-    assert cfg.trainer.logprob_chunk_size == 256 and cfg.trainer.batch_size == 8
+    assert cfg.speed.logprob_chunk_size == 256 and cfg.trainer.batch_size == 8
     # the same CLI, the head's per-chunk work eager: a setting, not a patched global
     eager = danka_side.danka_train_command(path, args.danka_set, eager_head=True)
     assert eager[:-1] == cmd and eager[-1] == "trainer.fused_logprob_head=false"
     cfg, _ = load_config(parsed.config, build_parser().parse_args(eager[3:]).overrides)
-    assert cfg.trainer.fused_logprob_head is False
+    assert cfg.speed.fused_logprob_head is False
 
 
 def test_random_weights_copy_keeps_config_and_tokenizer(tmp_path):

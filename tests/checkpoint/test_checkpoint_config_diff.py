@@ -16,10 +16,15 @@ def test_config_hash_stable_and_sensitive():
 def test_diff_configs():
     old = {"trainer": {"lr": 1e-5, "steps": 10, "gone": True}, "model": {"name": "x"}, "w": None}
     new = {"trainer": {"lr": 2e-5, "steps": 10, "new": [1, 2]}, "model": {"name": "y"}, "w": None}
+    # keys in their older place (trainer.lr) are compared in the current layout (optim.lr)
     assert diff_configs(old, new) == [
         "model.name: x -> y",
+        "optim.lr: 1e-5 -> 2e-5",
         "trainer.gone: True -> <unset>",
-        "trainer.lr: 1e-5 -> 2e-5",
         "trainer.new: <unset> -> [1, 2]",
+    ]
+    assert diff_configs(old, {**new, "trainer": {"steps": 10}, "optim": {"lr": 1e-5}}) == [
+        "model.name: x -> y",
+        "trainer.gone: True -> <unset>",
     ]
     assert diff_configs(old, old) == []

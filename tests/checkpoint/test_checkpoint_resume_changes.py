@@ -60,11 +60,11 @@ def test_changed_lr_weight_decay_and_kl_are_applied():
     kl.value = 0.137  # adapted during the first run
     lines = apply_resume_changes(old, new, _state(opt, sched, kl_ctl=kl))
     assert lines == [
-        "trainer.lr: 1e-5 -> 2e-5",
-        "trainer.weight_decay: 0.0 -> 0.01",
-        "trainer.kl.coef: 0.1 -> 0.2",
-        "trainer.kl.target: 0.1 -> 0.05",
-        "trainer.kl.horizon: 10000 -> 500",
+        "optim.lr: 1e-5 -> 2e-5",
+        "optim.weight_decay: 0.0 -> 0.01",
+        "loss.kl.coef: 0.1 -> 0.2",
+        "loss.kl.target: 0.1 -> 0.05",
+        "loss.kl.horizon: 10000 -> 500",
     ]
     # the schedule keeps its position: 2e-5 * 3/4 now, and 2e-5 * 4/4 after the next step
     assert opt.param_groups[0]["lr"] == pytest.approx(2e-5 * 3 / 4)
@@ -90,7 +90,7 @@ def test_critic_lr_applied_to_the_critic_optimiser():
     lines = apply_resume_changes(
         _cfg(), _cfg(critic_lr=4e-5), _state(opt, sched, critic_opt=copt, critic_sched=csched)
     )
-    assert lines == ["trainer.critic_lr: 1e-5 -> 4e-5"]
+    assert lines == ["optim.critic_lr: 1e-5 -> 4e-5"]
     assert copt.param_groups[0]["lr"] == pytest.approx(4e-5 * 3 / 4)
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-5 * 3 / 4)
 
@@ -107,5 +107,5 @@ def test_lora_alpha_is_part_of_the_compatibility_check():
 
 def test_change_message_says_which_value_is_used():
     lines = describe_changes(_cfg(), _cfg(lr=2e-5) | {"x": 1})
-    assert "trainer.lr: 1e-5 -> 2e-5 (applied to the restored state)" in lines
+    assert "optim.lr: 1e-5 -> 2e-5 (applied to the restored state)" in lines
     assert "x: <unset> -> 1 (used from now on)" in lines

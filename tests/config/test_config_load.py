@@ -102,7 +102,7 @@ def test_seed_story_config_loads_as_written(monkeypatch):
 
 def test_recommended_example_validates():
     cfg, _ = load_config(EXAMPLES / "single_card_ppo_recommended.yaml")
-    assert cfg.trainer.save_steps is None and cfg.trainer.save_minutes == 30
+    assert cfg.checkpoint.save_steps is None and cfg.checkpoint.save_minutes == 30
     assert [f.name for f in cfg.reward.functions] == ["gsm8k"]
 
 
@@ -136,10 +136,10 @@ def test_help_config_lists_every_key_with_help_and_default(capsys):
     assert len(rows) > 100 and all(help_text for _, _, _, help_text in rows)
     for key, _, default, help_text in rows:
         assert f"{key}  (" in out and f"default {default})" in out and help_text in out
-    assert "trainer.save_steps  (int or null, default null)" in out
+    assert "checkpoint.save_steps  (int or null, default null)" in out
     assert "reward.functions[i].kwargs" in out
-    # every field of every section: 9 sections, e.g. the last one and a nested one
-    assert "output_dir  (str, default output)" in out and "trainer.kl.horizon  (" in out
+    # every field of every section, e.g. a top-level one and a nested one
+    assert "output_dir  (str, default output)" in out and "loss.kl.horizon  (" in out
 
 
 def test_print_config_masks_secrets(tmp_path, capsys):
@@ -166,9 +166,9 @@ def test_overrides_types_lists_and_null(tmp_path):
             "trainer.micro_batch_size=4",
         ],
     )
-    assert cfg.trainer.batch_size == 4 and cfg.trainer.lr == pytest.approx(3e-4)
+    assert cfg.trainer.batch_size == 4 and cfg.optim.lr == pytest.approx(3e-4)
     assert cfg.lora.target_modules == ["q_proj", "v_proj"]
-    assert cfg.trainer.dual_clip_c is None
+    assert cfg.loss.dual_clip_c is None
     assert base == tmp_path.resolve()
 
 
@@ -285,3 +285,29 @@ def test_qlora_options_checked_and_install_hint(tmp_path, capsys):
 def test_every_example_config_validates(path):
     cfg, _ = load_config(path)
     assert cfg.model.actor_model_name_or_path and (cfg.data.train_dataset or cfg.data.task)
+
+
+def test_keys_under_their_older_name_land_in_their_section(tmp_path):
+    """Configs written before the sections by concern still load: ``trainer.lr`` is
+    ``optim.lr``, ``trainer.kl.coef`` is ``loss.kl.coef`` (file or override); naming both
+    the old and the new key is refused; a message names the key as the user wrote it."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "model: {actor_model_name_or_path: x}\ndata: {train_dataset: x.jsonl}\n"
+        "trainer:\n  lr: 3.0e-4\n  kl: {coef: 0.01}\n  eval_steps: 5\n"
+    )
+    cfg, _ = load_config(path, ["trainer.temperature=0.5", "checkpoint.keep_last=2"])
+    assert cfg.optim.lr == 3e-4 and cfg.loss.kl.coef == 0.01 and cfg.eval.every_steps == 5
+    assert cfg.sampling.temperature == 0.5 and cfg.checkpoint.keep_last == 2
+    both = tmp_path / "both.yaml"
+    both.write_text(path.read_text() + "optim: {lr: 1.0e-5}\n")
+    with pytest.raises(UserError, match="both trainer.lr and optim.lr are set"):
+        load_config(both)
+    with pytest.raises(UserError, match=r"w.yaml:4: key trainer.lr \(now optim.lr\)"):
+        load_config(_write(tmp_path, path.read_text().replace("3.0e-4", "-1")))
+
+
+def _write(tmp_path, text: str):
+    p = tmp_path / "w.yaml"
+    p.write_text(text)
+    return p

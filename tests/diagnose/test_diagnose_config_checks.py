@@ -21,7 +21,7 @@ def test_clip_higher_with_one_optimizer_step_cannot_act():
     # ppo_epochs 1 x 32 / 32 = 1 optimizer step per rollout: pi / pi_old = 1 exactly
     [f] = config_findings(_cfg({"clip_ratio_high": 0.28}))
     assert f.id == "clip_cannot_act" and f.severity == "problem" and f.step is None
-    assert "trainer.clip_ratio_high: 0.28" in f.evidence and "mini_batch_size" in f.fix
+    assert "loss.clip_ratio_high: 0.28" in f.evidence and "mini_batch_size" in f.fix
     # two optimizer steps (mini-batch 16 of 32) or two epochs: the clip acts
     assert _ids(_cfg({"clip_ratio_high": 0.28, "mini_batch_size": 16})) == set()
     assert _ids(_cfg({"clip_ratio_high": 0.28, "ppo_epochs": 2})) == set()
@@ -34,7 +34,7 @@ def test_gspo_clip_and_ppo_value_clip_with_one_step():
     assert _ids(_cfg(gspo)) == {"clip_cannot_act"}
     ppo = {"algorithm": "ppo", "advantage_estimator": "gae", "value_clip": 0.5}
     [f] = config_findings(_cfg(ppo))
-    assert "trainer.value_clip: 0.5" in f.evidence
+    assert "loss.value_clip: 0.5" in f.evidence
 
 
 def test_kl_off_with_high_lora_lr_is_a_risk():
@@ -50,6 +50,6 @@ def test_adaptive_kl_from_zero_and_unused_critic_settings():
     assert _ids(_cfg({"kl": {"adaptive": True, "coef": 0.0}})) == {"kl_adaptive_from_zero"}
     assert _ids(_cfg({"kl": {"adaptive": True, "coef": 0.01}})) == set()
     [f] = config_findings(_cfg({"critic_lr": 1e-4, "lam": 0.9}))
-    assert f.id == "critic_settings_unused" and "trainer.critic_lr: 0.0001" in f.evidence
+    assert f.id == "critic_settings_unused" and "optim.critic_lr: 0.0001" in f.evidence
     ppo = {"algorithm": "ppo", "advantage_estimator": "gae", "critic_lr": 1e-4, "lam": 0.9}
     assert _ids(_cfg(ppo)) == set()

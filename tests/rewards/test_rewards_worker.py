@@ -1,4 +1,4 @@
-"""The reward worker's life cycle (danka/rewards/worker.py), with real processes: timeouts
+"""The reward worker's life cycle (danka/usercode/worker.py), with real processes: timeouts
 kill the worker's whole process group, builtins obey the timeout, and a killed or
 terminated trainer leaves no worker behind and no BrokenPipe traceback."""
 

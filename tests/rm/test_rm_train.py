@@ -111,7 +111,7 @@ def test_bad_pair_exits_2_with_file_line_and_writes_nothing(tmp_path, tiny, caps
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("trainer.kl.coef=0.1", "trainer.kl.coef = 0.1 is not used by danka rm"),
+        ("trainer.kl.coef=0.1", "loss.kl.coef = 0.1 is not used by danka rm"),
         ("trainer.micro_batch_size=3", "not a multiple of micro_batch_size"),
         ("rm.center_rewards_coefficient=-1", "must be >= 0"),
         ("rm.rejected_key=chosen", "same column"),

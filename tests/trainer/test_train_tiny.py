@@ -143,7 +143,7 @@ def test_non_finite_steps_are_skipped_then_stop_with_an_explanation(
     assert main(["train", str(cfg_path)]) == 3
     err = capsys.readouterr().err
     assert "2 steps in a row had a non-finite loss or gradient (last: step 2)" in err
-    assert "lower trainer.lr" in err
+    assert "lower optim.lr" in err
     lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [x["skipped_step"] for x in lines] == [1.0, 1.0]
 

@@ -48,6 +48,7 @@ next batch, so calling from short-lived threads costs restarts, not scores.
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import signal
 import subprocess
@@ -64,8 +65,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from danka.errors import UserError
-from danka.rewards.contract import call_custom, contract_of, load_function_from_file, to_score
-from danka.subprocs import become_subreaper, descendants, kill_tree, set_parent_death_signal
+from danka.usercode.contract import call_custom, contract_of, load_function_from_file, to_score
+from danka.usercode.subprocs import (
+    become_subreaper,
+    descendants,
+    kill_tree,
+    set_parent_death_signal,
+)
 
 LOAD_FLOOR_S = 10.0  # the least time a worker gets to start and import the file
 
@@ -140,10 +146,9 @@ def _send(outbox: Connection, message: tuple[str, Any]) -> None:
 def _load(path: str, function: str, kind: str) -> tuple[Callable[..., Any], str]:
     """The function and its contract; ``kind`` "auto" detects verl or TRL (UserError for
     neither, with both signatures)."""
-    if kind == "builtin":
-        from danka.rewards.builtin import load_builtin
-
-        return load_builtin(function), kind
+    if kind == "builtin":  # by name, through the registry module that owns the builtins
+        module, _, attr = BUILTIN_LOADER.partition(":")
+        return getattr(importlib.import_module(module), attr)(function), kind
     fn = load_function_from_file(Path(path), function)
     return fn, (contract_of(fn, Path(path), function) if kind == "auto" else kind)
 
@@ -188,7 +193,7 @@ def _worker_entry() -> None:
             _send(outbox, result)
 
 
-_WORKER_CODE = "from danka.rewards.worker import _worker_entry; _worker_entry()"
+_WORKER_CODE = "from danka.usercode.worker import _worker_entry; _worker_entry()"
 # owners (reward Worker, agent ToolRunner) of running worker processes: closed at exit
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -217,6 +222,11 @@ def spawn_worker(owner: Any, code: str, args: list[str], **popen_kw: Any) -> sub
 def forget_worker(owner: Any) -> None:
     """``owner`` closed its worker: no need to close it at exit."""
     _LIVE.discard(owner)
+
+
+# where builtins are looked up (imported in the worker only, by name: the rewards package
+# sits above this one and registers the builtins there)
+BUILTIN_LOADER = "danka.rewards.builtin:load_builtin"
 
 
 @dataclass(frozen=True)

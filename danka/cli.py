@@ -108,7 +108,7 @@ def _train(args) -> int:
     return _run_train(args, cfg, base_dir, dist)
 
 
-# seed: run lifecycle (lock, signals, --discard-newer, --help-config) ----------------------
+# run lifecycle (lock, signals, --discard-newer, --help-config) ---------------------------
 def _train_lifecycle_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--discard-newer",
@@ -215,7 +215,7 @@ def _data(args) -> int:
     return 0
 
 
-# rm: `danka data gsm8k-pairs` (hooked into `danka data` above) and `danka rm`
+# `danka data gsm8k-pairs` (hooked into `danka data` above) and `danka rm`
 def _gsm8k_pairs_args(sub) -> None:
     g = sub.add_parser("gsm8k-pairs", help="preference pairs from GSM8K (for danka rm)")
     g.add_argument("--input", required=True, help="a GSM8K jsonl file (question/answer rows)")

@@ -290,7 +290,7 @@ REJECTED_KEYS = {
         True,
         "FSDP is not used on one card",
         "set backend.fsdp.enable_fsdp: false; for several GPUs run "
-        "torchrun --nproc-per-node N -m danka train CONFIG (see README, 'Several GPUs')",
+        "torchrun --nproc-per-node N -m danka train CONFIG (docs/several_gpus.md)",
     ),
 }
 

@@ -201,7 +201,7 @@ def configure_attention_backends() -> bool:
 
     Why: with torch 2.11 on an H200, cuDNN SDPA returns non-finite gradients for fully
     masked query rows (left padding) when the sequence length L has L % 128 == 64
-    (PyTorch issue 196678; danka issue 11 #1: ~3% of GSM8K steps were NaN). transformers'
+    (pytorch/pytorch#196678; it made ~3% of GSM8K steps NaN here). transformers'
     SDPA mask keeps such rows fully masked on torch >= 2.5, so every left-padded training
     forward can feed them. With cuDNN off, SDPA dispatches to FlashAttention-2 (no mask) or
     the memory-efficient kernel, which return finite gradients. Called by
@@ -230,7 +230,7 @@ def load_causal_lm(
     """
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    configure_attention_backends()  # no cuDNN SDPA: NaN gradients on padded rows (issue 11)
+    configure_attention_backends()  # no cuDNN SDPA: NaN gradients on padded rows
     attn = attn_implementation or "sdpa"
     _check_attn(attn, torch_dtype)
     kwargs: dict[str, Any] = {

@@ -19,9 +19,9 @@ cross-entropy (Hsu et al. 2024, https://arxiv.org/abs/2410.10989), in plain PyTo
 On CUDA the elementwise part of each chunk (the statistics forward; dz backward, written
 straight in the GEMM's dtype) runs as ``torch.compile``d functions: eager PyTorch made many
 separate passes over the (C, V) float32 logits (elementwise + copies: 86 of 137 ms of kernel
-time in a 0.5B-shape update on an H200, bench/results/train_update_05b_s7.json); inductor
+time in a 0.5B-shape update on an H200, bench/results/train_update_05b.json); inductor
 fuses them into a few reductions (head alone 3.2x faster, update 0.205 -> 0.123 s,
-bench/results/train_head_update_05b_s7.json). Rows
+bench/results/train_update_05b.json). Rows
 are a dynamic dimension (one compiled graph serves every chunk length). ``fused=False``
 (``speed.fused_logprob_head: false``, or a compile failure, logged once) runs the same
 functions eagerly.

@@ -26,7 +26,7 @@ class ValueHead(nn.Module):
         self.linear = nn.Linear(hidden_size, 1, dtype=torch.float32)
         # zero, not small random: a fresh head predicting V = c != 0 gives the last token
         # the advantage delta_T = r_T - c (GAE); under rewards ~0 the end-of-turn token is
-        # then pushed down every step and answers grow to the token cap (issue 11, #10).
+        # then pushed down every step and answers grow to the token cap.
         # With V = 0 the first advantages come from the rewards alone.
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)

@@ -42,7 +42,7 @@ def _gen_kwargs(args) -> dict:
     }
 
 
-# tools2: --tools for generate / chat / eval (the training loop: danka.agent)
+# --tools for generate / chat / eval (the training loop: danka.agent)
 def _tool_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tools",
@@ -226,7 +226,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", help="write the result JSON here")
     _tool_args(p)
-    # agent4: sampled held-out accuracy at the training temperature
+    # sampled held-out accuracy at the training temperature
     p.add_argument(
         "--temperature",
         type=float,

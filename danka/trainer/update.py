@@ -183,7 +183,7 @@ def actor_minibatch(
         # the norm makes micro-batch values add up to the mini-batch value
         sums["pg_loss"] += pg_loss.detach()
         sums["entropy"] += ent.detach()
-    sums["loss"] += _checked_loss(losses, opt, "policy")
+    sums["total"] += _checked_loss(losses, opt, "policy")
     sums["grad_norm"] += _step(opt, models.actor_params, s.max_grad_norm, dry_run)
 
 
@@ -219,7 +219,7 @@ def critic_minibatch(
             )
         loss, parts = value_loss(v, mb.values, mb.returns, mb.train_mask, s.value_clip, norm)
         _backward(s.vf_coef * loss, losses, sums, parts, share)
-    sums["loss"] += _checked_loss(losses, opt, "value")
+    sums["total"] += _checked_loss(losses, opt, "value")
     sums["grad_norm"] += _step(opt, models.critic_params, s.max_grad_norm, dry_run)
 
 
@@ -229,7 +229,7 @@ def _parts(values: dict[str, float]) -> dict[str, float]:
 
 def _actor_stats(v: dict[str, float]) -> ActorStats:
     return ActorStats(
-        loss=v["loss"],
+        loss=v["total"],
         pg_loss=v["pg_loss"],
         entropy=v["entropy"],
         grad_norm=v["grad_norm"],
@@ -276,5 +276,5 @@ def update(
     critic = None
     if models.value_head is not None:
         v = host_metrics(critic_sums, steps)
-        critic = CriticStats(vf_loss=v["loss"], grad_norm=v["grad_norm"], value=_parts(v))
+        critic = CriticStats(vf_loss=v["total"], grad_norm=v["grad_norm"], value=_parts(v))
     return UpdateStats(actor=actor, critic=critic)

@@ -232,15 +232,9 @@ class PhaseClock:
         """The step's result with its timings (``step``: the whole step)."""
         seconds = {**self.seconds, "step": time.perf_counter() - self.t0}
         return StepResult(
-            scored=scored,
-            rounds=stats,
-            prepared=prepared,
-            update=update,
-            dynamic=dynamic,
-            seconds=seconds,
-            peaks_gib=dict(self.peaks),
-            kl_measured=kl,
-        )
+            scored=scored, rounds=stats, prepared=prepared, update=update, dynamic=dynamic,
+            seconds=seconds, peaks_gib=dict(self.peaks), kl_measured=kl,
+        )  # fmt: skip
 
 
 def describe(run: Run) -> str:

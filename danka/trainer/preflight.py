@@ -6,11 +6,9 @@ from __future__ import annotations
 import torch
 
 from danka.rollout.base import finish_batch
-from danka.trainer.guards import oom_guard
 from danka.trainer.records import RewardStats, Rollout, Scored
 from danka.trainer.run import Run
 from danka.trainer.stages import Stages, response_budget
-from danka.trainer.update import update
 
 
 def worst_case(run: Run, prompts: list[list[int]]) -> Scored:
@@ -45,18 +43,7 @@ def preflight(run: Run, s: Stages, log) -> None:
     scored = worst_case(run, prompts)
     logp = s.old_and_ref(scored)
     prepared = s.advantages(scored, logp, s.values(scored))
-    with oom_guard("update", s.preparing.sizes, run.device):
-        update(
-            s.models,
-            s.algo,
-            s.opts,
-            prepared.batch,
-            s.updating,
-            micro_size=s.state.micro_batch_size,
-            kl_coef=float(s.kl_ctl.value),
-            generator=torch.Generator().manual_seed(0),
-            dry_run=True,
-        )
+    s.run_update(prepared, dry_run=True, generator=torch.Generator().manual_seed(0))
     peak = ""
     if run.device.type == "cuda":
         peak = f": peak {torch.cuda.max_memory_allocated(run.device) / 2**30:.2f} GiB"

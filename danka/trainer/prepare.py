@@ -101,30 +101,18 @@ def advantages(
         token_rewards, kl_in_reward = apply_kl_in_reward(
             token_rewards, logp.old, logp.ref, train_mask, s.kl_estimator, kl_coef
         )
+    whitener = dist.global_masked_whiten if dist.is_active() else masked_whiten
     adv_in = AdvantageInput(
-        token_rewards=token_rewards,
-        response_mask=batch.loss_mask,
-        group_index=batch.group_index,
-        values=critic_v,
-        gamma=s.gamma,
-        lam=s.lam,
-        valid=logp.valid,
-        whitener=dist.global_masked_whiten if dist.is_active() else masked_whiten,
-    )
+        token_rewards=token_rewards, response_mask=batch.loss_mask,
+        group_index=batch.group_index, values=critic_v, gamma=s.gamma, lam=s.lam,
+        valid=logp.valid, whitener=whitener,
+    )  # fmt: skip
     adv, returns = algo.estimator(adv_in)
     train = TrainBatch(
-        prompt_ids=batch.prompt_ids,
-        prompt_mask=batch.prompt_mask,
-        response_ids=batch.response_ids,
-        response_mask=batch.response_mask,
-        loss_mask=batch.loss_mask,
-        valid=logp.valid,
-        advantages=adv,
-        old_logprobs=logp.old,
-        rollout_logprobs=batch.rollout_logprobs,
-        ref_logprobs=logp.ref,
-        is_weights=logp.is_weights,
-        values=critic_v,
-        returns=returns,
-    )
+        prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask,
+        response_ids=batch.response_ids, response_mask=batch.response_mask,
+        loss_mask=batch.loss_mask, valid=logp.valid, advantages=adv, old_logprobs=logp.old,
+        rollout_logprobs=batch.rollout_logprobs, ref_logprobs=logp.ref,
+        is_weights=logp.is_weights, values=critic_v, returns=returns,
+    )  # fmt: skip
     return Prepared(batch=train, old_and_ref=logp, kl_in_reward=kl_in_reward)

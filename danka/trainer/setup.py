@@ -184,19 +184,11 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
     if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
         reward_model = _reward_model(cfg, models, tokenizer, load)
         rewards = build_rule_rewards(cfg, base_dir, specs, train.rows, reward_model)
+    engine = build_engine(engine_name, engine_options(cfg))
     return assemble_run(
-        cfg,
-        models,
-        engine=build_engine(engine_name, engine_options(cfg)),
-        rewards=rewards,
-        train=train,
-        held=held,
-        tokenizer=tokenizer,
-        log=log,
-        base_dir=base_dir,
-        output_dir=output_dir,
-        agent=agent,
-    )
+        cfg, models, engine=engine, rewards=rewards, train=train, held=held,
+        tokenizer=tokenizer, log=log, base_dir=base_dir, output_dir=output_dir, agent=agent,
+    )  # fmt: skip
 
 
 def engine_options(cfg: DankaConfig) -> EngineOptions:
@@ -244,32 +236,17 @@ def assemble_run(
         )
     pad = tokenizer.pad_token_id if pad_id is None else pad_id
     return Run(
-        cfg=cfg,
-        base_dir=base_dir or Path.cwd(),
-        output_dir=output_dir or Path(cfg.output_dir),
-        device=device,
-        dtype=resolve_dtype(cfg.model.torch_dtype, device),
-        tokenizer=tokenizer,
-        models=models,
-        engine=engine,
-        rewards=rewards,
-        train=train,
-        eval=held,
-        algo=build_algorithm(cfg),
-        actor_opt=actor_opt,
-        actor_sched=actor_sched,
-        critic_opt=critic_opt,
-        critic_sched=critic_sched,
-        kl_ctl=build_kl_controller(cfg),
-        sampler=sampler,
-        log=log,
+        cfg=cfg, base_dir=base_dir or Path.cwd(), output_dir=output_dir or Path(cfg.output_dir),
+        device=device, dtype=resolve_dtype(cfg.model.torch_dtype, device), tokenizer=tokenizer,
+        models=models, engine=engine, rewards=rewards, train=train, eval=held,
+        algo=build_algorithm(cfg), actor_opt=actor_opt, actor_sched=actor_sched,
+        critic_opt=critic_opt, critic_sched=critic_sched, kl_ctl=build_kl_controller(cfg),
+        sampler=sampler, log=log,
         state=RunState(total_steps=total, micro_batch_size=t.micro_batch_size),
         update_generator=torch.Generator().manual_seed(t.seed),
-        eos_ids=stop_ids(tokenizer) if eos_ids is None else list(eos_ids),
-        pad_id=pad,
-        dynamic=build_dynamic_sampler(cfg, pad),
-        agent=agent,
-    )
+        eos_ids=stop_ids(tokenizer) if eos_ids is None else list(eos_ids), pad_id=pad,
+        dynamic=build_dynamic_sampler(cfg, pad), agent=agent,
+    )  # fmt: skip
 
 
 def speed_settings(cfg: DankaConfig, models, device: torch.device, log: logging.Logger) -> None:

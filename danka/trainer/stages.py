@@ -88,22 +88,28 @@ class Stages:
         finally:
             self.opts.step_schedules()
 
-    def _update(self, prepared: Prepared, step: int) -> UpdateStats:
+    def run_update(
+        self,
+        prepared: Prepared,
+        *,
+        train_actor: bool = True,
+        dry_run: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> UpdateStats:
+        """The update itself (``dry_run``: the preflight's, weights left alone)."""
         device = next(self.models.policy.parameters()).device
+        with oom_guard("update", self.preparing.sizes, device):
+            return update(
+                self.models, self.algo, self.opts, prepared.batch, self.updating,
+                micro_size=self.state.micro_batch_size, kl_coef=float(self.kl_ctl.value),
+                generator=generator or self.generator, train_actor=train_actor,
+                dry_run=dry_run,
+            )  # fmt: skip
+
+    def _update(self, prepared: Prepared, step: int) -> UpdateStats:
         while True:
             try:
-                with oom_guard("update", self.preparing.sizes, device):
-                    return update(
-                        self.models,
-                        self.algo,
-                        self.opts,
-                        prepared.batch,
-                        self.updating,
-                        micro_size=self.state.micro_batch_size,
-                        kl_coef=float(self.kl_ctl.value),
-                        generator=self.generator,
-                        train_actor=step > self.critic_warmup_steps,
-                    )
+                return self.run_update(prepared, train_actor=step > self.critic_warmup_steps)
             except OutOfMemory:
                 if not self.auto_micro_batch or self.state.micro_batch_size == 1:
                     raise
@@ -173,53 +179,28 @@ def build_stages(run: Run) -> Stages:
     cfg = run.cfg
     t, ob, smp, lo = cfg.trainer, cfg.reward.overlong_buffer, cfg.sampling, cfg.loss
     params = SamplingParams(
-        n=t.samples_per_prompt,
-        temperature=smp.temperature,
-        top_p=smp.top_p,
-        top_k=smp.top_k,
+        n=t.samples_per_prompt, temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k,
         max_new_tokens=t.max_new_tokens,
-    )
+    )  # fmt: skip
     fwd = forward_settings(run)
-    return Stages(
-        sampler=run.sampler,
-        sampling=sampling_context(run, run.train, params),
-        rewards=run.rewards,
-        prompts=run.train,
-        scoring=ScoreSettings(
-            samples_per_prompt=t.samples_per_prompt,
-            response_budget=response_budget(run),
-            overlong_length=ob.length,
-            overlong_penalty=ob.penalty,
-            mask_truncated=lo.mask_truncated,
-        ),
-        models=run.models,
-        algo=run.algo,
-        preparing=prep.PrepareSettings(
-            forward=fwd,
-            one_optimizer_step=t.ppo_epochs == 1 and t.mini_batch_size == t.batch_size,
-            gamma=t.gamma,
-            lam=t.lam,
-            kl_estimator=lo.kl.estimator,
-            sizes=sizes(run),
-        ),
-        updating=UpdateSettings(
-            forward=fwd,
-            ppo_epochs=t.ppo_epochs,
-            mini_batch_seqs=t.mini_batch_size * t.samples_per_prompt // dist.world_size(),
-            max_response_length=t.max_new_tokens,
-            loss_agg_mode=lo.agg_mode,
-            entropy_coef=lo.entropy_coef,
-            vf_coef=lo.vf_coef,
-            value_clip=lo.value_clip,
-            max_grad_norm=cfg.optim.max_grad_norm,
-        ),
-        opts=Optimizers(run.actor_opt, run.actor_sched, run.critic_opt, run.critic_sched),
-        kl_ctl=run.kl_ctl,
-        state=run.state,
-        generator=run.update_generator,
-        log=run.log,
-        dynamic=run.dynamic,
-        critic_warmup_steps=t.critic_warmup_steps,
-        auto_micro_batch=cfg.speed.auto_micro_batch,
-        kl_n_steps=t.batch_size,
+    scoring = ScoreSettings(
+        t.samples_per_prompt, response_budget(run), ob.length, ob.penalty, lo.mask_truncated
     )
+    one_step = t.ppo_epochs == 1 and t.mini_batch_size == t.batch_size
+    preparing = prep.PrepareSettings(fwd, one_step, t.gamma, t.lam, lo.kl.estimator, sizes(run))
+    updating = UpdateSettings(
+        forward=fwd, ppo_epochs=t.ppo_epochs,
+        mini_batch_seqs=t.mini_batch_size * t.samples_per_prompt // dist.world_size(),
+        max_response_length=t.max_new_tokens, loss_agg_mode=lo.agg_mode,
+        entropy_coef=lo.entropy_coef, vf_coef=lo.vf_coef, value_clip=lo.value_clip,
+        max_grad_norm=cfg.optim.max_grad_norm,
+    )  # fmt: skip
+    return Stages(
+        sampler=run.sampler, sampling=sampling_context(run, run.train, params),
+        rewards=run.rewards, prompts=run.train, scoring=scoring, models=run.models,
+        algo=run.algo, preparing=preparing, updating=updating,
+        opts=Optimizers(run.actor_opt, run.actor_sched, run.critic_opt, run.critic_sched),
+        kl_ctl=run.kl_ctl, state=run.state, generator=run.update_generator, log=run.log,
+        dynamic=run.dynamic, critic_warmup_steps=t.critic_warmup_steps,
+        auto_micro_batch=cfg.speed.auto_micro_batch, kl_n_steps=t.batch_size,
+    )  # fmt: skip

@@ -25,6 +25,12 @@ from pathlib import Path
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 STEP = 'Think step by step, then give the final answer after "####".'
 GSM8K = 'Let\'s think step by step and output the final answer after "####".'
+# one worked example before the question: the model sees the step format and "####"
+ONE_SHOT = (
+    "Answer the question like the example: one step per line, then the final answer "
+    'after "####".\nExample: What is 5 + 7 - 3?\n5 + 7 = 12\n12 - 3 = 9\n#### 9\n'
+    "Question: What is {expr}?"
+)
 # name -> chain_rows keyword arguments
 CANDIDATES: dict[str, dict] = {
     "chain3_2digit": dict(length=3, low=10, high=99, template="What is {expr}? " + STEP),
@@ -39,6 +45,10 @@ CANDIDATES: dict[str, dict] = {
     "chain3_2digit_gsm8k_wording": dict(
         length=3, low=10, high=99, template="What is {expr}? " + GSM8K
     ),  # fmt: skip
+    "oneshot_chain3_2digit": dict(length=3, low=10, high=99, template=ONE_SHOT),
+    "oneshot_chain3_1digit": dict(length=3, low=1, high=9, template=ONE_SHOT),
+    "oneshot_sum2_2digit": dict(length=2, low=10, high=99, subtract=False, template=ONE_SHOT),
+    "oneshot_chain4_1digit": dict(length=4, low=1, high=9, template=ONE_SHOT),
 }
 
 

@@ -31,6 +31,14 @@ ONE_SHOT = (
     'after "####".\nExample: What is 5 + 7 - 3?\n5 + 7 = 12\n12 - 3 = 9\n#### 9\n'
     "Question: What is {expr}?"
 )
+ONE_AT_A_TIME = 'Work it out one operation at a time, then write the final answer after "####".'
+LINES = 'Work it out one step per line, then write the final answer after "####".'
+DEMO3 = (("What is 23 + 41 - 17? " + LINES, "23 + 41 = 64\n64 - 17 = 47\n#### 47"),)
+DEMO_MIXED = (
+    ("What is 36 + 7 - 4 + 9? " + LINES, "36 + 7 = 43\n43 - 4 = 39\n39 + 9 = 48\n#### 48"),
+)
+DEMO_MIXED3 = (("What is 36 + 7 - 4? " + LINES, "36 + 7 = 43\n43 - 4 = 39\n#### 39"),)
+DEMO2 = (("What is 36 + 47? " + LINES, "36 + 47 = 83\n#### 83"),)
 # name -> chain_rows keyword arguments
 CANDIDATES: dict[str, dict] = {
     "chain3_2digit": dict(length=3, low=10, high=99, template="What is {expr}? " + STEP),
@@ -49,6 +57,72 @@ CANDIDATES: dict[str, dict] = {
     "oneshot_chain3_1digit": dict(length=3, low=1, high=9, template=ONE_SHOT),
     "oneshot_sum2_2digit": dict(length=2, low=10, high=99, subtract=False, template=ONE_SHOT),
     "oneshot_chain4_1digit": dict(length=4, low=1, high=9, template=ONE_SHOT),
+    "mixed_chain4": dict(
+        length=4, low=1, high=9, first=(10, 99), template="What is {expr}? " + STEP
+    ),  # fmt: skip
+    "direct_mixed_chain4": dict(
+        length=4,
+        low=1,
+        high=9,
+        first=(10, 99),
+        template="What is {expr}? Reply with only the number.",
+    ),  # fmt: skip
+    "mixed_chain3": dict(
+        length=3, low=1, high=9, first=(10, 99), template="What is {expr}? " + STEP
+    ),  # fmt: skip
+    "direct_mixed_chain3": dict(
+        length=3,
+        low=1,
+        high=9,
+        first=(10, 99),
+        template="What is {expr}? Reply with only the number.",
+    ),  # fmt: skip
+    "direct_chain3_2digit": dict(
+        length=3, low=10, high=99, template="What is {expr}? Reply with only the number."
+    ),  # fmt: skip
+    "demo_chain3_2digit": dict(
+        length=3, low=10, high=99, template="What is {expr}? " + LINES, demo=DEMO3
+    ),  # fmt: skip
+    "demo_mixed_chain3": dict(
+        length=3,
+        low=1,
+        high=9,
+        first=(10, 99),
+        demo=DEMO_MIXED,
+        template="What is {expr}? " + LINES,
+    ),  # fmt: skip
+    "demo_mixed_chain4": dict(
+        length=4,
+        low=1,
+        high=9,
+        first=(10, 99),
+        demo=DEMO_MIXED,
+        template="What is {expr}? " + LINES,
+    ),  # fmt: skip
+    "demo3_mixed_chain3": dict(
+        length=3,
+        low=1,
+        high=9,
+        first=(10, 99),
+        demo=DEMO_MIXED3,
+        template="What is {expr}? " + LINES,
+    ),  # fmt: skip
+    "demo_mixed_sum3": dict(
+        length=3,
+        low=1,
+        high=9,
+        first=(10, 99),
+        demo=DEMO_MIXED,
+        subtract=False,
+        template="What is {expr}? " + LINES,
+    ),  # fmt: skip
+    "demo_sum2_2digit": dict(
+        length=2, low=10, high=99, subtract=False, demo=DEMO2, template="What is {expr}? " + LINES
+    ),  # fmt: skip
+    "chain5_1digit": dict(length=5, low=1, high=9, template="What is {expr}? " + STEP),
+    "stepwise_chain4_1digit": dict(
+        length=4, low=1, high=9, template="What is {expr}? " + ONE_AT_A_TIME
+    ),  # fmt: skip
 }
 
 
@@ -66,14 +140,14 @@ def _rewards():
 def measure(name: str, model, tok, rewards, n: int, max_new_tokens: int, batch: int) -> dict:
     """One candidate's base accuracy, lengths, truncation and guess floor."""
     from danka.data.tasks import chain_rows
-    from danka.diagnose.floors import guess_floors
+    from danka.diagnose.floors import guess_floors, prompt_text
     from danka.tools.evaluate import evaluate_rows
 
     rows = chain_rows(n, seed=0, split="test", **CANDIDATES[name])
     t0 = time.time()
     res = evaluate_rows(model, tok, rows, rewards, max_new_tokens=max_new_tokens,
                         batch_size=batch)  # fmt: skip
-    floors = guess_floors(rows, [r.prompt for r in rows], rewards)
+    floors = guess_floors(rows, [prompt_text(r) for r in rows], rewards)
     return {
         "task": name,
         "kwargs": CANDIDATES[name],

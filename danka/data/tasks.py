@@ -116,10 +116,15 @@ def chain_rows(
     high: int = 99,
     subtract: bool = True,
     template: str = CHAIN_TEMPLATE,
+    first: tuple[int, int] | None = None,
+    demo: tuple[tuple[str, str], ...] = (),
 ) -> list[PromptRow]:
     """``n`` problems ``t_1 +- t_2 +- ... t_length`` with ``low <= |t_i| <= high`` from
     ``split``, whose answer (and every partial sum) is >= 0, each term after the first
-    added or (``subtract``) subtracted with probability 1/2.
+    added or (``subtract``) subtracted with probability 1/2. ``first = (lo, hi)`` draws
+    the first term from its own range (e.g. a two-digit start, one-digit steps). ``demo``:
+    (question, answer) turns put before the question, so the prompt is chat messages
+    (a worked example the model reads as its own earlier answer).
 
     Deterministic for ``seed``. Problems are distinct up to reordering while ``n`` fits
     the split's pool; a small pool (one-digit terms) is drawn from again once exhausted.
@@ -133,8 +138,9 @@ def chain_rows(
     rows: list[PromptRow] = []
     seen: set[str] = set()
     misses = 0
+    lo0, hi0 = first or (low, high)
     while len(rows) < n:
-        terms = [rng.randint(low, high)]
+        terms = [rng.randint(lo0, hi0)]
         for _ in range(length - 1):
             t = rng.randint(low, high)
             terms.append(-t if subtract and rng.random() < 0.5 else t)
@@ -145,10 +151,16 @@ def chain_rows(
             misses += 1
             continue
         seen.add(key)
+        question = template.format(expr=chain_expression(terms))
+        prompt: str | list[dict[str, str]] = question
+        if demo:
+            prompt = [{"role": r, "content": c} for q, a in demo
+                      for r, c in (("user", q), ("assistant", a))]  # fmt: skip
+            prompt.append({"role": "user", "content": question})
         rows.append(
             PromptRow(
                 index=len(rows),
-                prompt=template.format(expr=chain_expression(terms)),
+                prompt=prompt,
                 ground_truth=str(partial[-1]),
                 data_source=CHAIN_SOURCE,
                 extra={"terms": terms, "split": split},

@@ -97,3 +97,16 @@ def test_task_registry():
     with pytest.raises(UserError, match="unknown task 'nope'") as err:
         task_rows("nope", 3, seed=0, split="test")
     assert err.value.where == "data.task" and "chain" in err.value.fix
+
+
+def test_chain_with_a_two_digit_start_and_a_worked_example_turn():
+    demo = (("What is 36 + 7 - 4?", "36 + 7 = 43\n43 - 4 = 39\n#### 39"),)
+    rows = chain_rows(20, seed=0, split="test", length=3, low=1, high=9, first=(10, 99),
+                      demo=demo, template="What is {expr}?")  # fmt: skip
+    for r in rows:
+        t = r.extra["terms"]
+        assert 10 <= t[0] <= 99 and all(1 <= abs(x) <= 9 for x in t[1:])
+        # the example is an earlier exchange; the question is the last user turn
+        assert [m["role"] for m in r.prompt] == ["user", "assistant", "user"]
+        assert r.prompt[1]["content"].endswith("#### 39")
+        assert r.prompt[2]["content"] == f"What is {chain_expression(t)}?"

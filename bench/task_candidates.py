@@ -39,8 +39,11 @@ DEMO_MIXED = (
 )
 DEMO_MIXED3 = (("What is 36 + 7 - 4? " + LINES, "36 + 7 = 43\n43 - 4 = 39\n#### 39"),)
 DEMO2 = (("What is 36 + 47? " + LINES, "36 + 47 = 83\n#### 83"),)
+DIRECT = 'Write only the final answer, after "####".'
+DEMO2_DIRECT = (("What is 36 + 47? " + DIRECT, "#### 83"),)
 # name -> chain_rows keyword arguments
 CANDIDATES: dict[str, dict] = {
+    "chain": {},  # data.task: chain as registered (danka.data.tasks defaults)
     "chain3_2digit": dict(length=3, low=10, high=99, template="What is {expr}? " + STEP),
     "chain3_1digit": dict(length=3, low=1, high=9, template="What is {expr}? " + STEP),
     "sum2_2digit": dict(
@@ -115,6 +118,17 @@ CANDIDATES: dict[str, dict] = {
         demo=DEMO_MIXED,
         subtract=False,
         template="What is {expr}? " + LINES,
+    ),  # fmt: skip
+    "demo_direct_sum2_2digit": dict(
+        length=2,
+        low=10,
+        high=99,
+        subtract=False,
+        demo=DEMO2_DIRECT,
+        template="What is {expr}? " + DIRECT,
+    ),  # fmt: skip
+    "demo_chain2_2digit": dict(
+        length=2, low=10, high=99, demo=DEMO2, template="What is {expr}? " + LINES
     ),  # fmt: skip
     "demo_sum2_2digit": dict(
         length=2, low=10, high=99, subtract=False, demo=DEMO2, template="What is {expr}? " + LINES

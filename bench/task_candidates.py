@@ -41,102 +41,47 @@ DEMO_MIXED3 = (("What is 36 + 7 - 4? " + LINES, "36 + 7 = 43\n43 - 4 = 39\n#### 
 DEMO2 = (("What is 36 + 47? " + LINES, "36 + 47 = 83\n#### 83"),)
 DIRECT = 'Write only the final answer, after "####".'
 DEMO2_DIRECT = (("What is 36 + 47? " + DIRECT, "#### 83"),)
-# name -> chain_rows keyword arguments
+
+
+def _c(length: int, low: int, high: int, template: str, **kw) -> dict:
+    """chain_rows keyword arguments; no worked example unless ``demo`` is given."""
+    return {"length": length, "low": low, "high": high, "template": template, "demo": (), **kw}
+
+
+Q = "What is {expr}? "
+ONLY = "What is {expr}? Reply with only the number."
+# name -> chain_rows keyword arguments ("chain": data.task chain exactly as registered)
 CANDIDATES: dict[str, dict] = {
-    "chain": {},  # data.task: chain as registered (danka.data.tasks defaults)
-    "chain3_2digit": dict(length=3, low=10, high=99, template="What is {expr}? " + STEP),
-    "chain3_1digit": dict(length=3, low=1, high=9, template="What is {expr}? " + STEP),
-    "sum2_2digit": dict(
-        length=2, low=10, high=99, subtract=False, template="What is {expr}? " + STEP
-    ),  # fmt: skip
-    "sum3_2digit": dict(
-        length=3, low=10, high=99, subtract=False, template="What is {expr}? " + STEP
-    ),  # fmt: skip
-    "chain4_1digit": dict(length=4, low=1, high=9, template="What is {expr}? " + STEP),
-    "chain3_2digit_gsm8k_wording": dict(
-        length=3, low=10, high=99, template="What is {expr}? " + GSM8K
-    ),  # fmt: skip
-    "oneshot_chain3_2digit": dict(length=3, low=10, high=99, template=ONE_SHOT),
-    "oneshot_chain3_1digit": dict(length=3, low=1, high=9, template=ONE_SHOT),
-    "oneshot_sum2_2digit": dict(length=2, low=10, high=99, subtract=False, template=ONE_SHOT),
-    "oneshot_chain4_1digit": dict(length=4, low=1, high=9, template=ONE_SHOT),
-    "mixed_chain4": dict(
-        length=4, low=1, high=9, first=(10, 99), template="What is {expr}? " + STEP
-    ),  # fmt: skip
-    "direct_mixed_chain4": dict(
-        length=4,
-        low=1,
-        high=9,
-        first=(10, 99),
-        template="What is {expr}? Reply with only the number.",
-    ),  # fmt: skip
-    "mixed_chain3": dict(
-        length=3, low=1, high=9, first=(10, 99), template="What is {expr}? " + STEP
-    ),  # fmt: skip
-    "direct_mixed_chain3": dict(
-        length=3,
-        low=1,
-        high=9,
-        first=(10, 99),
-        template="What is {expr}? Reply with only the number.",
-    ),  # fmt: skip
-    "direct_chain3_2digit": dict(
-        length=3, low=10, high=99, template="What is {expr}? Reply with only the number."
-    ),  # fmt: skip
-    "demo_chain3_2digit": dict(
-        length=3, low=10, high=99, template="What is {expr}? " + LINES, demo=DEMO3
-    ),  # fmt: skip
-    "demo_mixed_chain3": dict(
-        length=3,
-        low=1,
-        high=9,
-        first=(10, 99),
-        demo=DEMO_MIXED,
-        template="What is {expr}? " + LINES,
-    ),  # fmt: skip
-    "demo_mixed_chain4": dict(
-        length=4,
-        low=1,
-        high=9,
-        first=(10, 99),
-        demo=DEMO_MIXED,
-        template="What is {expr}? " + LINES,
-    ),  # fmt: skip
-    "demo3_mixed_chain3": dict(
-        length=3,
-        low=1,
-        high=9,
-        first=(10, 99),
-        demo=DEMO_MIXED3,
-        template="What is {expr}? " + LINES,
-    ),  # fmt: skip
-    "demo_mixed_sum3": dict(
-        length=3,
-        low=1,
-        high=9,
-        first=(10, 99),
-        demo=DEMO_MIXED,
-        subtract=False,
-        template="What is {expr}? " + LINES,
-    ),  # fmt: skip
-    "demo_direct_sum2_2digit": dict(
-        length=2,
-        low=10,
-        high=99,
-        subtract=False,
-        demo=DEMO2_DIRECT,
-        template="What is {expr}? " + DIRECT,
-    ),  # fmt: skip
-    "demo_chain2_2digit": dict(
-        length=2, low=10, high=99, demo=DEMO2, template="What is {expr}? " + LINES
-    ),  # fmt: skip
-    "demo_sum2_2digit": dict(
-        length=2, low=10, high=99, subtract=False, demo=DEMO2, template="What is {expr}? " + LINES
-    ),  # fmt: skip
-    "chain5_1digit": dict(length=5, low=1, high=9, template="What is {expr}? " + STEP),
-    "stepwise_chain4_1digit": dict(
-        length=4, low=1, high=9, template="What is {expr}? " + ONE_AT_A_TIME
-    ),  # fmt: skip
+    "chain": {},
+    # an instruction to think step by step and answer after "####"
+    "chain3_2digit": _c(3, 10, 99, Q + STEP),
+    "chain3_1digit": _c(3, 1, 9, Q + STEP),
+    "chain4_1digit": _c(4, 1, 9, Q + STEP),
+    "chain5_1digit": _c(5, 1, 9, Q + STEP),
+    "sum2_2digit": _c(2, 10, 99, Q + STEP, subtract=False),
+    "sum3_2digit": _c(3, 10, 99, Q + STEP, subtract=False),
+    "chain3_2digit_gsm8k_wording": _c(3, 10, 99, Q + GSM8K),
+    "stepwise_chain4_1digit": _c(4, 1, 9, Q + ONE_AT_A_TIME),
+    "mixed_chain3": _c(3, 1, 9, Q + STEP, first=(10, 99)),
+    "mixed_chain4": _c(4, 1, 9, Q + STEP, first=(10, 99)),
+    # a bare answer
+    "direct_mixed_chain3": _c(3, 1, 9, ONLY, first=(10, 99)),
+    "direct_mixed_chain4": _c(4, 1, 9, ONLY, first=(10, 99)),
+    "direct_chain3_2digit": _c(3, 10, 99, ONLY),
+    # a worked example inside the question
+    "oneshot_chain3_2digit": _c(3, 10, 99, ONE_SHOT),
+    "oneshot_chain3_1digit": _c(3, 1, 9, ONE_SHOT),
+    "oneshot_chain4_1digit": _c(4, 1, 9, ONE_SHOT),
+    "oneshot_sum2_2digit": _c(2, 10, 99, ONE_SHOT, subtract=False),
+    # a worked example as an earlier chat turn
+    "demo_sum2_2digit": _c(2, 10, 99, Q + LINES, subtract=False, demo=DEMO2),
+    "demo_chain2_2digit": _c(2, 10, 99, Q + LINES, demo=DEMO2),
+    "demo_direct_sum2_2digit": _c(2, 10, 99, Q + DIRECT, subtract=False, demo=DEMO2_DIRECT),
+    "demo_chain3_2digit": _c(3, 10, 99, Q + LINES, demo=DEMO3),
+    "demo_mixed_chain3": _c(3, 1, 9, Q + LINES, first=(10, 99), demo=DEMO_MIXED),
+    "demo3_mixed_chain3": _c(3, 1, 9, Q + LINES, first=(10, 99), demo=DEMO_MIXED3),
+    "demo_mixed_chain4": _c(4, 1, 9, Q + LINES, first=(10, 99), demo=DEMO_MIXED),
+    "demo_mixed_sum3": _c(3, 1, 9, Q + LINES, first=(10, 99), subtract=False, demo=DEMO_MIXED),
 }
 
 

@@ -25,20 +25,63 @@ from pathlib import Path
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 STEP = 'Think step by step, then give the final answer after "####".'
 GSM8K = 'Let\'s think step by step and output the final answer after "####".'
-# name -> chain_rows keyword arguments
+# one worked example before the question: the model sees the step format and "####"
+ONE_SHOT = (
+    "Answer the question like the example: one step per line, then the final answer "
+    'after "####".\nExample: What is 5 + 7 - 3?\n5 + 7 = 12\n12 - 3 = 9\n#### 9\n'
+    "Question: What is {expr}?"
+)
+ONE_AT_A_TIME = 'Work it out one operation at a time, then write the final answer after "####".'
+LINES = 'Work it out one step per line, then write the final answer after "####".'
+DEMO3 = (("What is 23 + 41 - 17? " + LINES, "23 + 41 = 64\n64 - 17 = 47\n#### 47"),)
+DEMO_MIXED = (
+    ("What is 36 + 7 - 4 + 9? " + LINES, "36 + 7 = 43\n43 - 4 = 39\n39 + 9 = 48\n#### 48"),
+)
+DEMO_MIXED3 = (("What is 36 + 7 - 4? " + LINES, "36 + 7 = 43\n43 - 4 = 39\n#### 39"),)
+DEMO2 = (("What is 36 + 47? " + LINES, "36 + 47 = 83\n#### 83"),)
+DIRECT = 'Write only the final answer, after "####".'
+DEMO2_DIRECT = (("What is 36 + 47? " + DIRECT, "#### 83"),)
+
+
+def _c(length: int, low: int, high: int, template: str, **kw) -> dict:
+    """chain_rows keyword arguments; no worked example unless ``demo`` is given."""
+    return {"length": length, "low": low, "high": high, "template": template, "demo": (), **kw}
+
+
+Q = "What is {expr}? "
+ONLY = "What is {expr}? Reply with only the number."
+# name -> chain_rows keyword arguments ("chain": data.task chain exactly as registered)
 CANDIDATES: dict[str, dict] = {
-    "chain3_2digit": dict(length=3, low=10, high=99, template="What is {expr}? " + STEP),
-    "chain3_1digit": dict(length=3, low=1, high=9, template="What is {expr}? " + STEP),
-    "sum2_2digit": dict(
-        length=2, low=10, high=99, subtract=False, template="What is {expr}? " + STEP
-    ),  # fmt: skip
-    "sum3_2digit": dict(
-        length=3, low=10, high=99, subtract=False, template="What is {expr}? " + STEP
-    ),  # fmt: skip
-    "chain4_1digit": dict(length=4, low=1, high=9, template="What is {expr}? " + STEP),
-    "chain3_2digit_gsm8k_wording": dict(
-        length=3, low=10, high=99, template="What is {expr}? " + GSM8K
-    ),  # fmt: skip
+    "chain": {},
+    # an instruction to think step by step and answer after "####"
+    "chain3_2digit": _c(3, 10, 99, Q + STEP),
+    "chain3_1digit": _c(3, 1, 9, Q + STEP),
+    "chain4_1digit": _c(4, 1, 9, Q + STEP),
+    "chain5_1digit": _c(5, 1, 9, Q + STEP),
+    "sum2_2digit": _c(2, 10, 99, Q + STEP, subtract=False),
+    "sum3_2digit": _c(3, 10, 99, Q + STEP, subtract=False),
+    "chain3_2digit_gsm8k_wording": _c(3, 10, 99, Q + GSM8K),
+    "stepwise_chain4_1digit": _c(4, 1, 9, Q + ONE_AT_A_TIME),
+    "mixed_chain3": _c(3, 1, 9, Q + STEP, first=(10, 99)),
+    "mixed_chain4": _c(4, 1, 9, Q + STEP, first=(10, 99)),
+    # a bare answer
+    "direct_mixed_chain3": _c(3, 1, 9, ONLY, first=(10, 99)),
+    "direct_mixed_chain4": _c(4, 1, 9, ONLY, first=(10, 99)),
+    "direct_chain3_2digit": _c(3, 10, 99, ONLY),
+    # a worked example inside the question
+    "oneshot_chain3_2digit": _c(3, 10, 99, ONE_SHOT),
+    "oneshot_chain3_1digit": _c(3, 1, 9, ONE_SHOT),
+    "oneshot_chain4_1digit": _c(4, 1, 9, ONE_SHOT),
+    "oneshot_sum2_2digit": _c(2, 10, 99, ONE_SHOT, subtract=False),
+    # a worked example as an earlier chat turn
+    "demo_sum2_2digit": _c(2, 10, 99, Q + LINES, subtract=False, demo=DEMO2),
+    "demo_chain2_2digit": _c(2, 10, 99, Q + LINES, demo=DEMO2),
+    "demo_direct_sum2_2digit": _c(2, 10, 99, Q + DIRECT, subtract=False, demo=DEMO2_DIRECT),
+    "demo_chain3_2digit": _c(3, 10, 99, Q + LINES, demo=DEMO3),
+    "demo_mixed_chain3": _c(3, 1, 9, Q + LINES, first=(10, 99), demo=DEMO_MIXED),
+    "demo3_mixed_chain3": _c(3, 1, 9, Q + LINES, first=(10, 99), demo=DEMO_MIXED3),
+    "demo_mixed_chain4": _c(4, 1, 9, Q + LINES, first=(10, 99), demo=DEMO_MIXED),
+    "demo_mixed_sum3": _c(3, 1, 9, Q + LINES, first=(10, 99), subtract=False, demo=DEMO_MIXED),
 }
 
 
@@ -56,14 +99,14 @@ def _rewards():
 def measure(name: str, model, tok, rewards, n: int, max_new_tokens: int, batch: int) -> dict:
     """One candidate's base accuracy, lengths, truncation and guess floor."""
     from danka.data.tasks import chain_rows
-    from danka.diagnose.floors import guess_floors
+    from danka.diagnose.floors import guess_floors, prompt_text
     from danka.tools.evaluate import evaluate_rows
 
     rows = chain_rows(n, seed=0, split="test", **CANDIDATES[name])
     t0 = time.time()
     res = evaluate_rows(model, tok, rows, rewards, max_new_tokens=max_new_tokens,
                         batch_size=batch)  # fmt: skip
-    floors = guess_floors(rows, [r.prompt for r in rows], rewards)
+    floors = guess_floors(rows, [prompt_text(r) for r in rows], rewards)
     return {
         "task": name,
         "kwargs": CANDIDATES[name],

@@ -1,8 +1,9 @@
 """Offline tasks: generated problems with exact answers, no download.
 
 ``arithmetic`` (the quickstart): "What is a + b? Reply with only the number."
-``chain``: a short chain of additions and subtractions to work out step by step, answered
-after "####" ("What is 23 + 41 - 17? Think step by step ..."): the reasoning example.
+``chain``: a short chain of additions and subtractions worked out one step per line and
+answered after "####" ("What is 64 - 17? ..." -> "64 - 17 = 47\n#### 47"), after one
+worked example turn: the reasoning example.
 ``calculator`` (danka.data.calc_task): products and divisions for the tool-use example.
 
 ``TASKS`` maps ``data.task`` to a generator ``fn(n, *, seed, split) -> list[PromptRow]``.
@@ -84,7 +85,15 @@ def arithmetic_rows(
 
 
 CHAIN_SOURCE = "danka/chain"
-CHAIN_TEMPLATE = 'What is {expr}? Think step by step, then give the final answer after "####".'
+CHAIN_TEMPLATE = (
+    'What is {expr}? Work it out one step per line, then write the final answer after "####".'
+)
+# One worked exchange before the question. SmolLM2-135M-Instruct ignores a written
+# instruction to answer after "####" (0% strict on every chain measured without it) and
+# copies an example placed inside the question; as its own earlier answer it follows the
+# format. Writing the equation is the reasoning that matters: 46% of two-digit sums right
+# with it, 2% when the example answers with the bare "#### 83" (bench/task_candidates.py).
+CHAIN_DEMO = (("What is 36 + 47? " + CHAIN_TEMPLATE.split("? ", 1)[1], "36 + 47 = 83\n#### 83"),)
 
 
 def chain_key(terms: list[int]) -> str:
@@ -112,15 +121,20 @@ def chain_rows(
     *,
     seed: int,
     split: str = "train",
-    length: int = 3,
+    length: int = 2,
     low: int = 10,
     high: int = 99,
     subtract: bool = True,
     template: str = CHAIN_TEMPLATE,
+    first: tuple[int, int] | None = None,
+    demo: tuple[tuple[str, str], ...] = CHAIN_DEMO,
 ) -> list[PromptRow]:
     """``n`` problems ``t_1 +- t_2 +- ... t_length`` with ``low <= |t_i| <= high`` from
     ``split``, whose answer (and every partial sum) is >= 0, each term after the first
-    added or (``subtract``) subtracted with probability 1/2.
+    added or (``subtract``) subtracted with probability 1/2. ``first = (lo, hi)`` draws
+    the first term from its own range (e.g. a two-digit start, one-digit steps). ``demo``:
+    (question, answer) turns put before the question, so the prompt is chat messages
+    (a worked example the model reads as its own earlier answer).
 
     Deterministic for ``seed``. Problems are distinct up to reordering while ``n`` fits
     the split's pool; a small pool (one-digit terms) is drawn from again once exhausted.
@@ -134,8 +148,9 @@ def chain_rows(
     rows: list[PromptRow] = []
     seen: set[str] = set()
     misses = 0
+    lo0, hi0 = first or (low, high)
     while len(rows) < n:
-        terms = [rng.randint(low, high)]
+        terms = [rng.randint(lo0, hi0)]
         for _ in range(length - 1):
             t = rng.randint(low, high)
             terms.append(-t if subtract and rng.random() < 0.5 else t)
@@ -146,10 +161,19 @@ def chain_rows(
             misses += 1
             continue
         seen.add(key)
+        question = template.format(expr=chain_expression(terms))
+        if any(question == q for q, _ in demo):  # the worked example is never asked
+            misses += 1
+            continue
+        prompt: str | list[dict[str, str]] = question
+        if demo:
+            prompt = [{"role": r, "content": c} for q, a in demo
+                      for r, c in (("user", q), ("assistant", a))]  # fmt: skip
+            prompt.append({"role": "user", "content": question})
         rows.append(
             PromptRow(
                 index=len(rows),
-                prompt=template.format(expr=chain_expression(terms)),
+                prompt=prompt,
                 ground_truth=str(partial[-1]),
                 data_source=CHAIN_SOURCE,
                 extra={"terms": terms, "split": split},
@@ -171,7 +195,7 @@ TASKS.add("arithmetic", arithmetic_rows, TaskMeta("What is a + b? (two-digit), t
 TASKS.add(
     "chain",
     chain_rows,
-    TaskMeta("What is a + b - c? (two-digit, step by step, answer after ####), reasoning"),
+    TaskMeta("What is a + b? / a - b? (two-digit, worked in a line, answer after ####)"),
 )
 TASKS.add("calculator", calc_rows, TaskMeta("a * b and (a*b) / b, for the calculator tool"))
 

@@ -1,7 +1,7 @@
 """Checks on the training metrics (``metrics.jsonl``), one registered function each.
 
 Every check reads ``run.metrics[: at + 1]`` only, so the step it reports is the step a
-live run would have warned at. Thresholds are the issue's; each says why.
+live run would have warned at. Each threshold says why it is where it is.
 """
 
 from __future__ import annotations

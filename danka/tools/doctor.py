@@ -3,6 +3,7 @@
 A report, never an installer: optional packages are checked with
 ``importlib.util.find_spec`` (plus a guarded import for compiled ones that may be broken),
 the Hub with one HEAD request of 3 s. The command always exits 0.
+``danka doctor RUN_DIR`` diagnoses a training run instead (danka/tools/run_doctor.py).
 """
 
 from __future__ import annotations

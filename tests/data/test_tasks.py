@@ -61,24 +61,38 @@ def test_write_rows_jsonl_round_trips(tmp_path):
 
 
 def test_chain_rows_are_right_and_worked_left_to_right():
-    rows = chain_rows(40, seed=3, split="train")
+    rows = chain_rows(40, seed=3, split="train", length=3, demo=(), template="What is {expr}?")
     for r in rows:
         terms = r.extra["terms"]
         assert r.ground_truth == str(sum(terms)) and len(terms) == 3
         assert all(10 <= abs(t) <= 99 for t in terms) and terms[0] > 0
         # every partial sum stays >= 0: "23 - 41 + 30" is never asked
         assert all(sum(terms[: k + 1]) >= 0 for k in range(3))
-        assert r.prompt.startswith(f"What is {chain_expression(terms)}? Think step by step")
-        assert r.prompt.endswith('give the final answer after "####".')
+        assert r.prompt == f"What is {chain_expression(terms)}?"
     assert chain_expression([23, 41, -17]) == "23 + 41 - 17"
-    assert [r.prompt for r in rows] == [r.prompt for r in chain_rows(40, seed=3, split="train")]
+    again = chain_rows(40, seed=3, split="train", length=3, demo=(), template="What is {expr}?")
+    assert [r.prompt for r in rows] == [r.prompt for r in again]
+
+
+def test_default_chain_is_the_reasoning_example():
+    # two two-digit terms, + or -, after the worked example "36 + 47 = 83 / #### 83"
+    rows = chain_rows(200, seed=0, split="test")
+    assert {len(r.extra["terms"]) for r in rows} == {2}
+    assert {t[1] > 0 for t in (r.extra["terms"] for r in rows)} == {True, False}
+    demo, answer, question = rows[0].prompt
+    assert demo["content"].startswith("What is 36 + 47? Work it out one step per line")
+    assert answer == {"role": "assistant", "content": "36 + 47 = 83\n#### 83"}
+    assert question["content"].endswith('write the final answer after "####".')
+    # the worked example is never a problem of either split
+    train = chain_rows(3000, seed=0, split="train")
+    assert not any(r.extra["terms"] == [36, 47] for r in rows + train)
 
 
 def test_chain_train_and_test_are_disjoint_up_to_reordering():
     # 23 + 41 - 17 and 41 - 17 + 23 share the key [-17, 23, 41]: one split for both
     assert chain_key([23, 41, -17]) == chain_key([41, -17, 23]) == "-17,23,41"
-    train = chain_rows(3000, seed=1, split="train")
-    test = chain_rows(300, seed=2, split="test")
+    train = chain_rows(3000, seed=1, split="train", length=3)
+    test = chain_rows(300, seed=2, split="test", length=3)
     keys = lambda rows: {chain_key(r.extra["terms"]) for r in rows}  # noqa: E731
     assert keys(train).isdisjoint(keys(test))
     assert all(chain_split(r.extra["terms"]) == "test" for r in test)
@@ -87,7 +101,7 @@ def test_chain_train_and_test_are_disjoint_up_to_reordering():
 
 def test_small_chain_pool_repeats_instead_of_looping_forever():
     # one-digit terms, length 2, addition only: 81 ordered pairs, ~20% of 45 keys in test
-    rows = chain_rows(50, seed=0, split="test", length=2, low=1, high=9, subtract=False)
+    rows = chain_rows(50, seed=0, split="test", length=2, low=1, high=9, subtract=False, demo=())
     assert len(rows) == 50 and len({r.prompt for r in rows}) < 50
 
 
@@ -97,3 +111,16 @@ def test_task_registry():
     with pytest.raises(UserError, match="unknown task 'nope'") as err:
         task_rows("nope", 3, seed=0, split="test")
     assert err.value.where == "data.task" and "chain" in err.value.fix
+
+
+def test_chain_with_a_two_digit_start_and_a_worked_example_turn():
+    demo = (("What is 36 + 7 - 4?", "36 + 7 = 43\n43 - 4 = 39\n#### 39"),)
+    rows = chain_rows(20, seed=0, split="test", length=3, low=1, high=9, first=(10, 99),
+                      demo=demo, template="What is {expr}?")  # fmt: skip
+    for r in rows:
+        t = r.extra["terms"]
+        assert 10 <= t[0] <= 99 and all(1 <= abs(x) <= 9 for x in t[1:])
+        # the example is an earlier exchange; the question is the last user turn
+        assert [m["role"] for m in r.prompt] == ["user", "assistant", "user"]
+        assert r.prompt[1]["content"].endswith("#### 39")
+        assert r.prompt[2]["content"] == f"What is {chain_expression(t)}?"

@@ -85,6 +85,35 @@ def accuracy_dropped(run: RunRecord, at: int) -> Finding | None:
     )
 
 
+# After training, held-out answers cut at the limit: at least this share, and at least
+# RUNAWAY_RATIO times the base model's share. A cut answer has no final answer: a policy
+# that learned to ramble to the limit scores by luck (the reward read a number mid-ramble)
+# and stops learning once every sample is cut (mask_truncated then trains on nothing).
+RUNAWAY_FRAC = 0.3
+RUNAWAY_RATIO = 3.0
+
+
+@CHECKS.register("runaway_length", CheckMeta(reads="evals", final=True))
+def runaway_length(run: RunRecord, at: int) -> Finding | None:
+    base = next((e for e in run.evals if e.get("step") == 0), None)
+    last = run.evals[at]
+    if base is None or not last.get("step"):
+        return None
+    t0, t1 = _number(base, "eval/truncated"), _number(last, "eval/truncated")
+    if t0 is None or t1 is None or t1 < RUNAWAY_FRAC or t1 < RUNAWAY_RATIO * max(t0, 0.01):
+        return None
+    l0, l1 = _number(base, "eval/response_length") or 0, _number(last, "eval/response_length") or 0
+    return Finding(
+        "runaway_length",
+        "after training, held-out answers run to the token limit: the policy learned to ramble",
+        f"eval/truncated {pct(t0)} at step 0 -> {pct(t1)} at step {last['step']}; mean length "
+        f"{g(l0)} -> {g(l1)} tokens",
+        f"lower {key('lr')}, raise {key('kl_coef')} (e.g. 0.01), or add a soft overlong penalty "
+        "(reward.overlong_buffer) so answers near the limit earn less",
+        step=int(last["step"]),
+    )
+
+
 @CHECKS.register("eval_truncated", CheckMeta(reads="evals", severity="risk"))
 def eval_truncated(run: RunRecord, at: int) -> Finding | None:
     e = run.evals[at]

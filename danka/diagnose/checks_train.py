@@ -138,6 +138,29 @@ def zero_advantage(run: RunRecord, at: int) -> Finding | None:
     )
 
 
+# Ten steps in a row in which no sample earned any reward (PPO's view of zero_advantage:
+# with one sample per prompt there are no groups, but a reward that is always 0 gives the
+# critic and the policy nothing to learn from either).
+NO_REWARD_STEPS = 10
+NO_REWARD_EPS = 1e-9
+
+
+@CHECKS.register("no_reward", CheckMeta(reads="metrics"))
+def no_reward(run: RunRecord, at: int) -> Finding | None:
+    pts = points(run.metrics, "reward", at)[-NO_REWARD_STEPS:]
+    if len(pts) < NO_REWARD_STEPS or any(abs(v) > NO_REWARD_EPS for _, v in pts):
+        return None
+    return Finding(
+        "no_reward",
+        "no sample earned any reward: the update had nothing to learn from",
+        f"reward 0 on every one of {span(pts)}",
+        "the task is too hard for this model (no sampled answer is ever right): pick data "
+        "where the base model is right 10-90% of the time, or a larger model; check that "
+        f"the reward reads the answer format the model writes ({key('reward_functions')})",
+        step=pts[-1][0],
+    )
+
+
 @CHECKS.register("truncation_at_start", CheckMeta(reads="metrics", severity="risk"))
 def truncation_at_start(run: RunRecord, at: int) -> Finding | None:
     pts = points(run.metrics, "response/truncated", at)[:TRUNCATED_STEPS]

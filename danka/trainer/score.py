@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from danka.algorithms.advantages import AdvantageInput
 from danka.rewards.combine import RewardComputer
 from danka.rewards.shaping import overlong_penalty, response_lengths
 from danka.trainer.records import RewardStats, Rollout, Scored
@@ -22,13 +23,21 @@ class ScoreSettings:
     mask_truncated: bool = False  # loss.mask_truncated
 
 
-def equal_reward_groups(rewards: torch.Tensor, n: int, tol: float = 1e-8) -> float | None:
-    """Share of groups of ``n`` consecutive samples whose rewards are all equal (within
-    ``tol``), i.e. whose group-relative advantage is 0; None for groups of one."""
+EQUAL_TOL = AdvantageInput.equal_tol  # the grouped estimators' "all equal" (advantage 0)
+
+
+def equal_reward_groups(
+    rewards: torch.Tensor, n: int, valid: torch.Tensor | None = None, tol: float = EQUAL_TOL
+) -> float | None:
+    """Share of groups of ``n`` consecutive samples whose valid samples' rewards are all
+    equal (max - min <= ``tol``, as the grouped estimators decide), i.e. whose
+    group-relative advantage is 0; None for groups of one."""
     if n <= 1 or rewards.numel() % n:
         return None
-    groups = rewards.view(-1, n)
-    flat = (groups.max(1).values - groups.min(1).values).abs() < tol
+    ok = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
+    hi = torch.where(ok, rewards, -torch.inf).view(-1, n).max(1).values
+    lo = torch.where(ok, rewards, torch.inf).view(-1, n).min(1).values
+    flat = ~(hi - lo > tol)  # a group with no valid sample (inf - inf) counts as flat
     return float(flat.float().mean())
 
 
@@ -76,7 +85,7 @@ def score(
         valid_frac=float(valid.float().mean()),
         response_length=float(batch.response_mask.sum(1).mean()),
         truncated=float(batch.truncated.float().mean()),
-        zero_adv_groups=equal_reward_groups(total, s.samples_per_prompt),
+        zero_adv_groups=equal_reward_groups(total, s.samples_per_prompt, valid),
     )
     if s.mask_truncated:  # after the stats: they describe what was generated
         valid = valid & ~batch.truncated.bool()

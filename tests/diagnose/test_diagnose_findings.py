@@ -42,10 +42,11 @@ def test_live_and_whole_run_give_the_same_findings_at_the_same_steps():
     assert live == whole
     # medians of the last 5 need 3 collapsed steps (11-13) to move: step 13; the bonus
     # uses means: at step 11 format's mean is 1/5, a gain of 0.1 x 0.2 = 0.02 >= 0.01, all
-    # of it from format; zero-advantage needs 10 steps above 0.8: steps 11-20
+    # of it from format; zero-advantage needs 10 steps above 0.8: steps 11-20; the reward
+    # is 0 on steps 1-10: no_reward at step 10
     assert whole == {
         "clip_cannot_act": None, "length_collapse": 13, "bonus_dominates": 11,
-        "entropy_collapse": 13, "zero_advantage": 20,
+        "entropy_collapse": 13, "zero_advantage": 20, "no_reward": 10,
     }  # fmt: skip
 
 

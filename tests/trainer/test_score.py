@@ -115,3 +115,17 @@ def test_weight_zero_rule_reward_is_logged_next_to_a_reward_model_but_not_traine
     assert out.parts["gsm8k"].tolist() == [1.0, 0.0, 1.0, 0.0]
     assert out.stats.per_part["gsm8k"] == 0.5
     assert out.stats.per_part["reward_model"] == 0.4375
+
+
+def test_equal_reward_groups_counts_the_groups_whose_advantage_is_zero():
+    from danka.trainer.score import equal_reward_groups
+
+    r = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5 + 1e-7, 2.0, 3.0])
+    # groups of 2: (1, 1) equal, (0, 1) not, (0.5, 0.5 + 1e-7) equal within the estimators'
+    # 1e-6, (2, 3) not -> 2 of 4
+    assert equal_reward_groups(r, 2) == 0.5
+    # invalid samples are left out, as the estimators leave them out: (0, -) has one valid
+    # sample, (-, -) none: both get advantage 0 -> 4 of 4
+    valid = torch.tensor([True, True, True, False, True, True, False, False])
+    assert equal_reward_groups(r, 2, valid) == 1.0
+    assert equal_reward_groups(r, 1) is None  # groups of one: nothing to compare

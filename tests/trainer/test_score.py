@@ -72,8 +72,8 @@ def test_reward_means_are_over_the_valid_samples_a_function_applies_to():
     # combined reward over the valid samples 0..2: (1 + 0 + 2) / 3 = 1.0; invalid -> 0
     assert m.mean == 1.0 and out.rewards.tolist() == [1.0, 0.0, 2.0, 0.0]
     assert out.valid.tolist() == [True, True, True, False]
-    # groups (1, 0) and (2, 0): rewards differ in both -> no all-equal group
-    assert m.zero_adv_groups == 0.0
+    # groups (1, 0): rewards differ; (2, invalid): one valid sample, advantage 0 -> 1 of 2
+    assert m.zero_adv_groups == 0.5
 
 
 def test_overlong_penalty_is_added_and_logged_as_a_part():

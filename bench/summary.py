@@ -163,6 +163,12 @@ def gsm8k_floors(d: dict, name: str) -> Iterator[Row]:
 def quickstart(d: dict, name: str) -> Iterator[Row]:
     """The quickstart run: held-out accuracy before and after, and what the run took."""
     accuracy = f"{_pct(d['held_out_before'])} -> {_pct(d['held_out_after'])}"
+    if "guess_floor" in d:  # every accuracy next to what no model needs to score
+        length = d["response_length"]
+        accuracy += (
+            f" (guess floor {_pct(d['guess_floor'])}), mean answer {length['before']:.0f} -> "
+            f"{length['after']:.0f} tokens"
+        )
     took = f"wall clock {d['wall_clock']}, peak {d['max_rss_gb']} GB"
     yield (
         f"quickstart ({d['n']} held-out problems), {d['steps']} steps",

@@ -152,7 +152,7 @@ def run_training(
     from danka import distributed as dist
     from danka.config.compat import fallback_warnings
     from danka.lifecycle import RankLock, RunLock, StopRequest, note_failure
-    from danka.logging.runlog import setup_run_logger
+    from danka.logging.runlog import close_run_logger, setup_run_logger
     from danka.trainer.fit import fit
 
     output_dir = Path(cfg.output_dir)
@@ -181,6 +181,9 @@ def run_training(
             if main:  # the message in train.log too; no half-written outputs
                 note_failure(output_dir, err)
             raise
+        finally:
+            if main:
+                close_run_logger()  # the caller's own logging sees danka's lines again
     if stop.requested:
         # under --nproc the launcher reports the signal (143/130): a rank that stopped
         # cleanly exits 0, so torchrun does not report it as a failed worker

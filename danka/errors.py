@@ -56,6 +56,13 @@ _FILE_VARS = (
 _LIBRARIES = ("torch", "transformers", "safetensors", "gguf", "peft", "huggingface_hub", "danka")
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none): what a
+    UserError keeps of a library's error, without the traceback."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _frames(exc: BaseException):
     tb = exc.__traceback__
     frames = []

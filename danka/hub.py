@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from danka.errors import UserError
+from danka.errors import UserError, first_line
 
 
 def folder_to_push(path: str | Path) -> Path:
@@ -74,7 +74,7 @@ def _hub_error(err: Exception, endpoint: str, repo_id: str) -> UserError:
         )
     if isinstance(err, HfHubHTTPError):
         status = getattr(getattr(err, "response", None), "status_code", None)
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         if status in (401, 403):
             return UserError(
                 f"the Hub refused the token for {repo_id} ({status}): {first}",

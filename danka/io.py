@@ -4,10 +4,12 @@ so a reader (or a resumed run) sees the old file or the new one, never half of o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def fsync_dir(path: Path) -> None:
@@ -49,3 +51,32 @@ def write_text_atomic(path: Path, text: str, *, sync_dir: bool = False) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_path(path, sync_dir=sync_dir) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """The readable JSON objects of a jsonl file a run writes (metrics, completions), in
+    file order; [] when it does not exist. A live run's half-written last line, a broken
+    line and a value that is not an object are skipped (readers of a run in progress)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            value = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object file danka wrote (a marker, a checkpoint's training info), or None when
+    it is missing, broken or not an object."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text()) if path.is_file() else None
+    except (ValueError, OSError):
+        return None
+    return value if isinstance(value, dict) else None

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from danka.io import read_json_object
+
 TRAINING_FILE = "danka_training.json"
 CARD_FILE = "README.md"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -239,10 +241,4 @@ def hub_ready_writers(
 
 
 def read_training_info(folder: str | Path) -> dict[str, Any] | None:
-    path = Path(folder) / TRAINING_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        return None
+    return read_json_object(Path(folder) / TRAINING_FILE)

@@ -1,5 +1,5 @@
 """One run per output dir (real processes), stop on SIGTERM/SIGINT at a safe point, exit codes,
-signal forwarding to a launched child, and the trainer.tf32/compile refusals on CPU."""
+signal forwarding to a launched child, and the speed.tf32/compile refusals on CPU."""
 
 from __future__ import annotations
 
@@ -205,13 +205,13 @@ def test_child_killed_by_a_signal_maps_to_128_plus_signal():
 
 def test_tf32_and_compile_are_refused_without_a_gpu():
     assert enable_tf32(False, "cpu") is None
-    with pytest.raises(UserError, match="trainer.tf32 needs an NVIDIA GPU"):
+    with pytest.raises(UserError, match="speed.tf32 needs an NVIDIA GPU"):
         enable_tf32(True, "cpu")
     model = object()
     assert compile_forward(model, False, "cpu") is model
     with pytest.raises(UserError) as err:
         compile_forward(model, True, "cpu")
-    assert err.value.where == "trainer.compile"
+    assert err.value.where == "speed.compile"
 
 
 def test_compile_wraps_the_body_the_training_forward_calls(monkeypatch):

@@ -222,22 +222,20 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             "clip ranges must be in (0, 1) below and > 0 above",
             "typical: clip_ratio_low 0.2, clip_ratio_high 0.2-0.28",
         )
-    if lo.dual_clip_c is not None and lo.dual_clip_c <= 1.0:
-        fail("loss.dual_clip_c", f"must be > 1, got {lo.dual_clip_c}", "use 3.0 or null")
-    if not opt.lr > 0:
-        fail("optim.lr", f"must be > 0, got {opt.lr}", "typical LoRA: 1e-5 to 5e-4")
     if not 0.0 <= t.gamma <= 1.0 or not 0.0 <= t.lam <= 1.0:
         fail("trainer.gamma", "gamma and lam must be in [0, 1]", "use gamma 1.0, lam 0.95")
-    if not smp.temperature >= 0:
-        fail("sampling.temperature", f"must be >= 0, got {smp.temperature}", "typical: 1.0")
-    if not 0 < smp.top_p <= 1:
-        fail(
-            "sampling.top_p",
-            f"must be in (0, 1], got {smp.top_p}",
-            "1.0 samples from the whole distribution; 0.9-0.95 cuts the tail",
-        )
-    if smp.top_k < 0:
-        fail("sampling.top_k", f"must be >= 0, got {smp.top_k}", "0 (off) or e.g. 50")
+    ranges = (  # key, value, in range, the range, the fix
+        ("loss.dual_clip_c", lo.dual_clip_c, lo.dual_clip_c is None or lo.dual_clip_c > 1.0,
+         "> 1", "use 3.0 or null"),
+        ("optim.lr", opt.lr, opt.lr > 0, "> 0", "typical LoRA: 1e-5 to 5e-4"),
+        ("sampling.temperature", smp.temperature, smp.temperature >= 0, ">= 0", "typical: 1.0"),
+        ("sampling.top_p", smp.top_p, 0 < smp.top_p <= 1, "in (0, 1]",
+         "1.0 samples from the whole distribution; 0.9-0.95 cuts the tail"),
+        ("sampling.top_k", smp.top_k, smp.top_k >= 0, ">= 0", "0 (off) or e.g. 50"),
+    )  # fmt: skip
+    for key, value, ok, wanted, fix in ranges:
+        if not ok:  # NaN compares false, so it lands here too
+            fail(key, f"must be {wanted}, got {value}", fix)
     lora = cfg.lora
     if lora.enable_lora and (lora.lora_r < 1 or lora.lora_alpha <= 0):
         fail("lora.lora_r", "lora_r must be >= 1 and lora_alpha > 0", "typical: r 8-64, alpha 2r")

@@ -62,6 +62,23 @@ def gsm8k_to_verl(question: str, answer: str, *, split: str, index: int) -> dict
     }
 
 
+def official_row(where: str, record: dict) -> tuple[str, str, str]:
+    """``(question, answer, ground truth)`` of an official GSM8K record, or a UserError at
+    ``where`` (file:line) naming what is wrong with it."""
+    question, answer = record.get("question"), record.get("answer")
+    if not isinstance(question, str) or not isinstance(answer, str):
+        raise UserError(
+            f"not an official GSM8K row: needs string 'question' and 'answer', "
+            f"has keys {sorted(record)}",
+            where,
+            "use the official GSM8K files (one {question, answer} object per line)",
+        )
+    try:
+        return question, answer, extract_gsm8k_answer(answer)
+    except ValueError as err:
+        raise UserError(str(err), where, "each GSM8K answer must end with '#### <number>'") from err
+
+
 def convert_gsm8k(
     *, input_path: Path | None, from_hub: bool, output_dir: Path, limit: int | None = None
 ) -> dict[str, Any]:
@@ -89,20 +106,8 @@ def convert_gsm8k(
     for split, records in sources.items():
         rows = []
         for index, (where, record) in enumerate(records[:limit] if limit else records):
-            question, answer = record.get("question"), record.get("answer")
-            if not isinstance(question, str) or not isinstance(answer, str):
-                raise UserError(
-                    f"not an official GSM8K row: needs string 'question' and 'answer', "
-                    f"has keys {sorted(record)}",
-                    where,
-                    "convert the official GSM8K files (one {question, answer} object per line)",
-                )
-            try:
-                rows.append(gsm8k_to_verl(question, answer, split=split, index=index))
-            except ValueError as err:
-                raise UserError(
-                    str(err), where, "each GSM8K answer must end with '#### <number>'"
-                ) from err
+            question, answer, _ = official_row(where, record)
+            rows.append(gsm8k_to_verl(question, answer, split=split, index=index))
         parquet, jsonl = output_dir / f"{split}.parquet", output_dir / f"{split}.jsonl"
         write_parquet_atomic(rows, parquet)
         write_text_atomic(jsonl, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.data.files import read_records, write_text_atomic
-from danka.data.gsm8k import GSM8K_SOURCE, extract_gsm8k_answer
+from danka.data.gsm8k import GSM8K_SOURCE, official_row
 from danka.errors import UserError
 
 SEED_ROWS = 200
@@ -25,18 +25,7 @@ def seed_rows(records: list[tuple[str, dict]], n: int = SEED_ROWS) -> list[dict[
     """The first ``n`` GSM8K records as ``{"prompt", "response", "reward"}`` rows."""
     rows = []
     for where, record in records[:n]:
-        question, answer = record.get("question"), record.get("answer")
-        if not isinstance(question, str) or not isinstance(answer, str):
-            raise UserError(
-                f"not an official GSM8K row: needs string 'question' and 'answer', has keys "
-                f"{sorted(record)}",
-                where,
-                "use GSM8K's train.jsonl (one {question, answer} object per line)",
-            )
-        try:
-            extract_gsm8k_answer(answer)
-        except ValueError as err:
-            raise UserError(str(err), where, "each answer must end with '#### <number>'") from err
+        question, answer, _ = official_row(where, record)
         rows.append({"prompt": question, "response": answer, "reward": 1.0})
     return rows
 

@@ -10,7 +10,7 @@ from collections import Counter
 from danka.diagnose.findings import CHECKS, CheckMeta, Finding
 from danka.diagnose.record import RunRecord
 from danka.diagnose.series import g, pct
-from danka.diagnose.settings import key
+from danka.diagnose.settings import add_kl, key
 
 GUESS_FLOOR_KEY = "eval/guess_floor"  # written by the evaluation (danka.diagnose.floors)
 # More than 30% of held-out answers cut at the limit: they score 0, so accuracy measures
@@ -79,8 +79,7 @@ def accuracy_dropped(run: RunRecord, at: int) -> Finding | None:
         f"eval/accuracy {pct(a0)} at step {first.get('step', 0)} -> {pct(a1)} at step "
         f"{last['step']} ({int(n)} questions; the drop is over {g(DROP_SIGMAS)} standard "
         "errors)",
-        f"lower {key('lr')}, add a KL to the reference ({key('kl_coef')}: 0.001), and check "
-        "that the reward pays for correct answers only",
+        f"lower {key('lr')}, {add_kl()}, and check that the reward pays for correct answers only",
         step=int(last["step"]),
     )
 
@@ -150,8 +149,7 @@ def probe_drift(run: RunRecord, at: int) -> Finding | None:
         f"probe answers empty/answer-only/looping {pct(d0 or 0)} -> {pct(d1 or 0)}, mean "
         f"length {g(l0 or 0)} -> {g(l1 or 0)} tokens at step {now['step']}"
         + (f", KL to the step-0 answers {g(kl)} nats/token" if kl is not None else ""),
-        f"add a KL to the reference ({key('kl_coef')}: 0.001), lower {key('lr')}, or train "
-        "fewer steps",
+        f"{add_kl()}, lower {key('lr')}, or train fewer steps",
         step=int(now["step"]),
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from danka.diagnose.findings import CHECKS, CheckMeta, Finding
 from danka.diagnose.record import RunRecord
 from danka.diagnose.series import first_and_last, g, mean, median, pct, points, span
-from danka.diagnose.settings import key, reward_terms, setting
+from danka.diagnose.settings import add_kl, key, reward_terms, setting
 
 # Answers at under 0.3x their starting length while the reward rises: the policy found a
 # shortcut (a bare formatted guess) rather than better reasoning. Reasoning that gets more
@@ -40,6 +40,16 @@ TRUNCATED_FRAC = 0.3
 TRUNCATED_STEPS = 3  # the first steps are the base model's answers
 
 
+def _median_change(metric: str, unit: str, first: list, last: list) -> str:
+    """The evidence of a collapse: "METRIC median A UNIT over steps i-j -> B over steps
+    k-l (B/Ax)", the first window against the last."""
+    before, now = median(first), median(last)
+    return (
+        f"{metric} median {g(before)} {unit} over {span(first)} -> {g(now)} over {span(last)} "
+        f"({g(now / before)}x)"
+    )
+
+
 @CHECKS.register("length_collapse", CheckMeta(reads="metrics"))
 def length_collapse(run: RunRecord, at: int) -> Finding | None:
     parts = first_and_last(points(run.metrics, "response_length", at))
@@ -54,11 +64,11 @@ def length_collapse(run: RunRecord, at: int) -> Finding | None:
     return Finding(
         "length_collapse",
         "answers shrank while the reward rose: the policy learned a short shortcut",
-        f"response_length median {g(before)} tokens over {span(first)} -> {g(now)} over "
-        f"{span(last)} ({g(now / before)}x); reward {g(mean(r0))} -> {g(mean(r1))}",
+        f"{_median_change('response_length', 'tokens', first, last)}; reward "
+        f"{g(mean(r0))} -> {g(mean(r1))}",
         "find what a short answer earns (a format bonus, a cut answer scoring 0): make "
         f"correctness the only reward, set {key('mask_truncated')}: true or "
-        f"{key('overlong_buffer')}, add a KL to the reference ({key('kl_coef')}: 0.001), "
+        f"{key('overlong_buffer')}, {add_kl()}, "
         f"lower {key('lr')}, and use {key('loss_agg_mode')}: seq-mean-token-sum-norm "
         "(token-mean gives each token of a short answer more weight)",
         step=last[-1][0],
@@ -111,9 +121,8 @@ def entropy_collapse(run: RunRecord, at: int) -> Finding | None:
     return Finding(
         "entropy_collapse",
         "the policy's entropy collapsed: its samples are nearly deterministic",
-        f"actor/entropy median {g(before)} nats/token over {span(first)} -> {g(now)} over "
-        f"{span(last)} ({g(now / before)}x)",
-        f"lower {key('lr')}, add a KL to the reference ({key('kl_coef')}: 0.001), or keep "
+        _median_change("actor/entropy", "nats/token", first, last),
+        f"lower {key('lr')}, {add_kl()}, or keep "
         f"exploration with clip-higher ({key('clip_ratio_high')}: 0.28, which acts only with "
         "several optimizer steps per rollout)",
         step=last[-1][0],

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.errors import UserError
+from danka.io import read_json_lines
 
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl?$")
 
@@ -30,22 +31,6 @@ class RunRecord:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     completions: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)
-
-
-def _json_lines(path: Path) -> list[dict[str, Any]]:
-    """The readable JSON objects of a jsonl file (a live run's half-written last line and
-    any broken line are skipped)."""
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            out.append(value)
-    return out
 
 
 def _step_files(folder: Path) -> list[tuple[int, Path]]:
@@ -75,7 +60,7 @@ def read_run_dir(path: str | Path) -> RunRecord:
         except json.JSONDecodeError as err:
             raise UserError(f"config.json is not valid JSON ({err})", where=str(config_path),
                             fix=fix) from None  # fmt: skip
-    metrics = _json_lines(metrics_path) if metrics_path.exists() else []
+    metrics = read_json_lines(metrics_path)
     metrics = sorted(
         (m for m in metrics if isinstance(m.get("step"), int)), key=lambda m: m["step"]
     )
@@ -87,5 +72,5 @@ def read_run_dir(path: str | Path) -> RunRecord:
             continue  # being written
         if isinstance(record, dict):
             evals.append({"step": step, **record})
-    completions = [(step, _json_lines(p)) for step, p in _step_files(folder / "completions")]
+    completions = [(step, read_json_lines(p)) for step, p in _step_files(folder / "completions")]
     return RunRecord(config=config, metrics=metrics, evals=evals, completions=completions)

@@ -82,6 +82,11 @@ def key(name: str) -> str:
     return SETTINGS[name][0][0]
 
 
+def add_kl() -> str:
+    """The advice every drift and collapse finding gives (verl's GRPO recipes: 0.001)."""
+    return f"add a KL to the reference ({key('kl_coef')}: 0.001)"
+
+
 def estimator(config: dict) -> str:
     """The advantage estimator the run uses (the resolved one, else the algorithm's)."""
     est = setting(config, "estimator")

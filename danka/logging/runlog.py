@@ -98,6 +98,12 @@ def setup_run_logger(
     return logger
 
 
+def run_logger_open() -> bool:
+    """Whether :func:`setup_run_logger` handlers are attached (a caller that opens the
+    logger closes it; one that finds it open leaves it to its opener)."""
+    return bool(_own_handlers(logging.getLogger(LOGGER_NAME)))
+
+
 def close_run_logger(logger: logging.Logger | None = None) -> None:
     """Flush, close and remove the handlers :func:`setup_run_logger` added."""
     logger = logger or logging.getLogger(LOGGER_NAME)

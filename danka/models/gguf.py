@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from danka.errors import UserError
+from danka.errors import UserError, first_line
+from danka.io import read_json_object
 
 MARKER = "danka_source.json"  # written last into a complete conversion
 
@@ -39,13 +40,7 @@ def is_complete(folder: Path) -> bool:
 
 def source_of(folder: str | Path) -> dict | None:
     """What a converted folder was made from (its marker file), or None for other folders."""
-    marker = Path(folder) / MARKER
-    if not marker.is_file():
-        return None
-    try:
-        return json.loads(marker.read_text())
-    except ValueError:
-        return None
+    return read_json_object(Path(folder) / MARKER)
 
 
 def cache_dir_for(gguf_path: Path) -> Path:
@@ -76,6 +71,7 @@ def ensure_converted(
             f"{target} exists but is not a complete danka conversion",
             fix=f"delete {target} and run again",
         )
+    check_readable(gguf_path)
     log(f"Converting {gguf_path.name} to a plain HF folder (one time) in {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
@@ -92,6 +88,33 @@ def ensure_converted(
     return target
 
 
+def check_readable(gguf_path: Path) -> None:
+    """Refuse a file whose tensors run past its end (a cut download) before transformers
+    reads it: its error for that case ("cannot reshape array ...") names no cause. The
+    ``gguf`` package (what transformers reads GGUF with) maps every tensor it lists."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:  # transformers will name the missing package itself
+        return
+    try:
+        reader = GGUFReader(str(gguf_path))
+        end = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0)
+    except (ValueError, IndexError, KeyError, OSError) as err:
+        raise UserError(
+            f"the GGUF file is truncated or damaged ({type(err).__name__}: {str(err)[:120]})",
+            where=str(gguf_path),
+            fix="download the .gguf file again and compare its size with the original",
+        ) from err
+    size = gguf_path.stat().st_size
+    if end > size:
+        raise UserError(
+            f"the GGUF file is truncated or damaged: its tensors need {end:,} bytes, "
+            f"the file has {size:,}",
+            where=str(gguf_path),
+            fix="download the .gguf file again and compare its size with the original",
+        )
+
+
 def convert(gguf_path: Path, out: Path, log: Log = print, *, info: dict | None = None) -> None:
     """Dequantise ``gguf_path`` with transformers and save model + tokenizer into ``out``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -104,7 +127,7 @@ def convert(gguf_path: Path, out: Path, log: Log = print, *, info: dict | None =
             str(gguf_path.parent), gguf_file=gguf_path.name
         )
     except (ValueError, KeyError, OSError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise UserError(
             f"transformers cannot read the GGUF file {gguf_path}: {first}",
             where=str(gguf_path),

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from danka.errors import UserError
+from danka.io import read_json_object
 
 _CKPT = re.compile(r"^checkpoint_(\d+)$")
 
@@ -21,7 +22,10 @@ def is_adapter(folder: Path) -> bool:
 
 
 def is_model(folder: Path) -> bool:
-    return (Path(folder) / "config.json").is_file() and not is_adapter(folder)
+    """A Hugging Face model folder: its ``config.json`` names a ``model_type`` (a run
+    folder's ``config.json`` is danka's resolved config, which has none)."""
+    config = read_json_object(Path(folder) / "config.json")
+    return config is not None and "model_type" in config and not is_adapter(folder)
 
 
 def latest_actor_checkpoint(run_dir: str | Path) -> Path | None:

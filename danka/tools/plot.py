@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from danka.io import read_json_lines
+
 PLOTS_DIR = "plots"
 REPORT = "report.html"
 _PHASE_ORDER = (
@@ -47,20 +49,8 @@ def _number(value: Any) -> float | None:
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl`` in file order; unreadable lines (the half-written
     last line of a run in progress) and records without a step are skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and _number(record.get("step")) is not None:
-            records.append(record)
-    return records
+    records = read_json_lines(path)
+    return [r for r in records if _number(r.get("step")) is not None]
 
 
 def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:

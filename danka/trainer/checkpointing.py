@@ -29,7 +29,7 @@ from danka.checkpoint.resume_changes import (
     describe_changes,
 )
 from danka.config.secrets import mask_secrets
-from danka.errors import UserError
+from danka.errors import UserError, first_line
 from danka.lifecycle import check_run_lock
 from danka.model_card import hub_ready_writers
 from danka.models.value_head import load_value_head, save_value_head
@@ -181,7 +181,7 @@ def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
     except (RuntimeError, ValueError, KeyError) as err:
         # why: a checkpoint without config.json, or a layout check missed a case; torch's
         # message (size mismatch, missing keys) is kept, its traceback is not
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise UserError(
             f"the checkpoint does not fit this model or config: {first}",
             where=str(state_dir),

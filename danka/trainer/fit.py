@@ -28,6 +28,7 @@ from danka.config.schema import DankaConfig
 from danka.config.secrets import mask_secrets
 from danka.lifecycle import StopRequest, current_stop
 from danka.logging.progress import TrainProgress
+from danka.logging.runlog import close_run_logger, run_logger_open
 from danka.trainer.checkpointing import check_compatible, save
 from danka.trainer.dynamic_sampling import concat_scored, mean_stats
 from danka.trainer.forward import effective_token_ratio
@@ -47,6 +48,15 @@ def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
     (steps, seconds, held-out accuracy before/after) also written to the result file."""
     t0, out_dir, main = time.perf_counter(), Path(cfg.output_dir), is_main_process()
     out_dir.mkdir(parents=True, exist_ok=True)
+    opened = main and not run_logger_open()  # else danka.train() opened it and closes it
+    try:
+        return _build_and_fit(cfg, base_dir, resume, t0, out_dir, main)
+    finally:
+        if opened:
+            close_run_logger()  # a later run, or the caller's own logging, starts clean
+
+
+def _build_and_fit(cfg, base_dir: Path, resume, t0: float, out_dir: Path, main: bool) -> dict:
     log = run_logger(out_dir)
     resolved = config_to_dict(cfg)
     ckpt = resolve_resume(resume, out_dir, log)

@@ -34,17 +34,18 @@ class NonFiniteError(RuntimeError):
 
 @dataclass(frozen=True)
 class UpdateSettings:
-    """What the update reads besides the models, optimisers and the algorithm."""
+    """What the update reads besides the models, optimisers and the algorithm (every
+    value from the validated config: the schema holds the defaults, not this class)."""
 
     forward: ForwardSettings
     ppo_epochs: int
     mini_batch_seqs: int  # sequences per optimiser step on this rank
     max_response_length: int  # trainer.max_new_tokens, the seq-mean-token-sum-norm divisor
-    loss_agg_mode: str
-    entropy_coef: float = 0.0
-    vf_coef: float = 0.5
-    value_clip: float = 0.2
-    max_grad_norm: float = 1.0
+    loss_agg_mode: str  # loss.agg_mode
+    entropy_coef: float  # loss.entropy_coef
+    vf_coef: float  # loss.vf_coef (critic loss weight)
+    value_clip: float  # loss.value_clip
+    max_grad_norm: float  # optim.max_grad_norm
 
 
 @dataclass

@@ -130,13 +130,11 @@ def test_check_config_takes_the_critic_and_fast_engine_and_refuses_odd_batches(m
     from danka.errors import UserError
 
     monkeypatch.setattr(dist, "world_size", lambda: 2)
-    trainer = types.SimpleNamespace(
-        batch_size=4, mini_batch_size=2, advantage_estimator="gae", compile=False
-    )
-    rollout = types.SimpleNamespace(compile=False)
-    cfg = types.SimpleNamespace(trainer=trainer, rollout=rollout)
+    trainer = types.SimpleNamespace(batch_size=4, mini_batch_size=2, advantage_estimator="gae")
+    rollout, speed = types.SimpleNamespace(compile=False), types.SimpleNamespace(compile=False)
+    cfg = types.SimpleNamespace(trainer=trainer, rollout=rollout, speed=speed)
     dist.check_config(cfg, "fast")  # no refusal
-    for section in (rollout, trainer):  # compiled forwards: refused under torchrun
+    for section in (rollout, speed):  # compiled forwards: refused under torchrun
         section.compile = True
         with pytest.raises(UserError, match="compile is not supported with 2 processes"):
             dist.check_config(cfg, "fast")

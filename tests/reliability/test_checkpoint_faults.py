@@ -18,6 +18,7 @@ import pytest
 
 from danka.checkpoint import find_latest_checkpoint, save_checkpoint, verify_checkpoint
 from danka.checkpoint.store import CheckpointDiskFull
+from tests.checkpoint.test_checkpoint_safety import _save
 from tests.trainer.conftest import train_cli
 
 from .conftest import REPO, assert_user_error, child_env, danka, edit_config, one_step_config
@@ -66,20 +67,6 @@ def test_an_edited_newest_checkpoint_is_set_aside_not_deleted(two_steps, tmp_pat
 
 
 # ---------------------------------------------------------------- keep_last
-
-
-def _writer(data: bytes):
-    def write(folder: Path) -> None:
-        (folder / "adapter_model.safetensors").write_bytes(data)
-
-    return write
-
-
-def _save(out: Path, step: int, keep_last: int | None = None) -> Path:
-    return save_checkpoint(
-        out, step, {"actor": _writer(bytes([step]) * 64)}, trainer_state={"step": step},
-        config_hash="h", keep_last=keep_last,
-    )  # fmt: skip
 
 
 def _steps(out: Path) -> list[int]:

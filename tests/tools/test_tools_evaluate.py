@@ -198,6 +198,7 @@ def test_cli_eval_config_says_it_scores_the_base_and_takes_a_run_folder(
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    (run / "config.json").write_text(json.dumps(cfg))  # fit writes the resolved config there
     assert main(["eval", str(path), "--n", "2"]) == 0
     out, err = capsys.readouterr()
     assert f"WARNING: no --adapter or --model: this scores the BASE model {tiny_dir}" in err

@@ -226,7 +226,11 @@ def test_torchrun_training_writes_once_and_resumes_on_one_process(
     line = {"shard": "FSDP2: policy sharded over 2 processes", "auto": "policy replicated on 2"}
     assert log.count(line[sharding]) == 1
     assert (out / "actor" / "checkpoint_2" / "adapter_model.safetensors").exists()
-    assert sorted(p.name for p in (out / "eval").iterdir()) == ["step_0.json", "step_2.json"]
+    assert sorted(p.name for p in (out / "eval").iterdir()) == [
+        "probe_reference.safetensors",  # the drift probe's base-model answers (rank 0 writes)
+        "step_0.json",
+        "step_2.json",
+    ]
     # the gathered checkpoint has the single-process layout: one process resumes it
     cfg, base = load_config(cfg_path, ["trainer.total_steps=3"])
     fit(cfg, base, resume="auto")

@@ -2,7 +2,7 @@
 checkpoint after the current step and exits 143 / 130 (real subprocesses, real signals);
 ``--resume auto`` then finishes the run. Also the default checkpoint cadence
 (``save_steps: null`` = every 10% of the run) and the loop's other wiring: resume applies a
-changed lr, config.json masks secrets, ``trainer.tf32`` / ``compile`` are refused on CPU."""
+changed lr, config.json masks secrets, ``speed.tf32`` / ``compile`` are refused on CPU."""
 
 from __future__ import annotations
 
@@ -110,10 +110,10 @@ def test_default_cadence_saves_every_tenth_of_the_run_and_config_json_masks_secr
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["lr"] for x in lines] == [0.01, 0.01, 0.005]  # constant schedule
     log = (out / "logs" / "train.log").read_text()
-    assert "trainer.lr: 0.01 -> 0.005 (applied to the restored state)" in log
+    assert "optim.lr: 0.01 -> 0.005 (applied to the restored state)" in log
 
 
-@pytest.mark.parametrize("key", ["trainer.tf32", "trainer.compile"])
+@pytest.mark.parametrize("key", ["speed.tf32", "speed.compile"])
 def test_tf32_and_compile_are_refused_on_cpu(tmp_path, tiny_model_dir, key, capsys):
     config = make_config(tmp_path, tiny_model_dir, trainer={"total_steps": 1})
     assert train_cli(config, tmp_path / "out", f"{key}=true") == 2

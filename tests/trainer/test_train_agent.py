@@ -39,7 +39,10 @@ class ScriptedEngine:
 
 
 def calculator_script(prompt: str) -> str:
-    """ "What is A + B?" -> call the calculator, then answer with the tool's result."""
+    """ "What is A + B?" -> call the calculator, then answer with the tool's result; any
+    other prompt (the drift probe's general questions) gets one plain sentence."""
+    if "What is " not in prompt:
+        return "The sea is wide."
     if prompt.rfind("<tool_response>") > prompt.rfind("What is "):  # after the worked examples
         return prompt.rsplit("<tool_response>\n", 1)[1].split("\n", 1)[0]
     return CALL % prompt.rsplit("What is ", 1)[1].split("?")[0]

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from danka.io import read_json_lines
+
 FLOOR_KEY = "eval/guess_floor"
 
 
@@ -114,16 +116,7 @@ def read_evals(run_dir: Path) -> list[dict]:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    return read_json_lines(run_dir / "metrics.jsonl")  # a cut last line is skipped
 
 
 def computed_floor(run_dir: Path) -> tuple[float | None, str]:

@@ -74,14 +74,13 @@ def _hub_error(err: Exception, endpoint: str, repo_id: str) -> UserError:
         )
     if isinstance(err, HfHubHTTPError):
         status = getattr(getattr(err, "response", None), "status_code", None)
-        first = first_line(err)
         if status in (401, 403):
             return UserError(
-                f"the Hub refused the token for {repo_id} ({status}): {first}",
+                f"the Hub refused the token for {repo_id} ({status}): {first_line(err)}",
                 where="danka push",
                 fix="use a token with write access to that namespace (hf auth login)",
             )
-        return UserError(f"the Hub answered {status}: {first}", where="danka push",
+        return UserError(f"the Hub answered {status}: {first_line(err)}", where="danka push",
                          fix="check the repo id (owner/name) and try again")  # fmt: skip
     return UserError(
         f"cannot reach the Hugging Face Hub at {endpoint} ({type(err).__name__}: {err})",

@@ -92,24 +92,33 @@ RUNAWAY_FRAC = 0.3
 RUNAWAY_RATIO = 3.0
 
 
+def _base_and_trained(run: RunRecord, at: int, *names: str):
+    """``(step, [(value at step 0, value at evaluation at) per name])`` (a value None where
+    not finite), or None before training or without a step-0 evaluation (a resumed run's
+    history may lack one)."""
+    base = next((e for e in run.evals if e.get("step") == 0), None)
+    now = run.evals[at]
+    if base is None or not now.get("step"):
+        return None
+    return int(now["step"]), [(_number(base, n), _number(now, n)) for n in names]
+
+
 @CHECKS.register("runaway_length", CheckMeta(reads="evals", final=True))
 def runaway_length(run: RunRecord, at: int) -> Finding | None:
-    base = next((e for e in run.evals if e.get("step") == 0), None)
-    last = run.evals[at]
-    if base is None or not last.get("step"):
+    got = _base_and_trained(run, at, "eval/truncated", "eval/response_length")
+    if got is None:
         return None
-    t0, t1 = _number(base, "eval/truncated"), _number(last, "eval/truncated")
+    step, [(t0, t1), (l0, l1)] = got
     if t0 is None or t1 is None or t1 < RUNAWAY_FRAC or t1 < RUNAWAY_RATIO * max(t0, 0.01):
         return None
-    l0, l1 = _number(base, "eval/response_length") or 0, _number(last, "eval/response_length") or 0
     return Finding(
         "runaway_length",
         "after training, held-out answers run to the token limit: the policy learned to ramble",
-        f"eval/truncated {pct(t0)} at step 0 -> {pct(t1)} at step {last['step']}; mean length "
-        f"{g(l0)} -> {g(l1)} tokens",
+        f"eval/truncated {pct(t0)} at step 0 -> {pct(t1)} at step {step}; mean length "
+        f"{g(l0 or 0)} -> {g(l1 or 0)} tokens",
         f"lower {key('lr')}, raise {key('kl_coef')} (e.g. 0.01), or add a soft overlong penalty "
         "(reward.overlong_buffer) so answers near the limit earn less",
-        step=int(last["step"]),
+        step=step,
     )
 
 
@@ -132,25 +141,22 @@ def eval_truncated(run: RunRecord, at: int) -> Finding | None:
 
 @CHECKS.register("probe_drift", CheckMeta(reads="evals"))
 def probe_drift(run: RunRecord, at: int) -> Finding | None:
-    base = next((e for e in run.evals if e.get("step") == 0), None)
-    now = run.evals[at]
-    if base is None or not now.get("step"):
+    got = _base_and_trained(run, at, "probe/degenerate_frac", "probe/mean_length", "probe/kl")
+    if got is None:
         return None
-    d0, d1 = _number(base, "probe/degenerate_frac"), _number(now, "probe/degenerate_frac")
-    l0, l1 = _number(base, "probe/mean_length"), _number(now, "probe/mean_length")
+    step, [(d0, d1), (l0, l1), (_, kl)] = got
     worse = d0 is not None and d1 is not None and d1 - d0 >= PROBE_DEGENERATE_RISE
     shorter = bool(l0) and l1 is not None and l1 < PROBE_LENGTH_RATIO * l0
     if not (worse or shorter):
         return None
-    kl = _number(now, "probe/kl")
     return Finding(
         "probe_drift",
         "answers to general prompts degenerated: the policy drifted from its base",
         f"probe answers empty/answer-only/looping {pct(d0 or 0)} -> {pct(d1 or 0)}, mean "
-        f"length {g(l0 or 0)} -> {g(l1 or 0)} tokens at step {now['step']}"
+        f"length {g(l0 or 0)} -> {g(l1 or 0)} tokens at step {step}"
         + (f", KL to the step-0 answers {g(kl)} nats/token" if kl is not None else ""),
         f"{add_kl()}, lower {key('lr')}, or train fewer steps",
-        step=int(now["step"]),
+        step=step,
     )
 
 

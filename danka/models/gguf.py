@@ -127,9 +127,8 @@ def convert(gguf_path: Path, out: Path, log: Log = print, *, info: dict | None =
             str(gguf_path.parent), gguf_file=gguf_path.name
         )
     except (ValueError, KeyError, OSError) as err:
-        first = first_line(err)
         raise UserError(
-            f"transformers cannot read the GGUF file {gguf_path}: {first}",
+            f"transformers cannot read the GGUF file {gguf_path}: {first_line(err)}",
             where=str(gguf_path),
             fix="use a GGUF of an architecture transformers supports (llama, mistral, qwen2, "
             "qwen3, ...), or the model's Hugging Face folder",

@@ -87,14 +87,10 @@ def _tool_rollout(args, max_new_tokens: int):
     specs = _tool_specs(args)
     if not specs:
         return None
-    cfg = cli_rollout_config(
-        specs,
-        max_turns=args.max_turns,
-        max_tool_calls=args.max_tool_calls,
-        tool_prompt=args.tool_prompt,
-        tool_demo=args.tool_demo,
-        max_new_tokens=max_new_tokens,
-    )
+    flags = {
+        k: getattr(args, k) for k in ("max_turns", "max_tool_calls", "tool_prompt", "tool_demo")
+    }
+    cfg = cli_rollout_config(specs, max_new_tokens=max_new_tokens, **flags)
     validate_agent(cfg, base_dir=Path.cwd(), max_new_tokens=max_new_tokens)
     return cfg
 

@@ -246,14 +246,9 @@ def tool_generate_batch(
 
     opts = opts or AnswerOptions()
     own = loop is None
-    if own:
-        loop = build_agent_loop(
-            tools,
-            tokenizer,
-            base_dir=base_dir,
-            max_new_tokens=opts.max_new_tokens,
-            instruction=opts.instruction,
-        )
+    if own:  # per turn as in training: the answer cap, the prompts' instruction
+        per_turn = {"max_new_tokens": opts.max_new_tokens, "instruction": opts.instruction}
+        loop = build_agent_loop(tools, tokenizer, base_dir=base_dir, **per_turn)
     try:
         return agent_generate(model, tokenizer, rows, loop, opts)
     finally:

@@ -181,9 +181,8 @@ def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
     except (RuntimeError, ValueError, KeyError) as err:
         # why: a checkpoint without config.json, or a layout check missed a case; torch's
         # message (size mismatch, missing keys) is kept, its traceback is not
-        first = first_line(err)
         raise UserError(
-            f"the checkpoint does not fit this model or config: {first}",
+            f"the checkpoint does not fit this model or config: {first_line(err)}",
             where=str(state_dir),
             fix="resume with the model, lora and algorithm settings the checkpoint "
             "was trained with, or start a new output_dir",

@@ -104,32 +104,32 @@ def test_exit_code_prefers_the_rank_that_failed_by_itself():
     assert exit_code({}) == 0
 
 
+USER_ERROR = ["danka: error: rows.jsonl:7: row 7 has no answer", "fix: add an answer"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["user_error", "user_error_slow_exit"])
-def test_user_error_on_one_rank_exits_2_with_one_line(tmp_path, mode):
+@pytest.mark.parametrize(
+    "mode, code, once, tracebacks",
+    [
+        ("user_error", 2, USER_ERROR, 0),  # bad input: one message, no traceback at all
+        ("user_error_slow_exit", 2, USER_ERROR, 0),
+        ("crash", 1, ["RuntimeError: boom"], 1),  # a real bug keeps its traceback, once
+        ("crash_slow_exit", 1, ["RuntimeError: boom"], 1),
+    ],
+)
+def test_a_failure_on_one_rank_ends_both_with_one_report(tmp_path, mode, code, once, tracebacks):
     # _slow_exit: rank 0 fails on the aborted collective and exits 1 BEFORE rank 1 exits 2,
     # so the agent stops rank 1 (SIGTERM); the old launcher then exited 1 with rank 0's
     # "closed by peer" traceback (what CPU load did at random); the report decides now
     proc, seconds = _launch(tmp_path, mode)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.count("danka: error: rows.jsonl:7: row 7 has no answer") == 1
-    assert proc.stderr.count("fix: add an answer") == 1
-    # no launcher traceback, and none from rank 0, whose failure is a consequence
-    assert "Traceback" not in proc.stderr and "closed by peer" not in proc.stderr
+    assert proc.returncode == code, proc.stderr[-3000:]
+    for line in once:
+        assert proc.stderr.count(line) == 1
+    # none from rank 0, whose failure is a consequence, nor from the launcher
+    assert proc.stderr.count("Traceback") == tracebacks
+    assert "closed by peer" not in proc.stderr
     assert "ChildFailedError" not in proc.stderr and "distributed/run.py" not in proc.stderr
     assert seconds < 40  # rank 0 was stopped, not left waiting (it sleeps 60 s otherwise)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["crash", "crash_slow_exit"])
-def test_crash_on_one_rank_ends_both(tmp_path, mode):
-    proc, seconds = _launch(tmp_path, mode)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    # a real bug keeps its traceback, once; rank 0's consequence stays quiet
-    assert proc.stderr.count("RuntimeError: boom") == 1
-    assert proc.stderr.count("Traceback") == 1 and "closed by peer" not in proc.stderr
-    assert "ChildFailedError" not in proc.stderr and "distributed/run.py" not in proc.stderr
-    assert seconds < 40
 
 
 def test_the_first_report_wins_and_later_failures_are_consequences(tmp_path, monkeypatch):

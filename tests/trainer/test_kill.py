@@ -12,7 +12,6 @@ steps makes a random moment land in or near a checkpoint write often.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -26,6 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from danka.checkpoint import find_latest_checkpoint, verify_checkpoint
+from danka.io import read_json_lines
 
 from .conftest import make_config, train_cli
 
@@ -58,16 +58,8 @@ def _start(config: Path, out: Path, log_file) -> subprocess.Popen:
 
 
 def _metric_steps(out: Path) -> list[int]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
-        try:
-            steps.append(json.loads(line)["step"])
-        except ValueError:  # a line cut by the kill: the resume drops it
-            pass
-    return steps
+    # a line cut by the kill is skipped (the resume drops it)
+    return [record["step"] for record in read_json_lines(out / "metrics.jsonl")]
 
 
 def _latest_step(out: Path) -> int:

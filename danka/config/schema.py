@@ -100,7 +100,11 @@ class TrainerConfig:
     batch_size: int = _f(8, "prompts per step")
     samples_per_prompt: int | None = _f(None, "responses per prompt (null: 1 for ppo, 8 otherwise)")
     mini_batch_size: int | None = _f(None, "prompts per optimizer step (null = batch_size)")
-    micro_batch_size: int = _f(8, "sequences per forward/backward (gradient accumulation)")
+    micro_batch_size: int | str = _f(
+        8,
+        "sequences per forward/backward (gradient accumulation); auto = the largest the memory "
+        "plan fits on the GPU (its free memory, or speed.gpu_memory), 8 on a CPU",
+    )
     ppo_epochs: int = _f(1, "passes over each step's samples")
     max_length: int = _f(512, "prompt + response tokens")
     max_new_tokens: int = _f(128, "response tokens")
@@ -195,7 +199,16 @@ class SpeedConfig:
         "(a GRPO group's prompt, a system turn) once; false = every row in full (same numbers "
         "up to rounding)",
     )
-    auto_micro_batch: bool = _f(False, "on out-of-memory in the update, halve micro_batch_size")
+    auto_micro_batch: bool = _f(
+        True,
+        "on out-of-memory in the log-probs or the update, halve micro_batch_size and run the "
+        "phase again (kept for the rest of the run); false = stop with the explanation",
+    )
+    gpu_memory: str | None = _f(
+        None,
+        "plan trainer.micro_batch_size: auto for a card of this size and cap this process to it "
+        "(e.g. 24GiB: a smaller card on a larger one); null = the GPU's free memory at start",
+    )
     preflight: bool = _f(False, "run the worst-case shapes once before training")
     tf32: bool = _f(
         False, "TF32 matmuls on Ampere+ GPUs (torch.set_float32_matmul_precision('high'))"

@@ -13,6 +13,7 @@ from danka.algorithms.presets import ALGORITHMS
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.dtypes import canonical_dtype
 from danka.config.schema import DankaConfig
+from danka.config.units import parse_memory
 from danka.data.tasks import TASKS
 from danka.errors import UserError
 from danka.rollout.base import ROLLOUT_ENGINES
@@ -138,7 +139,6 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
 
     for key in (
         "batch_size",
-        "micro_batch_size",
         "mini_batch_size",
         "samples_per_prompt",
         "ppo_epochs",
@@ -149,6 +149,11 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
     ):
         if getattr(t, key) < 1:
             fail(f"trainer.{key}", f"must be >= 1, got {getattr(t, key)}", "use a positive number")
+    if sp.gpu_memory is not None:
+        try:
+            parse_memory(sp.gpu_memory)
+        except UserError:
+            fail("speed.gpu_memory", f"cannot read {sp.gpu_memory!r} as a size", "e.g. 24GiB")
     if sp.logprob_chunk_size < 1:
         fail("speed.logprob_chunk_size", "must be >= 1", "e.g. 1024 (tokens per chunk)")
     if t.max_train_minutes is not None and t.max_train_minutes <= 0:
@@ -194,7 +199,16 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             "choose a mini_batch_size that divides batch_size",
         )
     seqs = t.mini_batch_size * t.samples_per_prompt
-    if seqs % t.micro_batch_size:
+    if isinstance(t.micro_batch_size, str):
+        if t.micro_batch_size != "auto":
+            fail(
+                "trainer.micro_batch_size",
+                f"must be a number or auto, got {t.micro_batch_size!r}",
+                "e.g. 8, or auto (the largest the GPU's memory plan fits)",
+            )
+    elif t.micro_batch_size < 1:
+        fail("trainer.micro_batch_size", f"must be >= 1, got {t.micro_batch_size}", "e.g. 8")
+    elif seqs % t.micro_batch_size:
         fail(
             "trainer.micro_batch_size",
             f"a mini-batch has mini_batch_size x samples_per_prompt = {t.mini_batch_size} x "

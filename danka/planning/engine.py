@@ -24,6 +24,7 @@ def choose_engine(
     step with the fast engine fits the free GPU memory (``free_bytes``, default: now).
     """
     from danka.planning.memory import GIB, OVERHEAD_BYTES, estimate_memory, load_model_config
+    from danka.planning.micro import with_planned
     from danka.rollout.fast_weights import SUPPORTED_MODEL_TYPES
 
     r, m = cfg.rollout, cfg.model
@@ -47,6 +48,7 @@ def choose_engine(
     for name in ("fast", "hf"):
         c = copy.deepcopy(cfg)
         c.rollout.engine = name
+        c, _ = with_planned(c, free_bytes, model_config=config)  # micro_batch_size: auto
         plans[name] = estimate_memory(c, model_config=config)["peak"] + OVERHEAD_BYTES
     need = f"{plans['fast'] / GIB:.1f} GiB (HF {plans['hf'] / GIB:.1f})"
     free = f"{free_bytes / GIB:.1f} GiB free"

@@ -57,12 +57,12 @@ Estimates are approximate (about +-30 %).
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from danka.config.schema import DankaConfig
+from danka.config.units import parse_memory  # noqa: F401  (danka estimate's --gpu-memory)
 from danka.errors import UserError
 
 GIB = 2**30
@@ -217,7 +217,7 @@ def _estimator_meta(cfg: DankaConfig):
     return ADVANTAGE_ESTIMATORS.meta(name)
 
 
-def _samples_per_prompt(cfg: DankaConfig) -> int:
+def samples_per_prompt_of(cfg: DankaConfig) -> int:
     n = cfg.trainer.samples_per_prompt
     return n if n is not None else (8 if _estimator_meta(cfg).grouped else 1)
 
@@ -242,7 +242,7 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     dtype, d = _dtype_bytes(cfg)
     h, i, n_layers, v = shape["H"], shape["I"], shape["L"], shape["V"]
     q, kv = shape["q"], shape["kv"]
-    n = _samples_per_prompt(cfg)
+    n = samples_per_prompt_of(cfg)
     prompts_per_call = cfg.rollout.generation_batch_size or t.batch_size
     seqs = min(prompts_per_call, t.batch_size) * n
     prompt_len = cfg.data.max_prompt_length or max(1, t.max_length - t.max_new_tokens)
@@ -441,6 +441,8 @@ def estimate_memory(
     update), ``peak`` and ``peak_phase``; with ``gpu_memory`` (bytes) also ``fits`` and
     ``suggestions``. ``model_config`` skips loading the config of the actor model."""
     config = model_config or load_model_config(cfg.model.actor_model_name_or_path, base_dir)
+    if not isinstance(cfg.trainer.micro_batch_size, int):  # danka.planning.micro.with_planned
+        raise TypeError("estimate_memory prices a numeric trainer.micro_batch_size")
     targets = cfg.lora.target_modules
     params, lora = count_parameters(config, targets, cfg.lora.lora_r)
     shape = _shape(config)
@@ -451,6 +453,7 @@ def estimate_memory(
     result = estimate(cfg)
     result["model"] = cfg.model.actor_model_name_or_path
     result["shape"] = shape
+    result["micro_batch_size"] = cfg.trainer.micro_batch_size
     if gpu_memory is not None:
         result["gpu_memory"] = gpu_memory
         result["fits"] = result["peak"] + OVERHEAD_BYTES <= gpu_memory
@@ -458,17 +461,3 @@ def estimate_memory(
         result["tight"] = result["fits"] and result["headroom"] < MARGIN * gpu_memory
         result["suggestions"] = [] if result["fits"] else _fixes(cfg, gpu_memory, estimate)
     return result
-
-
-def parse_memory(text: str) -> int:
-    """``"24GB"``, ``"24GiB"``, ``"80G"``, ``"24"`` -> bytes. GPU makers' "GB" are GiB
-    (a 24 GB card holds 24 x 2^30 bytes), so both mean 2^30; MB/MiB likewise 2^20."""
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([gGmMtT]?)(i?[bB])?\s*", text)
-    if not match:
-        raise UserError(
-            f"cannot read memory size {text!r}",
-            where="--gpu-memory",
-            fix="write it like 24GB, 80GiB or 40",
-        )
-    unit = {"": GIB, "g": GIB, "m": 2**20, "t": 2**40}[match.group(2).lower()]
-    return int(float(match.group(1)) * unit)

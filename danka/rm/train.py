@@ -93,6 +93,13 @@ def check_rm_config(cfg: DankaConfig) -> None:
                 "and rm)",
             )
     t = cfg.trainer
+    if not isinstance(t.micro_batch_size, int):  # auto plans a policy's step, not pairs
+        raise UserError(
+            f"danka rm takes a number of pairs for trainer.micro_batch_size, not "
+            f"{t.micro_batch_size!r}",
+            where="trainer.micro_batch_size",
+            fix="set trainer.micro_batch_size to a divisor of trainer.batch_size, e.g. 4",
+        )
     if t.batch_size % t.micro_batch_size:
         raise UserError(
             f"batch_size ({t.batch_size}) is not a multiple of micro_batch_size "

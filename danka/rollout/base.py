@@ -69,6 +69,12 @@ class RolloutEngine:
         engine reports them, each sampled token's log-prob (else None)."""
         raise NotImplementedError
 
+    def halve_batch(self, n: int, total: int) -> tuple[int, int] | None:
+        """After an out-of-memory: halve the sequences per generate call (``total``: this
+        call's, ``n``: a group's, the least a call holds); ``(before, after)``, or None
+        when it cannot shrink (one group already, or an engine without the knob)."""
+        return None
+
 
 @dataclass(frozen=True)
 class EngineOptions:

@@ -199,6 +199,14 @@ class FastEngine(RolloutEngine):
         self.stats: dict[str, float] = {}  # last call: graphs captured, capture_s, steps
         self.release()
 
+    def halve_batch(self, n: int, total: int) -> tuple[int, int] | None:
+        current = min(self.max_batch, total)
+        if current <= n:
+            return None
+        self.release()  # the KV cache and graphs were sized to the larger batch
+        self.max_batch = max(n, current // 2 // n * n)  # whole groups
+        return current, self.max_batch
+
     def release(self) -> None:
         """Free the KV cache, weight buffers and CUDA graphs (the next call rebuilds them)."""
         self._spec: ModelSpec | None = None

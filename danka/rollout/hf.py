@@ -27,6 +27,13 @@ class HFGenerateEngine(RolloutEngine):
         self.batch_size = max(0, int(batch_size))
         self.shared_prefix = shared_prefix  # rollout.shared_prefix (see hf_prefix)
 
+    def halve_batch(self, n: int, total: int) -> tuple[int, int] | None:
+        current = min(self.batch_size or total, total)
+        if current <= n:
+            return None
+        self.batch_size = max(n, current // 2 // n * n)  # whole groups
+        return current, self.batch_size
+
     def sample(self, model, prompt_ids, params, eos_ids, pad_id, generator) -> Sampled:
         device = next(model.parameters()).device
         chunk = max(1, self.batch_size // params.n) if self.batch_size else len(prompt_ids)

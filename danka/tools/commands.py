@@ -374,7 +374,8 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
 @command("estimate", "GPU memory plan per phase, and whether the config fits", _estimate_args)
 def _estimate(args) -> int:
     from danka.config import load_config
-    from danka.planning.memory import estimate_memory, parse_memory
+    from danka.planning.memory import estimate_memory, load_model_config, parse_memory
+    from danka.planning.micro import with_planned
     from danka.tools.estimate import format_plan
 
     cfg, base_dir = load_config(args.config, args.overrides)
@@ -388,7 +389,11 @@ def _estimate(args) -> int:
             if torch.cuda.is_available()
             else parse_memory("24GB")
         )
-    result = estimate_memory(cfg, base_dir=base_dir, gpu_memory=budget)
+    planned, micro = with_planned(cfg, budget, model_config=load_model_config(
+        cfg.model.actor_model_name_or_path, base_dir))  # fmt: skip
+    result = estimate_memory(planned, base_dir=base_dir, gpu_memory=budget)
+    if micro is not None:
+        result["micro_batch_plan"] = micro.line()
     print(json.dumps(result, indent=2, default=str) if args.json else format_plan(result))
     return 0
 

@@ -20,6 +20,8 @@ def format_plan(result: dict[str, Any]) -> str:
         f"update: {a['update_tokens_per_micro_batch']} tokens per micro-batch (worst case: every sequence at max_length)",
         "",
     ]
+    if "micro_batch_plan" in result:  # trainer.micro_batch_size: auto
+        lines[-1:-1] = [f"trainer.micro_batch_size: auto -> {result['micro_batch_plan']}"]
     width = max(len(k) for k in result["components"])
     lines += [f"  {k:<{width}}  {gib(v)}" for k, v in result["components"].items()]
     if result["chunk_rows"] < result["response_rows"]:

@@ -13,10 +13,11 @@ from danka.trainer.state import RunState
 FIXES = {
     "rollout": "lower trainer.batch_size or trainer.samples_per_prompt, trainer.max_new_tokens, "
     "or set rollout.generation_batch_size (sequences per generate call)",
-    "log-probs": "lower trainer.micro_batch_size or speed.logprob_chunk_size",
-    "update": "lower trainer.micro_batch_size (or set speed.auto_micro_batch: true), set "
-    "model.use_gradient_checkpointing: true, lower trainer.max_length, or keep "
-    "lora.enable_lora: true",
+    "log-probs": "lower speed.logprob_chunk_size or trainer.micro_batch_size "
+    "(speed.auto_micro_batch, on by default, halves it down to 1)",
+    "update": "lower trainer.micro_batch_size (speed.auto_micro_batch, on by default, halves "
+    "it down to 1), set model.use_gradient_checkpointing: true, lower trainer.max_length, "
+    "or keep lora.enable_lora: true",
 }
 
 

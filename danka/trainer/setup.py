@@ -39,6 +39,7 @@ from danka.rollout.base import (
     engine_meta,
 )
 from danka.trainer.agent import build_agent, encode_agent_prompts
+from danka.trainer.budget import memory_budget, micro_batch
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
@@ -161,12 +162,14 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     torch.manual_seed(t.seed)
     train_rows, held_rows = load_rows(cfg, base_dir, output_dir)  # bad rows fail first
     log.info(data_line(cfg, train_rows, held_rows))
-    engine_name = choose_engine(cfg, device, log)
+    budget = memory_budget(cfg, device, log)
+    engine_name = choose_engine(cfg, device, log, budget)
+    micro = micro_batch(cfg, base_dir, engine_name, budget, log)
     tokenizer = build_tokenizer(cfg, log)
     agent = build_agent(cfg, tokenizer, base_dir)  # None unless rollout.tools / environment
     try:
         return _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows,
-                           engine_name, tokenizer, agent)  # fmt: skip
+                           engine_name, tokenizer, agent, micro)  # fmt: skip
     except BaseException:
         if agent is not None:  # stop the tool worker process
             agent.close()
@@ -174,7 +177,7 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
 
 
 def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, engine_name,
-                tokenizer, agent) -> Run:  # fmt: skip
+                tokenizer, agent, micro) -> Run:  # fmt: skip
     """build_run after the agent loop exists (it is closed if this raises)."""
     train, held = build_prompts(cfg, tokenizer, train_rows, held_rows, agent)
     specs = reward_specs(cfg, train.rows)
@@ -188,6 +191,7 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
     return assemble_run(
         cfg, models, engine=engine, rewards=rewards, train=train, held=held,
         tokenizer=tokenizer, log=log, base_dir=base_dir, output_dir=output_dir, agent=agent,
+        micro_batch_size=micro,
     )  # fmt: skip
 
 
@@ -217,13 +221,18 @@ def assemble_run(
     agent: AgentLoop | None = None,
     eos_ids: list[int] | None = None,
     pad_id: int | None = None,
+    micro_batch_size: int | None = None,
 ) -> Run:
     """A ``Run`` around parts already built: the models (``build_model_set`` or
     ``trainer.models.build_models``), a rollout engine, a reward computer (any
     ``rewards(rows, texts, completions) -> RewardOutput``) and the prompt sets. Builds the
     optimisers, schedules, algorithm, KL controller, prompt sampler and state from the
-    config. ``build_run`` ends here; benchmarks on random-weight models start here."""
+    config. ``build_run`` ends here; benchmarks on random-weight models start here.
+    ``micro_batch_size``: the planned size of ``trainer.micro_batch_size: auto`` (without
+    one, auto takes the CPU size: :func:`micro_batch` plans for a GPU)."""
     t = cfg.trainer
+    if micro_batch_size is None:
+        micro_batch_size = micro_batch(cfg, base_dir, "hf", None, None)
     device = next(models.policy.parameters()).device
     sampler = PromptSampler(len(train.rows), t.batch_size, seed=t.seed, shuffle=cfg.data.shuffle)
     total = t.total_steps or sampler.steps_per_epoch * t.num_epochs
@@ -242,7 +251,7 @@ def assemble_run(
         algo=build_algorithm(cfg), actor_opt=actor_opt, actor_sched=actor_sched,
         critic_opt=critic_opt, critic_sched=critic_sched, kl_ctl=build_kl_controller(cfg),
         sampler=sampler, log=log,
-        state=RunState(total_steps=total, micro_batch_size=t.micro_batch_size),
+        state=RunState(total_steps=total, micro_batch_size=micro_batch_size),
         update_generator=torch.Generator().manual_seed(t.seed),
         eos_ids=stop_ids(tokenizer) if eos_ids is None else list(eos_ids), pad_id=pad,
         dynamic=build_dynamic_sampler(cfg, pad), agent=agent,
@@ -276,10 +285,12 @@ def build_dynamic_sampler(cfg: DankaConfig, pad_id: int) -> DynamicSampler | Non
     return DynamicSampler(t.batch_size, cfg.sampling.max_sampling_rounds, pad_id)
 
 
-def choose_engine(cfg: DankaConfig, device: torch.device, log: logging.Logger) -> str:
+def choose_engine(
+    cfg: DankaConfig, device: torch.device, log: logging.Logger, budget: int | None = None
+) -> str:
     """The rollout engine by its registered capabilities (device, quantised base, the
-    log-probs a rollout correction needs)."""
-    name, reason = choose_rollout_engine(cfg, device)
+    log-probs a rollout correction needs); ``budget``: the bytes its memory plan may use."""
+    name, reason = choose_rollout_engine(cfg, device, free_bytes=budget)
     if dist.is_active():
         dist.check_config(cfg, name)
     mode = cfg.trainer.rollout_correction.mode

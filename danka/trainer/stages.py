@@ -60,16 +60,37 @@ class Stages:
         return dist.shard(idx) if dist.is_active() else idx
 
     def sample(self, prompt_idx: list[int]) -> Rollout:
-        return sample(self.sampling, prompt_idx)
+        """Step 2; with ``speed.auto_micro_batch`` an out-of-memory halves the engine's
+        sequences per generate call and samples again (kept for the rest of the run; the
+        new samples are drawn afresh, so they differ from the ones the first try would have
+        given). One group per call that does not fit: the explanation stands."""
+        while True:
+            try:
+                return sample(self.sampling, prompt_idx)
+            except OutOfMemory:
+                n, engine = self.sampling.params.n, self.sampling.engine
+                sizes = (
+                    engine.halve_batch(n, n * len(prompt_idx)) if self.auto_micro_batch else None
+                )
+                if sizes is None:
+                    raise
+                self.log.warning(
+                    f"out of memory in the rollout: sequences per generate call {sizes[0]} -> "
+                    f"{sizes[1]} (kept for the rest of the run)"
+                )
 
     def score(self, rollout: Rollout) -> Scored:
         return score(self.rewards, self.prompts, rollout, self.scoring)
 
     def old_and_ref(self, scored: Scored) -> OldAndRef:
-        return prep.old_and_ref(self.models, self.algo, scored, self.preparing)
+        return self._halving(
+            "log-probs", lambda: prep.old_and_ref(self.models, self.algo, scored, self.preparing)
+        )
 
     def values(self, scored: Scored) -> torch.Tensor | None:
-        return prep.values(self.models, self.algo, scored, self.preparing)
+        return self._halving(
+            "log-probs", lambda: prep.values(self.models, self.algo, scored, self.preparing)
+        )
 
     def advantages(self, scored: Scored, logp: OldAndRef, values) -> Prepared:
         coef = float(self.kl_ctl.value)
@@ -77,8 +98,8 @@ class Stages:
 
     def update(self, prepared: Prepared, step: int) -> UpdateStats:
         """Step 7. A non-finite loss or gradient skips the optimiser step (reported in the
-        result); with ``speed.auto_micro_batch`` an out-of-memory halves the micro-batch
-        and retries (no optimiser step has happened yet when a forward/backward runs out).
+        result); an out-of-memory halves the micro-batch and retries (:meth:`_halving`; no
+        optimiser step has happened yet when a forward/backward runs out).
         During ``trainer.critic_warmup_steps`` only the critic learns. The schedules step
         either way."""
         try:
@@ -107,17 +128,32 @@ class Stages:
             )  # fmt: skip
 
     def _update(self, prepared: Prepared, step: int) -> UpdateStats:
+        train_actor = step > self.critic_warmup_steps
+        return self._halving(
+            "update",
+            lambda: self.run_update(prepared, train_actor=train_actor),
+            before_retry=self.opts.zero_grad,  # the gradients of the micro-batches that ran
+        )
+
+    def _halving(self, phase: str, attempt, before_retry=None):
+        """``attempt()``; with ``speed.auto_micro_batch`` (the default) an out-of-memory
+        halves the micro-batch and runs it again, one ``[WARNING]`` per halving, and the
+        smaller size stays for the rest of the run. The same numbers up to float rounding:
+        losses are normalised by the step's token counts, not per micro-batch. At size 1,
+        or with the setting off, the phase's explanation (:class:`OutOfMemory`) stands."""
         while True:
             try:
-                return self.run_update(prepared, train_actor=step > self.critic_warmup_steps)
+                return attempt()
             except OutOfMemory:
-                if not self.auto_micro_batch or self.state.micro_batch_size == 1:
+                micro = self.state.micro_batch_size
+                if not self.auto_micro_batch or micro == 1:
                     raise
-                self.opts.zero_grad()
-                self.state.micro_batch_size = max(1, self.state.micro_batch_size // 2)
+                if before_retry is not None:
+                    before_retry()
+                self.state.micro_batch_size = max(1, micro // 2)
                 self.log.warning(
-                    f"out of memory in the update: micro_batch_size -> "
-                    f"{self.state.micro_batch_size}"
+                    f"out of memory in the {phase}: micro_batch_size {micro} -> "
+                    f"{self.state.micro_batch_size} (kept for the rest of the run)"
                 )
 
     def measured_kl(self, prepared: Prepared, upd: UpdateStats) -> float | None:

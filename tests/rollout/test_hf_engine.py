@@ -7,6 +7,7 @@ import torch
 
 from danka.models.tiny import tiny_causal_lm
 from danka.rollout.base import SamplingParams, build_engine
+from danka.rollout.hf import HFGenerateEngine
 
 PROMPTS = [[5, 6, 7, 8], [20, 21]]
 EOS = 3  # not produced by these runs (checked by the greedy reference)
@@ -60,3 +61,22 @@ def test_sampling_config_is_exactly_danka_settings():
     cfg = sampling_config(SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=0), [2], 0)
     assert (cfg.temperature, cfg.top_p, cfg.top_k) == (0.7, 0.9, 0)
     assert cfg.repetition_penalty == 1.0 and cfg.do_sample and cfg.num_return_sequences == 4
+
+
+def test_halve_batch_stops_at_one_group():
+    # 16 sequences in groups of 4: 16 -> 8 -> 4, then a call holds one group and cannot shrink
+    engine = HFGenerateEngine()  # batch_size 0: the whole step in one call
+    assert engine.halve_batch(4, 16) == (16, 8) and engine.batch_size == 8
+    assert engine.halve_batch(4, 16) == (8, 4)
+    assert engine.halve_batch(4, 16) is None and engine.batch_size == 4
+    assert HFGenerateEngine(batch_size=6).halve_batch(2, 16) == (6, 2)  # whole groups: 3 -> 2
+
+
+def test_the_fast_engine_halves_its_decode_batch_and_frees_its_cache():
+    from danka.rollout.fast import FastEngine
+
+    engine = FastEngine(max_batch=256)
+    engine._k = torch.zeros(1)  # stands for a kept KV cache sized to the old batch
+    assert engine.halve_batch(4, 64) == (64, 32) and engine.max_batch == 32
+    assert engine._k is None  # released: the next call sizes it to 32
+    assert FastEngine(max_batch=4).halve_batch(4, 64) is None

@@ -105,7 +105,9 @@ def test_preflight_and_oom_is_explained(tmp_path, tiny_model_dir, monkeypatch, c
     assert "micro_batch_size" in err and "use_gradient_checkpointing" in err
 
 
-def test_auto_micro_batch_halves_on_oom(tmp_path, tiny_model_dir, monkeypatch):
+def test_an_oom_in_the_update_halves_the_micro_batch_for_the_rest_of_the_run(
+    tmp_path, tiny_model_dir, monkeypatch
+):
     import danka.trainer.update as upd
 
     real, calls = upd.actor_minibatch, []
@@ -117,11 +119,59 @@ def test_auto_micro_batch_halves_on_oom(tmp_path, tiny_model_dir, monkeypatch):
         return real(models, algo, opt, mini, settings, micro_size, *rest)
 
     monkeypatch.setattr(upd, "actor_minibatch", flaky)
-    cfg, _ = run(tmp_path, tiny_model_dir, trainer={"auto_micro_batch": True, "total_steps": 1})
-    # the run's state halves; the validated config stays as written (read-only)
-    assert calls[:2] == [4, 2] and cfg.trainer.micro_batch_size == 4
+    cfg, _ = run(tmp_path, tiny_model_dir, trainer={"total_steps": 2})  # on by default
+    # the run's state halves once and stays halved (step 2 starts at 2); the validated
+    # config stays as written (read-only)
+    assert calls[:2] == [4, 2] and 4 not in calls[2:] and cfg.trainer.micro_batch_size == 4
     log = (tmp_path / "out" / "logs" / "train.log").read_text()
-    assert "out of memory in the update: micro_batch_size -> 2" in log
+    assert log.count("out of memory in the update: micro_batch_size 4 -> 2 (kept for") == 1
+
+
+def test_an_oom_in_the_log_probs_halves_the_micro_batch_with_the_same_numbers(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """The reference log-probs (KL to the reference) run out at micro-batch 4: computed
+    again at 2, the run trains on, and its losses equal an untroubled run's (the forward
+    under no_grad has no randomness; losses use the step's token counts)."""
+    import danka.trainer.prepare as prep
+
+    kl = {"kl": {"coef": 0.01}}  # a reference forward at every step
+    for side in ("clean", "oom"):
+        (tmp_path / side).mkdir()
+    _, clean = run(tmp_path / "clean", tiny_model_dir, trainer={"total_steps": 1}, loss=kl)
+    real, calls = prep.batched, []
+
+    def flaky(fn, model, batch, micro, **kw):
+        calls.append(micro)
+        if micro > 2:
+            raise torch.OutOfMemoryError("out of memory")
+        return real(fn, model, batch, micro, **kw)
+
+    monkeypatch.setattr(prep, "batched", flaky)
+    _, got = run(tmp_path / "oom", tiny_model_dir, trainer={"total_steps": 1}, loss=kl)
+    assert calls[:2] == [4, 2]
+    log = (tmp_path / "oom" / "out" / "logs" / "train.log").read_text()
+    assert "out of memory in the log-probs: micro_batch_size 4 -> 2 (kept for" in log
+    lines = {
+        side: json.loads((tmp_path / side / "out" / "metrics.jsonl").read_text())
+        for side in ("clean", "oom")
+    }
+    assert lines["oom"]["loss"] == pytest.approx(lines["clean"]["loss"], rel=1e-5, abs=1e-7)
+    assert got["steps"] == clean["steps"] == 1
+
+
+def test_an_oom_at_micro_batch_1_stops_with_the_explanation(tmp_path, tiny_model_dir, monkeypatch):
+    import danka.trainer.update as upd
+    from danka.trainer.guards import OutOfMemory
+
+    def boom(*args, **kwargs):
+        raise torch.OutOfMemoryError("out of memory")
+
+    monkeypatch.setattr(upd, "actor_minibatch", boom)
+    with pytest.raises(OutOfMemory, match=r"out of memory during update \(.*micro-batch 1"):
+        run(tmp_path, tiny_model_dir, trainer={"total_steps": 1})
+    log = (tmp_path / "out" / "logs" / "train.log").read_text()
+    assert "micro_batch_size 4 -> 2" in log and "micro_batch_size 2 -> 1" in log
 
 
 def test_non_finite_steps_are_skipped_then_stop_with_an_explanation(
@@ -154,3 +204,48 @@ def test_grpo_with_packing_trains_without_padding(tmp_path, tiny_model_dir):
     # 8 sequences of a step fit one 512-token row: only the real tokens are computed
     assert [x["packing/effective_token_ratio"] for x in lines] == [1.0, 1.0]
     assert all(x["loss"] is not None and x["actor/grad_norm"] > 0 for x in lines)
+
+
+def test_an_oom_in_the_rollout_halves_the_sequences_per_generate_call(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """2 prompts x 4 samples in one generate call run out; the engine halves to 4 sequences
+    (one group) a call, the step samples again and trains; the size stays."""
+    from danka.rollout.hf import HFGenerateEngine
+
+    real = HFGenerateEngine._generate_chunk
+
+    def flaky(self, model, prompts, params, *rest):
+        if len(prompts) * params.n > 4 and params.n > 1:  # the training rollout, not eval
+            raise torch.OutOfMemoryError("out of memory")
+        return real(self, model, prompts, params, *rest)
+
+    monkeypatch.setattr(HFGenerateEngine, "_generate_chunk", flaky)
+    _, result = run(tmp_path, tiny_model_dir, trainer={"total_steps": 2})
+    assert result["steps"] == 2
+    log = (tmp_path / "out" / "logs" / "train.log").read_text()
+    # once: step 2 generates 4 at a time from the start
+    assert log.count("out of memory in the rollout: sequences per generate call 8 -> 4") == 1
+
+
+def test_micro_batch_auto_on_a_cpu_takes_8_and_says_so(tmp_path, tiny_model_dir):
+    _, result = run(
+        tmp_path, tiny_model_dir, trainer={"total_steps": 1, "micro_batch_size": "auto"}
+    )
+    assert result["steps"] == 1
+    log = (tmp_path / "out" / "logs" / "train.log").read_text()
+    # 2 prompts x 4 samples = 8 sequences a mini-batch: 8 is a divisor and the CPU size
+    assert (
+        "trainer.micro_batch_size: auto -> micro-batch 8 (auto: a CPU run, no memory plan)" in log
+    )
+    assert "micro-batch 8 sequences" in log
+
+
+def test_a_gpu_memory_budget_is_refused_on_a_cpu(tmp_path, tiny_model_dir, capsys):
+    from danka.cli import main
+
+    cfg_path = make_config(tmp_path, tiny_model_dir, speed={"gpu_memory": "24GiB"})
+    assert main(["train", str(cfg_path)]) == 2
+    err = capsys.readouterr().err
+    assert "speed.gpu_memory plans a GPU's memory; this run is on cpu" in err
+    assert "Traceback" not in err

@@ -1,0 +1,104 @@
+"""trainer.micro_batch_size: auto — the largest micro-batch the memory plan fits."""
+
+import copy
+
+import pytest
+import yaml
+
+from danka.cli import main
+from danka.config import load_config
+from danka.errors import UserError
+from danka.models.tiny import qwen2_7b_config
+from danka.planning.memory import GIB, OVERHEAD_BYTES, estimate_memory
+from danka.planning.micro import mini_batch_sequences, plan_micro_batch, with_planned
+
+
+def _config(tmp_path, **trainer):
+    """Qwen2-7B shape, GRPO + LoRA, 4 prompts x 4 samples: 16 sequences a mini-batch."""
+    cfg = {
+        "model": {"actor_model_name_or_path": "Qwen/Qwen2-7B-Instruct"},
+        "trainer": {
+            "algorithm": "grpo",
+            "batch_size": 4,
+            "samples_per_prompt": 4,
+            "micro_batch_size": "auto",
+            "max_length": 1024,
+            "max_new_tokens": 512,
+            **trainer,
+        },  # fmt: skip
+        "data": {"train_dataset": "x.jsonl"},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return load_config(str(path), [])[0]
+
+
+def _peak(cfg, micro):
+    trial = copy.deepcopy(cfg)
+    trial.trainer.micro_batch_size = micro
+    return estimate_memory(trial, model_config=qwen2_7b_config())["peak"] + OVERHEAD_BYTES
+
+
+def test_auto_takes_the_largest_divisor_that_fits(tmp_path):
+    cfg = _config(tmp_path)
+    assert mini_batch_sequences(cfg) == 16  # 4 prompts x 4 samples
+    # a budget between the plans at micro-batch 2 and 4: 2 is the largest that fits
+    budget = (_peak(cfg, 2) + _peak(cfg, 4)) // 2
+    assert _peak(cfg, 2) <= budget < _peak(cfg, 4)
+    plan = plan_micro_batch(cfg, budget, model_config=qwen2_7b_config())
+    assert plan.size == 2 and plan.fits and plan.peak + OVERHEAD_BYTES == _peak(cfg, 2)
+    assert plan.line().startswith(f"micro-batch 2 (auto: planned {_peak(cfg, 2) / GIB:.1f} of")
+    # every sequence at once when the budget holds it; the copy is priced, cfg stays auto
+    roomy, chosen = with_planned(cfg, 10_000 * GIB, model_config=qwen2_7b_config())
+    assert chosen.size == 16 and roomy.trainer.micro_batch_size == 16
+    assert cfg.trainer.micro_batch_size == "auto"
+
+
+def test_auto_refuses_a_budget_that_one_sequence_does_not_fit(tmp_path):
+    cfg = _config(tmp_path)
+    plan = plan_micro_batch(cfg, 4 * GIB, model_config=qwen2_7b_config())  # < the bf16 weights
+    assert plan.size == 1 and not plan.fits
+    err = plan.refusal()
+    assert isinstance(err, UserError) and err.where == "trainer.micro_batch_size"
+    assert "nothing fits in 4.0 GiB: at micro-batch 1 the plan peaks at" in str(err)
+    assert "danka estimate" in err.fix
+
+
+@pytest.mark.parametrize("prompts, samples, size", [(8, 8, 8), (3, 4, 6), (2, 2, 4)])
+def test_on_a_cpu_auto_is_the_largest_divisor_up_to_8(tmp_path, prompts, samples, size):
+    # 64 sequences -> 8; 12 -> 6 (12's divisors: 12, 6, 4, ...); 4 -> 4
+    cfg = _config(tmp_path, batch_size=prompts, samples_per_prompt=samples)
+    plan = plan_micro_batch(cfg, None)
+    assert (
+        plan.size == size and plan.line() == f"micro-batch {size} (auto: a CPU run, no memory plan)"
+    )
+
+
+def test_a_numeric_micro_batch_is_left_alone(tmp_path):
+    cfg = _config(tmp_path, micro_batch_size=4)
+    assert with_planned(cfg, 1 * GIB) == (cfg, None)
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("trainer.micro_batch_size=big", "must be a number or auto, got 'big'"),
+        ("trainer.micro_batch_size=0", "must be >= 1, got 0"),
+        ("speed.gpu_memory=lots", "cannot read 'lots' as a size"),
+    ],
+)
+def test_bad_values_are_refused_with_the_key(tmp_path, override, words):
+    _config(tmp_path)
+    with pytest.raises(UserError, match=words) as err:
+        load_config(str(tmp_path / "c.yaml"), [override])
+    assert override.split("=")[0] in str(err.value)  # the key, where it was set
+
+
+def test_estimate_prints_the_planned_micro_batch(tmp_path, capsys, monkeypatch):
+    import danka.planning.memory as memory
+
+    _config(tmp_path)
+    monkeypatch.setattr(memory, "load_model_config", lambda name, base_dir=None: qwen2_7b_config())
+    assert main(["estimate", str(tmp_path / "c.yaml"), "--gpu-memory", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "trainer.micro_batch_size: auto -> micro-batch " in out and "of 80.0 GiB" in out

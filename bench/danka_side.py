@@ -72,17 +72,17 @@ def load_models(cfg, dev: torch.device, log):
 
 
 def build_run_for_bench(
-    cfg, models, dev, dtype, log, *, prompts=None, engine=None, eos=(), pad=0
+    cfg, models, dev, dtype, log, *, prompts=None, engine=None, eos=(), pad=0, micro=None
 ) -> Run:
     """``assemble_run`` with stand-ins for what a random-weight model has no files for:
     the tokenizer (empty completions) and the rewards (N(0, 1)). ``prompts``: token-id
-    lists to sample from."""
+    lists to sample from; ``micro``: the planned size of ``micro_batch_size: auto``."""
     prompts = prompts or [[pad]] * cfg.trainer.batch_size
     rows = [PromptRow(index=i, prompt="") for i in range(len(prompts))]
     train = PromptSet(rows=rows, texts=[""] * len(rows), ids=prompts)
     return assemble_run(
         cfg, models, engine=engine, rewards=random_rewards, train=train, tokenizer=_NoText(),
-        log=log, eos_ids=list(eos), pad_id=pad,
+        log=log, eos_ids=list(eos), pad_id=pad, micro_batch_size=micro,
     )  # fmt: skip
 
 

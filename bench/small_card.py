@@ -1,0 +1,146 @@
+"""Small cards simulated on a large one: the seed story's PPO step at the Qwen2-7B shape
+under a memory budget, ``trainer.micro_batch_size: auto``.
+
+    python -m bench small-card --budget 24GiB --name small_card_24gib
+    python -m bench small-card --budget 12GiB --qlora --name small_card_12gib
+
+The process is capped to ``--budget`` (``torch.cuda.set_per_process_memory_fraction``, as
+``speed.gpu_memory`` does in ``danka train``), the micro-batch comes from the memory plan
+(``danka.planning.micro``), and the PPO step of ``python -m bench train --only ppo_7b``
+runs (actor LoRA r8, critic LoRA + value head, reference = adapters off, gradient
+checkpointing, KL 0.05, 4 prompts x 512 tokens + exactly 128 new tokens on a random base;
+``--qlora``: an NF4 base loaded by danka's own path, HF ``generate``). The JSON keeps the
+planned and the measured peak, the micro-batch planned and at the end, and how many
+out-of-memory retries the run needed (``speed.auto_micro_batch``: each halves a size).
+``--tiny --device cpu`` runs the same code on a tiny model (no budget: a CPU plans none).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from bench import danka_side as ds
+from bench.common import GIB, add_output_args, environment, free, parser, write_result
+from bench.ppo_memory import SIZES, qlora_overrides, save_checkpoint
+from bench.training import pick_size, random_model, run_steps, shape
+from danka.config import load_config
+from danka.config.units import parse_memory
+from danka.models import tiny
+from danka.planning.memory import OVERHEAD_BYTES
+from danka.planning.micro import plan_micro_batch
+from danka.rollout.base import build_engine
+
+
+class _Retries(logging.Handler):
+    """Counts the ``out of memory in the <phase>: ...`` warnings of the halving retries."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("out of memory in the "):
+            self.lines.append(record.getMessage())
+
+
+def overrides(args, dev: torch.device) -> list[str]:
+    z = pick_size(args, SIZES)
+    return [
+        "model.actor_model_name_or_path=random:qwen2-7b", f"model.device={dev}",
+        "model.use_gradient_checkpointing=true", "data.task=arithmetic", "trainer.algorithm=ppo",
+        f"trainer.batch_size={z.b}", "trainer.samples_per_prompt=1",
+        "trainer.micro_batch_size=auto", f"trainer.max_new_tokens={z.new}",
+        f"trainer.max_length={z.p + z.new + 64}", "loss.kl.coef=0.05", "optim.lr=1e-5",
+        f"rollout.engine={'hf' if args.qlora else 'fast' if dev.type == 'cuda' else 'hf'}",
+    ]  # fmt: skip
+
+
+def cap(dev: torch.device, budget: int | None) -> dict:
+    """Cap this process to ``budget`` bytes of the GPU (what a smaller card would hold)."""
+    if budget is None:
+        return {"budget_gib": None}
+    total = torch.cuda.get_device_properties(dev).total_memory
+    torch.cuda.set_per_process_memory_fraction(budget / total, dev)
+    return {"budget_gib": budget / GIB, "device_total_gib": total / GIB}
+
+
+def measure(args) -> dict:
+    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    config, dtype = shape(args, tiny.qwen2_7b_config)
+    budget = parse_memory(args.budget) if dev.type == "cuda" else None
+    over = overrides(args, dev)
+    cfg, _ = load_config(None, over)
+    res: dict = {"overrides": over, "qlora": args.qlora, **cap(dev, budget)}
+    if args.qlora:  # the plan prices what the run loads: an NF4 base
+        cfg, _ = load_config(None, over + ["model.load_in_4bit=true"])
+    plan = plan_micro_batch(cfg, budget, model_config=config)
+    res["micro_batch_planned"] = plan.size
+    res["plan"] = plan.line() if plan.fits else str(plan.refusal())
+    res["planned_peak_gib"] = None if plan.peak is None else plan.peak / GIB
+    res["planned_with_overhead_gib"] = (
+        None if plan.peak is None else (plan.peak + OVERHEAD_BYTES) / GIB
+    )
+    if not plan.fits:
+        return res
+    log = logging.getLogger("danka.bench.small_card")
+    retries = _Retries()
+    log.addHandler(retries)
+    z = pick_size(args, SIZES)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, config.vocab_size - 100, (z.p,), generator=g).tolist()
+               for _ in range(z.b)]  # fmt: skip
+    eos, pad = [config.vocab_size], config.pad_token_id or 0  # every answer runs all new tokens
+    t0 = time.perf_counter()
+    if args.qlora:
+        base = random_model(config, dev, dtype)
+        ckpt = save_checkpoint(args, base)
+        del base
+        free(dev)
+        cfg, _ = load_config(None, over + qlora_overrides(ckpt["path"]))
+        models = ds.load_models(cfg, dev, log)
+    else:
+        models = ds.wrap_models(cfg, random_model(config, dev, dtype), log)
+    res["load_s"] = time.perf_counter() - t0
+    run = ds.build_run_for_bench(cfg, models, dev, dtype, log, prompts=prompts, eos=eos,
+                                 pad=pad, micro=plan.size)  # fmt: skip
+    ds.set_engine(run, build_engine(cfg.rollout.engine))
+    try:
+        steps = run_steps(run, args.steps, dev)
+    finally:
+        ds.close_run(run)
+    res.update(
+        steps=args.steps,
+        median_step_s=steps["median_step_s"],
+        phase_peak_gib=steps["phase_peak_gib"],
+        measured_peak_gib=(steps["phase_peak_gib"] or {}).get("step"),
+        measured_reserved_gib=(
+            torch.cuda.max_memory_reserved(dev) / GIB if dev.type == "cuda" else None
+        ),
+        micro_batch_final=run.state.micro_batch_size,
+        oom_retries=len(retries.lines),
+        oom_lines=retries.lines,
+    )
+    if res["measured_peak_gib"] and res["planned_peak_gib"]:
+        res["plan_error"] = (res["planned_peak_gib"] - res["measured_peak_gib"]) / res[
+            "measured_peak_gib"
+        ]
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser("small-card", __doc__)
+    p.add_argument("--budget", default="24GiB", help="the card to simulate, e.g. 24GiB, 12GiB")
+    p.add_argument("--qlora", action="store_true", help="an NF4 base (bitsandbytes), HF generate")
+    p.add_argument("--steps", type=int, default=3, help="PPO steps (the median skips the first)")
+    p.add_argument("--tiny", action="store_true", help="a tiny Qwen2 (tests, CPU)")
+    p.add_argument("--device", help="cuda (default when present) or cpu")
+    p.add_argument("--ckpt-dir", help="--qlora: where the random base's checkpoint goes")
+    add_output_args(p)
+    args = p.parse_args(argv)
+    res = {"bench": "small-card", "environment": environment(), **measure(args)}
+    name = args.name or f"small_card_{args.budget.lower().replace('.', '_')}"
+    write_result(res, args.out_dir, name)
+    return 0

@@ -71,7 +71,6 @@ def ensure_converted(
             f"{target} exists but is not a complete danka conversion",
             fix=f"delete {target} and run again",
         )
-    check_readable(gguf_path)
     log(f"Converting {gguf_path.name} to a plain HF folder (one time) in {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
@@ -96,22 +95,32 @@ def check_readable(gguf_path: Path) -> None:
         from gguf import GGUFReader
     except ImportError:  # transformers will name the missing package itself
         return
+    fix = "download the .gguf file again and compare its size with the original"
+    with open(gguf_path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise UserError(
+                f"cannot read the GGUF file {gguf_path}: it does not start with 'GGUF', so it "
+                "is not a GGUF file",
+                where=str(gguf_path),
+                fix="give a .gguf model file, or the model's Hugging Face folder",
+            )
     try:
         reader = GGUFReader(str(gguf_path))
         end = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0)
     except (ValueError, IndexError, KeyError, OSError) as err:
         raise UserError(
-            f"the GGUF file is truncated or damaged ({type(err).__name__}: {str(err)[:120]})",
+            f"cannot read the GGUF file {gguf_path}: it is truncated or damaged "
+            f"({type(err).__name__}: {str(err)[:120]})",
             where=str(gguf_path),
-            fix="download the .gguf file again and compare its size with the original",
+            fix=fix,
         ) from err
     size = gguf_path.stat().st_size
     if end > size:
         raise UserError(
-            f"the GGUF file is truncated or damaged: its tensors need {end:,} bytes, "
-            f"the file has {size:,}",
+            f"cannot read the GGUF file {gguf_path}: it is truncated or damaged (its tensors "
+            f"need {end:,} bytes, the file has {size:,})",
             where=str(gguf_path),
-            fix="download the .gguf file again and compare its size with the original",
+            fix=fix,
         )
 
 
@@ -121,6 +130,7 @@ def convert(gguf_path: Path, out: Path, log: Log = print, *, info: dict | None =
 
     from danka.models.special_tokens import fix_special_tokens, sync_special_tokens
 
+    check_readable(gguf_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         model = AutoModelForCausalLM.from_pretrained(

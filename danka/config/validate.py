@@ -199,16 +199,11 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             "choose a mini_batch_size that divides batch_size",
         )
     seqs = t.mini_batch_size * t.samples_per_prompt
-    if isinstance(t.micro_batch_size, str):
-        if t.micro_batch_size != "auto":
-            fail(
-                "trainer.micro_batch_size",
-                f"must be a number or auto, got {t.micro_batch_size!r}",
-                "e.g. 8, or auto (the largest the GPU's memory plan fits)",
-            )
-    elif t.micro_batch_size < 1:
-        fail("trainer.micro_batch_size", f"must be >= 1, got {t.micro_batch_size}", "e.g. 8")
-    elif seqs % t.micro_batch_size:
+    micro = t.micro_batch_size
+    if micro != "auto" and (isinstance(micro, str) or micro < 1):
+        fail("trainer.micro_batch_size", f"must be a number >= 1 or auto, got {micro!r}",
+             "e.g. 8, or auto (the largest the GPU's memory plan fits)")  # fmt: skip
+    elif micro != "auto" and seqs % micro:
         fail(
             "trainer.micro_batch_size",
             f"a mini-batch has mini_batch_size x samples_per_prompt = {t.mini_batch_size} x "

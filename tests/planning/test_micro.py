@@ -82,8 +82,8 @@ def test_a_numeric_micro_batch_is_left_alone(tmp_path):
 @pytest.mark.parametrize(
     "override, words",
     [
-        ("trainer.micro_batch_size=big", "must be a number or auto, got 'big'"),
-        ("trainer.micro_batch_size=0", "must be >= 1, got 0"),
+        ("trainer.micro_batch_size=big", "must be a number >= 1 or auto, got 'big'"),
+        ("trainer.micro_batch_size=0", "must be a number >= 1 or auto, got 0"),
         ("speed.gpu_memory=lots", "cannot read 'lots' as a size"),
     ],
 )

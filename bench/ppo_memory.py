@@ -41,17 +41,34 @@ QLORA_SUFFIX = "-qlora"
 SIZES = ({"b": 4, "p": 512, "new": 128}, {"b": 2, "p": 32, "new": 16})  # (real, --tiny)
 
 
+def step_overrides(z, dev: torch.device, micro: int | str) -> list[str]:
+    """The PPO step's settings: ``z.b`` prompts x ``z.p`` tokens + ``z.new`` new tokens."""
+    return [
+        "model.actor_model_name_or_path=random:qwen2-7b", f"model.device={dev}",
+        "model.use_gradient_checkpointing=true", "data.task=arithmetic", "trainer.algorithm=ppo",
+        f"trainer.batch_size={z.b}", "trainer.samples_per_prompt=1",
+        f"trainer.micro_batch_size={micro}", f"trainer.max_new_tokens={z.new}",
+        f"trainer.max_length={z.p + z.new + 64}", "trainer.kl.coef=0.05", "trainer.lr=1e-5",
+    ]  # fmt: skip
+
+
+def random_prompts(config, z) -> tuple[list[list[int]], list[int], int]:
+    """(``z.b`` random prompts of ``z.p`` tokens, eos ids, pad id). eos = vocab_size: a real
+    id is never sampled from vocab_size logits, so every response runs the full ``z.new``
+    tokens (the worst-case shape) with either engine."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(100, config.vocab_size - 100, (z.p,), generator=g).tolist()
+        for _ in range(z.b)
+    ]
+    return prompts, [config.vocab_size], config.pad_token_id or 0
+
+
 def ppo_7b(args, dev: torch.device, log) -> dict:
     z = pick_size(args, SIZES)
     config, dtype = shape(args, tiny.qwen2_7b_config)
     b, p, new, micro = z.b, z.p, z.new, (2 if args.tiny else args.ppo_micro)
-    overrides = [
-        "model.actor_model_name_or_path=random:qwen2-7b", f"model.device={dev}",
-        "model.use_gradient_checkpointing=true", "data.task=arithmetic", "trainer.algorithm=ppo",
-        f"trainer.batch_size={b}", "trainer.samples_per_prompt=1",
-        f"trainer.micro_batch_size={micro}", f"trainer.max_new_tokens={new}",
-        f"trainer.max_length={p + new + 64}", "trainer.kl.coef=0.05", "trainer.lr=1e-5",
-    ]  # fmt: skip
+    overrides = step_overrides(z, dev, micro)
     cfg, _ = load_config(None, overrides)
     engines = [e.strip() for e in args.ppo_engines.split(",") if e.strip()]
     # Random weights: no file to load, so the model is built on the GPU and wrapped by the
@@ -59,13 +76,7 @@ def ppo_7b(args, dev: torch.device, log) -> dict:
     # value head, reference = adapters off); a bench run stands in for tokenizer, data and
     # rewards. QLoRA variants load a checkpoint of the same random base.
     base = random_model(config, dev, dtype)
-    g = torch.Generator().manual_seed(0)
-    prompts = [
-        torch.randint(100, config.vocab_size - 100, (p,), generator=g).tolist() for _ in range(b)
-    ]
-    # eos = vocab_size: a real id is never sampled from vocab_size logits, so every response
-    # runs the full `new` tokens (the worst-case shape) with either engine
-    eos, pad = [config.vocab_size], config.pad_token_id or 0
+    prompts, eos, pad = random_prompts(config, z)
     out = {"shape": "tiny" if args.tiny else "qwen2-7b",
            "weights_gib": sum(x.numel() * x.element_size() for x in base.parameters()) / GIB,
            "prompts": b, "prompt_len": p, "new_tokens": new, "micro_batch": micro,

@@ -24,7 +24,7 @@ import torch
 
 from bench import danka_side as ds
 from bench.common import GIB, add_output_args, environment, free, parser, write_result
-from bench.ppo_memory import SIZES, qlora_overrides, save_checkpoint
+from bench.ppo_memory import SIZES, qlora_overrides, random_prompts, save_checkpoint, step_overrides
 from bench.training import pick_size, random_model, run_steps, shape
 from danka.config import load_config
 from danka.config.units import parse_memory
@@ -47,15 +47,10 @@ class _Retries(logging.Handler):
 
 
 def overrides(args, dev: torch.device) -> list[str]:
-    z = pick_size(args, SIZES)
-    return [
-        "model.actor_model_name_or_path=random:qwen2-7b", f"model.device={dev}",
-        "model.use_gradient_checkpointing=true", "data.task=arithmetic", "trainer.algorithm=ppo",
-        f"trainer.batch_size={z.b}", "trainer.samples_per_prompt=1",
-        "trainer.micro_batch_size=auto", f"trainer.max_new_tokens={z.new}",
-        f"trainer.max_length={z.p + z.new + 64}", "loss.kl.coef=0.05", "optim.lr=1e-5",
-        f"rollout.engine={'hf' if args.qlora else 'fast' if dev.type == 'cuda' else 'hf'}",
-    ]  # fmt: skip
+    """The PPO step of ``bench train --only ppo_7b`` with ``micro_batch_size: auto``; the
+    fast engine on a GPU (HF for QLoRA and on a CPU)."""
+    engine = "fast" if dev.type == "cuda" and not args.qlora else "hf"
+    return [*step_overrides(pick_size(args, SIZES), dev, "auto"), f"rollout.engine={engine}"]
 
 
 def cap(dev: torch.device, budget: int | None) -> dict:
@@ -88,11 +83,7 @@ def measure(args) -> dict:
     log = logging.getLogger("danka.bench.small_card")
     retries = _Retries()
     log.addHandler(retries)
-    z = pick_size(args, SIZES)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, config.vocab_size - 100, (z.p,), generator=g).tolist()
-               for _ in range(z.b)]  # fmt: skip
-    eos, pad = [config.vocab_size], config.pad_token_id or 0  # every answer runs all new tokens
+    prompts, eos, pad = random_prompts(config, pick_size(args, SIZES))
     t0 = time.perf_counter()
     if args.qlora:
         base = random_model(config, dev, dtype)

@@ -62,7 +62,6 @@ from pathlib import Path
 from typing import Any
 
 from danka.config.schema import DankaConfig
-from danka.config.units import parse_memory  # noqa: F401  (danka estimate's --gpu-memory)
 from danka.errors import UserError
 
 GIB = 2**30
@@ -370,7 +369,8 @@ def _shape(config: Any) -> dict[str, int]:
     }
 
 
-def _set(cfg: DankaConfig, changes: dict[str, Any]) -> DankaConfig:
+def with_settings(cfg: DankaConfig, changes: dict[str, Any]) -> DankaConfig:
+    """A copy of ``cfg`` with ``{dotted key: value}`` applied (the candidates a plan prices)."""
     out = copy.deepcopy(cfg)
     for dotted, value in changes.items():
         section, key = dotted.split(".")
@@ -409,7 +409,7 @@ def _fixes(cfg: DankaConfig, budget: int, estimate: Callable[[DankaConfig], dict
     suffices; else changes applied greedily (the one that saves most first) until it fits."""
     single = []
     for change in _candidates(cfg):
-        peak = estimate(_set(cfg, change))["peak"]
+        peak = estimate(with_settings(cfg, change))["peak"]
         if peak + OVERHEAD_BYTES <= budget:
             single.append(f"{_label(change)}  (peak {peak / GIB:.1f} GiB)")
     if single:
@@ -418,12 +418,13 @@ def _fixes(cfg: DankaConfig, budget: int, estimate: Callable[[DankaConfig], dict
     trial = cfg
     for _ in range(16):
         options = [
-            (estimate(_set(trial, ch))["peak"], i, ch) for i, ch in enumerate(_candidates(trial))
+            (estimate(with_settings(trial, ch))["peak"], i, ch)
+            for i, ch in enumerate(_candidates(trial))
         ]
         if not options:
             break
         peak, _, change = min(options)
-        trial = _set(trial, change)
+        trial = with_settings(trial, change)
         applied.update(change)
         if peak + OVERHEAD_BYTES <= budget:
             return [f"{_label(applied)}  (peak {peak / GIB:.1f} GiB)"]
@@ -453,7 +454,6 @@ def estimate_memory(
     result = estimate(cfg)
     result["model"] = cfg.model.actor_model_name_or_path
     result["shape"] = shape
-    result["micro_batch_size"] = cfg.trainer.micro_batch_size
     if gpu_memory is not None:
         result["gpu_memory"] = gpu_memory
         result["fits"] = result["peak"] + OVERHEAD_BYTES <= gpu_memory

@@ -11,7 +11,6 @@ the largest divisor of a mini-batch below it).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from danka.planning.memory import (
     estimate_memory,
     load_model_config,
     samples_per_prompt_of,
+    with_settings,
 )
 
 CPU_MICRO_BATCH = 8  # the size every config had before ``auto`` (no memory model for RAM)
@@ -86,8 +86,7 @@ def plan_micro_batch(
         return MicroPlan(next(d for d in sizes if d <= CPU_MICRO_BATCH))
     config = model_config or load_model_config(cfg.model.actor_model_name_or_path, base_dir)
     for size in sizes:
-        trial = copy.deepcopy(cfg)
-        trial.trainer.micro_batch_size = size
+        trial = with_settings(cfg, {"trainer.micro_batch_size": size})
         plan = estimate_memory(trial, gpu_memory=budget, model_config=config)
         if plan["fits"]:
             return MicroPlan(size, plan["peak"], budget, plan["peak_phase"])
@@ -109,6 +108,4 @@ def with_planned(
     plan = plan_micro_batch(
         cfg, budget, model_config=model_config, world_size=world_size, base_dir=base_dir
     )
-    planned = copy.deepcopy(cfg)
-    planned.trainer.micro_batch_size = plan.size
-    return planned, plan
+    return with_settings(cfg, {"trainer.micro_batch_size": plan.size}), plan

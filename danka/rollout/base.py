@@ -76,6 +76,12 @@ class RolloutEngine:
         return None
 
 
+def halve_groups(current: int, n: int) -> int | None:
+    """Half of ``current`` sequences per call in whole groups of ``n`` (at least one group),
+    or None when ``current`` is one group already: what ``halve_batch`` shrinks to."""
+    return None if current <= n else max(n, current // 2 // n * n)
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """Engine settings from the config (``rollout.*``); the default of each means "not set".

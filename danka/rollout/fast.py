@@ -36,7 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from danka.data.template import left_pad
 from danka.errors import UserError
-from danka.rollout.base import RolloutEngine, Sampled, SamplingParams
+from danka.rollout.base import RolloutEngine, Sampled, SamplingParams, halve_groups
 from danka.rollout.fast_model import decode_forward, decode_layer, prefill, rope_tables
 from danka.rollout.fast_sampling import check_eos_ids, sample_next
 from danka.rollout.fast_slots import Slots, draw_seed
@@ -201,11 +201,12 @@ class FastEngine(RolloutEngine):
 
     def halve_batch(self, n: int, total: int) -> tuple[int, int] | None:
         current = min(self.max_batch, total)
-        if current <= n:
+        smaller = halve_groups(current, n)
+        if smaller is None:
             return None
         self.release()  # the KV cache and graphs were sized to the larger batch
-        self.max_batch = max(n, current // 2 // n * n)  # whole groups
-        return current, self.max_batch
+        self.max_batch = smaller
+        return current, smaller
 
     def release(self) -> None:
         """Free the KV cache, weight buffers and CUDA graphs (the next call rebuilds them)."""

@@ -14,7 +14,7 @@ from transformers import GenerationConfig
 
 from danka.data.template import left_pad
 from danka.rollout import hf_prefix
-from danka.rollout.base import RolloutEngine, Sampled, SamplingParams
+from danka.rollout.base import RolloutEngine, Sampled, SamplingParams, halve_groups
 from danka.rollout.fast_weights import unwrap_causal_lm
 
 
@@ -29,10 +29,11 @@ class HFGenerateEngine(RolloutEngine):
 
     def halve_batch(self, n: int, total: int) -> tuple[int, int] | None:
         current = min(self.batch_size or total, total)
-        if current <= n:
+        smaller = halve_groups(current, n)
+        if smaller is None:
             return None
-        self.batch_size = max(n, current // 2 // n * n)  # whole groups
-        return current, self.batch_size
+        self.batch_size = smaller
+        return current, smaller
 
     def sample(self, model, prompt_ids, params, eos_ids, pad_id, generator) -> Sampled:
         device = next(model.parameters()).device

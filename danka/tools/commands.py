@@ -374,7 +374,8 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
 @command("estimate", "GPU memory plan per phase, and whether the config fits", _estimate_args)
 def _estimate(args) -> int:
     from danka.config import load_config
-    from danka.planning.memory import estimate_memory, load_model_config, parse_memory
+    from danka.config.units import parse_memory
+    from danka.planning.memory import estimate_memory, load_model_config
     from danka.planning.micro import with_planned
     from danka.tools.estimate import format_plan
 
@@ -389,9 +390,9 @@ def _estimate(args) -> int:
             if torch.cuda.is_available()
             else parse_memory("24GB")
         )
-    planned, micro = with_planned(cfg, budget, model_config=load_model_config(
-        cfg.model.actor_model_name_or_path, base_dir))  # fmt: skip
-    result = estimate_memory(planned, base_dir=base_dir, gpu_memory=budget)
+    config = load_model_config(cfg.model.actor_model_name_or_path, base_dir)  # read once
+    planned, micro = with_planned(cfg, budget, model_config=config)
+    result = estimate_memory(planned, gpu_memory=budget, model_config=config)
     if micro is not None:
         result["micro_batch_plan"] = micro.line()
     print(json.dumps(result, indent=2, default=str) if args.json else format_plan(result))

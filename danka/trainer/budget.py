@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import torch
 
 from danka import distributed as dist
 from danka.config.schema import DankaConfig
-from danka.config.units import parse_memory
+from danka.config.units import GIB, parse_memory
 from danka.errors import UserError
-from danka.planning.micro import with_planned
+from danka.planning.memory import with_settings
+from danka.planning.micro import plan_micro_batch
 
 
 def memory_budget(cfg: DankaConfig, device: torch.device, log: logging.Logger) -> int | None:
@@ -33,25 +33,25 @@ def memory_budget(cfg: DankaConfig, device: torch.device, log: logging.Logger) -
     budget = parse_memory(size, where="speed.gpu_memory")
     if budget > total:
         raise UserError(
-            f"speed.gpu_memory {size} is more than this GPU's {total / 2**30:.1f} GiB",
+            f"speed.gpu_memory {size} is more than this GPU's {total / GIB:.1f} GiB",
             where="speed.gpu_memory",
-            fix=f"set at most {total / 2**30:.0f}GiB, or remove it (the GPU's free memory)",
+            fix=f"set at most {total / GIB:.0f}GiB, or remove it (the GPU's free memory)",
         )
     torch.cuda.set_per_process_memory_fraction(budget / total, device)
-    log.info(f"speed.gpu_memory: this process is capped at {size} of {total / 2**30:.1f} GiB")
+    log.info(f"speed.gpu_memory: this process is capped at {size} of {total / GIB:.1f} GiB")
     return min(budget, free)
 
 
-def micro_batch(cfg: DankaConfig, base_dir, engine: str, budget: int | None, log) -> int:
+def micro_batch(
+    cfg: DankaConfig, budget: int | None, *, engine: str = "hf", base_dir=None, log=None
+) -> int:
     """``trainer.micro_batch_size``, or for ``auto`` the largest size the memory plan fits
-    in ``budget`` with ``engine`` (danka.planning.micro); exit 2 when one sequence does not
-    fit."""
+    in ``budget`` with ``engine`` (danka.planning.micro; None: a CPU run); exit 2 when one
+    sequence does not fit."""
     if cfg.trainer.micro_batch_size != "auto":
         return cfg.trainer.micro_batch_size
-    c = copy.deepcopy(cfg)
-    c.rollout.engine = engine
-    _, plan = with_planned(c, budget, world_size=dist.world_size(), base_dir=base_dir)
-    assert plan is not None
+    with_engine = with_settings(cfg, {"rollout.engine": engine})
+    plan = plan_micro_batch(with_engine, budget, world_size=dist.world_size(), base_dir=base_dir)
     if not plan.fits:
         raise plan.refusal()
     if log is not None:

@@ -164,7 +164,7 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     log.info(data_line(cfg, train_rows, held_rows))
     budget = memory_budget(cfg, device, log)
     engine_name = choose_engine(cfg, device, log, budget)
-    micro = micro_batch(cfg, base_dir, engine_name, budget, log)
+    micro = micro_batch(cfg, budget, engine=engine_name, base_dir=base_dir, log=log)
     tokenizer = build_tokenizer(cfg, log)
     agent = build_agent(cfg, tokenizer, base_dir)  # None unless rollout.tools / environment
     try:
@@ -232,7 +232,7 @@ def assemble_run(
     one, auto takes the CPU size: :func:`micro_batch` plans for a GPU)."""
     t = cfg.trainer
     if micro_batch_size is None:
-        micro_batch_size = micro_batch(cfg, base_dir, "hf", None, None)
+        micro_batch_size = micro_batch(cfg, None)
     device = next(models.policy.parameters()).device
     sampler = PromptSampler(len(train.rows), t.batch_size, seed=t.seed, shuffle=cfg.data.shuffle)
     total = t.total_steps or sampler.steps_per_epoch * t.num_epochs

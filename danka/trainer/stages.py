@@ -64,33 +64,30 @@ class Stages:
         sequences per generate call and samples again (kept for the rest of the run; the
         new samples are drawn afresh, so they differ from the ones the first try would have
         given). One group per call that does not fit: the explanation stands."""
-        while True:
-            try:
-                return sample(self.sampling, prompt_idx)
-            except OutOfMemory:
-                n, engine = self.sampling.params.n, self.sampling.engine
-                sizes = (
-                    engine.halve_batch(n, n * len(prompt_idx)) if self.auto_micro_batch else None
-                )
-                if sizes is None:
-                    raise
-                self.log.warning(
-                    f"out of memory in the rollout: sequences per generate call {sizes[0]} -> "
-                    f"{sizes[1]} (kept for the rest of the run)"
-                )
+        n = self.sampling.params.n
+        return self._retry_smaller(
+            "rollout",
+            "sequences per generate call",
+            lambda: sample(self.sampling, prompt_idx),
+            lambda: self.sampling.engine.halve_batch(n, n * len(prompt_idx)),
+        )
 
     def score(self, rollout: Rollout) -> Scored:
         return score(self.rewards, self.prompts, rollout, self.scoring)
 
     def old_and_ref(self, scored: Scored) -> OldAndRef:
-        return self._halving(
-            "log-probs", lambda: prep.old_and_ref(self.models, self.algo, scored, self.preparing)
-        )
+        return self._retry_smaller(
+            "log-probs", "micro_batch_size",
+            lambda: prep.old_and_ref(self.models, self.algo, scored, self.preparing),
+            self._halve_micro,
+        )  # fmt: skip
 
     def values(self, scored: Scored) -> torch.Tensor | None:
-        return self._halving(
-            "log-probs", lambda: prep.values(self.models, self.algo, scored, self.preparing)
-        )
+        return self._retry_smaller(
+            "log-probs", "micro_batch_size",
+            lambda: prep.values(self.models, self.algo, scored, self.preparing),
+            self._halve_micro,
+        )  # fmt: skip
 
     def advantages(self, scored: Scored, logp: OldAndRef, values) -> Prepared:
         coef = float(self.kl_ctl.value)
@@ -98,8 +95,8 @@ class Stages:
 
     def update(self, prepared: Prepared, step: int) -> UpdateStats:
         """Step 7. A non-finite loss or gradient skips the optimiser step (reported in the
-        result); an out-of-memory halves the micro-batch and retries (:meth:`_halving`; no
-        optimiser step has happened yet when a forward/backward runs out).
+        result); an out-of-memory halves the micro-batch and retries (:meth:`_retry_smaller`;
+        no optimiser step has happened yet when a forward/backward runs out).
         During ``trainer.critic_warmup_steps`` only the critic learns. The schedules step
         either way."""
         try:
@@ -129,31 +126,41 @@ class Stages:
 
     def _update(self, prepared: Prepared, step: int) -> UpdateStats:
         train_actor = step > self.critic_warmup_steps
-        return self._halving(
-            "update",
-            lambda: self.run_update(prepared, train_actor=train_actor),
-            before_retry=self.opts.zero_grad,  # the gradients of the micro-batches that ran
-        )
 
-    def _halving(self, phase: str, attempt, before_retry=None):
+        def halve() -> tuple[int, int] | None:
+            self.opts.zero_grad()  # the gradients of the micro-batches that ran
+            return self._halve_micro()
+
+        return self._retry_smaller(
+            "update", "micro_batch_size",
+            lambda: self.run_update(prepared, train_actor=train_actor), halve,
+        )  # fmt: skip
+
+    def _halve_micro(self) -> tuple[int, int] | None:
+        """Halve the run's micro-batch: ``(before, after)``, None at 1. The same numbers up
+        to float rounding: losses are normalised by the step's token counts."""
+        micro = self.state.micro_batch_size
+        if micro == 1:
+            return None
+        self.state.micro_batch_size = micro // 2
+        return micro, micro // 2
+
+    def _retry_smaller(self, phase: str, what: str, attempt, shrink):
         """``attempt()``; with ``speed.auto_micro_batch`` (the default) an out-of-memory
-        halves the micro-batch and runs it again, one ``[WARNING]`` per halving, and the
-        smaller size stays for the rest of the run. The same numbers up to float rounding:
-        losses are normalised by the step's token counts, not per micro-batch. At size 1,
-        or with the setting off, the phase's explanation (:class:`OutOfMemory`) stands."""
+        runs ``shrink()`` (``(before, after)`` of ``what``, None when it cannot shrink) and
+        the phase again, one ``[WARNING]`` per shrink; the smaller size stays for the rest
+        of the run. Where nothing shrinks, or with the setting off, the phase's
+        explanation (:class:`OutOfMemory`) stands."""
         while True:
             try:
                 return attempt()
             except OutOfMemory:
-                micro = self.state.micro_batch_size
-                if not self.auto_micro_batch or micro == 1:
+                sizes = shrink() if self.auto_micro_batch else None
+                if sizes is None:
                     raise
-                if before_retry is not None:
-                    before_retry()
-                self.state.micro_batch_size = max(1, micro // 2)
                 self.log.warning(
-                    f"out of memory in the {phase}: micro_batch_size {micro} -> "
-                    f"{self.state.micro_batch_size} (kept for the rest of the run)"
+                    f"out of memory in the {phase}: {what} {sizes[0]} -> {sizes[1]} "
+                    "(kept for the rest of the run)"
                 )
 
     def measured_kl(self, prepared: Prepared, upd: UpdateStats) -> float | None:

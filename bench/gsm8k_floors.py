@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import platform
 import time
-from collections import Counter
 from pathlib import Path
 
 from bench.common import add_output_args, parser, write_result
-from danka.rewards.builtin import gsm8k, last_number_in
+from danka.data.gsm8k import official_row
+from danka.diagnose.floors import guess_answers
+from danka.rewards.builtin import gsm8k
 from danka.types import PromptRow
 
 
@@ -29,9 +30,8 @@ def load_test(path: Path) -> list[PromptRow]:
     rows = []
     for i, line in enumerate(path.read_text().splitlines()):
         if line.strip():
-            row = json.loads(line)
-            truth = row["answer"].split("####")[-1].strip().replace(",", "")
-            rows.append(PromptRow(index=i, prompt=row["question"], ground_truth=truth))
+            question, _, truth = official_row(f"{path}:{i + 1}", json.loads(line))
+            rows.append(PromptRow(index=i, prompt=question, ground_truth=truth))
     return rows
 
 
@@ -41,12 +41,13 @@ def strict_accuracy(rows: list[PromptRow], answers: list[str]) -> float:
 
 
 def floors(rows: list[PromptRow]) -> dict:
-    common, count = Counter(r.ground_truth for r in rows).most_common(1)[0]
-    last = [last_number_in(str(r.prompt)) or "" for r in rows]
+    guesses = guess_answers(rows)  # the run doctor's guesses (danka.diagnose.floors)
+    common = guesses["common_answer"][0]
     return {
-        "constant": {"answer": f"#### {common}", "times_right": count,
-                     "strict": strict_accuracy(rows, [common] * len(rows))},
-        "last_number_of_question": {"strict": strict_accuracy(rows, last)},
+        "constant": {"answer": f"#### {common}",
+                     "times_right": sum(r.ground_truth == common for r in rows),
+                     "strict": strict_accuracy(rows, guesses["common_answer"])},
+        "last_number_of_question": {"strict": strict_accuracy(rows, guesses["last_prompt_number"])},
     }  # fmt: skip
 
 

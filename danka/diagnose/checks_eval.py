@@ -4,13 +4,13 @@ completions (``completions/step_N.jsonl``)."""
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 
 from danka.diagnose.findings import CHECKS, CheckMeta, Finding
 from danka.diagnose.record import RunRecord
 from danka.diagnose.series import g, pct
 from danka.diagnose.settings import add_kl, key
+from danka.rewards.builtin import last_number_in
 
 GUESS_FLOOR_KEY = "eval/guess_floor"  # written by the evaluation (danka.diagnose.floors)
 # More than 30% of held-out answers cut at the limit: they score 0, so accuracy measures
@@ -160,15 +160,12 @@ def probe_drift(run: RunRecord, at: int) -> Finding | None:
     )
 
 
-_LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
 def final_answer(text: str) -> str:
-    """The answer a completion ends with: its last number (commas removed), else its last
-    non-empty line (first 40 characters)."""
-    found = _LAST_NUMBER.findall(text or "")
-    if found:
-        return found[-1].replace(",", "")
+    """The answer a completion ends with: its last number (commas removed, as the
+    ``last_number`` reward reads it), else its last non-empty line (first 40 characters)."""
+    number = last_number_in(text or "")
+    if number is not None:
+        return number
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     return lines[-1][:40] if lines else ""
 

@@ -62,9 +62,9 @@ def step_metrics(
     means: dict[str, float] = {}
     shares: dict[str, float] = {}
     means.update(r.scored.rollout.agent_stats)
-    rounds = r.rounds
-    for key in _reward(rounds[0]):  # reward statistics over everything generated this step
-        means[key] = sum(_reward(x).get(key, 0.0) for x in rounds) / len(rounds)
+    parts = [_reward(x) for x in r.rounds]  # over everything generated this step
+    for key in parts[0]:
+        means[key] = sum(p.get(key, 0.0) for p in parts) / len(parts)
     if r.dynamic is not None:
         d = r.dynamic
         means.update({

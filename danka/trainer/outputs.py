@@ -145,9 +145,9 @@ class Outputs:
             self.probe_reference = ProbeReference.load(probe_file)
         probe_metrics, answers, self.probe_reference = probe(run, self.probe_reference)
         result.update(probe_metrics)
-        self.history["eval"].append({"step": step, **result})
         record = {"step": step, **result}
-        callbacks.on_eval(step, self.history["eval"][-1])
+        self.history["eval"].append(record)
+        callbacks.on_eval(step, record)
         if self.main:
             check_run_lock(self.output_dir, what=f"the step {step} evaluation")
             (self.output_dir / "eval").mkdir(exist_ok=True)

@@ -8,7 +8,8 @@
 Sides, at ``--prompts`` x ``--new-tokens`` (EOS disabled, so every sequence generates all
 tokens and every side does the same work), each with its first-call time and a timed call:
 ``fast`` (danka's engine; with ``--lora`` also with a live LoRA adapter, ``lora_`` with its
-fp32 low-rank path (peft's exactly) and ``lora_base_`` with ``lora_compute="base"``, and the
+fp32 low-rank path (peft's exactly), ``lora_base_`` with ``lora_compute="base"`` and
+``lora_merge_`` with ``lora_compute="merge"``, and the
 mean |log-prob diff| to a training forward), ``fast-whole-cache`` (attention over the whole
 KV capacity), ``fast-compile`` (``rollout.compile``), ``-triton`` variants
 (``rollout.decode_attention: triton``), ``hf-dynamic`` (HF generate, dynamic cache) and
@@ -154,9 +155,11 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
     """danka's engine: first call (weights + graph capture), then a timed call; plain model
     and, with --lora, the same model with a live LoRA adapter (unmerged): ``lora_`` with the
     low-rank path in the adapter's fp32 (exact), ``lora_base_`` in bf16 folded into the base
-    GEMMs (engine option ``lora_compute="base"``)."""
+    GEMMs (engine option ``lora_compute="base"``), ``lora_merge_`` merged into bf16 copies of
+    the weights at every call (``lora_compute="merge"``)."""
     sample = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens)
-    variants = [("", "adapter")] + ([("lora_", "adapter"), ("lora_base_", "base")] * args.lora)
+    lora = [("lora_", "adapter"), ("lora_base_", "base"), ("lora_merge_", "merge")]
+    variants = [("", "adapter")] + lora * args.lora
     lora_model = None
     for prefix, mode in variants:
         if prefix and lora_model is None:
@@ -211,7 +214,8 @@ def side_hf(args, model, prompts, tokens: int, res: dict, static: bool) -> None:
 
 HF_SIDES = ("hf-dynamic", "hf-static")
 VARIANTS = FAST_SIDES[1:]  # engine variants, compared with the default fast side
-PREFIXES = ("", "lora_", "lora_base_")  # plain, LoRA live, LoRA folded (lora_compute base)
+# plain, LoRA live, LoRA folded (lora_compute base), LoRA merged (lora_compute merge)
+PREFIXES = ("", "lora_", "lora_base_", "lora_merge_")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -3,6 +3,7 @@ under a memory budget, ``trainer.micro_batch_size: auto``.
 
     python -m bench small-card --budget 24GiB --name small_card_24gib
     python -m bench small-card --budget 12GiB --qlora --name small_card_12gib
+    python -m bench small-card --budget 24GiB --engine hf --name small_card_24gib_hf
 
 The process is capped to ``--budget`` (``torch.cuda.set_per_process_memory_fraction``, as
 ``speed.gpu_memory`` does in ``danka train``), the micro-batch comes from the memory plan
@@ -32,6 +33,7 @@ from danka.models import tiny
 from danka.planning.memory import OVERHEAD_BYTES
 from danka.planning.micro import plan_micro_batch
 from danka.rollout.base import build_engine
+from danka.trainer.budget import cap_process
 
 
 class _Retries(logging.Handler):
@@ -47,9 +49,9 @@ class _Retries(logging.Handler):
 
 
 def overrides(args, dev: torch.device) -> list[str]:
-    """The PPO step of ``bench train --only ppo_7b`` with ``micro_batch_size: auto``; the
-    fast engine on a GPU (HF for QLoRA and on a CPU)."""
-    engine = "fast" if dev.type == "cuda" and not args.qlora else "hf"
+    """The PPO step of ``bench train --only ppo_7b`` with ``micro_batch_size: auto``;
+    ``--engine`` on a GPU (HF for QLoRA and on a CPU)."""
+    engine = args.engine if dev.type == "cuda" and not args.qlora else "hf"
     return [*step_overrides(pick_size(args, SIZES), dev, "auto"), f"rollout.engine={engine}"]
 
 
@@ -57,8 +59,7 @@ def cap(dev: torch.device, budget: int | None) -> dict:
     """Cap this process to ``budget`` bytes of the GPU (what a smaller card would hold)."""
     if budget is None:
         return {"budget_gib": None}
-    total = torch.cuda.get_device_properties(dev).total_memory
-    torch.cuda.set_per_process_memory_fraction(budget / total, dev)
+    total = cap_process(budget, dev)
     return {"budget_gib": budget / GIB, "device_total_gib": total / GIB}
 
 
@@ -68,9 +69,16 @@ def measure(args) -> dict:
     budget = parse_memory(args.budget) if dev.type == "cuda" else None
     over = overrides(args, dev)
     cfg, _ = load_config(None, over)
-    res: dict = {"overrides": over, "qlora": args.qlora, **cap(dev, budget)}
+    ckpt = None
     if args.qlora:  # the plan prices what the run loads: an NF4 base
         cfg, _ = load_config(None, over + ["model.load_in_4bit=true"])
+        # the random bf16 base is written before the cap (a 12 GiB card could not hold
+        # it unquantized; a user's base comes from disk the same way)
+        base = random_model(config, dev, dtype)
+        ckpt = save_checkpoint(args, base)
+        del base
+        free(dev)
+    res: dict = {"overrides": over, "qlora": args.qlora, **cap(dev, budget)}
     plan = plan_micro_batch(cfg, budget, model_config=config)
     res["micro_batch_planned"] = plan.size
     res["plan"] = plan.line() if plan.fits else str(plan.refusal())
@@ -85,11 +93,7 @@ def measure(args) -> dict:
     log.addHandler(retries)
     prompts, eos, pad = random_prompts(config, pick_size(args, SIZES))
     t0 = time.perf_counter()
-    if args.qlora:
-        base = random_model(config, dev, dtype)
-        ckpt = save_checkpoint(args, base)
-        del base
-        free(dev)
+    if ckpt is not None:
         cfg, _ = load_config(None, over + qlora_overrides(ckpt["path"]))
         models = ds.load_models(cfg, dev, log)
     else:
@@ -125,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p = parser("small-card", __doc__)
     p.add_argument("--budget", default="24GiB", help="the card to simulate, e.g. 24GiB, 12GiB")
     p.add_argument("--qlora", action="store_true", help="an NF4 base (bitsandbytes), HF generate")
+    p.add_argument("--engine", default="fast", choices=["fast", "hf"],
+                   help="the rollout engine on a GPU (QLoRA and a CPU: hf)")  # fmt: skip
     p.add_argument("--steps", type=int, default=3, help="PPO steps (the median skips the first)")
     p.add_argument("--tiny", action="store_true", help="a tiny Qwen2 (tests, CPU)")
     p.add_argument("--device", help="cuda (default when present) or cpu")

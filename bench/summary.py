@@ -26,20 +26,21 @@ def _pct(x: float) -> str:
 
 def rollout(d: dict, name: str) -> Iterator[Row]:
     sides = d["sides"]
-    fast = sides.get("fast", {})
     parts = []
     variants = ("fast", "fast-whole-cache", "fast-compile", "fast-triton", "fast-compile-triton")
-    for side in variants:  # danka's engine variants
-        v = sides.get(side, {})
-        if "tok_s" in v:
-            lora = f"LoRA live {v['lora_tok_s']:,.0f}" if "lora_tok_s" in v else ""
-            if "lora_base_tok_s" in v:
-                lora += f", LoRA base {v['lora_base_tok_s']:,.0f}"
-            parts.append(f"{side} {v['tok_s']:,.0f} tok/s" + (f" ({lora})" if lora else ""))
+    ran = [side for side in variants if "tok_s" in sides.get(side, {})]
+    for side in ran:  # danka's engine variants
+        v = sides[side]
+        lora = f"LoRA live {v['lora_tok_s']:,.0f}" if "lora_tok_s" in v else ""
+        for key, label in (("lora_base_tok_s", "LoRA base"), ("lora_merge_tok_s", "LoRA merge")):
+            if key in v:
+                lora += f", {label} {v[key]:,.0f}"
+        parts.append(f"{side} {v['tok_s']:,.0f} tok/s" + (f" ({lora})" if lora else ""))
+    first = ran[0] if ran else None  # the HF ratio is against the first danka side run
     for side in ("hf-dynamic", "hf-static"):
-        if "tok_s" in sides.get(side, {}) and "tok_s" in fast:
-            ratio = fast["tok_s"] / sides[side]["tok_s"]
-            parts.append(f"{side} {sides[side]['tok_s']:,.0f} (fast {ratio:.2f}x)")
+        if "tok_s" in sides.get(side, {}) and first:
+            ratio = sides[first]["tok_s"] / sides[side]["tok_s"]
+            parts.append(f"{side} {sides[side]['tok_s']:,.0f} ({first} {ratio:.2f}x)")
     shape = f"{d['model']} {d['prompts']} x {d['new_tokens']}"
     yield f"rollout {shape}", "; ".join(parts), name
 
@@ -203,6 +204,19 @@ def shared_prefix(d: dict, name: str) -> Iterator[Row]:
         )
 
 
+def small_card(d: dict, name: str) -> Iterator[Row]:
+    """python -m bench small-card: a smaller card simulated, micro-batch auto."""
+    engine = "QLoRA, HF" if d["qlora"] else d["overrides"][-1].split("=")[-1]
+    yield (
+        f"7B-shape PPO step in a {d['budget_gib']:.0f} GiB budget ({engine})",
+        f"micro-batch {d['micro_batch_final']} (planned {d['micro_batch_planned']}); peak "
+        f"{d['measured_peak_gib']:.2f} GiB, planned {d['planned_peak_gib']:.2f} "
+        f"({d['plan_error']:+.1%}); {d['median_step_s']:.2f} s a step; "
+        f"{d['oom_retries']} out-of-memory retries",
+        name,
+    )
+
+
 # file pattern -> row maker; a file matching several patterns uses the first
 READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("rollout_*x*.json", rollout),
@@ -217,6 +231,7 @@ READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("gsm8k_floors.json", gsm8k_floors),
     ("quickstart_cpu.json", quickstart),
     ("shared_prefix_*.json", shared_prefix),
+    ("small_card_*.json", small_card),
 ]
 
 

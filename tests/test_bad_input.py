@@ -113,6 +113,14 @@ BAD_STARTS = {
     "rollout_compile_on_the_hf_engine": Bad(
         ("rollout.compile is set (True), but the 'hf' engine does not support it",
          "rollout.engine: fast"), {"rollout": {"compile": True}}, before_model=False),
+    "lora_compute_on_the_hf_engine": Bad(
+        ("rollout.lora_compute is set (merge), but the 'hf' engine does not support it",),
+        {"rollout": {"lora_compute": "merge"}}, before_model=False),
+    "lora_compute_without_an_adapter": Bad(
+        ("rollout.lora_compute", "this run trains no adapter (lora.enable_lora: false)"),
+        {"rollout": {"lora_compute": "base"}, "lora": {"enable_lora": False}}),
+    "unknown_lora_compute": Bad(("rollout.lora_compute", "fp8"),
+                                {"rollout": {"lora_compute": "fp8"}}),
     # data
     "invalid_json_line": Bad(("{root}/rows.jsonl:9", "invalid JSON"),
                              files={"rows.jsonl": "+{not json\n"}),

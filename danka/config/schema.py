@@ -288,6 +288,14 @@ class RolloutConfig:
         "mask) | triton (danka's split-K kernel over the live slots; CUDA + triton); other "
         "engines refuse a value set here",
     )
+    lora_compute: str = _f(
+        "adapter",
+        "fast engine, LoRA runs: the adapter's path in the rollout: adapter (peft's fp32 "
+        "low-rank matmuls, exact) | base (the low-rank matmuls in bf16, A folded into the base "
+        "GEMM) | merge (W + s*B@A merged into bf16 copies at every rollout: the speed of a "
+        "plain model; bf16 rounds away part of small deltas, logged as rollout/logprob_gap; "
+        "models up to ~1 GiB of copies)",
+    )
     tools: list[str] = _f(
         [], "tools offered to the model: calculator | python | path/to/file.py:function"
     )

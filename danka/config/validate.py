@@ -53,6 +53,7 @@ def choices() -> dict[str, set]:
         "reward.on_error": {"fail", "zero", "skip_sample"},
         "backend.fsdp.sharding": {"auto", "shard", "replicate"},
         "rollout.tool_sandbox": {"auto", "bwrap", "namespaces", "none"},
+        "rollout.lora_compute": {"adapter", "base", "merge"},  # = danka.rollout.fast.LORA_COMPUTE
     }
 
 
@@ -266,6 +267,13 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             "backend.hf_transformers.enable_hf_transformers",
             "true asks for the HF engine, which conflicts with rollout.engine: fast",
             "set only one of them",
+        )
+    if cfg.rollout.lora_compute != "adapter" and not lora.enable_lora:
+        fail(
+            "rollout.lora_compute",
+            f"{cfg.rollout.lora_compute} sets how a LoRA adapter runs in the rollout, and "
+            "this run trains no adapter (lora.enable_lora: false)",
+            "remove rollout.lora_compute, or set lora.enable_lora: true",
         )
     if d.eval_size < 0 or d.task_train_size < 1:
         fail("data.eval_size", "sizes must be >= 0", "e.g. data.eval_size: 200")

@@ -35,10 +35,18 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
                     predicted 39.5 / 79.5 KB per token per layer without / with fp32 LoRA
                     on all 7 projections, measured 40.2 / 80.1; with checkpointing
                     predicted 0.58 GiB, measured 0.60 GiB peak.
-* logits            danka's chunked log-probs keep chunk x V x 4 x 4 bytes (fp32 logits,
-                    log-softmax, softmax for the entropy, their grad) instead of T x V x 4;
+* logits            danka's chunked log-probs keep chunk x V x (4 + d) bytes in the update
+                    (fp32 logits and their grad in d; ``speed.fused_logprob_head``, the
+                    default: compiled elementwise work) or chunk x V x 4 x 4 eagerly (fp32
+                    logits, log-softmax, softmax for the entropy, their grad) instead of
+                    T x V x 4; chunk x V x 4 (eagerly x 2) in the no-grad log-probs;
                     chunk = min(speed.logprob_chunk_size, micro-batch x max_new_tokens):
-                    the head runs over response positions only
+                    the head runs over response positions only. With checkpointing the
+                    head's backward ends before the first layer is recomputed, so the
+                    update holds the layer inputs plus the larger of the two transients
+                    (checked on an H200, Qwen2-7B shape, PPO LoRA r8, 4 x 704 tokens,
+                    bench/results/small_card_24gib.json: update 1.53 GiB above the
+                    weights and adapters measured, 1.64 GiB predicted)
 * fast engine       the fast rollout engine (``rollout.engine: fast``, auto on a GPU) keeps
                     fused q|k|v and gate|up weight copies when they take <= 1 GiB (none for
                     larger models), fp32 copies of the LoRA matrices, and its KV cache;
@@ -49,7 +57,7 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
 
 Phases: rollout = persistent + KV cache + rollout logits + prefill; prepare (log-probs and
 values, no grad) = persistent + one layer + logits; update = persistent + activations +
-logits. The peak is PyTorch's allocated memory (what ``torch.cuda.max_memory_allocated``
+logits (with checkpointing: layer inputs + the larger of one layer and the logits). The peak is PyTorch's allocated memory (what ``torch.cuda.max_memory_allocated``
 reports); the verdict adds ``OVERHEAD_BYTES`` for the CUDA context and fragmentation.
 Estimates are approximate (about +-30 %).
 """
@@ -73,7 +81,7 @@ OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation
 MARGIN = 0.10  # a plan within 10% of the GPU's memory is "tight": the estimate is approximate
 LORA_BYTES_PER_PARAM = 16  # fp32 value + fp32 grad + Adam m and v
 ADAM_BYTES_PER_PARAM = 8  # fp32 m and v
-LOGIT_FACTOR_UPDATE = 4
+LOGIT_FACTOR_UPDATE = 4  # eager head: fp32 z, log-softmax, p, grad per (row, vocab)
 LOGIT_FACTOR_ROLLOUT = 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # bytes per quantised parameter: NF4 with double quantisation (QLoRA; 4 bits + an 8-bit
@@ -310,16 +318,27 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     ckpt_acts = n_layers * tokens * h * d + tokens * per_layer + tokens * (2 * h + i) * 4
     c["activations (no checkpointing)"] = full_acts
     c["activations (checkpointing)"] = ckpt_acts
-    c["logits (chunked, update)"] = chunk * v * 4 * LOGIT_FACTOR_UPDATE
-    acts = ckpt_acts if m.use_gradient_checkpointing else full_acts
+    # the head's bytes per (row, vocab): compiled on CUDA (speed.fused_logprob_head) the
+    # forward keeps only fp32 z and the backward z plus dz in the head's dtype; eagerly
+    # every elementwise pass keeps an fp32 buffer (z, log-softmax, p, grad)
+    fused = cfg.speed.fused_logprob_head
+    head_update, head_prepare = (4 + d, 4) if fused else (4 * LOGIT_FACTOR_UPDATE, 4 * 2)
+    c["logits (chunked, update)"] = chunk * v * head_update
+    if m.use_gradient_checkpointing:
+        # the head's backward finishes (its chunk freed) before the first layer is
+        # recomputed: the layer inputs stay, the two transients take turns
+        inputs = n_layers * tokens * h * d
+        update_acts = inputs + max(ckpt_acts - inputs, c["logits (chunked, update)"])
+    else:
+        update_acts = full_acts + c["logits (chunked, update)"]
     phases = {
         "rollout": persistent
         + c["KV cache (rollout)"]
         + c.get("fast engine weight buffers", 0)
         + c["logits (rollout)"]
         + c["prefill (rollout)"],
-        "prepare": persistent + held + tokens * per_layer + chunk * v * 4 * 2,
-        "update": persistent + held + acts + c["logits (chunked, update)"],
+        "prepare": persistent + held + tokens * per_layer + chunk * v * head_prepare,
+        "update": persistent + held + update_acts,
     }
     peak_phase = max(phases, key=phases.get)
     return {
@@ -387,6 +406,12 @@ def _candidates(c: DankaConfig) -> list[dict[str, Any]]:
         out.append({"trainer.micro_batch_size": max(1, t.micro_batch_size // 2)})
     if not c.lora.enable_lora:
         out.append({"lora.enable_lora": True})
+    elif not (c.model.load_in_4bit or c.model.load_in_8bit):
+        # QLoRA: an NF4 base (bitsandbytes); the fast engine does not sample from one
+        qlora: dict[str, Any] = {"model.load_in_4bit": True}
+        if c.rollout.engine == "fast":
+            qlora["rollout.engine"] = "hf"
+        out.append(qlora)
     prompts = min(c.rollout.generation_batch_size or t.batch_size, t.batch_size)
     if prompts > 1:
         out.append({"rollout.generation_batch_size": max(1, prompts // 2)})

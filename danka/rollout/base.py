@@ -96,6 +96,7 @@ class EngineOptions:
     compile: bool = False  # torch.compile the engine's decode layer
     decode_attention: str = "auto"  # the decode step's attention kernel (auto|sdpa|triton)
     shared_prefix: bool = True  # HF: prompt tokens the rows share are prefilled once
+    lora_compute: str = "adapter"  # fast: a live LoRA's low-rank path (adapter|base|merge)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ ROLLOUT_ENGINES.add(
             "keep_cache": "keep_cache",
             "compile": "compile_step",
             "decode_attention": "attention",
+            "lora_compute": "lora_compute",
         },
         auto_devices=("cuda",),
         auto_priority=1,

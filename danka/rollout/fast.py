@@ -130,6 +130,9 @@ def bucket_size(rows: int, graphs: bool) -> int:
     return -(-rows // BUCKETS[-1]) * BUCKETS[-1]
 
 
+LORA_COMPUTE = ("adapter", "base", "merge")  # rollout.lora_compute
+
+
 class FastEngine(RolloutEngine):
     """Static-KV decode engine for Llama/Qwen2 decoders; see the module docstring."""
 
@@ -165,11 +168,18 @@ class FastEngine(RolloutEngine):
         # adapted linear); "base": the model's dtype, A folded into the fused base GEMM and
         # B added by one addmm (1 extra kernel; A and s*B rounded to bf16 as in a bf16-compute
         # training forward, see danka.models.lora).
-        if lora_compute not in ("adapter", "base"):
+        # "merge": W + s*B@A merged (fp32 sum, rounded once to bf16) into engine-owned
+        # copies of the adapted weights at every call: no extra kernel at all, the speed of
+        # an unadapted model; the merged bf16 weight rounds away part of a small delta (the
+        # gap to the training forward is logged as rollout/logprob_gap). Only for models
+        # whose copies fit FUSE_LIMIT_BYTES (TRL merges a LoRA adapter into the weights it
+        # hands vLLM the same way).
+        if lora_compute not in LORA_COMPUTE:
             raise UserError(
                 f"lora_compute={lora_compute!r}",
-                where="rollout (fast engine)",
-                fix='use "adapter" (exact fp32 adapter path) or "base" (bf16, fewer kernels)',
+                where="rollout.lora_compute",
+                fix='use "adapter" (exact fp32 adapter path), "base" (bf16, fewer kernels) or '
+                '"merge" (merged bf16 copies, no extra kernel)',
             )
         self.lora_compute = lora_compute
         # live_chunk: decode attention runs over the live slots rounded up to a multiple of
@@ -279,6 +289,15 @@ class FastEngine(RolloutEngine):
             )
             weight_bytes = sum(p.numel() * p.element_size() for p in root.parameters())
             self._keep = keeps_cache(self.keep_cache, weight_bytes)
+            if self.lora_compute == "merge" and not self._owned.fuse:
+                raise UserError(
+                    f"rollout.lora_compute: merge keeps merged copies of the adapted weights; "
+                    f"this model's take {fused_copy_bytes(root, spec) / 2**30:.1f} GiB, more "
+                    f"than the engine's {FUSE_LIMIT_BYTES / 2**30:.0f} GiB for copies",
+                    where="rollout.lora_compute",
+                    fix="use rollout.lora_compute: base (bf16 low-rank path, no copies) or "
+                    "adapter (the default)",
+                )
         graphs = spec.device.type == "cuda" and self.use_cuda_graph is not False
         w = load_weights(root, spec, self._owned)
         ptrs = tuple(t.data_ptr() for t in w.values() if t is not None)

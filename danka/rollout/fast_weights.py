@@ -178,8 +178,10 @@ class Owned:
     buf: dict[str, torch.Tensor] = field(default_factory=dict)
     seen: dict[str, tuple] = field(default_factory=dict)
     fuse: bool = True  # False: q/k/v and gate/up stay separate live weights (no copies)
-    # LoRA low-rank path dtype: "adapter" = the adapter's own (fp32 under peft's default,
-    # peft's op order exactly); "base" = the model's compute dtype (bf16 copies of A and s*B).
+    # LoRA low-rank path: "adapter" = in the adapter's own dtype (fp32 under peft's default,
+    # peft's op order exactly); "base" = in the model's compute dtype (bf16 copies of A and
+    # s*B); "merge" = merged into engine-owned copies of the adapted weights (W + s*B@A in
+    # fp32, rounded once to the model dtype: no low-rank kernels at all).
     lora_compute: str = "adapter"
 
     def get(self, key: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
@@ -258,6 +260,15 @@ def _fill(
     rows = sum(p[0].shape[0] for p in parts)
     cols = parts[0][0].shape[1]
     w0 = parts[0][0]
+    if (
+        owned.lora_compute == "merge"
+        and key not in ("embed", "lm_head")
+        and any(p[2] for p in parts)
+    ):
+        _fill_merged(owned, key, parts, spec, rows, cols, out)
+        _fill_bias(owned, key, parts, spec, bias, rows, 0, out)
+        out[key + ".la"] = out[key + ".lb"] = None
+        return
     live = all(p[0].dtype == spec.dtype for p in parts)
     lora_dtype = _lora_dtype(spec, parts, owned)
     fold = lora_dtype == spec.dtype and owned.fuse and key not in ("embed", "lm_head")
@@ -278,6 +289,25 @@ def _fill(
         out[key] = buf
     _fill_bias(owned, key, parts, spec, bias, rows, rank, out)
     _fill_lora(owned, key, parts, spec, rows, lora_dtype, out[key] if fold else None, out)
+
+
+def _fill_merged(owned: Owned, key, parts, spec: ModelSpec, rows, cols, out) -> None:
+    """``lora_compute="merge"``: ``out[key]`` = the stacked ``W + s * B @ A`` of the parts,
+    summed in fp32 and rounded once to the model dtype, in an engine-owned buffer (one
+    plain GEMM per projection at decode time, as an unadapted model). Re-merged whenever
+    a source changed (at every call while the adapters train)."""
+    buf = owned.get(key, (rows, cols), spec.dtype, spec.device)
+    sources = [t for w, _, loras in parts for t in (w, *(x for lo in loras for x in (lo.a, lo.b)))]
+    scales = tuple(lo.scale for p in parts for lo in p[2])
+    if owned.stale(key + ".merge", sources, scales):
+        r = 0
+        for w, _, loras in parts:
+            acc = w.float()
+            for lo in loras:
+                acc = torch.addmm(acc, lo.b.float(), lo.a.float(), alpha=lo.scale)
+            buf[r : r + w.shape[0]].copy_(acc)
+            r += w.shape[0]
+    out[key] = buf
 
 
 def _fill_bias(owned: Owned, key, parts, spec: ModelSpec, bias: bool, rows, rank, out) -> None:

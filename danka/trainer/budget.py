@@ -10,7 +10,13 @@ from danka import distributed as dist
 from danka.config.schema import DankaConfig
 from danka.config.units import GIB, parse_memory
 from danka.errors import UserError
-from danka.planning.memory import with_settings
+from danka.planning.memory import (
+    MARGIN,
+    OVERHEAD_BYTES,
+    estimate_memory,
+    load_model_config,
+    with_settings,
+)
 from danka.planning.micro import plan_micro_batch
 
 
@@ -37,9 +43,18 @@ def memory_budget(cfg: DankaConfig, device: torch.device, log: logging.Logger) -
             where="speed.gpu_memory",
             fix=f"set at most {total / GIB:.0f}GiB, or remove it (the GPU's free memory)",
         )
-    torch.cuda.set_per_process_memory_fraction(budget / total, device)
+    cap_process(budget, device)
     log.info(f"speed.gpu_memory: this process is capped at {size} of {total / GIB:.1f} GiB")
     return min(budget, free)
+
+
+def cap_process(budget: int, device: torch.device) -> int:
+    """Cap this process to ``budget`` bytes of ``device`` (what a smaller card would hold);
+    the card's total bytes. ``device`` may be a bare ``cuda`` (the current GPU)."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), index)
+    return total
 
 
 def micro_batch(
@@ -48,12 +63,45 @@ def micro_batch(
     """``trainer.micro_batch_size``, or for ``auto`` the largest size the memory plan fits
     in ``budget`` with ``engine`` (danka.planning.micro; None: a CPU run); exit 2 when one
     sequence does not fit."""
-    if cfg.trainer.micro_batch_size != "auto":
-        return cfg.trainer.micro_batch_size
     with_engine = with_settings(cfg, {"rollout.engine": engine})
+    if cfg.trainer.micro_batch_size != "auto":
+        if budget is not None:
+            check_fits(with_engine, budget, base_dir=base_dir)
+        return cfg.trainer.micro_batch_size
     plan = plan_micro_batch(with_engine, budget, world_size=dist.world_size(), base_dir=base_dir)
     if not plan.fits:
         raise plan.refusal()
     if log is not None:
         log.info(f"trainer.micro_batch_size: auto -> {plan.line()}")
     return plan.size
+
+
+def check_fits(cfg: DankaConfig, budget: int, *, base_dir=None) -> None:
+    """Refuse (exit 2, at start-up) an explicit ``trainer.micro_batch_size`` whose plan
+    exceeds ``budget`` by more than the plan's margin of error (danka.planning.memory.
+    MARGIN: a plan a little over is left to the out-of-memory retries), naming the
+    planned peak, the size ``auto`` would pick and the single settings that would fit.
+    Not checked (nothing the plan models): torchrun (sharded), tool/environment
+    rollouts, and a model whose config cannot be read before loading it."""
+    if dist.world_size() > 1 or cfg.rollout.tools or cfg.rollout.environment:
+        return
+    try:
+        config = load_model_config(cfg.model.actor_model_name_or_path, base_dir)
+        plan = estimate_memory(cfg, gpu_memory=budget, model_config=config)
+    except (UserError, OSError, ValueError):
+        return
+    need = plan["peak"] + OVERHEAD_BYTES
+    if need <= budget * (1 + MARGIN):
+        return
+    auto = plan_micro_batch(with_settings(cfg, {"trainer.micro_batch_size": "auto"}), budget,
+                            model_config=config)  # fmt: skip
+    fixes = [f"trainer.micro_batch_size: auto ({auto.line()})"] if auto.fits else []
+    fixes += [s for s in plan["suggestions"] if not s.startswith("trainer.micro_batch_size=")]
+    raise UserError(
+        f"trainer.micro_batch_size {cfg.trainer.micro_batch_size} does not fit: the plan "
+        f"peaks at {need / GIB:.1f} GiB (in the {plan['peak_phase']}, with "
+        f"{OVERHEAD_BYTES / GIB:.0f} GiB for the CUDA context) of {budget / GIB:.1f} GiB",
+        where="trainer.micro_batch_size",
+        fix="; ".join(fixes or ["use a smaller model or a larger GPU"])
+        + " (danka estimate CONFIG shows the whole plan)",
+    )

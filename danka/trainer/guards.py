@@ -31,6 +31,22 @@ class OutOfMemory(TrainingFault):
     """The device ran out of memory in a named phase."""
 
 
+class DoesNotFit(OutOfMemory):
+    """Out of memory at the smallest size the halving retries reach: the settings do not
+    fit this card (bad input, exit 2), not a passing fault."""
+
+    exit_code = 2
+
+    @classmethod
+    def because(cls, err: OutOfMemory, context: str) -> DoesNotFit:
+        """``err`` as a verdict on the settings; ``context``: when it happened."""
+        return cls(
+            f"{err.what}; {context}",
+            where=err.where,
+            fix=f"{err.fix}; danka estimate CONFIG --gpu-memory SIZE prints the plan per phase",
+        )
+
+
 def _oom_types() -> tuple[type[BaseException], ...]:
     return tuple(
         t

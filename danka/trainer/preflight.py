@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from danka.rollout.base import finish_batch
+from danka.trainer.guards import DoesNotFit, OutOfMemory
 from danka.trainer.records import RewardStats, Rollout, Scored
 from danka.trainer.run import Run
 from danka.trainer.stages import Stages, response_budget
@@ -39,11 +40,16 @@ def preflight(run: Run, s: Stages, log) -> None:
     order = sorted(range(len(run.train.ids)), key=lambda i: -len(run.train.ids[i]))
     idx = order[: t.batch_size]
     prompts = [run.train.ids[i] for i in idx]
-    s.sample(idx)
-    scored = worst_case(run, prompts)
-    logp = s.old_and_ref(scored)
-    prepared = s.advantages(scored, logp, s.values(scored))
-    s.run_update(prepared, dry_run=True, generator=torch.Generator().manual_seed(0))
+    try:
+        s.sample(idx)
+        scored = worst_case(run, prompts)
+        logp = s.old_and_ref(scored)
+        prepared = s.advantages(scored, logp, s.values(scored))
+        s.run_update(prepared, dry_run=True, generator=torch.Generator().manual_seed(0))
+    except DoesNotFit:
+        raise
+    except OutOfMemory as err:  # the worst case does not fit: the settings, not a fault
+        raise DoesNotFit.because(err, "in the preflight at the worst-case shapes") from None
     peak = ""
     if run.device.type == "cuda":
         peak = f": peak {torch.cuda.max_memory_allocated(run.device) / 2**30:.2f} GiB"

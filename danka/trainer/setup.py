@@ -203,6 +203,7 @@ def engine_options(cfg: DankaConfig) -> EngineOptions:
         compile=r.compile,
         decode_attention=r.decode_attention,
         shared_prefix=r.shared_prefix,
+        lora_compute=r.lora_compute,
     )
 
 

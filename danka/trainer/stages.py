@@ -19,7 +19,7 @@ from danka.rollout.base import SamplingParams
 from danka.trainer import prepare as prep
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.forward import ForwardSettings
-from danka.trainer.guards import OutOfMemory, Sizes, oom_guard
+from danka.trainer.guards import DoesNotFit, OutOfMemory, Sizes, oom_guard
 from danka.trainer.models import ModelSet
 from danka.trainer.records import OldAndRef, Prepared, Rollout, Scored, UpdateStats
 from danka.trainer.run import Algorithm, PromptSet, Run
@@ -150,13 +150,17 @@ class Stages:
         runs ``shrink()`` (``(before, after)`` of ``what``, None when it cannot shrink) and
         the phase again, one ``[WARNING]`` per shrink; the smaller size stays for the rest
         of the run. Where nothing shrinks, or with the setting off, the phase's
-        explanation (:class:`OutOfMemory`) stands."""
+        explanation (:class:`OutOfMemory`, exit 3) stands; where the retries shrank as far
+        as they go, :class:`DoesNotFit` (exit 2: the settings do not fit the card)."""
         while True:
             try:
                 return attempt()
-            except OutOfMemory:
+            except OutOfMemory as err:
                 sizes = shrink() if self.auto_micro_batch else None
                 if sizes is None:
+                    if self.auto_micro_batch:
+                        context = f"at the smallest {what} the halving retries reach"
+                        raise DoesNotFit.because(err, context) from None
                     raise
                 self.log.warning(
                     f"out of memory in the {phase}: {what} {sizes[0]} -> {sizes[1]} "

@@ -27,5 +27,9 @@ def test_rollout_sides_in_fresh_processes_one_json(tmp_path):
     assert res["fast_lora_over_hf_dynamic"]["fast_lora_tok_s"] == fast["lora_tok_s"]
     assert fast["lora_logprob_mean_abs_diff"] < 1e-3  # fp32 on CPU: engine == training forward
     assert fast["lora_base_logprob_mean_abs_diff"] < 1e-3  # lora_compute="base" (fp32 here)
+    assert fast["lora_merge_logprob_mean_abs_diff"] < 1e-3  # lora_compute="merge" (fp32 here)
+    assert (
+        res["fast_lora_merge_over_hf_dynamic"]["fast_lora_merge_tok_s"] == fast["lora_merge_tok_s"]
+    )
     assert 0.0 <= res["greedy_token_agreement"] <= 1.0
     assert res["environment"]["torch"] and "greedy_tokens" not in fast

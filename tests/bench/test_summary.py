@@ -51,7 +51,8 @@ def test_every_committed_result_file_reads():
     table = summary.table(summary.rows(summary.RESULTS))
     assert "unreadable" not in table
     assert "`train_ppo_7b.json`" in table and "`equivalence_2x.json`" in table
-    assert "`gsm8k_floors.json`" in table and "mean answer 96 -> 12 tokens" in table
+    assert "`gsm8k_floors.json`" in table and "mean answer 17 -> 17 tokens" in table
+    assert "`small_card_12gib.json`" in table and "LoRA merge" in table
     assert "20.50% -> 60.50% (guess floor 2.50%), mean answer 13 -> 12 tokens" in table
 
 

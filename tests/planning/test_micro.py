@@ -102,3 +102,15 @@ def test_estimate_prints_the_planned_micro_batch(tmp_path, capsys, monkeypatch):
     assert main(["estimate", str(tmp_path / "c.yaml"), "--gpu-memory", "80GiB"]) == 0
     out = capsys.readouterr().out
     assert "trainer.micro_batch_size: auto -> micro-batch " in out and "of 80.0 GiB" in out
+
+
+def test_a_bf16_7b_that_fits_nowhere_is_told_about_qlora(tmp_path):
+    """16 GiB cannot hold the bf16 Qwen2-7B weights (14.2 GiB) plus a step: among the fixes
+    is the NF4 base (QLoRA), with HF generate when the fast engine was asked for."""
+    from danka.planning.memory import with_settings
+
+    fast = {"rollout.engine": "fast", "model.use_gradient_checkpointing": True}
+    plan = plan_micro_batch(with_settings(_config(tmp_path), fast), 16 * GIB,
+                            model_config=qwen2_7b_config())  # fmt: skip
+    assert not plan.fits
+    assert any(s.startswith("model.load_in_4bit=true rollout.engine=hf") for s in plan.suggestions)

@@ -270,3 +270,72 @@ def test_engine_sees_a_fused_adamw_step():
     after_hf = greedy(hf)
     assert not torch.equal(after_hf, before)  # the step changed the greedy answers
     assert torch.equal(greedy(fast), after_hf)  # and the engine sees it
+
+
+def test_merge_compute_weights_are_w_plus_scaled_ba_with_no_low_rank_path():
+    """lora_compute="merge": each adapted projection is one engine-owned buffer holding the
+    stacked W + s * B @ A (fp32 sum, one rounding to bf16), and no adapter pair is left."""
+    model = _bf16_lora_model(b_std=0.05)
+    root = unwrap_causal_lm(model)
+    owned = Owned(lora_compute="merge")
+    w = load_weights(root, model_spec(root), owned)
+    attn = root.model.layers[0].self_attn
+    assert w["0.qkv.la"] is None and w["0.qkv.lb"] is None and w["0.o.la"] is None
+    assert w["0.qkv"].shape == (64 + 2 * 32, 64) and w["0.qkv"].dtype == torch.bfloat16
+    k = attn.k_proj
+    # scaling = lora_alpha / r = 16 / 8 = 2
+    want = (
+        k.base_layer.weight.float() + 2.0 * k.lora_B["default"].weight @ k.lora_A["default"].weight
+    )
+    torch.testing.assert_close(
+        w["0.qkv"][64:96].float(), want.to(torch.bfloat16).float(), atol=0, rtol=0
+    )
+    assert w["0.o"].data_ptr() != attn.o_proj.base_layer.weight.data_ptr()  # a copy, not live
+
+
+def test_merge_compute_logprobs_match_the_exact_path_within_bf16_noise():
+    """Merged bf16 weights vs the exact fp32-adapter path: next-token log-probs within
+    bf16 noise of the fp32 truth (the merge rounds W + delta once, as a bf16 model)."""
+    model = _bf16_lora_model(b_std=0.05)
+    ids = torch.randint(1, 300, (8, 12), generator=torch.Generator().manual_seed(1))
+    exact = _engine_logprobs(model, ids, Owned())
+    merged = _engine_logprobs(model, ids, Owned(lora_compute="merge"))
+    with torch.no_grad():
+        truth = copy.deepcopy(model).float()(input_ids=ids).logits[:, -1].log_softmax(-1)
+    err_merge, err_exact = ((x - truth).abs().mean().item() for x in (merged, exact))
+    assert not torch.equal(merged, exact)
+    assert err_merge < 2.0 * err_exact, (err_merge, err_exact)
+    assert (merged - exact).abs().max().item() < 0.03
+
+
+def test_merge_compute_sees_every_optimizer_step():
+    """A trained adapter is merged again at every call (an in-place step keeps the buffer
+    address the CUDA graphs hold, with the new values)."""
+    model = _bf16_lora_model()
+    root = unwrap_causal_lm(model)
+    spec = model_spec(root)
+    owned = Owned(lora_compute="merge")
+    buf = load_weights(root, spec, owned)["0.o"]
+    before = buf.float().clone()
+    o = root.model.layers[0].self_attn.o_proj
+    with torch.no_grad():
+        o.lora_B["default"].weight.add_(0.5)  # in place, as a fused AdamW step
+    assert load_weights(root, spec, owned)["0.o"] is buf
+    # + s * (0.5 * ones) @ A = 2 * 0.5 * column sums of A, broadcast over the rows
+    shift = (o.lora_A["default"].weight.sum(0)).float()
+    torch.testing.assert_close(
+        buf.float() - before, shift.expand_as(buf).float(), atol=0.02, rtol=0.02
+    )
+
+
+def test_merge_is_refused_for_a_model_too_large_for_copies(monkeypatch):
+    import danka.rollout.fast as fast
+    from danka.rollout.base import SamplingParams
+    from tests.rollout.test_fast_engine import PROMPTS, tiny
+
+    monkeypatch.setattr(fast, "FUSE_LIMIT_BYTES", 0)  # every model is "too large" now
+    model = get_peft_model(tiny("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with pytest.raises(UserError, match="lora_compute: merge keeps merged copies"):
+        FastEngine(lora_compute="merge").generate(
+            model, PROMPTS, SamplingParams(n=1, max_new_tokens=2), eos_ids=[299], pad_id=0
+        )

@@ -182,7 +182,7 @@ def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_di
     big = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
     c = big["components"]
     assert big["assumptions"]["rollout_cache_kept_for_update"] is False  # 15 GB of weights
-    acts = c["activations (no checkpointing)"]
+    acts = c["activations (no checkpointing)"]  # no checkpointing: activations + head
     assert big["phases"]["update"] == big["persistent"] + acts + c["logits (chunked, update)"]
     # the rollout phase still holds them
     assert big["phases"]["rollout"] >= big["persistent"] + c["KV cache (rollout)"]
@@ -206,13 +206,33 @@ def test_logits_chunk_counts_response_positions_only(tmp_path):
     short = ["trainer.micro_batch_size=4", "trainer.max_new_tokens=128", "trainer.max_length=640"]
     cfg, base = load_config(str(_config(tmp_path)), short)
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
-    # 4 x 128 = 512 response rows < chunk 1024: 512 x V x 4 bytes x 4 (z, log-softmax, p, grad)
-    assert plan["components"]["logits (chunked, update)"] == 512 * v * 4 * 4
-    assert plan["full_logits_would_be"] == 512 * v * 4 * 4  # the same 4 buffers, all rows
+    # 4 x 128 = 512 response rows < chunk 1024; compiled head (the default): 512 x V x
+    # (4 bytes fp32 z + 2 bytes bf16 dz)
+    assert plan["components"]["logits (chunked, update)"] == 512 * v * (4 + 2)
+    # eagerly: 512 x V x 4 bytes x 4 (z, log-softmax, p, grad)
+    eager, _ = load_config(str(_config(tmp_path)), [*short, "speed.fused_logprob_head=false"])
+    plan_eager = estimate_memory(eager, base_dir=base, model_config=qwen2_7b_config())
+    assert plan_eager["components"]["logits (chunked, update)"] == 512 * v * 4 * 4
+    assert plan["full_logits_would_be"] == 512 * v * 4 * 4  # the 4 eager buffers, all rows
     cfg, base = load_config(str(_config(tmp_path)), ["trainer.micro_batch_size=4"])
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
     # 4 x 512 = 2048 response rows > 1024: the chunk is capped at logprob_chunk_size
-    assert plan["components"]["logits (chunked, update)"] == 1024 * v * 4 * 4
+    assert plan["components"]["logits (chunked, update)"] == 1024 * v * (4 + 2)
+
+
+def test_with_checkpointing_the_head_and_the_recomputed_layer_take_turns(tmp_path):
+    """With gradient checkpointing the update holds the layer inputs (L x T x H x d) plus
+    the larger of one recomputed layer (with its fp32 grad buffers) and the head's chunk,
+    not their sum: the head's backward ends before the first layer is recomputed."""
+    short = ["trainer.micro_batch_size=4", "trainer.max_new_tokens=128", "trainer.max_length=640",
+             "model.use_gradient_checkpointing=true"]  # fmt: skip
+    cfg, base = load_config(str(_config(tmp_path)), short)
+    plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
+    c = plan["components"]
+    inputs = 28 * (4 * 640) * 3584 * 2  # L x T x H x bf16 = 0.48 GiB
+    layer = c["activations (checkpointing)"] - inputs
+    assert layer > c["logits (chunked, update)"]  # here the recomputed layer is larger
+    assert plan["phases"]["update"] == plan["persistent"] + inputs + layer
 
 
 def test_a_critic_is_counted_whenever_the_estimator_needs_one(tmp_path):

@@ -83,8 +83,9 @@ def test_full_parameter_grpo_with_kl_reference(tmp_path, tiny_model_dir):
 
 
 def test_preflight_and_oom_is_explained(tmp_path, tiny_model_dir, monkeypatch, capsys):
-    """Preflight runs the worst case without an optimizer step; an out-of-memory in the
-    update is reported with the phase and the settings to change (exit code 3)."""
+    """Preflight runs the worst case without an optimizer step; an out-of-memory in its
+    update is reported with the phase and the settings to change (exit code 2: the
+    settings do not fit the card)."""
     import danka.trainer.update as upd
     from danka.cli import main
 
@@ -99,10 +100,21 @@ def test_preflight_and_oom_is_explained(tmp_path, tiny_model_dir, monkeypatch, c
 
     monkeypatch.setattr(upd, "actor_minibatch", boom)
     code = main(["train", str(cfg_path), "output_dir=" + str(tmp_path / "oom")])
-    assert code == 3
+    assert code == 2
     err = capsys.readouterr().err
     assert "out of memory during update (2 prompts x 4 samples, micro-batch 4" in err
+    assert "in the preflight at the worst-case shapes" in err
     assert "micro_batch_size" in err and "use_gradient_checkpointing" in err
+    assert "danka estimate CONFIG --gpu-memory SIZE" in err
+    # without preflight: the halving retries reach micro-batch 1, then the same verdict
+    no_pre = ["output_dir=" + str(tmp_path / "oom2"), "trainer.preflight=false"]
+    assert main(["train", str(cfg_path), *no_pre]) == 2
+    err = capsys.readouterr().err
+    assert "micro-batch 1" in err and "at the smallest micro_batch_size the halving" in err
+    # with the retries off the first out-of-memory stops the run as a fault (exit 3)
+    off = [*no_pre[1:], "output_dir=" + str(tmp_path / "oom3"), "speed.auto_micro_batch=false"]
+    assert main(["train", str(cfg_path), *off]) == 3
+    assert "micro-batch 4" in capsys.readouterr().err
 
 
 def test_an_oom_in_the_update_halves_the_micro_batch_for_the_rest_of_the_run(

@@ -15,8 +15,14 @@ def _config(tmp_path, rollout=None, **trainer):
     """Qwen2-7B shape (known offline), GRPO + LoRA, 4 prompts x 4 samples, no checkpointing."""
     cfg = {
         "model": {"actor_model_name_or_path": "Qwen/Qwen2-7B-Instruct"},
-        "trainer": {"algorithm": "grpo", "batch_size": 4, "samples_per_prompt": 4,
-                    "max_length": 1024, "max_new_tokens": 512, **trainer},  # fmt: skip
+        "trainer": {
+            "algorithm": "grpo",
+            "batch_size": 4,
+            "samples_per_prompt": 4,
+            "max_length": 1024,
+            "max_new_tokens": 512,
+            **trainer,
+        },  # fmt: skip
         "data": {"train_dataset": "x.jsonl"},
         "rollout": {"engine": "hf", **(rollout or {})},
     }
@@ -36,7 +42,9 @@ def test_an_explicit_micro_batch_that_cannot_fit_is_refused_with_the_fixes(tmp_p
     with pytest.raises(UserError) as err:
         micro_batch(cfg, 80 * GIB)
     text = str(err.value)
-    assert f"trainer.micro_batch_size 16 does not fit: the plan peaks at {need / GIB:.1f} GiB" in text
+    assert (
+        f"trainer.micro_batch_size 16 does not fit: the plan peaks at {need / GIB:.1f} GiB" in text
+    )
     assert "of 80.0 GiB" in text and "in the update" in text
     # the fixes: what auto would pick, and a single change that fits (checkpointing)
     assert "trainer.micro_batch_size: auto (micro-batch" in text

@@ -23,6 +23,7 @@ from danka.lifecycle import compile_forward
 from danka.rewards.combine import RewardOutput
 from danka.rollout import hf_prefix as _hf_prefix
 from danka.trainer import fit as _fit
+from danka.trainer.budget import cap_process
 from danka.trainer.forward import (
     ForwardSettings,
     effective_token_ratio,
@@ -38,7 +39,7 @@ from danka.trainer.stages import Stages, build_stages
 from danka.trainer.update import update
 from danka.types import PromptRow, RolloutBatch
 
-__all__ = ["ForwardSettings", "effective_token_ratio", "policy_logprobs", "trim"]
+__all__ = ["ForwardSettings", "cap_process", "effective_token_ratio", "policy_logprobs", "trim"]
 
 
 class _NoText:

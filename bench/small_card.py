@@ -33,7 +33,6 @@ from danka.models import tiny
 from danka.planning.memory import OVERHEAD_BYTES
 from danka.planning.micro import plan_micro_batch
 from danka.rollout.base import build_engine
-from danka.trainer.budget import cap_process
 
 
 class _Retries(logging.Handler):
@@ -59,7 +58,7 @@ def cap(dev: torch.device, budget: int | None) -> dict:
     """Cap this process to ``budget`` bytes of the GPU (what a smaller card would hold)."""
     if budget is None:
         return {"budget_gib": None}
-    total = cap_process(budget, dev)
+    total = ds.cap_process(budget, dev)  # what speed.gpu_memory does in danka train
     return {"budget_gib": budget / GIB, "device_total_gib": total / GIB}
 
 

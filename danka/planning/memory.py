@@ -229,6 +229,16 @@ def samples_per_prompt_of(cfg: DankaConfig) -> int:
     return n if n is not None else (8 if _estimator_meta(cfg).grouped else 1)
 
 
+def sequences_per_call(cfg: DankaConfig) -> int:
+    """Sequences in one generate call: ``rollout.generation_batch_size`` counts sequences,
+    and the engines fill a call with whole groups of ``samples_per_prompt`` (at least one,
+    danka.rollout.hf / fast); 0 = the whole step's ``batch_size x samples``."""
+    n = samples_per_prompt_of(cfg)
+    every = cfg.trainer.batch_size * n
+    per_call = cfg.rollout.generation_batch_size
+    return min(every, max(1, per_call // n) * n) if per_call else every
+
+
 def _dtype_bytes(cfg: DankaConfig) -> tuple[str, int]:
     name = cfg.model.torch_dtype
     name = "bfloat16" if name == "auto" else name  # auto = bf16 on a GPU that has it
@@ -250,8 +260,7 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     h, i, n_layers, v = shape["H"], shape["I"], shape["L"], shape["V"]
     q, kv = shape["q"], shape["kv"]
     n = samples_per_prompt_of(cfg)
-    prompts_per_call = cfg.rollout.generation_batch_size or t.batch_size
-    seqs = min(prompts_per_call, t.batch_size) * n
+    seqs = sequences_per_call(cfg)
     prompt_len = cfg.data.max_prompt_length or max(1, t.max_length - t.max_new_tokens)
     seq_len = min(t.max_length, prompt_len + t.max_new_tokens)
     micro = min(t.micro_batch_size, t.batch_size * n)
@@ -412,9 +421,11 @@ def _candidates(c: DankaConfig) -> list[dict[str, Any]]:
         if c.rollout.engine == "fast":
             qlora["rollout.engine"] = "hf"
         out.append(qlora)
-    prompts = min(c.rollout.generation_batch_size or t.batch_size, t.batch_size)
-    if prompts > 1:
-        out.append({"rollout.generation_batch_size": max(1, prompts // 2)})
+    from danka.rollout.base import halve_groups  # the engines' own halving (whole groups)
+
+    fewer = halve_groups(sequences_per_call(c), samples_per_prompt_of(c))
+    if fewer is not None:
+        out.append({"rollout.generation_batch_size": fewer})
     if c.rollout.engine in ("fast", "auto"):
         out.append({"rollout.engine": "hf"})
     if t.max_new_tokens > 64:

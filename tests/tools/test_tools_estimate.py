@@ -267,3 +267,19 @@ def test_verdict_shows_the_margin_and_never_calls_full_logits_smaller(tmp_path):
     cfg, base = load_config(str(_config(tmp_path)), short)
     text = format_plan(estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config()))
     assert "chunking saves nothing at these settings" in text
+
+
+def test_generation_batch_size_counts_sequences_in_whole_groups(tmp_path):
+    """rollout.generation_batch_size counts sequences (as the engines read it), filled with
+    whole groups: 4 prompts x 4 samples with 8 per call is 2 groups = 8 sequences; 6 per
+    call rounds down to one group of 4; 0 is all 16 at once."""
+    from danka.planning.memory import sequences_per_call
+
+    base = ["trainer.batch_size=4", "trainer.samples_per_prompt=4", "trainer.algorithm=grpo"]
+    for per_call, seqs in ((0, 16), (8, 8), (6, 4), (2, 4), (64, 16)):
+        cfg, _ = load_config(
+            str(_config(tmp_path)), [*base, f"rollout.generation_batch_size={per_call}"]
+        )
+        assert sequences_per_call(cfg) == seqs, per_call
+        plan = estimate_memory(cfg, model_config=qwen2_7b_config())
+        assert plan["assumptions"]["rollout_sequences"] == seqs

@@ -73,17 +73,18 @@ def load_models(cfg, dev: torch.device, log):
 
 
 def build_run_for_bench(
-    cfg, models, dev, dtype, log, *, prompts=None, engine=None, eos=(), pad=0, micro=None
+    cfg, models, dev, dtype, log, *, prompts=None, engine=None, eos=(), pad=0, sizes=None
 ) -> Run:
     """``assemble_run`` with stand-ins for what a random-weight model has no files for:
     the tokenizer (empty completions) and the rewards (N(0, 1)). ``prompts``: token-id
-    lists to sample from; ``micro``: the planned size of ``micro_batch_size: auto``."""
+    lists to sample from; ``sizes``: the plan of the sizes that are ``auto``
+    (danka.planning.micro)."""
     prompts = prompts or [[pad]] * cfg.trainer.batch_size
     rows = [PromptRow(index=i, prompt="") for i in range(len(prompts))]
     train = PromptSet(rows=rows, texts=[""] * len(rows), ids=prompts)
     return assemble_run(
         cfg, models, engine=engine, rewards=random_rewards, train=train, tokenizer=_NoText(),
-        log=log, eos_ids=list(eos), pad_id=pad, micro_batch_size=micro,
+        log=log, eos_ids=list(eos), pad_id=pad, sizes=sizes,
     )  # fmt: skip
 
 

@@ -99,7 +99,7 @@ def measure(args) -> dict:
         models = ds.wrap_models(cfg, random_model(config, dev, dtype), log)
     res["load_s"] = time.perf_counter() - t0
     run = ds.build_run_for_bench(cfg, models, dev, dtype, log, prompts=prompts, eos=eos,
-                                 pad=pad, micro=plan.size)  # fmt: skip
+                                 pad=pad, sizes=plan)  # fmt: skip
     ds.set_engine(run, build_engine(cfg.rollout.engine))
     try:
         steps = run_steps(run, args.steps, dev)

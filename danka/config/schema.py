@@ -187,7 +187,11 @@ class CheckpointConfig:
 class SpeedConfig:
     """Speed and memory; none of these changes what is computed beyond rounding."""
 
-    logprob_chunk_size: int = _f(1024, "tokens per chunk of the memory-lean log-prob head")
+    logprob_chunk_size: int | str = _f(
+        1024,
+        "tokens per chunk of the memory-lean log-prob head; auto = the largest of 1024, 512, "
+        "256 the memory plan fits on the GPU (with trainer.micro_batch_size), 1024 on a CPU",
+    )
     fused_logprob_head: bool = _f(
         True,
         "CUDA: run the log-prob head's per-chunk softmax work torch.compile'd (fewer passes "
@@ -264,7 +268,12 @@ class BackendConfig:
 @dataclass
 class RolloutConfig:
     engine: str = _f("auto", "auto (fast on GPU, hf on CPU) | hf | fast")
-    generation_batch_size: int = _f(0, "sequences per generate call (0 = all at once)")
+    generation_batch_size: int | str = _f(
+        0,
+        "sequences per generate call, in whole groups of samples_per_prompt (0 = all at "
+        "once); auto = the most the memory plan fits on the GPU (the KV cache is sized to "
+        "it), 0 on a CPU",
+    )
     keep_cache: bool | None = _f(
         None,
         "fast engine: keep its KV cache and buffers between calls (true), or free them before "

@@ -155,8 +155,13 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             parse_memory(sp.gpu_memory)
         except UserError:
             fail("speed.gpu_memory", f"cannot read {sp.gpu_memory!r} as a size", "e.g. 24GiB")
-    if sp.logprob_chunk_size < 1:
-        fail("speed.logprob_chunk_size", "must be >= 1", "e.g. 1024 (tokens per chunk)")
+    chunk, per_call = sp.logprob_chunk_size, cfg.rollout.generation_batch_size
+    if chunk != "auto" and (isinstance(chunk, str) or chunk < 1):
+        fail("speed.logprob_chunk_size", f"must be a number >= 1 or auto, got {chunk!r}",
+             "e.g. 1024 (tokens per chunk), or auto")  # fmt: skip
+    if per_call != "auto" and (isinstance(per_call, str) or per_call < 0):
+        fail("rollout.generation_batch_size", f"must be a number >= 0 or auto, got {per_call!r}",
+             "e.g. 0 (all at once), 64 (sequences per call), or auto")  # fmt: skip
     if t.max_train_minutes is not None and t.max_train_minutes <= 0:
         fail(
             "trainer.max_train_minutes",

@@ -467,6 +467,30 @@ def _fixes(cfg: DankaConfig, budget: int, estimate: Callable[[DankaConfig], dict
     return ["no combination of these settings fits: use a smaller model or a larger GPU"]
 
 
+# the sizes ``auto`` may stand for; danka.planning.micro.with_planned resolves them
+AUTO_SIZES = (
+    "trainer.micro_batch_size",
+    "rollout.generation_batch_size",
+    "speed.logprob_chunk_size",
+)
+
+
+def pricer(cfg: DankaConfig, model_config: Any) -> Callable[[DankaConfig], dict[str, Any]]:
+    """The phase plan of any variant of ``cfg`` (same model and LoRA shape), with the
+    parameter counts made once (building the model on the meta device is the slow part)."""
+    params, lora = count_parameters(model_config, cfg.lora.target_modules, cfg.lora.lora_r)
+    shape = _shape(model_config)
+
+    def estimate(c: DankaConfig) -> dict[str, Any]:
+        for dotted in AUTO_SIZES:
+            section, key = dotted.split(".")
+            if not isinstance(getattr(getattr(c, section), key), int):
+                raise TypeError(f"the plan prices a numeric {dotted} (planning.micro.with_planned)")
+        return _plan(c, shape, params, lora)
+
+    return estimate
+
+
 def estimate_memory(
     cfg: DankaConfig,
     *,
@@ -478,18 +502,10 @@ def estimate_memory(
     update), ``peak`` and ``peak_phase``; with ``gpu_memory`` (bytes) also ``fits`` and
     ``suggestions``. ``model_config`` skips loading the config of the actor model."""
     config = model_config or load_model_config(cfg.model.actor_model_name_or_path, base_dir)
-    if not isinstance(cfg.trainer.micro_batch_size, int):  # danka.planning.micro.with_planned
-        raise TypeError("estimate_memory prices a numeric trainer.micro_batch_size")
-    targets = cfg.lora.target_modules
-    params, lora = count_parameters(config, targets, cfg.lora.lora_r)
-    shape = _shape(config)
-
-    def estimate(c: DankaConfig) -> dict[str, Any]:
-        return _plan(c, shape, params, lora)
-
+    estimate = pricer(cfg, config)
     result = estimate(cfg)
     result["model"] = cfg.model.actor_model_name_or_path
-    result["shape"] = shape
+    result["shape"] = _shape(config)
     if gpu_memory is not None:
         result["gpu_memory"] = gpu_memory
         result["fits"] = result["peak"] + OVERHEAD_BYTES <= gpu_memory

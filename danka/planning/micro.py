@@ -1,16 +1,22 @@
-"""``trainer.micro_batch_size: auto``: the largest micro-batch the memory plan fits.
+"""The sizes ``auto`` stands for: ``trainer.micro_batch_size``, ``rollout.
+generation_batch_size`` (sequences per generate call, and so the rollout's KV cache) and
+``speed.logprob_chunk_size``, the largest the memory plan fits.
 
-One planner for ``danka estimate`` and the trainer: :func:`danka.planning.memory.
-estimate_memory` prices every phase at each candidate size, and the largest size that
-divides a mini-batch and keeps the peak (plus the CUDA context and fragmentation reserve)
-inside the budget wins. The budget is the GPU's free memory at start-up, or the size a
-user names (``speed.gpu_memory``, to plan for a smaller card than the one at hand). On a
-CPU there is no device memory to plan: ``auto`` takes the schema's former default, 8 (or
-the largest divisor of a mini-batch below it).
+One planner for ``danka estimate`` and the trainer: :func:`danka.planning.memory.pricer`
+prices every phase at each candidate, and the first that keeps the peak (plus the CUDA
+context and fragmentation reserve) inside the budget wins, in this order: the largest
+generation batch (whole groups of ``samples_per_prompt``, halving from all at once: the
+rollout is most of a step), then the largest micro-batch that divides a mini-batch, then
+the largest log-prob chunk of 1024, 512, 256. A size the user wrote stays as written. The
+budget is the GPU's free memory at start-up, or the size a user names
+(``speed.gpu_memory``, to plan for a smaller card than the one at hand). On a CPU there
+is no device memory to plan: ``auto`` takes the schema's former defaults (micro-batch 8,
+or the largest divisor of a mini-batch below it; all sequences at once; chunk 1024).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +28,14 @@ from danka.planning.memory import (
     OVERHEAD_BYTES,
     estimate_memory,
     load_model_config,
+    pricer,
     samples_per_prompt_of,
     with_settings,
 )
 
 CPU_MICRO_BATCH = 8  # the size every config had before ``auto`` (no memory model for RAM)
+CPU_CHUNK = 1024  # the schema's former default of speed.logprob_chunk_size
+CHUNKS = (1024, 512, 256)  # log-prob chunks auto tries, largest first
 
 
 @dataclass(frozen=True)
@@ -37,28 +46,39 @@ class MicroPlan:
     phase: str = ""  # the phase that peaks
     fits: bool = True
     suggestions: tuple[str, ...] = ()  # when nothing fits: settings that would
+    # the planned values of the settings that were auto ({dotted key: value}), size included
+    planned: tuple[tuple[str, int], ...] = ()
 
     def line(self) -> str:
         """The start-up line: "micro-batch 4 (auto: planned 21.3 of 24.0 GiB, peak in the
-        update)"."""
+        update)", with the other planned sizes after the micro-batch."""
+        sizes = [f"micro-batch {self.size}"] + [
+            f"{LABELS[key]} {value}" for key, value in self.planned if key in LABELS
+        ]
         if self.peak is None or self.budget is None:
-            return f"micro-batch {self.size} (auto: a CPU run, no memory plan)"
+            return f"{', '.join(sizes)} (auto: a CPU run, no memory plan)"
         return (
-            f"micro-batch {self.size} (auto: planned {(self.peak + OVERHEAD_BYTES) / GIB:.1f} of "
+            f"{', '.join(sizes)} (auto: planned {(self.peak + OVERHEAD_BYTES) / GIB:.1f} of "
             f"{self.budget / GIB:.1f} GiB, peak in the {self.phase})"
         )
 
     def refusal(self) -> UserError:
-        """Exit 2 at start-up: one sequence per forward does not fit the budget."""
+        """Exit 2 at start-up: the smallest sizes do not fit the budget."""
         assert self.peak is not None and self.budget is not None
         fixes = "; ".join(self.suggestions or ("use a smaller model or a larger GPU",))
         return UserError(
-            f"nothing fits in {self.budget / GIB:.1f} GiB: at micro-batch 1 the plan peaks at "
-            f"{(self.peak + OVERHEAD_BYTES) / GIB:.1f} GiB (in the {self.phase}, with "
+            f"nothing fits in {self.budget / GIB:.1f} GiB: at micro-batch {self.size} the plan "
+            f"peaks at {(self.peak + OVERHEAD_BYTES) / GIB:.1f} GiB (in the {self.phase}, with "
             f"{OVERHEAD_BYTES / GIB:.0f} GiB for the CUDA context)",
             where="trainer.micro_batch_size",
             fix=f"{fixes} (danka estimate CONFIG shows the whole plan)",
         )
+
+
+LABELS = {
+    "rollout.generation_batch_size": "generation batch",
+    "speed.logprob_chunk_size": "log-prob chunk",
+}
 
 
 def mini_batch_sequences(cfg: DankaConfig, world_size: int = 1) -> int:
@@ -66,6 +86,29 @@ def mini_batch_sequences(cfg: DankaConfig, world_size: int = 1) -> int:
     t = cfg.trainer
     n = samples_per_prompt_of(cfg)
     return max(1, (t.mini_batch_size or t.batch_size) * n // world_size)
+
+
+def candidates(cfg: DankaConfig, world_size: int = 1, gpu: bool = True) -> dict[str, list[int]]:
+    """Each auto setting's values to try, best first (one value on a CPU: its default)."""
+    from danka.rollout.base import halve_groups  # the engines' own halving (whole groups)
+
+    out: dict[str, list[int]] = {}
+    if cfg.rollout.generation_batch_size == "auto":
+        n = samples_per_prompt_of(cfg)
+        every = cfg.trainer.batch_size * n
+        gens = [every]
+        while gpu and (fewer := halve_groups(gens[-1], n)) is not None:
+            gens.append(fewer)
+        out["rollout.generation_batch_size"] = gens
+    if cfg.trainer.micro_batch_size == "auto":
+        seqs = mini_batch_sequences(cfg, world_size)
+        divisors = [d for d in range(seqs, 0, -1) if seqs % d == 0]
+        out["trainer.micro_batch_size"] = (
+            divisors if gpu else [next(d for d in divisors if d <= CPU_MICRO_BATCH)]
+        )
+    if cfg.speed.logprob_chunk_size == "auto":
+        out["speed.logprob_chunk_size"] = list(CHUNKS) if gpu else [CPU_CHUNK]
+    return out
 
 
 def plan_micro_batch(
@@ -76,21 +119,33 @@ def plan_micro_batch(
     base_dir: Path | None = None,
     model_config: Any = None,
 ) -> MicroPlan:
-    """The micro-batch for ``cfg`` (whose ``trainer.micro_batch_size`` is ``auto``) under
-    ``budget`` bytes of GPU memory (None: a CPU run): the largest divisor of a mini-batch
-    whose plan fits; size 1 with ``fits`` False (and the settings that would fit) when
-    none does."""
-    seqs = mini_batch_sequences(cfg, world_size)
-    sizes = [d for d in range(seqs, 0, -1) if seqs % d == 0]
+    """The sizes for the settings of ``cfg`` that are ``auto`` (module docstring) under
+    ``budget`` bytes of GPU memory (None: a CPU run, the defaults); the smallest of each
+    with ``fits`` False (and the settings that would fit) when nothing does."""
+    tries = candidates(cfg, world_size, gpu=budget is not None)
+    keys = list(tries)
+    micro = cfg.trainer.micro_batch_size
+
+    def plan_for(values: tuple[int, ...]) -> tuple[MicroPlan, DankaConfig]:
+        changes = dict(zip(keys, values, strict=True))
+        size = changes.get("trainer.micro_batch_size", micro)
+        return MicroPlan(size, planned=tuple(changes.items())), with_settings(cfg, changes)
+
+    combos = list(itertools.product(*tries.values()))
     if budget is None:
-        return MicroPlan(next(d for d in sizes if d <= CPU_MICRO_BATCH))
+        return plan_for(combos[0])[0]
     config = model_config or load_model_config(cfg.model.actor_model_name_or_path, base_dir)
-    for size in sizes:
-        trial = with_settings(cfg, {"trainer.micro_batch_size": size})
-        plan = estimate_memory(trial, gpu_memory=budget, model_config=config)
-        if plan["fits"]:
-            return MicroPlan(size, plan["peak"], budget, plan["peak_phase"])
-    return MicroPlan(1, plan["peak"], budget, plan["peak_phase"], False, tuple(plan["suggestions"]))
+    estimate = pricer(cfg, config)
+    for values in combos:
+        plan, trial = plan_for(values)
+        priced = estimate(trial)
+        if priced["peak"] + OVERHEAD_BYTES <= budget:
+            return MicroPlan(plan.size, priced["peak"], budget, priced["peak_phase"],
+                             planned=plan.planned)  # fmt: skip
+    plan, trial = plan_for(combos[-1])
+    priced = estimate_memory(trial, gpu_memory=budget, model_config=config)
+    return MicroPlan(plan.size, priced["peak"], budget, priced["peak_phase"], False,
+                     tuple(priced["suggestions"]), plan.planned)  # fmt: skip
 
 
 def with_planned(
@@ -101,11 +156,11 @@ def with_planned(
     world_size: int = 1,
     base_dir: Path | None = None,
 ) -> tuple[DankaConfig, MicroPlan | None]:
-    """``cfg`` itself with a numeric micro-batch, else a copy with the planned one (and
-    the plan): what every caller of ``estimate_memory`` prices."""
-    if cfg.trainer.micro_batch_size != "auto":
+    """``cfg`` itself when no size is ``auto``, else a copy with the planned sizes (and the
+    plan): what every caller of ``estimate_memory`` prices."""
+    if not candidates(cfg):
         return cfg, None
     plan = plan_micro_batch(
         cfg, budget, model_config=model_config, world_size=world_size, base_dir=base_dir
     )
-    return with_settings(cfg, {"trainer.micro_batch_size": plan.size}), plan
+    return with_settings(cfg, dict(plan.planned)), plan

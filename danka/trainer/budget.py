@@ -17,7 +17,7 @@ from danka.planning.memory import (
     load_model_config,
     with_settings,
 )
-from danka.planning.micro import plan_micro_batch
+from danka.planning.micro import MicroPlan, candidates, plan_micro_batch
 
 
 def memory_budget(cfg: DankaConfig, device: torch.device, log: logging.Logger) -> int | None:
@@ -57,23 +57,26 @@ def cap_process(budget: int, device: torch.device) -> int:
     return total
 
 
-def micro_batch(
+def planned_sizes(
     cfg: DankaConfig, budget: int | None, *, engine: str = "hf", base_dir=None, log=None
-) -> int:
-    """``trainer.micro_batch_size``, or for ``auto`` the largest size the memory plan fits
-    in ``budget`` with ``engine`` (danka.planning.micro; None: a CPU run); exit 2 when one
-    sequence does not fit."""
+) -> MicroPlan:
+    """The run's micro-batch, and the sizes of ``rollout.generation_batch_size`` and
+    ``speed.logprob_chunk_size`` where they are ``auto``: the largest the memory plan fits
+    in ``budget`` with ``engine`` (danka.planning.micro; None: a CPU run, the defaults);
+    exit 2 when the smallest do not fit. An explicit micro-batch the plan cannot fit is
+    refused (:func:`check_fits`)."""
     with_engine = with_settings(cfg, {"rollout.engine": engine})
-    if cfg.trainer.micro_batch_size != "auto":
+    if not candidates(cfg):
         if budget is not None:
             check_fits(with_engine, budget, base_dir=base_dir)
-        return cfg.trainer.micro_batch_size
+        return MicroPlan(cfg.trainer.micro_batch_size)
     plan = plan_micro_batch(with_engine, budget, world_size=dist.world_size(), base_dir=base_dir)
     if not plan.fits:
         raise plan.refusal()
     if log is not None:
-        log.info(f"trainer.micro_batch_size: auto -> {plan.line()}")
-    return plan.size
+        auto = [k for k, _ in plan.planned]
+        log.info(f"{', '.join(auto)}: auto -> {plan.line()}")
+    return plan
 
 
 def check_fits(cfg: DankaConfig, budget: int, *, base_dir=None) -> None:

@@ -46,13 +46,16 @@ def judge(
 
 def eval_context(run: Run) -> SampleContext:
     """Greedy sampling of the held-out prompts (eval_max_new_tokens), one answer each,
-    ``rollout.generation_batch_size`` (or 256) prompts at a time."""
+    ``rollout.generation_batch_size`` (or 256, also for auto) prompts at a time."""
     t = run.cfg.trainer
     params = SamplingParams(
         n=1, temperature=0.0, max_new_tokens=run.cfg.eval.max_new_tokens or t.max_new_tokens
     )
     ctx = sampling_context(run, run.eval, params)
-    return dataclasses.replace(ctx, chunk=run.cfg.rollout.generation_batch_size or 256)
+    per_call = run.cfg.rollout.generation_batch_size
+    return dataclasses.replace(
+        ctx, chunk=per_call if isinstance(per_call, int) and per_call else 256
+    )
 
 
 @torch.no_grad()

@@ -31,6 +31,7 @@ from danka.models.loading import (
     stop_ids,
 )
 from danka.planning.engine import choose_engine as choose_rollout_engine
+from danka.planning.micro import MicroPlan
 from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
 from danka.rollout.base import (
     ROLLOUT_ENGINES,
@@ -39,7 +40,7 @@ from danka.rollout.base import (
     engine_meta,
 )
 from danka.trainer.agent import build_agent, encode_agent_prompts
-from danka.trainer.budget import memory_budget, micro_batch
+from danka.trainer.budget import memory_budget, planned_sizes
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
@@ -164,12 +165,12 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     log.info(data_line(cfg, train_rows, held_rows))
     budget = memory_budget(cfg, device, log)
     engine_name = choose_engine(cfg, device, log, budget)
-    micro = micro_batch(cfg, budget, engine=engine_name, base_dir=base_dir, log=log)
+    sizes = planned_sizes(cfg, budget, engine=engine_name, base_dir=base_dir, log=log)
     tokenizer = build_tokenizer(cfg, log)
     agent = build_agent(cfg, tokenizer, base_dir)  # None unless rollout.tools / environment
     try:
         return _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows,
-                           engine_name, tokenizer, agent, micro)  # fmt: skip
+                           engine_name, tokenizer, agent, sizes)  # fmt: skip
     except BaseException:
         if agent is not None:  # stop the tool worker process
             agent.close()
@@ -177,7 +178,7 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
 
 
 def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, engine_name,
-                tokenizer, agent, micro) -> Run:  # fmt: skip
+                tokenizer, agent, sizes: MicroPlan) -> Run:  # fmt: skip
     """build_run after the agent loop exists (it is closed if this raises)."""
     train, held = build_prompts(cfg, tokenizer, train_rows, held_rows, agent)
     specs = reward_specs(cfg, train.rows)
@@ -187,24 +188,35 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
     if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
         reward_model = _reward_model(cfg, models, tokenizer, load)
         rewards = build_rule_rewards(cfg, base_dir, specs, train.rows, reward_model)
-    engine = build_engine(engine_name, engine_options(cfg))
+    engine = build_engine(engine_name, engine_options(cfg, sizes))
     return assemble_run(
         cfg, models, engine=engine, rewards=rewards, train=train, held=held,
         tokenizer=tokenizer, log=log, base_dir=base_dir, output_dir=output_dir, agent=agent,
-        micro_batch_size=micro,
+        sizes=sizes,
     )  # fmt: skip
 
 
-def engine_options(cfg: DankaConfig) -> EngineOptions:
+def engine_options(cfg: DankaConfig, sizes: MicroPlan | None = None) -> EngineOptions:
+    """The engine's settings; ``sizes``: the planned generation batch where it is auto."""
     r = cfg.rollout
     return EngineOptions(
-        r.generation_batch_size,
+        resolved(cfg, "rollout.generation_batch_size", sizes),
         keep_cache=r.keep_cache,
         compile=r.compile,
         decode_attention=r.decode_attention,
         shared_prefix=r.shared_prefix,
         lora_compute=r.lora_compute,
     )
+
+
+def resolved(cfg: DankaConfig, dotted: str, sizes: MicroPlan | None) -> int:
+    """A size setting's value: as written, else what the plan chose for its ``auto``."""
+    section, key = dotted.split(".")
+    value = getattr(getattr(cfg, section), key)
+    if value != "auto":
+        return value
+    planned = dict(sizes.planned if sizes is not None else planned_sizes(cfg, None).planned)
+    return planned[dotted]
 
 
 def assemble_run(
@@ -222,18 +234,18 @@ def assemble_run(
     agent: AgentLoop | None = None,
     eos_ids: list[int] | None = None,
     pad_id: int | None = None,
-    micro_batch_size: int | None = None,
+    sizes: MicroPlan | None = None,
 ) -> Run:
     """A ``Run`` around parts already built: the models (``build_model_set`` or
     ``trainer.models.build_models``), a rollout engine, a reward computer (any
     ``rewards(rows, texts, completions) -> RewardOutput``) and the prompt sets. Builds the
     optimisers, schedules, algorithm, KL controller, prompt sampler and state from the
     config. ``build_run`` ends here; benchmarks on random-weight models start here.
-    ``micro_batch_size``: the planned size of ``trainer.micro_batch_size: auto`` (without
-    one, auto takes the CPU size: :func:`micro_batch` plans for a GPU)."""
+    ``sizes``: the planned sizes of the settings that are ``auto`` (without them, auto
+    takes the CPU sizes: :func:`planned_sizes` plans for a GPU)."""
     t = cfg.trainer
-    if micro_batch_size is None:
-        micro_batch_size = micro_batch(cfg, None)
+    if sizes is None:
+        sizes = planned_sizes(cfg, None)
     device = next(models.policy.parameters()).device
     sampler = PromptSampler(len(train.rows), t.batch_size, seed=t.seed, shuffle=cfg.data.shuffle)
     total = t.total_steps or sampler.steps_per_epoch * t.num_epochs
@@ -252,7 +264,8 @@ def assemble_run(
         algo=build_algorithm(cfg), actor_opt=actor_opt, actor_sched=actor_sched,
         critic_opt=critic_opt, critic_sched=critic_sched, kl_ctl=build_kl_controller(cfg),
         sampler=sampler, log=log,
-        state=RunState(total_steps=total, micro_batch_size=micro_batch_size),
+        state=RunState(total_steps=total, micro_batch_size=sizes.size,
+                       logprob_chunk_size=resolved(cfg, "speed.logprob_chunk_size", sizes)),
         update_generator=torch.Generator().manual_seed(t.seed),
         eos_ids=stop_ids(tokenizer) if eos_ids is None else list(eos_ids), pad_id=pad,
         dynamic=build_dynamic_sampler(cfg, pad), agent=agent,

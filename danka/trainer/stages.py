@@ -185,7 +185,7 @@ def forward_settings(run: Run) -> ForwardSettings:
     sp = run.cfg.speed
     return ForwardSettings(
         temperature=run.temperature,
-        chunk_size=sp.logprob_chunk_size,
+        chunk_size=run.state.logprob_chunk_size,
         pack_len=run.pack_len,
         shared_prefix=sp.shared_prefix_forward,
         fused_head=sp.fused_logprob_head,

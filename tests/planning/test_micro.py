@@ -85,6 +85,9 @@ def test_a_numeric_micro_batch_is_left_alone(tmp_path):
         ("trainer.micro_batch_size=big", "must be a number >= 1 or auto, got 'big'"),
         ("trainer.micro_batch_size=0", "must be a number >= 1 or auto, got 0"),
         ("speed.gpu_memory=lots", "cannot read 'lots' as a size"),
+        ("rollout.generation_batch_size=many", "must be a number >= 0 or auto, got 'many'"),
+        ("rollout.generation_batch_size=-1", "must be a number >= 0 or auto, got -1"),
+        ("speed.logprob_chunk_size=0", "must be a number >= 1 or auto, got 0"),
     ],
 )
 def test_bad_values_are_refused_with_the_key(tmp_path, override, words):
@@ -114,3 +117,73 @@ def test_a_bf16_7b_that_fits_nowhere_is_told_about_qlora(tmp_path):
                             model_config=qwen2_7b_config())  # fmt: skip
     assert not plan.fits
     assert any(s.startswith("model.load_in_4bit=true rollout.engine=hf") for s in plan.suggestions)
+
+
+def _auto_all(tmp_path, **trainer):
+    """_config with the generation batch and the log-prob chunk auto too."""
+    cfg = _config(tmp_path, **trainer)
+    from danka.planning.memory import with_settings
+
+    return with_settings(cfg, {"rollout.generation_batch_size": "auto",
+                               "speed.logprob_chunk_size": "auto"})  # fmt: skip
+
+
+def _need(cfg, **sizes) -> int:
+    from danka.planning.memory import with_settings
+
+    trial = with_settings(cfg, sizes)
+    return estimate_memory(trial, model_config=qwen2_7b_config())["peak"] + OVERHEAD_BYTES
+
+
+def test_auto_generation_batch_and_chunk_take_the_largest_that_fit(tmp_path):
+    """Order: all 16 sequences per generate call first, then the largest micro-batch, then
+    the largest chunk; a budget that fits all 16 at micro-batch 16 with chunk 1024 gives
+    exactly that; every planned value is named in the start-up line."""
+    cfg = _auto_all(tmp_path)
+    keys = {"rollout.generation_batch_size": 16, "trainer.micro_batch_size": 16,
+            "speed.logprob_chunk_size": 1024}  # fmt: skip
+    roomy = _need(cfg, **keys)
+    plan = plan_micro_batch(cfg, roomy, model_config=qwen2_7b_config())
+    assert plan.size == 16 and dict(plan.planned) == keys
+    assert plan.line().startswith("micro-batch 16, generation batch 16, log-prob chunk 1024 (auto")
+
+
+def test_auto_chunk_shrinks_before_the_micro_batch_does(tmp_path):
+    """Just below the plan at chunk 1024 (micro-batch 16, every sequence per call) and
+    above the one at chunk 512: the micro-batch stays 16 and the chunk halves."""
+    cfg = _auto_all(tmp_path)
+    at = {"rollout.generation_batch_size": 16, "trainer.micro_batch_size": 16}
+    big, small = (
+        _need(cfg, **at, **{"speed.logprob_chunk_size": 1024}),
+        _need(cfg, **at, **{"speed.logprob_chunk_size": 512}),
+    )
+    assert small < big
+    plan = plan_micro_batch(cfg, (big + small) // 2, model_config=qwen2_7b_config())
+    assert dict(plan.planned) == {**at, "speed.logprob_chunk_size": 512}
+
+
+def test_auto_generation_batch_halves_in_whole_groups_when_the_rollout_does_not_fit(tmp_path):
+    """4 prompts x 4 samples: 16, 8, 4 sequences per call (whole groups of 4). A budget
+    that the rollout of 16 at once exceeds even at micro-batch 1 and chunk 256, but 8 fits:
+    8 per call."""
+    from danka.planning.memory import with_settings
+
+    cfg = _auto_all(tmp_path, max_length=4096, max_new_tokens=2048)
+    cfg = with_settings(cfg, {"model.use_gradient_checkpointing": True})  # the rollout peaks
+    smallest = {"trainer.micro_batch_size": 1, "speed.logprob_chunk_size": 256}
+    all_at_once = _need(cfg, **smallest, **{"rollout.generation_batch_size": 16})
+    half = _need(cfg, **smallest, **{"rollout.generation_batch_size": 8})
+    assert half < all_at_once
+    plan = plan_micro_batch(cfg, (all_at_once + half) // 2, model_config=qwen2_7b_config())
+    assert plan.fits and dict(plan.planned)["rollout.generation_batch_size"] == 8
+    from danka.planning.micro import candidates
+
+    assert candidates(cfg)["rollout.generation_batch_size"] == [16, 8, 4]
+
+
+def test_auto_sizes_on_a_cpu_are_the_defaults(tmp_path):
+    # no device memory to plan: all 16 sequences at once, chunk 1024, micro-batch 8
+    plan = plan_micro_batch(_auto_all(tmp_path), None)
+    assert dict(plan.planned) == {"rollout.generation_batch_size": 16,
+                                  "trainer.micro_batch_size": 8,
+                                  "speed.logprob_chunk_size": 1024}  # fmt: skip

@@ -8,7 +8,7 @@ from danka.config import load_config
 from danka.errors import UserError
 from danka.models.tiny import qwen2_7b_config
 from danka.planning.memory import GIB, MARGIN, OVERHEAD_BYTES, estimate_memory
-from danka.trainer.budget import micro_batch
+from danka.trainer.budget import planned_sizes
 
 
 def _config(tmp_path, rollout=None, **trainer):
@@ -40,7 +40,7 @@ def test_an_explicit_micro_batch_that_cannot_fit_is_refused_with_the_fixes(tmp_p
     need = _need(cfg)
     assert need > 80 * GIB * (1 + MARGIN)
     with pytest.raises(UserError) as err:
-        micro_batch(cfg, 80 * GIB)
+        planned_sizes(cfg, 80 * GIB)
     text = str(err.value)
     assert (
         f"trainer.micro_batch_size 16 does not fit: the plan peaks at {need / GIB:.1f} GiB" in text
@@ -54,13 +54,13 @@ def test_an_explicit_micro_batch_that_cannot_fit_is_refused_with_the_fixes(tmp_p
 def test_an_explicit_micro_batch_that_fits_or_is_just_over_stands(tmp_path):
     cfg = _config(tmp_path, micro_batch_size=2)
     need = _need(cfg)
-    assert micro_batch(cfg, need) == 2  # fits exactly
+    assert planned_sizes(cfg, need).size == 2  # fits exactly
     # over by less than the plan's margin of error: left to the out-of-memory retries
-    assert micro_batch(cfg, int(need / (1 + MARGIN / 2))) == 2
-    assert micro_batch(cfg, None) == 2  # a CPU run plans nothing
+    assert planned_sizes(cfg, int(need / (1 + MARGIN / 2))).size == 2
+    assert planned_sizes(cfg, None).size == 2  # a CPU run plans nothing
 
 
 def test_tool_rollouts_are_not_checked(tmp_path):
     """The plan does not model multi-turn tool rollouts: it refuses nothing there."""
     cfg = _config(tmp_path, rollout={"tools": ["calculator"]}, micro_batch_size=16)
-    assert micro_batch(cfg, 24 * GIB) == 16
+    assert planned_sizes(cfg, 24 * GIB).size == 16

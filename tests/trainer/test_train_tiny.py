@@ -261,3 +261,26 @@ def test_a_gpu_memory_budget_is_refused_on_a_cpu(tmp_path, tiny_model_dir, capsy
     err = capsys.readouterr().err
     assert "speed.gpu_memory plans a GPU's memory; this run is on cpu" in err
     assert "Traceback" not in err
+
+
+def test_auto_sizes_on_a_cpu_run_take_the_defaults_and_say_so(tmp_path, tiny_model_dir):
+    """rollout.generation_batch_size and speed.logprob_chunk_size auto on a CPU: all 8
+    sequences per generate call (2 prompts x 4), chunk 1024; the run trains and the
+    start-up line names the planned values. The losses equal a run with those values
+    written out (the same computation)."""
+    auto = {"generation_batch_size": "auto"}, {"logprob_chunk_size": "auto"}
+    for side in ("auto", "written"):
+        (tmp_path / side).mkdir()
+    run(tmp_path / "auto", tiny_model_dir, rollout=auto[0], speed=auto[1])
+    run(tmp_path / "written", tiny_model_dir, rollout={"generation_batch_size": 8},
+        speed={"logprob_chunk_size": 1024})  # fmt: skip
+    log = (tmp_path / "auto" / "out" / "logs" / "train.log").read_text()
+    assert (
+        "rollout.generation_batch_size, speed.logprob_chunk_size: auto -> micro-batch 4, "
+        "generation batch 8, log-prob chunk 1024 (auto: a CPU run, no memory plan)" in log
+    )
+    got = {
+        side: [json.loads(x)["loss"] for x in (tmp_path / side / "out" / "metrics.jsonl").open()]
+        for side in ("auto", "written")
+    }
+    assert got["auto"] == pytest.approx(got["written"], rel=1e-6)

@@ -48,7 +48,7 @@ def step_overrides(z, dev: torch.device, micro: int | str) -> list[str]:
         "model.use_gradient_checkpointing=true", "data.task=arithmetic", "trainer.algorithm=ppo",
         f"trainer.batch_size={z.b}", "trainer.samples_per_prompt=1",
         f"trainer.micro_batch_size={micro}", f"trainer.max_new_tokens={z.new}",
-        f"trainer.max_length={z.p + z.new + 64}", "trainer.kl.coef=0.05", "trainer.lr=1e-5",
+        f"trainer.max_length={z.p + z.new + 64}", "loss.kl.coef=0.05", "optim.lr=1e-5",
     ]  # fmt: skip
 
 

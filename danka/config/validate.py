@@ -16,7 +16,7 @@ from danka.config.schema import DankaConfig
 from danka.config.units import parse_memory
 from danka.data.tasks import TASKS
 from danka.errors import UserError
-from danka.rollout.base import ROLLOUT_ENGINES
+from danka.rollout.base import LORA_COMPUTE, ROLLOUT_ENGINES
 
 
 class ConfigSource(Protocol):
@@ -53,7 +53,7 @@ def choices() -> dict[str, set]:
         "reward.on_error": {"fail", "zero", "skip_sample"},
         "backend.fsdp.sharding": {"auto", "shard", "replicate"},
         "rollout.tool_sandbox": {"auto", "bwrap", "namespaces", "none"},
-        "rollout.lora_compute": {"adapter", "base", "merge"},  # = danka.rollout.fast.LORA_COMPUTE
+        "rollout.lora_compute": set(LORA_COMPUTE),
     }
 
 
@@ -75,6 +75,11 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
 
     def fail(key: str, what: str, fix: str) -> None:
         raise UserError(what, where=where(key), fix=fix)
+
+    def size_or_auto(key: str, value, minimum: int, example: str) -> None:
+        """A size the memory plan may choose: a number >= ``minimum``, or ``auto``."""
+        if value != "auto" and (isinstance(value, str) or value < minimum):
+            fail(key, f"must be a number >= {minimum} or auto, got {value!r}", example)
 
     for key, allowed in choices().items():
         value = _get(cfg, key)
@@ -155,13 +160,10 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             parse_memory(sp.gpu_memory)
         except UserError:
             fail("speed.gpu_memory", f"cannot read {sp.gpu_memory!r} as a size", "e.g. 24GiB")
-    chunk, per_call = sp.logprob_chunk_size, cfg.rollout.generation_batch_size
-    if chunk != "auto" and (isinstance(chunk, str) or chunk < 1):
-        fail("speed.logprob_chunk_size", f"must be a number >= 1 or auto, got {chunk!r}",
-             "e.g. 1024 (tokens per chunk), or auto")  # fmt: skip
-    if per_call != "auto" and (isinstance(per_call, str) or per_call < 0):
-        fail("rollout.generation_batch_size", f"must be a number >= 0 or auto, got {per_call!r}",
-             "e.g. 0 (all at once), 64 (sequences per call), or auto")  # fmt: skip
+    size_or_auto("speed.logprob_chunk_size", sp.logprob_chunk_size, 1,
+                  "e.g. 1024 (tokens per chunk), or auto")  # fmt: skip
+    size_or_auto("rollout.generation_batch_size", cfg.rollout.generation_batch_size, 0,
+                  "e.g. 0 (all at once), 64 (sequences per call), or auto")  # fmt: skip
     if t.max_train_minutes is not None and t.max_train_minutes <= 0:
         fail(
             "trainer.max_train_minutes",
@@ -206,10 +208,9 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         )
     seqs = t.mini_batch_size * t.samples_per_prompt
     micro = t.micro_batch_size
-    if micro != "auto" and (isinstance(micro, str) or micro < 1):
-        fail("trainer.micro_batch_size", f"must be a number >= 1 or auto, got {micro!r}",
-             "e.g. 8, or auto (the largest the GPU's memory plan fits)")  # fmt: skip
-    elif micro != "auto" and seqs % micro:
+    size_or_auto("trainer.micro_batch_size", micro, 1,
+                  "e.g. 8, or auto (the largest the GPU's memory plan fits)")  # fmt: skip
+    if micro != "auto" and seqs % micro:
         fail(
             "trainer.micro_batch_size",
             f"a mini-batch has mini_batch_size x samples_per_prompt = {t.mini_batch_size} x "

@@ -57,8 +57,9 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
 
 Phases: rollout = persistent + KV cache + rollout logits + prefill; prepare (log-probs and
 values, no grad) = persistent + one layer + logits; update = persistent + activations +
-logits (with checkpointing: layer inputs + the larger of one layer and the logits). The peak is PyTorch's allocated memory (what ``torch.cuda.max_memory_allocated``
-reports); the verdict adds ``OVERHEAD_BYTES`` for the CUDA context and fragmentation.
+logits (with checkpointing: layer inputs + the larger of one layer and the logits). The
+peak is PyTorch's allocated memory (what ``torch.cuda.max_memory_allocated`` reports); the
+verdict adds ``OVERHEAD_BYTES`` for the CUDA context and fragmentation.
 Estimates are approximate (about +-30 %).
 """
 

@@ -49,6 +49,13 @@ class MicroPlan:
     # the planned values of the settings that were auto ({dotted key: value}), size included
     planned: tuple[tuple[str, int], ...] = ()
 
+    def value_of(self, cfg: DankaConfig, dotted: str) -> int:
+        """A size setting's value for the run: as written, else what this plan chose for
+        its ``auto``."""
+        section, key = dotted.split(".")
+        value = getattr(getattr(cfg, section), key)
+        return dict(self.planned)[dotted] if value == "auto" else value
+
     def line(self) -> str:
         """The start-up line: "micro-batch 4 (auto: planned 21.3 of 24.0 GiB, peak in the
         update)", with the other planned sizes after the micro-batch."""

@@ -82,6 +82,9 @@ def halve_groups(current: int, n: int) -> int | None:
     return None if current <= n else max(n, current // 2 // n * n)
 
 
+LORA_COMPUTE = ("adapter", "base", "merge")  # rollout.lora_compute (the fast engine's modes)
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """Engine settings from the config (``rollout.*``); the default of each means "not set".
@@ -96,7 +99,7 @@ class EngineOptions:
     compile: bool = False  # torch.compile the engine's decode layer
     decode_attention: str = "auto"  # the decode step's attention kernel (auto|sdpa|triton)
     shared_prefix: bool = True  # HF: prompt tokens the rows share are prefilled once
-    lora_compute: str = "adapter"  # fast: a live LoRA's low-rank path (adapter|base|merge)
+    lora_compute: str = "adapter"  # fast: a live LoRA's path (one of LORA_COMPUTE)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from danka.data.template import left_pad
 from danka.errors import UserError
-from danka.rollout.base import RolloutEngine, Sampled, SamplingParams, halve_groups
+from danka.rollout.base import (
+    LORA_COMPUTE,
+    RolloutEngine,
+    Sampled,
+    SamplingParams,
+    halve_groups,
+)
 from danka.rollout.fast_model import decode_forward, decode_layer, prefill, rope_tables
 from danka.rollout.fast_sampling import check_eos_ids, sample_next
 from danka.rollout.fast_slots import Slots, draw_seed
@@ -128,9 +134,6 @@ def bucket_size(rows: int, graphs: bool) -> int:
         if rows <= b:
             return b
     return -(-rows // BUCKETS[-1]) * BUCKETS[-1]
-
-
-LORA_COMPUTE = ("adapter", "base", "merge")  # rollout.lora_compute
 
 
 class FastEngine(RolloutEngine):

@@ -196,27 +196,17 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
     )  # fmt: skip
 
 
-def engine_options(cfg: DankaConfig, sizes: MicroPlan | None = None) -> EngineOptions:
+def engine_options(cfg: DankaConfig, sizes: MicroPlan) -> EngineOptions:
     """The engine's settings; ``sizes``: the planned generation batch where it is auto."""
     r = cfg.rollout
     return EngineOptions(
-        resolved(cfg, "rollout.generation_batch_size", sizes),
+        sizes.value_of(cfg, "rollout.generation_batch_size"),
         keep_cache=r.keep_cache,
         compile=r.compile,
         decode_attention=r.decode_attention,
         shared_prefix=r.shared_prefix,
         lora_compute=r.lora_compute,
     )
-
-
-def resolved(cfg: DankaConfig, dotted: str, sizes: MicroPlan | None) -> int:
-    """A size setting's value: as written, else what the plan chose for its ``auto``."""
-    section, key = dotted.split(".")
-    value = getattr(getattr(cfg, section), key)
-    if value != "auto":
-        return value
-    planned = dict(sizes.planned if sizes is not None else planned_sizes(cfg, None).planned)
-    return planned[dotted]
 
 
 def assemble_run(
@@ -265,7 +255,7 @@ def assemble_run(
         critic_opt=critic_opt, critic_sched=critic_sched, kl_ctl=build_kl_controller(cfg),
         sampler=sampler, log=log,
         state=RunState(total_steps=total, micro_batch_size=sizes.size,
-                       logprob_chunk_size=resolved(cfg, "speed.logprob_chunk_size", sizes)),
+                       logprob_chunk_size=sizes.value_of(cfg, "speed.logprob_chunk_size")),
         update_generator=torch.Generator().manual_seed(t.seed),
         eos_ids=stop_ids(tokenizer) if eos_ids is None else list(eos_ids), pad_id=pad,
         dynamic=build_dynamic_sampler(cfg, pad), agent=agent,

@@ -1,7 +1,5 @@
 """trainer.micro_batch_size: auto — the largest micro-batch the memory plan fits."""
 
-import copy
-
 import pytest
 import yaml
 
@@ -9,12 +7,13 @@ from danka.cli import main
 from danka.config import load_config
 from danka.errors import UserError
 from danka.models.tiny import qwen2_7b_config
-from danka.planning.memory import GIB, OVERHEAD_BYTES, estimate_memory
+from danka.planning.memory import GIB, OVERHEAD_BYTES, estimate_memory, with_settings
 from danka.planning.micro import mini_batch_sequences, plan_micro_batch, with_planned
 
 
-def _config(tmp_path, **trainer):
-    """Qwen2-7B shape, GRPO + LoRA, 4 prompts x 4 samples: 16 sequences a mini-batch."""
+def _config(tmp_path, rollout=None, **trainer):
+    """Qwen2-7B shape (known offline), GRPO + LoRA, 4 prompts x 4 samples: 16 sequences a
+    mini-batch; ``trainer`` and ``rollout`` settings on top."""
     cfg = {
         "model": {"actor_model_name_or_path": "Qwen/Qwen2-7B-Instruct"},
         "trainer": {
@@ -27,16 +26,21 @@ def _config(tmp_path, **trainer):
             **trainer,
         },  # fmt: skip
         "data": {"train_dataset": "x.jsonl"},
+        "rollout": rollout or {},
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return load_config(str(path), [])[0]
 
 
-def _peak(cfg, micro):
-    trial = copy.deepcopy(cfg)
-    trial.trainer.micro_batch_size = micro
+def _need(cfg, **sizes) -> int:
+    """The planned peak plus the CUDA reserve of ``cfg`` with ``{dotted key: value}``."""
+    trial = with_settings(cfg, sizes)
     return estimate_memory(trial, model_config=qwen2_7b_config())["peak"] + OVERHEAD_BYTES
+
+
+def _peak(cfg, micro):
+    return _need(cfg, **{"trainer.micro_batch_size": micro})
 
 
 def test_auto_takes_the_largest_divisor_that_fits(tmp_path):
@@ -110,8 +114,6 @@ def test_estimate_prints_the_planned_micro_batch(tmp_path, capsys, monkeypatch):
 def test_a_bf16_7b_that_fits_nowhere_is_told_about_qlora(tmp_path):
     """16 GiB cannot hold the bf16 Qwen2-7B weights (14.2 GiB) plus a step: among the fixes
     is the NF4 base (QLoRA), with HF generate when the fast engine was asked for."""
-    from danka.planning.memory import with_settings
-
     fast = {"rollout.engine": "fast", "model.use_gradient_checkpointing": True}
     plan = plan_micro_batch(with_settings(_config(tmp_path), fast), 16 * GIB,
                             model_config=qwen2_7b_config())  # fmt: skip
@@ -122,17 +124,8 @@ def test_a_bf16_7b_that_fits_nowhere_is_told_about_qlora(tmp_path):
 def _auto_all(tmp_path, **trainer):
     """_config with the generation batch and the log-prob chunk auto too."""
     cfg = _config(tmp_path, **trainer)
-    from danka.planning.memory import with_settings
-
     return with_settings(cfg, {"rollout.generation_batch_size": "auto",
                                "speed.logprob_chunk_size": "auto"})  # fmt: skip
-
-
-def _need(cfg, **sizes) -> int:
-    from danka.planning.memory import with_settings
-
-    trial = with_settings(cfg, sizes)
-    return estimate_memory(trial, model_config=qwen2_7b_config())["peak"] + OVERHEAD_BYTES
 
 
 def test_auto_generation_batch_and_chunk_take_the_largest_that_fit(tmp_path):
@@ -166,8 +159,6 @@ def test_auto_generation_batch_halves_in_whole_groups_when_the_rollout_does_not_
     """4 prompts x 4 samples: 16, 8, 4 sequences per call (whole groups of 4). A budget
     that the rollout of 16 at once exceeds even at micro-batch 1 and chunk 256, but 8 fits:
     8 per call."""
-    from danka.planning.memory import with_settings
-
     cfg = _auto_all(tmp_path, max_length=4096, max_new_tokens=2048)
     cfg = with_settings(cfg, {"model.use_gradient_checkpointing": True})  # the rollout peaks
     smallest = {"trainer.micro_batch_size": 1, "speed.logprob_chunk_size": 256}

@@ -2,37 +2,18 @@
 start-up (the plan is arithmetic on the model config: no GPU needed to test it)."""
 
 import pytest
-import yaml
 
-from danka.config import load_config
 from danka.errors import UserError
-from danka.models.tiny import qwen2_7b_config
-from danka.planning.memory import GIB, MARGIN, OVERHEAD_BYTES, estimate_memory
+from danka.planning.memory import GIB, MARGIN
 from danka.trainer.budget import planned_sizes
+from tests.planning.test_micro import _config as planning_config
+from tests.planning.test_micro import _need
 
 
 def _config(tmp_path, rollout=None, **trainer):
-    """Qwen2-7B shape (known offline), GRPO + LoRA, 4 prompts x 4 samples, no checkpointing."""
-    cfg = {
-        "model": {"actor_model_name_or_path": "Qwen/Qwen2-7B-Instruct"},
-        "trainer": {
-            "algorithm": "grpo",
-            "batch_size": 4,
-            "samples_per_prompt": 4,
-            "max_length": 1024,
-            "max_new_tokens": 512,
-            **trainer,
-        },  # fmt: skip
-        "data": {"train_dataset": "x.jsonl"},
-        "rollout": {"engine": "hf", **(rollout or {})},
-    }
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return load_config(str(path), [])[0]
-
-
-def _need(cfg) -> int:
-    return estimate_memory(cfg, model_config=qwen2_7b_config())["peak"] + OVERHEAD_BYTES
+    """The planning tests' Qwen2-7B config with the HF engine (what the trainer prices
+    explicit sizes with here), no checkpointing."""
+    return planning_config(tmp_path, rollout={"engine": "hf", **(rollout or {})}, **trainer)
 
 
 def test_an_explicit_micro_batch_that_cannot_fit_is_refused_with_the_fixes(tmp_path):

@@ -12,7 +12,9 @@ fp32 low-rank path (peft's exactly), ``lora_base_`` with ``lora_compute="base"``
 ``lora_merge_`` with ``lora_compute="merge"``, and the
 mean |log-prob diff| to a training forward), ``fast-whole-cache`` (attention over the whole
 KV capacity), ``fast-compile`` (``rollout.compile``), ``-triton`` variants
-(``rollout.decode_attention: triton``), ``hf-dynamic`` (HF generate, dynamic cache) and
+(``rollout.decode_attention: triton``; with it the decode layer runs fused kernels,
+``fast-triton-unfused`` runs the same engine with the unfused ops: an A/B of
+``danka.rollout.triton_step``), ``hf-dynamic`` (HF generate, dynamic cache) and
 ``hf-static`` (static cache; transformers compiles the decode step). Timing HF after the
 engine ran in the same process understates HF 3-4x, so every side runs in a fresh
 ``python -m bench rollout --side NAME`` process; the result JSON holds both sides of every
@@ -63,7 +65,10 @@ SHAPES = {
 }  # fmt: skip
 
 
-FAST_SIDES = ("fast", "fast-whole-cache", "fast-compile", "fast-triton", "fast-compile-triton")
+FAST_SIDES = (
+    "fast", "fast-whole-cache", "fast-compile", "fast-triton", "fast-compile-triton",
+    "fast-triton-unfused",
+)  # fmt: skip
 
 
 def build_model(args) -> torch.nn.Module:
@@ -171,7 +176,8 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
             lora_compute=mode,
             live_chunk=0 if args.side == "fast-whole-cache" else 64,
             compile_step=args.side.startswith("fast-compile"),
-            attention="triton" if args.side.endswith("-triton") else "sdpa",
+            attention="triton" if "-triton" in args.side else "sdpa",
+            fused_step=False if args.side.endswith("-unfused") else None,
         )
 
         def run(params, m=m, engine=engine):

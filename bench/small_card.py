@@ -108,6 +108,7 @@ def measure(args) -> dict:
     res.update(
         steps=args.steps,
         median_step_s=steps["median_step_s"],
+        median_phase_s={k: v for k, v in steps["median"].items() if k.startswith("time/")},
         phase_peak_gib=steps["phase_peak_gib"],
         measured_peak_gib=(steps["phase_peak_gib"] or {}).get("step"),
         measured_reserved_gib=(

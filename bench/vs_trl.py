@@ -3,7 +3,7 @@
     python -m bench trl --model HuggingFaceTB/SmolLM2-135M-Instruct --random-weights \
         --variants lora,full
     python -m bench trl --model PATH --variants full --sides danka \
-        --danka-set rollout.keep_cache=false --danka-set trainer.logprob_chunk_size=256
+        --danka-set rollout.lora_compute=adapter --danka-set speed.logprob_chunk_size=1024
     python -m bench trl --tiny --variants lora --prompts 2 --generations 2 --new-tokens 8 \
         --micro 4 --steps 2                      # CPU check of the bench
 
@@ -255,7 +255,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--danka-set", action="append", default=[], metavar="KEY=VALUE",
-        help="danka side: override a config key (YAML value), e.g. rollout.keep_cache=false",
+        help="danka side: override a config key (YAML value), e.g. rollout.lora_compute=adapter",
     )  # fmt: skip
     ap.add_argument("--out", help="(with --side) the side's JSON")
     add_output_args(ap, timeout=300)

@@ -188,9 +188,11 @@ class SpeedConfig:
     """Speed and memory; none of these changes what is computed beyond rounding."""
 
     logprob_chunk_size: int | str = _f(
-        1024,
-        "tokens per chunk of the memory-lean log-prob head; auto = the largest of 1024, 512, "
-        "256 the memory plan fits on the GPU (with trainer.micro_batch_size), 1024 on a CPU",
+        "auto",
+        "tokens per chunk of the memory-lean log-prob head (a chunk's fp32 logits are "
+        "chunk x vocabulary x 4 bytes); auto = on a GPU the largest of 1024, 512, 256, 128 "
+        "whose logits take <= 64 MiB (256 for a 49k vocabulary, 128 for 152k) that the memory "
+        "plan fits, 1024 on a CPU; the log-probs do not depend on it",
     )
     fused_logprob_head: bool = _f(
         True,
@@ -276,8 +278,9 @@ class RolloutConfig:
     )
     keep_cache: bool | None = _f(
         None,
-        "fast engine: keep its KV cache and buffers between calls (true), or free them before "
-        "every update (false); null = keep for models up to ~2B parameters",
+        "fast engine: keep its KV cache, buffers and CUDA graphs between calls (true), or free "
+        "them before every update (null or false, the default: the update gets the memory; "
+        "the next rollout captures its one graph again, milliseconds)",
     )
     compile: bool = _f(
         False,
@@ -298,12 +301,13 @@ class RolloutConfig:
         "engines refuse a value set here",
     )
     lora_compute: str = _f(
-        "adapter",
-        "fast engine, LoRA runs: the adapter's path in the rollout: adapter (peft's fp32 "
-        "low-rank matmuls, exact) | base (the low-rank matmuls in bf16, A folded into the base "
-        "GEMM) | merge (W + s*B@A merged into bf16 copies at every rollout: the speed of a "
-        "plain model; bf16 rounds away part of small deltas, logged as rollout/logprob_gap; "
-        "models up to ~1 GiB of copies)",
+        "auto",
+        "fast engine, LoRA runs: the adapter's path in the rollout: auto (= base) | base (the "
+        "low-rank matmuls in the model's bf16, unmerged: A folded into the projection's GEMM, "
+        "B added by one kernel; no weight copy) | adapter (peft's fp32 low-rank matmuls, the "
+        "training forward's arithmetic; slower) | merge (W + s*B@A merged into bf16 copies at "
+        "every rollout: the speed of a plain model; bf16 rounds away part of small deltas, "
+        "logged as rollout/logprob_gap; models up to ~1 GiB of copies)",
     )
     tools: list[str] = _f(
         [], "tools offered to the model: calculator | python | path/to/file.py:function"

@@ -274,7 +274,7 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             "true asks for the HF engine, which conflicts with rollout.engine: fast",
             "set only one of them",
         )
-    if cfg.rollout.lora_compute != "adapter" and not lora.enable_lora:
+    if cfg.rollout.lora_compute != "auto" and not lora.enable_lora:
         fail(
             "rollout.lora_compute",
             f"{cfg.rollout.lora_compute} sets how a LoRA adapter runs in the rollout, and "

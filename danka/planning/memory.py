@@ -16,7 +16,7 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
                     fine-tuning: params x (d grad + 8 Adam)
 * KV cache          L x 2 x kv x (prompt + new tokens) x sequences x d; the fast engine
                     allocates its CUDA-graph batch bucket of rows (8, 16, 32, ...) and the
-                    length rounded up to 128
+                    length rounded up to 32
 * rollout logits    sequences (fast engine: bucket rows) x V x 4 x 3 (fp32 logits, probs,
                     sampling work)
 * prefill           sequences x prompt tokens x d x (4H + 2I): one layer's transient tensors;
@@ -47,11 +47,11 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
                     (checked on an H200, Qwen2-7B shape, PPO LoRA r8, 4 x 704 tokens,
                     bench/results/small_card_24gib.json: update 1.53 GiB above the
                     weights and adapters measured, 1.64 GiB predicted)
-* fast engine       the fast rollout engine (``rollout.engine: fast``, auto on a GPU) keeps
-                    fused q|k|v and gate|up weight copies when they take <= 1 GiB (none for
-                    larger models), fp32 copies of the LoRA matrices, and its KV cache;
-                    it keeps them between calls (so they count in every phase) only when
-                    the weights take <= 4 GiB, else frees them before the update
+* fast engine       the fast rollout engine (``rollout.engine: fast``, auto on a GPU) reads
+                    its fused q|k|v and gate|up matrices as views of the model's own
+                    (co-located) parameters: no weight copy; it holds fp32 copies of the
+                    LoRA matrices and its KV cache during the rollout and frees them before
+                    the update (kept in every phase only with ``rollout.keep_cache: true``)
 * reference         0 with LoRA (adapters off); a frozen copy (params x d) in full mode
 * critic (PPO)      a second LoRA adapter + value head, or a separate model
 
@@ -75,8 +75,7 @@ from danka.errors import UserError
 
 GIB = 2**30
 FUSE_LIMIT_BYTES = GIB  # = danka.rollout.fast_weights.FUSE_LIMIT_BYTES
-KEEP_CACHE_LIMIT_BYTES = 4 * GIB  # = danka.rollout.fast.KEEP_CACHE_LIMIT_BYTES
-SEQ_ROUND = 128  # = FastEngine(seq_round=128): KV cache length rounded up to this
+SEQ_ROUND = 32  # = FastEngine(seq_round=32): KV cache length rounded up to this
 PREFILL_PROMPTS = 32  # = FastEngine(prefill_batch=32): prompts per prefill forward
 OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation
 MARGIN = 0.10  # a plan within 10% of the GPU's memory is "tight": the estimate is approximate
@@ -311,15 +310,15 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     prefill_rows = min(prompts, PREFILL_PROMPTS) if fast else seqs
     c["KV cache (rollout)"] = n_layers * 2 * kv * cache_len * rows * d
     if fast:
-        # fused q|k|v and gate|up copies, made only when they take <= 1 GiB (small models;
-        # larger ones read the live weights); LoRA runs unmerged from stacked adapter copies
-        fused = n_layers * ((q + 2 * kv) * h + 2 * i * h) * d
-        fused = fused if fused <= FUSE_LIMIT_BYTES else 0
-        c["fast engine weight buffers"] = fused + (lora * 4 if use_lora else 0)
-    # the fast engine keeps its buffers and KV cache between calls only for models whose
-    # weights take <= KEEP_CACHE_LIMIT_BYTES (its keep_cache=None); larger ones free them
-    # before the update
-    keep = fast and params * d <= KEEP_CACHE_LIMIT_BYTES
+        # fused q|k|v and gate|up are views of the co-located parameters (no copy); LoRA
+        # runs unmerged from stacked fp32 adapter copies; lora_compute: merge keeps merged
+        # copies of the adapted weights (<= 1 GiB)
+        merged = n_layers * ((q + 2 * kv) * h + 2 * i * h) * d
+        merge = use_lora and cfg.rollout.lora_compute == "merge" and merged <= FUSE_LIMIT_BYTES
+        c["fast engine weight buffers"] = (lora * 4 if use_lora else 0) + (merged if merge else 0)
+    # the fast engine frees its buffers and KV cache before the update unless
+    # rollout.keep_cache is true (its keeps_cache)
+    keep = fast and bool(cfg.rollout.keep_cache)
     held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if keep else 0
     c["logits (rollout)"] = rows * v * 4 * LOGIT_FACTOR_ROLLOUT
     c["prefill (rollout)"] = prefill_rows * prompt_len * d * (4 * h + 2 * i)
@@ -381,6 +380,11 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
 
 def _round_up(tokens: int) -> int:
     return -(-tokens // SEQ_ROUND) * SEQ_ROUND
+
+
+def vocab_of(config: Any) -> int | None:
+    """The vocabulary size of a transformers config (None for no config)."""
+    return None if config is None else _text_config(config).vocab_size
 
 
 def _shape(config: Any) -> dict[str, int]:
@@ -468,6 +472,20 @@ def _fixes(cfg: DankaConfig, budget: int, estimate: Callable[[DankaConfig], dict
     return ["no combination of these settings fits: use a smaller model or a larger GPU"]
 
 
+CHUNKS = (1024, 512, 256, 128)  # log-prob chunks auto tries, largest first
+CHUNK_TARGET_BYTES = 64 * 2**20  # auto's chunks keep at most this much fp32 logits
+
+
+def chunk_candidates(vocab: int | None) -> list[int]:
+    """The log-prob chunks auto tries for a ``vocab``-sized head, largest first: those whose
+    fp32 logits (chunk x vocab x 4 bytes) take at most ``CHUNK_TARGET_BYTES``, at least the
+    smallest. Per-row log-probs do not depend on the chunk: only memory and speed do."""
+    if vocab is None:
+        return list(CHUNKS)
+    fit = [c for c in CHUNKS if c * vocab * 4 <= CHUNK_TARGET_BYTES]
+    return fit or [CHUNKS[-1]]
+
+
 # the sizes ``auto`` may stand for; danka.planning.micro.with_planned resolves them
 AUTO_SIZES = (
     "trainer.micro_batch_size",
@@ -501,8 +519,13 @@ def estimate_memory(
 ) -> dict[str, Any]:
     """Memory plan of ``cfg`` in bytes: ``components``, ``phases`` (rollout, prepare,
     update), ``peak`` and ``peak_phase``; with ``gpu_memory`` (bytes) also ``fits`` and
-    ``suggestions``. ``model_config`` skips loading the config of the actor model."""
+    ``suggestions``. ``model_config`` skips loading the config of the actor model. A
+    log-prob chunk left ``auto`` is priced as a GPU with room picks it (the other sizes
+    that may be ``auto`` are planned first: danka.planning.micro.with_planned)."""
     config = model_config or load_model_config(cfg.model.actor_model_name_or_path, base_dir)
+    if cfg.speed.logprob_chunk_size == "auto":  # the default: what a GPU with room picks
+        chunk = chunk_candidates(vocab_of(config))[0]
+        cfg = with_settings(cfg, {"speed.logprob_chunk_size": chunk})
     estimate = pricer(cfg, config)
     result = estimate(cfg)
     result["model"] = cfg.model.actor_model_name_or_path

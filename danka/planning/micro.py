@@ -7,7 +7,9 @@ prices every phase at each candidate, and the first that keeps the peak (plus th
 context and fragmentation reserve) inside the budget wins, in this order: the largest
 generation batch (whole groups of ``samples_per_prompt``, halving from all at once: the
 rollout is most of a step), then the largest micro-batch that divides a mini-batch, then
-the largest log-prob chunk of 1024, 512, 256. A size the user wrote stays as written. The
+the largest log-prob chunk among 1024, 512, 256, 128 whose fp32 logits take at most
+``CHUNK_TARGET_BYTES`` (the head's transient sized to the work, not to the card: 256 rows for
+a 49k vocabulary, 128 for 152k). A size the user wrote stays as written. The
 budget is the GPU's free memory at start-up, or the size a user names
 (``speed.gpu_memory``, to plan for a smaller card than the one at hand). On a CPU there
 is no device memory to plan: ``auto`` takes the schema's former defaults (micro-batch 8,
@@ -26,16 +28,17 @@ from danka.errors import UserError
 from danka.planning.memory import (
     GIB,
     OVERHEAD_BYTES,
+    chunk_candidates,
     estimate_memory,
     load_model_config,
     pricer,
     samples_per_prompt_of,
+    vocab_of,
     with_settings,
 )
 
 CPU_MICRO_BATCH = 8  # the size every config had before ``auto`` (no memory model for RAM)
 CPU_CHUNK = 1024  # the schema's former default of speed.logprob_chunk_size
-CHUNKS = (1024, 512, 256)  # log-prob chunks auto tries, largest first
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,11 @@ def mini_batch_sequences(cfg: DankaConfig, world_size: int = 1) -> int:
     return max(1, (t.mini_batch_size or t.batch_size) * n // world_size)
 
 
-def candidates(cfg: DankaConfig, world_size: int = 1, gpu: bool = True) -> dict[str, list[int]]:
-    """Each auto setting's values to try, best first (one value on a CPU: its default)."""
+def candidates(
+    cfg: DankaConfig, world_size: int = 1, gpu: bool = True, vocab: int | None = None
+) -> dict[str, list[int]]:
+    """Each auto setting's values to try, best first (one value on a CPU: its default);
+    ``vocab``: the model's, for the log-prob chunks (:func:`chunk_candidates`)."""
     from danka.rollout.base import halve_groups  # the engines' own halving (whole groups)
 
     out: dict[str, list[int]] = {}
@@ -114,7 +120,7 @@ def candidates(cfg: DankaConfig, world_size: int = 1, gpu: bool = True) -> dict[
             divisors if gpu else [next(d for d in divisors if d <= CPU_MICRO_BATCH)]
         )
     if cfg.speed.logprob_chunk_size == "auto":
-        out["speed.logprob_chunk_size"] = list(CHUNKS) if gpu else [CPU_CHUNK]
+        out["speed.logprob_chunk_size"] = chunk_candidates(vocab) if gpu else [CPU_CHUNK]
     return out
 
 
@@ -129,7 +135,10 @@ def plan_micro_batch(
     """The sizes for the settings of ``cfg`` that are ``auto`` (module docstring) under
     ``budget`` bytes of GPU memory (None: a CPU run, the defaults); the smallest of each
     with ``fits`` False (and the settings that would fit) when nothing does."""
-    tries = candidates(cfg, world_size, gpu=budget is not None)
+    config = None
+    if budget is not None:
+        config = model_config or load_model_config(cfg.model.actor_model_name_or_path, base_dir)
+    tries = candidates(cfg, world_size, gpu=budget is not None, vocab=vocab_of(config))
     keys = list(tries)
     micro = cfg.trainer.micro_batch_size
 
@@ -141,7 +150,6 @@ def plan_micro_batch(
     combos = list(itertools.product(*tries.values()))
     if budget is None:
         return plan_for(combos[0])[0]
-    config = model_config or load_model_config(cfg.model.actor_model_name_or_path, base_dir)
     estimate = pricer(cfg, config)
     for values in combos:
         plan, trial = plan_for(values)

@@ -82,7 +82,8 @@ def halve_groups(current: int, n: int) -> int | None:
     return None if current <= n else max(n, current // 2 // n * n)
 
 
-LORA_COMPUTE = ("adapter", "base", "merge")  # rollout.lora_compute (the fast engine's modes)
+# rollout.lora_compute (the fast engine's modes); auto = base
+LORA_COMPUTE = ("auto", "adapter", "base", "merge")
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class EngineOptions:
     compile: bool = False  # torch.compile the engine's decode layer
     decode_attention: str = "auto"  # the decode step's attention kernel (auto|sdpa|triton)
     shared_prefix: bool = True  # HF: prompt tokens the rows share are prefilled once
-    lora_compute: str = "adapter"  # fast: a live LoRA's path (one of LORA_COMPUTE)
+    lora_compute: str = "auto"  # fast: a live LoRA's path (one of LORA_COMPUTE)
 
 
 @dataclass(frozen=True)

@@ -235,6 +235,7 @@ def decode_forward(
     v_cache: torch.Tensor,
     layer=None,
     attention: str = "sdpa",
+    fused: bool = False,
 ) -> torch.Tensor:
     """One token for each of b sequences -> next-token logits (b, V) fp32.
 
@@ -245,9 +246,18 @@ def decode_forward(
     ``torch.compile``d one with ``compile=True``); its weights come from
     :func:`split_layers`. ``attention``: ``"sdpa"`` (masked SDPA) or ``"triton"`` (the
     split-K kernel of :mod:`danka.rollout.triton_decode`, which reads ``start``/``slot``
-    instead of a mask; that module must have been imported).
+    instead of a mask; that module must have been imported). ``fused``: the layers run
+    :func:`decode_layer_fused` (Triton attention and :mod:`danka.rollout.triton_step`'s
+    kernels; ``layer`` and ``attention`` are then not used).
     """
     layer = layer or decode_layer
+    if fused:
+        x = _embed(w, tok)
+        for i, lw in enumerate(split_layers(w, spec.layers)):
+            x = decode_layer_fused(
+                lw, spec, x, cos_t, sin_t, pos, k_cache[i], v_cache[i], slot, start
+            )
+        return _logits(w, spec, x)
     mask = None
     if attention == "sdpa":
         t = k_cache.shape[3]
@@ -298,3 +308,58 @@ def decode_layer(
         att = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
     x = x + _lin(lw, "o", att.reshape(b, spec.q_dim))
     return x + _mlp(lw, "", rms_norm(x, lw["ln2"], spec.eps))
+
+
+def decode_layer_fused(
+    lw: Weights, spec: ModelSpec, x, cos_t, sin_t, pos, k, v, slot, start
+) -> torch.Tensor:
+    """:func:`decode_layer` (Triton attention) in the fewest launches: RoPE and the cache
+    write in one kernel, ``silu(g) * u`` in one, the residual adds inside the output GEMMs
+    (``x.addmm_``), a live adapter's expand step in one kernel per fused projection
+    (:mod:`danka.rollout.triton_step`). ``x`` (b, H) is updated in place; cos/sin are the
+    whole tables (T, D), ``pos`` (b,) the rows' positions. Plain layer: 10 launches (the
+    unfused one ~18). Each fused op rounds once where the unfused ones round per op."""
+    from danka.rollout import triton_step
+
+    b = x.shape[0]
+    qkv = _lin_fused(lw, "qkv", rms_norm(x, lw["ln1"], spec.eps))
+    q = triton_step.rope_write(qkv, cos_t, sin_t, pos, slot, k, v, spec.heads)
+    att = torch.ops.danka.decode_attention(q, k, v, start, slot).reshape(b, spec.q_dim)
+    x = _residual_add(lw, "o", x, att)
+    act = triton_step.silu_mul(_lin_fused(lw, "gu", rms_norm(x, lw["ln2"], spec.eps)))
+    return _residual_add(lw, "down", x, act)
+
+
+def _shrunk(w: Weights, key: str, x: torch.Tensor):
+    """(``x @ W.T + b``, the adapter's ``u = x @ A.T``) of an adapted projection: one GEMM
+    when A is folded into W's rows (``lora_compute: base``), a second (in the adapter's
+    dtype) when it is not."""
+    lb, la = w[key + ".lb"], w[key + ".la"]
+    if la is None:  # folded: one GEMM gives [x @ W.T + b | x @ A.T] (zero bias on A rows)
+        z = F.linear(x, w[key], w[key + ".b"])
+        return z[:, : lb.shape[0]], z[:, lb.shape[0] :]
+    return F.linear(x, w[key], w[key + ".b"]), F.linear(x.to(la.dtype), la)
+
+
+def _lin_fused(w: Weights, key: str, x: torch.Tensor) -> torch.Tensor:
+    """:func:`_lin` with the adapter's expand step in one kernel (``triton_step.lora_expand``)."""
+    if w[key] is None or w[key + ".lb"] is None:
+        return _lin(w, key, x)
+    from danka.rollout import triton_step
+
+    y, u = _shrunk(w, key, x)
+    return triton_step.lora_expand(y, u, w[key + ".lb"])
+
+
+def _residual_add(w: Weights, key: str, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """``x + linear(a)`` in place: plain, the sum inside the GEMM (``x.addmm_``: fp32
+    accumulation, one rounding); adapted, ``x + y + u @ B.T`` in one kernel after the GEMM.
+    A bias or unfused parts: the unfused ops."""
+    if w[key] is None or w[key + ".b"] is not None:
+        return x + _lin(w, key, a)
+    if w[key + ".lb"] is None:
+        return x.addmm_(a, w[key].T)
+    from danka.rollout import triton_step
+
+    y, u = _shrunk(w, key, a)
+    return triton_step.lora_expand(x, u, w[key + ".lb"], y=y)

@@ -9,6 +9,19 @@ import torch
 
 from danka.rollout.fast_sampling import MAX_EOS
 
+BUCKETS = (8, 16, 32, 64, 128, 256)
+
+
+def bucket_size(rows: int, graphs: bool) -> int:
+    """Batch rows actually run: exact without graphs, else the next bucket (multiples of 256
+    above the largest), so one captured graph serves every batch up to its size."""
+    if not graphs:
+        return rows
+    for b in BUCKETS:
+        if rows <= b:
+            return b
+    return -(-rows // BUCKETS[-1]) * BUCKETS[-1]
+
 
 @dataclass
 class Slots:
@@ -46,3 +59,56 @@ def draw_seed(generator: torch.Generator | None) -> int:
     if generator is None:
         return int(torch.randint(0, 2**62, (1,)))
     return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+
+
+class LayerCache:
+    """A KV cache kept as one ``(B, Hkv, T, D)`` tensor per layer, indexed like the engine's
+    5-D ``(layers, B, Hkv, T, D)`` cache (``c[i]``, ``c[i, rows, :, :n] = x``, ``c[:, :b]``):
+    per-layer tensors let a cache be re-laid-out one layer at a time, so moving to a new
+    size holds the old and the new cache for one layer only (``FastEngine`` staged decode).
+    """
+
+    def __init__(self, layers: list[torch.Tensor]):
+        self.layers = layers
+
+    @classmethod
+    def zeros(cls, n_layers: int, shape: tuple, dtype, device) -> LayerCache:
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)])
+
+    @property
+    def shape(self) -> tuple:
+        return (len(self.layers), *self.layers[0].shape)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self.layers)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, int):
+            return self.layers[idx]
+        first, rest = (idx[0], idx[1:]) if isinstance(idx, tuple) else (idx, ())
+        if isinstance(first, int):
+            return self.layers[first][rest]
+        if first != slice(None):
+            raise IndexError("LayerCache: layers are indexed by one int or ':'")
+        return LayerCache([t[rest] for t in self.layers])
+
+    def __setitem__(self, idx, value) -> None:
+        if not (isinstance(idx, tuple) and isinstance(idx[0], int)):
+            raise IndexError("LayerCache: assign into one layer, c[i, ...] = x")
+        self.layers[idx[0]][idx[1:]] = value
+
+    def moved(self, rows: torch.Tensor, length: int, shape: tuple) -> LayerCache:
+        """A new cache of per-layer ``shape`` holding slots ``[0, length)`` of rows ``rows``
+        (in that order) at rows ``[0, len(rows))``; each old layer is dropped as soon as it is
+        copied (the old and the new cache coexist for one layer only)."""
+        out = []
+        for i, old in enumerate(self.layers):
+            new = torch.zeros(shape, dtype=old.dtype, device=old.device)
+            new[: len(rows), :, :length] = old[rows, :, :length]
+            out.append(new)
+            self.layers[i] = None  # type: ignore[call-overload]
+        self.layers = []
+        return LayerCache(out)

@@ -16,10 +16,12 @@ step, i.e. most of an adapter's first updates. For a fused matrix the
 adapters' A matrices are stacked (``.la``: R x in, R = sum of ranks) and their scaled B
 matrices placed block-diagonally (``.lb``: out x R), one low-rank pair per fused linear.
 Embedding adapters use ``.la`` = stacked A.T (V x R), looked up like the embedding.
-With ``Owned.fuse`` False (the engine's default when the fused copies would exceed
-``FUSE_LIMIT_BYTES``, e.g. a 7B model) q/k/v and gate/up are not fused: ``out[key]`` is
-None and ``out[key + '.0'/'.1'/'.2']`` are the live weights, so the engine holds no weight
-copy at all.
+Zero copy: :func:`colocate` stores each layer's q/k/v (and gate/up) parameters back to back
+in one buffer, in place (values unchanged, the same ``nn.Parameter`` objects); the fused
+matrix is then a view of the model's own weights (:func:`_adjacent`): no engine copy, and
+every optimizer step is seen without re-copying. Otherwise, with ``Owned.fuse`` False (the
+engine's default when fused copies would exceed ``FUSE_LIMIT_BYTES``) q/k/v and gate/up are
+not fused: ``out[key]`` is None and ``out[key + '.0'/'.1'/'.2']`` are the live weights.
 Nothing is merged into the model.
 """
 
@@ -29,12 +31,19 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from danka.errors import UserError
+from danka.rollout.fast_colocate import adjacent, folded_view
+from danka.rollout.fast_peft import (
+    FALLBACK,
+    active_module,
+    base_layer,
+    lora_adapters,
+    unsupported,
+    unwrap_causal_lm,  # noqa: F401  (callers import it from here)
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-_FALLBACK = "set rollout.engine: hf (HF generate runs every architecture transformers supports)"
 # RoPE variants whose frequencies do not depend on the sequence length.
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
@@ -69,61 +78,12 @@ class ModelSpec:
         return self.kv_heads * self.head_dim
 
 
-def unwrap_causal_lm(model: nn.Module) -> nn.Module:
-    """The HF ``*ForCausalLM`` inside a peft ``PeftModel`` and/or ``torch.compile`` wrapper."""
-    for _ in range(4):
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif hasattr(model, "get_base_model") and not isinstance(model, PreTrainedModel):
-            model = model.get_base_model()
-        else:
-            break
-    return model
-
-
-def _unsupported(what: str, model_type: str) -> UserError:
-    return UserError(
-        f"the fast rollout engine cannot run this {model_type!r} model: {what}",
-        where="rollout.engine",
-        fix=_FALLBACK,
-    )
-
-
-def _active_module(mod: nn.Module) -> nn.Module:
-    """The module a peft ``ModulesToSaveWrapper`` currently forwards to (else ``mod``)."""
-    if hasattr(mod, "modules_to_save") and hasattr(mod, "original_module"):
-        active = list(getattr(mod, "active_adapters", []) or [])
-        if getattr(mod, "disable_adapters", False) or not active:
-            return mod.original_module
-        return mod.modules_to_save[active[0]]
-    return mod
-
-
-def _lora_adapters(mod: nn.Module) -> list[str]:
-    """Active, unmerged LoRA adapters of a peft LoRA layer ([] for a plain module)."""
-    if not hasattr(mod, "lora_A") or not hasattr(mod, "base_layer"):
-        return []
-    if getattr(mod, "disable_adapters", False) or getattr(mod, "merged", False):
-        return []  # disabled: base only; merged: the base weight already holds the delta
-    emb = getattr(mod, "lora_embedding_A", {})
-    names = [a for a in mod.active_adapters if a in mod.lora_A or a in emb]
-    for a in names:
-        if a in getattr(mod, "lora_variant", {}) or getattr(mod, "use_dora", {}).get(a, False):
-            raise _unsupported(f"adapter {a!r} is a LoRA variant (DoRA...)", "peft")
-    return names
-
-
-def _base(mod: nn.Module) -> nn.Module:
-    mod = _active_module(mod)
-    return mod.get_base_layer() if hasattr(mod, "base_layer") else mod
-
-
 def _has_bias(mod: nn.Module) -> bool:
     """Base bias or a LoRA bias (``lora_bias=True``) on an active adapter."""
-    active = _active_module(mod)
+    active = active_module(mod)
     lora_bias = getattr(active, "lora_bias", {})
-    return getattr(_base(mod), "bias", None) is not None or any(
-        lora_bias.get(a, False) for a in _lora_adapters(active)
+    return getattr(base_layer(mod), "bias", None) is not None or any(
+        lora_bias.get(a, False) for a in lora_adapters(active)
     )
 
 
@@ -136,20 +96,20 @@ def model_spec(root: nn.Module) -> ModelSpec:
             f"the fast rollout engine does not support model type {model_type!r} "
             f"(it runs: {', '.join(SUPPORTED_MODEL_TYPES)})",
             where="rollout.engine",
-            fix=_FALLBACK,
+            fix=FALLBACK,
         )
     if getattr(cfg, "hidden_act", "silu") not in ("silu", "swish"):
-        raise _unsupported(f"activation {cfg.hidden_act!r} (only silu)", model_type)
+        raise unsupported(f"activation {cfg.hidden_act!r} (only silu)", model_type)
     if getattr(cfg, "use_sliding_window", False):
-        raise _unsupported("sliding-window attention", model_type)
+        raise unsupported("sliding-window attention", model_type)
     rope_type = getattr(root.model.rotary_emb, "rope_type", "default")
     if rope_type not in _STATIC_ROPE:
-        raise _unsupported(f"rope type {rope_type!r}", model_type)
+        raise unsupported(f"rope type {rope_type!r}", model_type)
     layer = root.model.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
     heads = cfg.num_attention_heads
-    emb = _base(root.model.embed_tokens).weight
-    head = _base(root.lm_head).weight
+    emb = base_layer(root.model.embed_tokens).weight
+    head = base_layer(root.lm_head).weight
     return ModelSpec(
         model_type=model_type,
         layers=len(root.model.layers),
@@ -163,8 +123,8 @@ def model_spec(root: nn.Module) -> ModelSpec:
         o_bias=_has_bias(attn.o_proj),
         mlp_bias=any(_has_bias(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)),
         tied=head is emb
-        and not _lora_adapters(_active_module(root.lm_head))
-        and not _lora_adapters(_active_module(root.model.embed_tokens)),
+        and not lora_adapters(active_module(root.lm_head))
+        and not lora_adapters(active_module(root.model.embed_tokens)),
         dtype=emb.dtype,
         device=emb.device,
     )
@@ -179,9 +139,9 @@ class Owned:
     seen: dict[str, tuple] = field(default_factory=dict)
     fuse: bool = True  # False: q/k/v and gate/up stay separate live weights (no copies)
     # LoRA low-rank path: "adapter" = in the adapter's own dtype (fp32 under peft's default,
-    # peft's op order exactly); "base" = in the model's compute dtype (bf16 copies of A and
-    # s*B); "merge" = merged into engine-owned copies of the adapted weights (W + s*B@A in
-    # fp32, rounded once to the model dtype: no low-rank kernels at all).
+    # peft's op order exactly); "base" (what "auto" means) = in the model's compute dtype
+    # (bf16 copies of A and s*B); "merge" = merged into engine-owned copies of the adapted
+    # weights (W + s*B@A in fp32, rounded once to the model dtype: no low-rank kernels).
     lora_compute: str = "adapter"
 
     def get(self, key: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
@@ -220,12 +180,12 @@ class _Lora:
 
 def _parts(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, list[_Lora]]:
     """(base weight, base bias, active LoRA adapters) of a linear/embedding module."""
-    mod = _active_module(mod)
-    base = _base(mod)
+    mod = active_module(mod)
+    base = base_layer(mod)
     if not isinstance(base, (nn.Linear, nn.Embedding)) or not base.weight.is_floating_point():
-        raise _unsupported(f"{type(base).__name__} layers (quantised?) are not handled", "model")
+        raise unsupported(f"{type(base).__name__} layers (quantised?) are not handled", "model")
     loras = []
-    for a in _lora_adapters(mod):
+    for a in lora_adapters(mod):
         if a in getattr(mod, "lora_embedding_A", {}):
             la, lb = mod.lora_embedding_A[a], mod.lora_embedding_B[a]
             loras.append(_Lora(la, lb, float(mod.scaling[a]), None))
@@ -271,10 +231,18 @@ def _fill(
         return
     live = all(p[0].dtype == spec.dtype for p in parts)
     lora_dtype = _lora_dtype(spec, parts, owned)
-    fold = lora_dtype == spec.dtype and owned.fuse and key not in ("embed", "lm_head")
-    rank = sum(lo.a.shape[0] for p in parts for lo in p[2]) if fold else 0
-    if len(parts) == 1 and live and not fold:
+    foldable = lora_dtype == spec.dtype and key not in ("embed", "lm_head")
+    rank = sum(lo.a.shape[0] for p in parts for lo in p[2]) if foldable else 0
+    room = folded_view(parts, rank) if foldable and live else None
+    fold = room is not None or (foldable and owned.fuse)
+    rank = rank if fold else 0
+    view = adjacent([p[0] for p in parts]) if live and not fold and len(parts) > 1 else None
+    if room is not None:
+        out[key] = room  # co-located with reserved rows: [W; A] folded, zero copy
+    elif len(parts) == 1 and live and not fold:
         out[key] = w0  # live parameter, zero copy
+    elif view is not None:
+        out[key] = view  # co-located parameters (colocate): the fused matrix, zero copy
     elif live and not owned.fuse:
         out[key] = None  # _lin runs the parts one by one: live parameters, zero copy
         for j, p in enumerate(parts):
@@ -321,6 +289,12 @@ def _fill_bias(owned: Owned, key, parts, spec: ModelSpec, bias: bool, rows, rank
     if plain and b0 is not None and b0.dtype == spec.dtype:
         out[key + ".b"] = b0
         return
+    biases = [p[1] for p in parts]
+    if not has_lora_bias and rank == 0 and all(b is not None for b in biases):
+        view = adjacent(biases) if b0.dtype == spec.dtype else None
+        if view is not None:  # co-located biases (colocate): zero copy
+            out[key + ".b"] = view
+            return
     bbuf = out[key + ".b"] = owned.get(key + ".b", (rows + rank,), spec.dtype, spec.device)
     sources = [b for _, b, _ in parts] + [lo.bias for p in parts for lo in p[2]]
     if not owned.stale(key + ".b", sources, tuple(lo.scale for p in parts for lo in p[2])):
@@ -383,7 +357,7 @@ FUSE_LIMIT_BYTES = 2**30
 
 def fused_copy_bytes(root: nn.Module, spec: ModelSpec) -> int:
     """Bytes of the fused q|k|v and gate|up copies (what ``fuse=False`` saves)."""
-    inter = _base(root.model.layers[0].mlp.gate_proj).weight.shape[0]
+    inter = base_layer(root.model.layers[0].mlp.gate_proj).weight.shape[0]
     per_layer = (spec.q_dim + 2 * spec.kv_dim) * spec.hidden + 2 * inter * spec.hidden
     return spec.layers * per_layer * torch.empty((), dtype=spec.dtype).element_size()
 

@@ -158,11 +158,14 @@ def _combine_kernel(
 
 
 def split_plan(rows: int, kv_heads: int, live: int, sms: int) -> tuple[int, int]:
-    """(splits, chunk): enough programs for ~2 per SM (rows * kv_heads * splits >= 2 * sms)
-    without splitting below one BLOCK_L block; chunk is a multiple of BLOCK_L. Depends on
+    """(splits, chunk): up to ~16 programs per SM (rows * kv_heads * splits <= 16 * sms,
+    rounded up) without splitting below one BLOCK_L block; chunk is a multiple of BLOCK_L.
+    The engine's one graph attends over the whole capacity while only the slots up to the
+    current one are live, so small chunks matter: a split past the live slots returns at
+    once, and the live ones run in parallel instead of one after the other. Depends on
     shapes only (CUDA-graph safe)."""
     blocks = triton.cdiv(live, BLOCK_L)
-    want = max(1, min(blocks, triton.cdiv(2 * sms, rows * kv_heads)))
+    want = max(1, min(blocks, triton.cdiv(16 * sms, rows * kv_heads)))
     chunk = triton.cdiv(blocks, want) * BLOCK_L
     return triton.cdiv(live, chunk), chunk
 

@@ -70,9 +70,21 @@ def planned_sizes(
         if budget is not None:
             check_fits(with_engine, budget, base_dir=base_dir)
         return MicroPlan(cfg.trainer.micro_batch_size)
-    plan = plan_micro_batch(with_engine, budget, world_size=dist.world_size(), base_dir=base_dir)
+    tries = candidates(cfg)
+    try:
+        plan = plan_micro_batch(with_engine, budget, world_size=dist.world_size(),
+                                base_dir=base_dir)  # fmt: skip
+    except (UserError, OSError, ValueError):
+        if budget is None or set(tries) != {"speed.logprob_chunk_size"}:
+            raise
+        # only the head's chunk is auto and the model's config cannot be read before it
+        # loads: the default chunk (nothing the run asked for needs the plan)
+        return plan_micro_batch(with_engine, None)
     if not plan.fits:
-        raise plan.refusal()
+        if "trainer.micro_batch_size" in tries:
+            raise plan.refusal()
+        # an explicit micro-batch: refused only past the plan's margin (check_fits)
+        check_fits(with_settings(with_engine, dict(plan.planned)), budget, base_dir=base_dir)
     if log is not None:
         auto = [k for k, _ in plan.planned]
         log.info(f"{', '.join(auto)}: auto -> {plan.line()}")

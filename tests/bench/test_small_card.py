@@ -21,7 +21,7 @@ def test_a_cpu_run_plans_no_memory_and_needs_no_retry(tmp_path):
     # tiny PPO: 2 prompts x 1 sample = 2 sequences a mini-batch; a CPU takes the largest
     # divisor up to 8, so 2
     assert res["micro_batch_planned"] == res["micro_batch_final"] == 2
-    assert res["plan"] == "micro-batch 2 (auto: a CPU run, no memory plan)"
+    assert res["plan"] == "micro-batch 2, log-prob chunk 1024 (auto: a CPU run, no memory plan)"
     assert res["planned_peak_gib"] is None and res["budget_gib"] is None
     assert res["steps"] == 2 and res["oom_retries"] == 0 and res["median_step_s"] > 0
 

@@ -13,7 +13,7 @@ from danka.planning.micro import mini_batch_sequences, plan_micro_batch, with_pl
 
 def _config(tmp_path, rollout=None, **trainer):
     """Qwen2-7B shape (known offline), GRPO + LoRA, 4 prompts x 4 samples: 16 sequences a
-    mini-batch; ``trainer`` and ``rollout`` settings on top."""
+    mini-batch, log-prob chunk 1024; ``trainer`` and ``rollout`` settings on top."""
     cfg = {
         "model": {"actor_model_name_or_path": "Qwen/Qwen2-7B-Instruct"},
         "trainer": {
@@ -27,16 +27,27 @@ def _config(tmp_path, rollout=None, **trainer):
         },  # fmt: skip
         "data": {"train_dataset": "x.jsonl"},
         "rollout": rollout or {},
+        "speed": {"logprob_chunk_size": 1024},
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return load_config(str(path), [])[0]
 
 
-def _need(cfg, **sizes) -> int:
+def _small_vocab():
+    """Qwen2-7B with a 16,384-token vocabulary: a chunk of 1024 rows keeps 64 MiB of fp32
+    logits (1024 x 16384 x 4 B), so auto tries every chunk, 1024 first."""
+    config = qwen2_7b_config()
+    config.vocab_size = 16384
+    config.pad_token_id = config.bos_token_id = config.eos_token_id = 0
+    return config
+
+
+def _need(cfg, model_config=None, **sizes) -> int:
     """The planned peak plus the CUDA reserve of ``cfg`` with ``{dotted key: value}``."""
     trial = with_settings(cfg, sizes)
-    return estimate_memory(trial, model_config=qwen2_7b_config())["peak"] + OVERHEAD_BYTES
+    model_config = model_config or qwen2_7b_config()
+    return estimate_memory(trial, model_config=model_config)["peak"] + OVERHEAD_BYTES
 
 
 def _peak(cfg, micro):
@@ -135,8 +146,8 @@ def test_auto_generation_batch_and_chunk_take_the_largest_that_fit(tmp_path):
     cfg = _auto_all(tmp_path)
     keys = {"rollout.generation_batch_size": 16, "trainer.micro_batch_size": 16,
             "speed.logprob_chunk_size": 1024}  # fmt: skip
-    roomy = _need(cfg, **keys)
-    plan = plan_micro_batch(cfg, roomy, model_config=qwen2_7b_config())
+    roomy = _need(cfg, _small_vocab(), **keys)
+    plan = plan_micro_batch(cfg, roomy, model_config=_small_vocab())
     assert plan.size == 16 and dict(plan.planned) == keys
     assert plan.line().startswith("micro-batch 16, generation batch 16, log-prob chunk 1024 (auto")
 
@@ -147,11 +158,11 @@ def test_auto_chunk_shrinks_before_the_micro_batch_does(tmp_path):
     cfg = _auto_all(tmp_path)
     at = {"rollout.generation_batch_size": 16, "trainer.micro_batch_size": 16}
     big, small = (
-        _need(cfg, **at, **{"speed.logprob_chunk_size": 1024}),
-        _need(cfg, **at, **{"speed.logprob_chunk_size": 512}),
+        _need(cfg, _small_vocab(), **at, **{"speed.logprob_chunk_size": 1024}),
+        _need(cfg, _small_vocab(), **at, **{"speed.logprob_chunk_size": 512}),
     )
     assert small < big
-    plan = plan_micro_batch(cfg, (big + small) // 2, model_config=qwen2_7b_config())
+    plan = plan_micro_batch(cfg, (big + small) // 2, model_config=_small_vocab())
     assert dict(plan.planned) == {**at, "speed.logprob_chunk_size": 512}
 
 
@@ -161,7 +172,7 @@ def test_auto_generation_batch_halves_in_whole_groups_when_the_rollout_does_not_
     8 per call."""
     cfg = _auto_all(tmp_path, max_length=4096, max_new_tokens=2048)
     cfg = with_settings(cfg, {"model.use_gradient_checkpointing": True})  # the rollout peaks
-    smallest = {"trainer.micro_batch_size": 1, "speed.logprob_chunk_size": 256}
+    smallest = {"trainer.micro_batch_size": 1, "speed.logprob_chunk_size": 128}
     all_at_once = _need(cfg, **smallest, **{"rollout.generation_batch_size": 16})
     half = _need(cfg, **smallest, **{"rollout.generation_batch_size": 8})
     assert half < all_at_once
@@ -178,3 +189,28 @@ def test_auto_sizes_on_a_cpu_are_the_defaults(tmp_path):
     assert dict(plan.planned) == {"rollout.generation_batch_size": 16,
                                   "trainer.micro_batch_size": 8,
                                   "speed.logprob_chunk_size": 1024}  # fmt: skip
+
+
+def test_auto_chunks_are_sized_to_the_vocabulary():
+    """auto tries the chunks whose fp32 logits take <= 64 MiB: 49,152 (SmolLM2) -> 256
+    (256 x 49152 x 4 B = 48 MiB; 512 rows would be 96 MiB) then 128; 151,936 (Qwen2.5)
+    -> even 128 rows take 74 MiB: the smallest, 128; 16,384 -> all four (1024 rows =
+    64 MiB exactly)."""
+    from danka.planning.memory import chunk_candidates
+
+    assert chunk_candidates(49152) == [256, 128]
+    assert chunk_candidates(151936) == [128]
+    assert chunk_candidates(16384) == [1024, 512, 256, 128]
+
+
+def test_the_default_chunk_is_auto_and_a_gpu_plan_sizes_it_to_the_head(tmp_path):
+    """The schema's default speed.logprob_chunk_size is auto: with room to spare a Qwen2-7B
+    (152k vocabulary) plan takes 128 rows, not the 1024 the card would hold; a CPU run
+    keeps 1024."""
+    cfg = with_settings(_config(tmp_path, micro_batch_size=4), {"speed.logprob_chunk_size": "auto"})
+    from danka.config.schema import SpeedConfig
+
+    assert SpeedConfig().logprob_chunk_size == "auto"
+    roomy, plan = with_planned(cfg, 10_000 * GIB, model_config=qwen2_7b_config())
+    assert roomy.speed.logprob_chunk_size == 128 and plan.size == 4
+    assert dict(plan_micro_batch(cfg, None).planned) == {"speed.logprob_chunk_size": 1024}

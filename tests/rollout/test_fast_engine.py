@@ -247,7 +247,7 @@ def test_cuda_graph_replay_equals_eager():
         pytest.skip("needs a CUDA GPU")
     model = tiny("qwen2").cuda()
     greedy = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
-    graph_engine = FastEngine(use_cuda_graph=True)
+    graph_engine = FastEngine(use_cuda_graph=True, keep_cache=True)  # kept: the 2nd call replays
     eager = fast_run(model, greedy, FastEngine(use_cuda_graph=False))
     graphed = fast_run(model, greedy, graph_engine)
     assert graph_engine.stats["graphs_captured"] == 1
@@ -275,7 +275,7 @@ def test_keep_cache_false_frees_everything_between_calls_with_graphs():
         pytest.skip("needs a CUDA GPU")
     model = tiny("qwen2").cuda()
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=40)
-    engine = FastEngine(keep_cache=False, live_chunk=16)  # 3 graphs a call
+    engine = FastEngine(keep_cache=False, live_chunk=16, attention="sdpa")  # 3 graphs a call
     after = []
     for _ in range(4):
         fast_run(model, params, engine, eos=())
@@ -473,13 +473,15 @@ def test_live_length_attention_equals_whole_cache_attention(kind):
 @pytest.mark.gpu
 @pytest.mark.parametrize("compile_step", [False, True])
 def test_cuda_graphs_per_live_length_equal_eager(compile_step):
-    """One graph per live length, with the eager or the torch.compile'd decode layer."""
+    """SDPA attention: one graph per live length, with the eager or the torch.compile'd
+    decode layer (kept between calls: the second call replays them)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     model = tiny("qwen2").cuda()
     params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
     eager = fast_run(model, params, FastEngine(use_cuda_graph=False, live_chunk=0), eos=())
-    engine = FastEngine(use_cuda_graph=True, live_chunk=16, compile_step=compile_step)
+    engine = FastEngine(use_cuda_graph=True, live_chunk=16, compile_step=compile_step,
+                        attention="sdpa", keep_cache=True)  # fmt: skip
     graphed = fast_run(model, params, engine, eos=())
     # decode writes slots 7..45: live lengths 16, 32, 48 -> three graphs
     assert engine.stats["graphs_captured"] == 3
@@ -507,3 +509,53 @@ def test_compiled_decode_layer_equals_eager():
     assert dynamo_utils.counters["stats"]["unique_graphs"] == 1  # 2 layers, 1 graph
     assert compiled.response_ids.tolist() == eager.response_ids.tolist()
     torch.testing.assert_close(compiled.rollout_logprobs, eager.rollout_logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_staged_kv_cache_gives_the_tokens_of_one_full_cache(kind):
+    """Staged decode (the default without keep_cache): the cache first holds the prompt + 4
+    new tokens; the rows still going then move, compacted, to a full-length cache. With an
+    end token that stops some rows in the first stage (picked from a first run's answers)
+    the greedy tokens and log-probs equal one full-size cache's (keep_cache=True: never
+    staged), finished rows padded alike."""
+    model = tiny(kind)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=14)
+    probe = fast_run(model, params, FastEngine(keep_cache=True), eos=())
+    eos = int(probe.response_ids[0, 2])  # row 0 (and its twin) stops at its 3rd token
+    full = fast_run(model, params, FastEngine(keep_cache=True), eos=(eos,))
+    engine = FastEngine(first_stage=4, seq_round=8)
+    staged = fast_run(model, params, engine, eos=(eos,))
+    ended = (full.response_ids == eos).any(1)
+    assert ended.any() and not ended.all()  # some rows leave at the compaction, some go on
+    assert staged.response_ids.tolist() == full.response_ids.tolist()
+    assert staged.response_mask.tolist() == full.response_mask.tolist()
+    torch.testing.assert_close(staged.rollout_logprobs, full.rollout_logprobs, atol=1e-5, rtol=0)
+    assert engine._k is None and engine._slots == {}  # nothing kept after the call
+
+
+def test_staged_decode_moves_only_the_rows_still_going():
+    """The second stage's cache holds the unfinished rows only (2 of 8 here), in the
+    smallest batch (exact rows without graphs), at the full length."""
+    from danka.rollout.fast_slots import LayerCache
+
+    model = tiny("llama")
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=14)
+    probe = fast_run(model, params, FastEngine(keep_cache=True), eos=())
+    first_row = set(probe.response_ids[0].tolist())
+    # every other row's first token that row 0 never samples: rows 2..7 stop at once
+    eos = sorted({int(r[0]) for r in probe.response_ids[2:]} - first_row)
+    shapes = []
+    real = LayerCache.moved
+
+    def spy(self, rows, length, shape):
+        shapes.append((len(rows), length, shape))
+        return real(self, rows, length, shape)
+
+    LayerCache.moved = spy
+    try:
+        fast_run(model, params, FastEngine(first_stage=4, seq_round=8), eos=eos)
+    finally:
+        LayerCache.moved = real
+    # prompts up to 7 tokens: stage 1 = 7 + 4 -> 16 slots (rounded to 8); 7 + 14 -> 24
+    assert len(shapes) == 2  # k and v, one move each
+    assert shapes[0][0] == 2 and shapes[0][2][0] == 2 and shapes[0][2][2] == 24

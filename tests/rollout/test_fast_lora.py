@@ -191,8 +191,9 @@ def test_lora_compute_option_is_checked():
 
 
 def test_release_and_keep_cache_false_hold_no_cache_tensors():
-    """After release() (or any call with keep_cache=False) the engine references no KV
-    cache, rope table, fused/adapter buffer or decode slot: they are freed."""
+    """After release() (or any call without keep_cache=True: the default frees) the engine
+    references no KV cache, rope table, fused/adapter buffer or decode slot: they are
+    freed."""
     import gc
     import weakref
 
@@ -200,11 +201,10 @@ def test_release_and_keep_cache_false_hold_no_cache_tensors():
     from danka.rollout.fast import keeps_cache
     from tests.rollout.test_fast_engine import PROMPTS, tiny
 
-    assert keeps_cache(None, 270 * 2**20) and not keeps_cache(None, 15 * 2**30)  # 135M / 7B
-    assert keeps_cache(True, 15 * 2**30) and not keeps_cache(False, 1)
+    assert not keeps_cache(None) and not keeps_cache(False) and keeps_cache(True)
     model = get_peft_model(tiny("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=4)
-    for engine, explicit in ((FastEngine(), True), (FastEngine(keep_cache=False), False)):
+    for engine, explicit in ((FastEngine(keep_cache=True), True), (FastEngine(), False)):
         refs: list = []
         real_release = engine.release
 
@@ -216,11 +216,14 @@ def test_release_and_keep_cache_false_hold_no_cache_tensors():
 
         engine.release = spy
         engine.generate(model, PROMPTS, params, eos_ids=[299], pad_id=0)
-        if explicit:  # default (None) on a tiny model: kept until release()
+        if explicit:  # keep_cache=True: kept until release()
             assert engine._k is not None and engine._owned.buf and engine._slots
             engine.release()
         gc.collect()
-        assert len(refs) > 10  # the cache, rope tables, adapter stacks, decode slots
+        # k, v, rope table, the 2 layers' q|k|v B stacks (A is folded into rows reserved
+        # after the co-located weights), 3 decode slots; the fused base matrices are views
+        # of the model's own weights (nothing to free)
+        assert len(refs) >= 8
         assert engine._k is None and engine._v is None and engine._cos is None
         assert not engine._owned.buf and not engine._slots and engine._pool is None
         assert all(r() is None for r in refs)  # nothing else keeps them alive

@@ -71,13 +71,15 @@ def test_single_valid_slot_copies_v():
 
 
 def test_split_plan_fills_the_gpu():
-    # b=64, Hkv=3, 132 SMs: 192 programs need 2 splits (384 >= 264); L=256 -> 2 x 128
-    assert tda.split_plan(64, 3, 256, 132) == (2, 128)
-    # b=64, Hkv=2: 128 programs x 3 splits = 384 >= 264; 4 blocks -> chunks of 128 -> 2
-    # splits (the chunk is a whole number of 64-slot blocks)
-    assert tda.split_plan(64, 2, 256, 132) == (2, 128)
-    # b=256, Hkv=3: 768 programs already >= 264 -> one split over all of L
-    assert tda.split_plan(256, 3, 384, 132) == (1, 384)
+    # up to 16 programs per SM (132 SMs: 2112), never below one 64-slot block per split.
+    # b=64, Hkv=3: 192 programs x 11 splits would reach 2112; L=256 has 4 blocks -> 4 x 64
+    assert tda.split_plan(64, 3, 256, 132) == (4, 64)
+    # the engine's one graph over a 416-slot capacity: 7 blocks, 7 splits of one block
+    assert tda.split_plan(64, 3, 416, 132) == (7, 64)
+    # b=256, Hkv=3: 768 programs x 3 splits >= 2112; 6 blocks -> chunks of 2 blocks -> 3
+    assert tda.split_plan(256, 3, 384, 132) == (3, 128)
+    # b=256, Hkv=8: 2048 programs, cdiv(2112, 2048) = 2 splits of 3 blocks
+    assert tda.split_plan(256, 8, 384, 132) == (2, 192)
     # never below one block per split
     assert tda.split_plan(1, 1, 128, 132) == (2, 64)
 

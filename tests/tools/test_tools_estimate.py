@@ -23,6 +23,7 @@ def _config(tmp_path, model="Qwen/Qwen2-7B-Instruct", **trainer):
             **trainer,
         },
         "data": {"train_dataset": "x.jsonl"},
+        "speed": {"logprob_chunk_size": 1024},
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -143,18 +144,18 @@ def test_quantized_base_is_frozen_without_an_fp32_cast():
 
 def test_fast_engine_cache_is_a_batch_bucket_of_rounded_length(tmp_path, counts_7b):
     """The fast engine's KV cache has bucket_size(rows) rows (3 sequences -> the 8-row CUDA
-    graph bucket) and the length rounded up to 128 (600 + 100 -> 768); HF's is exact."""
+    graph bucket) and the length rounded up to 32 (600 + 100 -> 704); HF's is exact."""
     from danka.rollout.fast import FastEngine
 
     engine = FastEngine()
-    assert (engine.seq_round, engine.prefill_batch) == (128, 32)  # = estimate's constants
+    assert (engine.seq_round, engine.prefill_batch) == (32, 32)  # = estimate's constants
     sizes = {"algorithm": "ppo", "batch_size": 3, "samples_per_prompt": 1, "micro_batch_size": 1}
     over = ["data.max_prompt_length=600", "trainer.max_length=700", "trainer.max_new_tokens=100"]
     cfg, base = load_config(str(_config(tmp_path, **sizes)), over + ["rollout.engine=fast"])
     fast = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())["components"]
     cfg, base = load_config(str(_config(tmp_path, **sizes)), over + ["rollout.engine=hf"])
     hf = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())["components"]
-    assert fast["KV cache (rollout)"] == 28 * 2 * 512 * 768 * 8 * 2
+    assert fast["KV cache (rollout)"] == 28 * 2 * 512 * 704 * 8 * 2
     assert hf["KV cache (rollout)"] == 28 * 2 * 512 * 700 * 3 * 2
     assert fast["logits (rollout)"] == 8 * 152064 * 4 * 3
     # prefill: 3 prompts x 600 tokens x 2 bytes x (4H + 2I) for both (n = 1)
@@ -166,18 +167,17 @@ def test_fast_engine_cache_is_a_batch_bucket_of_rounded_length(tmp_path, counts_
 def test_fast_engine_holds_no_weight_copy_for_a_7b(tmp_path, counts_7b):
     cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
-    # fused q|k|v + gate|up would be 28 x (5632 x 3584 + 2 x 18944 x 3584) x 2 B = 8.7 GB
-    # > 1 GiB: the engine reads live weights; only fp32 copies of the LoRA matrices remain
+    # fused q|k|v + gate|up are views of the co-located parameters (fast_weights.colocate):
+    # only fp32 copies of the LoRA matrices remain
     assert plan["components"]["fast engine weight buffers"] == counts_7b[1] * 4
 
 
 def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_dir):
-    """The fast engine keeps its KV cache and buffers through the update only for models
-    whose weights take <= 4 GiB (its keep_cache=None rule); a 7B frees them first."""
-    from danka.planning.memory import KEEP_CACHE_LIMIT_BYTES as ESTIMATE_LIMIT
-    from danka.rollout.fast import KEEP_CACHE_LIMIT_BYTES
+    """The fast engine frees its KV cache and buffers before the update unless
+    rollout.keep_cache is true (its keeps_cache rule), whatever the model's size."""
+    from danka.rollout.fast import keeps_cache
 
-    assert ESTIMATE_LIMIT == KEEP_CACHE_LIMIT_BYTES
+    assert not keeps_cache(None) and not keeps_cache(False) and keeps_cache(True)
     cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])
     big = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
     c = big["components"]
@@ -187,7 +187,13 @@ def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_di
     # the rollout phase still holds them
     assert big["phases"]["rollout"] >= big["persistent"] + c["KV cache (rollout)"]
 
-    cfg, base = load_config(str(_config(tmp_path, model=str(tiny_dir))), ["rollout.engine=fast"])
+    over = ["rollout.engine=fast"]
+    cfg, base = load_config(str(_config(tmp_path, model=str(tiny_dir))), over)
+    freed = estimate_memory(cfg, base_dir=base)
+    assert freed["assumptions"]["rollout_cache_kept_for_update"] is False
+    cfg, base = load_config(
+        str(_config(tmp_path, model=str(tiny_dir))), [*over, "rollout.keep_cache=true"]
+    )
     small = estimate_memory(cfg, base_dir=base)
     c = small["components"]
     held = c["KV cache (rollout)"] + c["fast engine weight buffers"]

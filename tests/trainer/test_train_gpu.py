@@ -37,7 +37,7 @@ def test_grpo_on_gpu_bf16(tmp_path, tiny_model_dir, engine):
         assert all(x["rollout/logprob_gap"] < 0.1 for x in lines)
 
 
-@pytest.mark.parametrize("lora_compute", ["base", "merge"])
+@pytest.mark.parametrize("lora_compute", ["adapter", "base", "merge"])
 def test_grpo_on_gpu_bf16_with_each_lora_compute(tmp_path, tiny_model_dir, lora_compute):
     """rollout.lora_compute reaches the fast engine; the sampled log-probs stay within
     bf16 noise of the training forward (the engine reports its own)."""

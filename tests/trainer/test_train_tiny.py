@@ -247,8 +247,10 @@ def test_micro_batch_auto_on_a_cpu_takes_8_and_says_so(tmp_path, tiny_model_dir)
     assert result["steps"] == 1
     log = (tmp_path / "out" / "logs" / "train.log").read_text()
     # 2 prompts x 4 samples = 8 sequences a mini-batch: 8 is a divisor and the CPU size
+    # the log-prob chunk is auto by default too: the CPU's 1024
     assert (
-        "trainer.micro_batch_size: auto -> micro-batch 8 (auto: a CPU run, no memory plan)" in log
+        "trainer.micro_batch_size, speed.logprob_chunk_size: auto -> micro-batch 8, log-prob "
+        "chunk 1024 (auto: a CPU run, no memory plan)" in log
     )
     assert "micro-batch 8 sequences" in log
 

@@ -1,30 +1,32 @@
-"""The fast rollout engine: own static-KV decode loop, one CUDA graph per batch bucket.
+"""The fast rollout engine: own static-KV decode loop, captured in CUDA graphs.
 
 Why: on one card the rollout dominates RL time, and HF ``generate`` for a small model is
 bound by Python and kernel launches. This engine runs Llama-family decoders (Llama,
 SmolLM2, Qwen2) with its own forward (:mod:`danka.rollout.fast_model`):
 
-1. read the weights LIVE from the model (q/k/v and gate/up fused into engine-owned buffers
-   that keep their addresses across calls; LoRA adapters applied unmerged);
+1. read the weights LIVE from the model: q/k/v and gate/up fused as views of the model's
+   own parameters, stored back to back once (:mod:`danka.rollout.fast_colocate`); LoRA
+   adapters applied unmerged (:mod:`danka.rollout.fast_weights`);
 2. prefill the left-padded prompts once per prompt, copy the keys/values ``n`` times into a
    static cache ``(layers, B, Hkv, T, D)``, sample the first token;
 3. decode: one token per step for all sequences (embed -> layers -> sample -> bookkeeping,
-   all on the device); attention reads only the live cache slots, rounded up to a multiple
-   of ``live_chunk`` (the step writing slot s attends over slots [0, L), L >= s + 1); on
-   CUDA the whole step is captured once per (batch bucket, T, sampling mode, L) in a
-   ``torch.cuda.CUDAGraph`` and replayed; on CPU it runs eagerly;
+   all on the device); with Triton attention the layers run fused kernels
+   (:mod:`danka.rollout.triton_step`) and one graph serves every step, as the kernel reads
+   the live bound on the device; with SDPA attention reads only the live cache slots,
+   rounded up to a multiple of ``live_chunk``, one graph per length. On CUDA the step is
+   captured in a ``torch.cuda.CUDAGraph`` and replayed; on CPU it runs eagerly;
 4. finished sequences (EOS) are tracked on the device; the host checks "all finished"
    every ``check_every`` steps only.
 
-Memory, sized to the work: the fused q|k|v and gate|up matrices are views of the model's
-own parameters (``colocate_weights``: they are stored back to back once), so the engine
-holds no weight copy (only a live adapter's small stacked A/B copies); the KV cache holds
-the call's rows for its longest prompt plus ``max_new_tokens``, rounded up to ``seq_round``
-(32) slots. By default (``keep_cache`` None or False) all of it (KV cache, buffers, graphs)
-is freed at the end of each call, i.e. before the trainer's update, and the graphs are
-captured again at the next call: with Triton attention that is one graph (a few eager steps,
-milliseconds). ``keep_cache=True`` keeps it between calls (the KV cache then only grows).
-``release()`` frees it on demand.
+Memory, sized to the work: the engine holds no weight copy (only a live adapter's small
+stacked B copies); the KV cache holds the call's rows for its longest prompt plus
+``max_new_tokens``, rounded up to ``seq_round`` (32) slots, and is staged
+(:mod:`danka.rollout.fast_staged`): the rows first hold the prompt + ``first_stage`` new
+tokens, then the rows still going move, compacted, into the full-length cache. By default
+(``keep_cache`` None or False) all of it (KV cache, buffers, graphs) is freed at the end of
+each call, i.e. before the trainer's update, and the graphs are captured again at the next
+call. ``keep_cache=True`` keeps one full-size cache between calls (it then only grows; no
+staging). ``release()`` frees it on demand.
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ class FastEngine(RolloutEngine):
         self.fused_step = fused_step
         self._fused = False  # resolved with the attention for each new model
         # colocate_weights: store each layer's q/k/v and gate/up parameters back to back
-        # (fast_weights.colocate, once) so the fused matrices are views of the model's own
+        # (fast_colocate.colocate, once) so the fused matrices are views of the model's own
         # weights: no copy, and every optimizer step is seen without re-copying.
         self.colocate_weights = bool(colocate_weights)
         self.use_cuda_graph = use_cuda_graph

@@ -49,7 +49,7 @@ from danka.rollout.base import (
 from danka.rollout.fast_colocate import colocate
 from danka.rollout.fast_model import decode_forward, decode_layer, prefill, rope_tables
 from danka.rollout.fast_sampling import check_eos_ids, sample_next
-from danka.rollout.fast_slots import BUCKETS, Slots, bucket_size, draw_seed  # noqa: F401
+from danka.rollout.fast_slots import Slots, bucket_size, draw_seed
 from danka.rollout.fast_staged import run_staged
 from danka.rollout.fast_weights import (
     FUSE_LIMIT_BYTES,

@@ -69,7 +69,7 @@ def colocate(root: nn.Module) -> int:
     """Store each projection group's base weights (and biases) back to back in one new
     buffer, in place: every ``nn.Parameter`` keeps its identity and values, only its
     storage moves (``param.data = buffer[rows]``), so optimizers, peft and the trainer see
-    no change and the engine reads the fused matrix as a view (:func:`_adjacent`). When the
+    no change and the engine reads the fused matrix as a view (:func:`adjacent`). When the
     group has live LoRA adapters, rows for their stacked A matrices are reserved right
     after the weights (recorded in ``RESERVED``): the engine folds A into the projection's
     GEMM there (``lora_compute: base``) without copying W. Skipped for groups already in

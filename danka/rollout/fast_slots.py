@@ -79,12 +79,6 @@ class LayerCache:
     def shape(self) -> tuple:
         return (len(self.layers), *self.layers[0].shape)
 
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    def __iter__(self):
-        return iter(self.layers)
-
     def __getitem__(self, idx):
         if isinstance(idx, int):
             return self.layers[idx]

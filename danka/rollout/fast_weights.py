@@ -234,10 +234,10 @@ def _fill(
     live = all(p[0].dtype == spec.dtype for p in parts)
     lora_dtype = _lora_dtype(spec, parts, owned)
     foldable = lora_dtype == spec.dtype and key not in ("embed", "lm_head")
-    rank = sum(lo.a.shape[0] for p in parts for lo in p[2]) if foldable else 0
-    room = folded_view(parts, rank) if foldable and live else None
+    stacked = sum(lo.a.shape[0] for p in parts for lo in p[2])  # rows of A to fold
+    room = folded_view(parts, stacked) if foldable and live else None
     fold = room is not None or (foldable and owned.fuse)
-    rank = rank if fold else 0
+    rank = stacked if fold else 0
     view = adjacent([p[0] for p in parts]) if live and not fold and len(parts) > 1 else None
     if room is not None:
         out[key] = room  # co-located with reserved rows: [W; A] folded, zero copy

@@ -66,11 +66,11 @@ def planned_sizes(
     exit 2 when the smallest do not fit. An explicit micro-batch the plan cannot fit is
     refused (:func:`check_fits`)."""
     with_engine = with_settings(cfg, {"rollout.engine": engine})
-    if not candidates(cfg):
+    tries = candidates(cfg)
+    if not tries:
         if budget is not None:
             check_fits(with_engine, budget, base_dir=base_dir)
         return MicroPlan(cfg.trainer.micro_batch_size)
-    tries = candidates(cfg)
     try:
         plan = plan_micro_batch(with_engine, budget, world_size=dist.world_size(),
                                 base_dir=base_dir)  # fmt: skip

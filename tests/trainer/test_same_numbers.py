@@ -32,8 +32,13 @@ RUNS = {
         logging={"save_completions": 2},
     ),
     "ppo_critic": dict(
-        trainer={"algorithm": "ppo", "samples_per_prompt": 1, "micro_batch_size": 1,
-                 "total_steps": 2, "ppo_epochs": 2},
+        trainer={
+            "algorithm": "ppo",
+            "samples_per_prompt": 1,
+            "micro_batch_size": 1,
+            "total_steps": 2,
+            "ppo_epochs": 2,
+        },
     ),  # fmt: skip
     "full_kl_packed": dict(
         lora={"enable_lora": False},

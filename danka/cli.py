@@ -191,9 +191,9 @@ def _data(args) -> int:
         return _seed_mini(args)
     from danka.config import load_config
     from danka.data.inspect import describe_first_batch
+    from danka.data.splits import load_rows
     from danka.data.template import encode_prompts
     from danka.models.loading import load_tokenizer
-    from danka.trainer.setup import load_rows
 
     cfg, base_dir = load_config(args.config, args.overrides)
     m = cfg.model
@@ -241,12 +241,12 @@ def _gsm8k_pairs(args) -> int:
 def _seed_mini_args(sub) -> None:
     g = sub.add_parser(
         "seed-mini",
-        help="the seed story's mini_gsm8k.json: the first 200 GSM8K rows as prompt/response/reward",
+        help="the tutorial's mini_gsm8k.json: the first 200 GSM8K rows as prompt/response/reward",
     )
     g.add_argument("--input", help="GSM8K's train.jsonl (question/answer rows)")
     g.add_argument("--from-hub", action="store_true", help="read openai/gsm8k with datasets")
     g.add_argument("--output", default="mini_gsm8k.json", help="default ./mini_gsm8k.json")
-    g.add_argument("-n", type=int, default=200, help="rows (the story's head -n 200)")
+    g.add_argument("-n", type=int, default=200, help="rows (the tutorial's head -n 200)")
 
 
 def _seed_mini(args) -> int:

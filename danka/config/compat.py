@@ -1,4 +1,5 @@
-"""Seed-story keys that cannot work as written on this machine: what danka does instead.
+"""Keys of the single-card tutorial's config that cannot work as written on this machine:
+what danka does instead.
 
 :func:`apply_fallbacks` runs once after validation. Each fallback changes the config to
 what danka will actually do and returns ONE warning line saying so (the CLI logs it as

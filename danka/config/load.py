@@ -278,7 +278,7 @@ def _type_error(value: Any, tp: Any, key: str, source: _Source, section: bool = 
     )
 
 
-# Keys of the seed story that danka does not implement, with what to use instead.
+# Keys of the single-card tutorial that danka does not implement, with what to use instead.
 REJECTED_KEYS = {
     "backend.vllm.enable_vllm": (
         True,

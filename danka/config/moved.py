@@ -1,8 +1,8 @@
 """Keys that moved out of ``trainer`` into sections by concern, and the map that keeps the
 old layout working.
 
-The seed story's ``trainer`` keys (algorithm, num_epochs, batch_size, micro_batch_size,
-max_length, max_new_tokens) stay where the story writes them. Sampling, optimisation,
+The single-card tutorial's ``trainer`` keys (algorithm, num_epochs, batch_size, micro_batch_size,
+max_length, max_new_tokens) stay where the tutorial writes them. Sampling, optimisation,
 loss, checkpointing, evaluation and speed settings live in their own sections; a config
 (or a ``key=value`` override) that still names one of them under ``trainer`` is read as
 the new key, so older configs run unchanged. Naming both the old and the new key is

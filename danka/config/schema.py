@@ -2,7 +2,7 @@
 
 Sections by concern: ``model``, ``trainer`` (the algorithm and the shape of a step),
 ``sampling``, ``optim``, ``loss``, ``checkpoint``, ``eval``, ``speed``, ``lora``,
-``rollout``, ``data``, ``reward``, ``logging``, ``backend``, ``rm``. The seed story's
+``rollout``, ``data``, ``reward``, ``logging``, ``backend``, ``rm``. The single-card tutorial's
 layout (``model``/``trainer``/``lora``/``backend``/``data``/``logging``) is accepted as
 written: its keys are field names here; keys that moved out of ``trainer`` are read
 through the map in danka/config/moved.py.
@@ -84,7 +84,7 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class TrainerConfig:
-    """The algorithm and the shape of a step (the seed story's ``trainer`` keys live here)."""
+    """The algorithm and the shape of a step (the tutorial's ``trainer`` keys live here)."""
 
     algorithm: str = _f(
         "grpo",
@@ -256,7 +256,7 @@ class VllmBackend:
 class HFBackend:
     enable_hf_transformers: bool = _f(
         False,
-        "true = HF generate rollout (the seed story's setting); false = rollout.engine decides",
+        "true = HF generate rollout (the tutorial's setting); false = rollout.engine decides",
     )
 
 

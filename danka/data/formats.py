@@ -2,7 +2,7 @@
 
 Formats (``data.format``):
 
-- ``seed``: the seed story's ``{"prompt": str, "response": str, "reward": float}``, keys
+- ``seed``: the single-card tutorial's ``{"prompt": str, "response": str, "reward": float}``, keys
   configurable. For RL only the prompt and a ground truth are used: the ground truth is
   the ``answer_key`` column if set, else the number after ``####`` in the response (then
   ``data_source`` becomes ``openai/gsm8k``, so the GSM8K rule reward applies), else None.

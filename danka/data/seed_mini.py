@@ -1,8 +1,8 @@
-"""The seed story's data step: ``head -n 200 train.jsonl`` -> ``mini_gsm8k.json``.
+"""The single-card tutorial's data step: ``head -n 200 train.jsonl`` -> ``mini_gsm8k.json``.
 
-The story takes the first 200 rows of GSM8K's ``train.jsonl`` and writes them as JSON
+The tutorial takes the first 200 rows of GSM8K's ``train.jsonl`` and writes them as JSON
 lines with ``prompt`` (the question), ``response`` (the reference solution, ending in
-``#### <answer>``) and ``reward`` (1.0: the reference is right; a placeholder the story
+``#### <answer>``) and ``reward`` (1.0: the reference is right; a placeholder the tutorial
 replaces with model scoring, which danka does with its ``gsm8k`` rule on the ground truth
 after ``####``). ``examples/single_card_ppo.yaml`` reads the result as
 ``data.train_dataset: ./mini_gsm8k.json``.

@@ -1,5 +1,5 @@
 """The drift probe: a few general prompts answered greedily at every evaluation, to see
-whether RL on one task broke the model's answers to everything else (the seed story's
+whether RL on one task broke the model's answers to everything else (the single-card tutorial's
 "the trained model still answers a general question fluently").
 
 Per evaluation: :func:`probe_stats` over the answers (length, and the share that are

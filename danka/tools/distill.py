@@ -1,4 +1,4 @@
-"""``danka distill``: reward-model distillation (the seed story's section 5.3).
+"""``danka distill``: reward-model distillation (the single-card tutorial's section 5.3).
 
 A teacher (a rule reward, your ``file.py:function``, or a reward model / judge) scores
 prompt -> response pairs; a small student (any HF model loaded as a sequence classifier with

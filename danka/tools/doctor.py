@@ -128,7 +128,7 @@ FLASH_REINSTALL = (
 
 
 def flash_attention_check() -> Check:
-    """FlashAttention-2 (the seed story's failure 2: a broken build "falls back to slow
+    """FlashAttention-2 (the single-card tutorial's failure 2: a broken build "falls back to slow
     kernels"): not installed, installed but broken (a wheel for another torch/CUDA), a GPU
     older than Ampere, or a kernel call that fails. danka uses sdpa whenever it cannot."""
     import torch

@@ -1,5 +1,5 @@
 """One run per output dir (real processes), stop on SIGTERM/SIGINT at a safe point, exit codes,
-signal forwarding to a launched child, and the speed.tf32/compile refusals on CPU."""
+signal forwarding to a launched child."""
 
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ from danka.lifecycle import (
     LOCK_NAME,
     RunLock,
     StopRequest,
-    compile_forward,
-    enable_tf32,
     run_forwarding_signals,
 )
 
@@ -201,29 +199,3 @@ def test_launcher_forwards_sigterm_to_its_child():
 def test_child_killed_by_a_signal_maps_to_128_plus_signal():
     code = run_forwarding_signals([sys.executable, "-c", "import os; os.kill(os.getpid(), 15)"])
     assert code == 143
-
-
-def test_tf32_and_compile_are_refused_without_a_gpu():
-    assert enable_tf32(False, "cpu") is None
-    with pytest.raises(UserError, match="speed.tf32 needs an NVIDIA GPU"):
-        enable_tf32(True, "cpu")
-    model = object()
-    assert compile_forward(model, False, "cpu") is model
-    with pytest.raises(UserError) as err:
-        compile_forward(model, True, "cpu")
-    assert err.value.where == "speed.compile"
-
-
-def test_compile_wraps_the_body_the_training_forward_calls(monkeypatch):
-    """The training forward calls the decoder body (danka.trainer.forward.decoder_of), not
-    ``model.forward``: compiling ``model.forward`` would be a no-op."""
-    from peft import LoraConfig, get_peft_model
-
-    from danka import lifecycle
-    from danka.models import tiny
-    from danka.trainer.forward import decoder_of
-
-    monkeypatch.setattr(lifecycle, "_cuda_device", lambda device: True)  # no GPU here
-    model = get_peft_model(tiny.tiny_causal_lm(), LoraConfig(r=2, target_modules=["q_proj"]))
-    assert compile_forward(model, True, "cuda") is model
-    assert hasattr(decoder_of(model).forward, "_torchdynamo_orig_callable")

@@ -1,0 +1,59 @@
+"""The speed settings that change how the model runs: ``speed.tf32`` (TF32 matmuls) and
+``speed.compile`` (the training forward's decoder body through ``torch.compile``). Both
+act on a CUDA GPU only; elsewhere they are refused (exit 2), never a silent no-op."""
+
+from __future__ import annotations
+
+import torch
+
+from danka.errors import UserError
+
+
+def _cuda_device(device) -> bool:
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+def enable_tf32(enabled: bool, device) -> str | None:
+    """``speed.tf32: true`` -> ``torch.set_float32_matmul_precision('high')`` (TF32 tensor
+    cores for float32 matmuls). Returns the line to log; UserError (exit 2) where TF32
+    does not exist (no CUDA GPU, or one older than Ampere) instead of a silent no-op."""
+    if not enabled:
+        return None
+    if not _cuda_device(device):
+        raise UserError(
+            "speed.tf32 needs an NVIDIA GPU (Ampere or newer); this run is on "
+            f"{torch.device(device).type}",
+            where="speed.tf32",
+            fix="set speed.tf32: false",
+        )
+    major, minor = torch.cuda.get_device_capability(torch.device(device))
+    if major < 8:
+        raise UserError(
+            f"speed.tf32 needs compute capability 8.0+ (Ampere), this GPU is {major}.{minor}",
+            where="speed.tf32",
+            fix="set speed.tf32: false",
+        )
+    torch.set_float32_matmul_precision("high")
+    return "TF32 matmuls on (torch.set_float32_matmul_precision('high'))"
+
+
+def compile_forward(model, enabled: bool, device):
+    """``speed.compile: true`` -> the forward of the model's transformer body (what the
+    training forward calls: ``get_decoder()``, through a PeftModel too; the LM head runs
+    chunked outside it) becomes ``torch.compile(forward, dynamic=True)`` (dynamic: every
+    step has other sequence lengths). Compiling ``model.forward`` instead would be a
+    silent no-op: the training forward never calls it. Only on a CUDA GPU: elsewhere
+    UserError (exit 2). Returns the model."""
+    if not enabled:
+        return model
+    if not _cuda_device(device):
+        raise UserError(
+            f"speed.compile is supported on a CUDA GPU only (this run is on "
+            f"{torch.device(device).type})",
+            where="speed.compile",
+            fix="set speed.compile: false",
+        )
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body = base.get_decoder()
+    body.forward = torch.compile(body.forward, dynamic=True)
+    return model

@@ -6,7 +6,7 @@ models that have no files to load, so they cannot go through ``danka train``: th
 the model set (``trainer.models.build_models``), hand it to ``trainer.setup.assemble_run``
 (the builder ``build_run`` ends in) with stand-in rewards, and bind the step's stages with
 ``trainer.stages.build_stages``. A/B switches are config settings
-(``trainer.fused_logprob_head``, ``trainer.shared_prefix_forward``,
+(``speed.fused_logprob_head``, ``speed.shared_prefix_forward``,
 ``rollout.shared_prefix``), never patched module globals. Nothing else in ``bench/``
 imports ``danka.trainer``.
 """
@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 
-from danka.lifecycle import compile_forward
+from danka.data.splits import load_rows
+from danka.models.speed import compile_forward
 from danka.rewards.combine import RewardOutput
+from danka.rewards.combine import reward_specs as _reward_specs
 from danka.rollout import hf_prefix as _hf_prefix
 from danka.trainer import fit as _fit
 from danka.trainer.budget import cap_process
@@ -31,10 +33,9 @@ from danka.trainer.forward import (
     trim,
 )
 from danka.trainer.models import build_models
-from danka.trainer.records import ON_POLICY, TrainBatch
+from danka.trainer.records import ON_POLICY, StepResult, TrainBatch
 from danka.trainer.run import PromptSet, Run
-from danka.trainer.setup import assemble_run, build_model_set, build_run, load_rows
-from danka.trainer.setup import reward_specs as _reward_specs
+from danka.trainer.setup import assemble_run, build_model_set, build_run
 from danka.trainer.stages import Stages, build_stages
 from danka.trainer.update import update
 from danka.types import PromptRow, RolloutBatch
@@ -119,7 +120,7 @@ def packed_length(run: Run) -> int | None:
 
 def stages_of(run: Run, *, fused_head: bool | None = None) -> Stages:
     """The run's step stages (``build_stages``), the log-prob head's fused chunks on or off
-    when ``fused_head`` is given (``trainer.fused_logprob_head`` for this run)."""
+    when ``fused_head`` is given (``speed.fused_logprob_head`` for this run)."""
     s = build_stages(run)
     if fused_head is not None:
         fwd = dataclasses.replace(s.updating.forward, fused_head=fused_head)
@@ -128,10 +129,14 @@ def stages_of(run: Run, *, fused_head: bool | None = None) -> Stages:
     return s
 
 
-def train_step(run: Run, step: int) -> tuple[dict[str, float], RolloutBatch]:
-    """One step of the training loop: (its metrics, its samples)."""
-    result = _fit.train_step(stages_of(run), step)
-    return _fit.metrics_of(run, result), result.scored.batch
+def train_step(run: Run, step: int) -> StepResult:
+    """One step of the training loop: its typed result (samples, phase seconds, peaks)."""
+    return _fit.train_step(stages_of(run), step)
+
+
+def packing_ratio(run: Run, batch: RolloutBatch) -> float:
+    """``packing/effective_token_ratio`` of ``batch`` as the run's update packs it."""
+    return effective_token_ratio(batch, run.state.micro_batch_size, run.pack_len)
 
 
 def train_batch(batch: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:
@@ -156,7 +161,7 @@ def update_step(run: Run, batch: TrainBatch, *, fused_head: bool = True) -> None
 
 
 def compile_body(model: torch.nn.Module, dev: torch.device) -> None:
-    """``trainer.compile: true`` on an already-built model."""
+    """``speed.compile: true`` on an already-built model."""
     compile_forward(model, True, dev)
 
 
@@ -166,8 +171,8 @@ def common_prefix_len(prompts: list[list[int]]) -> int:
 
 def danka_train_command(config: Path, overrides: list[str], eager_head: bool) -> list[str]:
     """``danka train CONFIG KEY=VALUE ...`` as a child command; ``eager_head`` runs it with
-    the log-prob head's per-chunk work eager (``trainer.fused_logprob_head: false``)."""
-    extra = ["trainer.fused_logprob_head=false"] if eager_head else []
+    the log-prob head's per-chunk work eager (``speed.fused_logprob_head: false``)."""
+    extra = ["speed.fused_logprob_head=false"] if eager_head else []
     return [sys.executable, "-m", "danka", "train", str(config), *overrides, *extra]
 
 

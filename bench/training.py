@@ -53,26 +53,31 @@ def gc_active(model) -> bool:
 
 def run_steps(run, steps: int, dev) -> dict:
     """``steps`` steps of the training loop; median over steps 2.. and per-phase peaks, as
-    the loop itself measures them (``time/<phase>``, ``memory/<phase>_peak_gib``)."""
+    the loop itself measures them (``StepResult.seconds`` and ``.peaks_gib``, written as
+    ``time/<phase>`` and ``memory/<phase>_peak_gib``)."""
     import statistics
     from collections import defaultdict
 
-    from bench.danka_side import train_step
+    from bench.danka_side import packing_ratio, train_step
 
     per_step, peaks = [], defaultdict(float)
     reset_peak(dev)
     for step in range(1, steps + 1):
-        metrics, batch = train_step(run, step)
-        keep = {k: float(v) for k, v in metrics.items()
-                if k.startswith(("time/", "throughput/", "packing/", "response"))}  # fmt: skip
+        result = train_step(run, step)
+        batch, stats = result.scored.batch, result.scored.stats
+        keep = {f"time/{phase}": s for phase, s in result.seconds.items()}
+        keep["throughput/gen_tokens_per_s"] = result.scored.rollout.generated_tokens / max(
+            result.seconds.get("rollout", 0.0), 1e-9
+        )
+        keep["packing/effective_token_ratio"] = packing_ratio(run, batch)
+        keep["response_length"] = stats.response_length
+        keep["response/truncated"] = stats.truncated
         keep["prompt_tokens_mean"] = float(batch.prompt_mask.sum(1).float().mean())
         per_step.append(keep)
-        for k, v in metrics.items():
-            if k.startswith("memory/") and k.endswith("_peak_gib"):
-                name = k.removeprefix("memory/").removesuffix("_peak_gib")
-                peaks[name] = max(peaks[name], float(v))
-        if "memory/peak_gib" in metrics:
-            peaks["step"] = max(peaks["step"], float(metrics["memory/peak_gib"]))
+        for phase, gib in result.peaks_gib.items():
+            peaks[phase] = max(peaks[phase], gib)
+        if result.peaks_gib:
+            peaks["step"] = max(peaks["step"], *result.peaks_gib.values())
     later = per_step[1:] or per_step
     med = {k: statistics.median(s[k] for s in later) for k in later[0]}
     return {"steps": per_step, "median": med, "first_step_s": per_step[0]["time/step"],

@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
+from danka.config.schema import DankaConfig
 from danka.data.template import build_messages
 from danka.errors import UserError
-from danka.rewards.builtin import REWARDS
+from danka.rewards.builtin import REWARDS, default_reward_for
 from danka.rewards.custom import CustomReward, is_custom_spec, load_reward_function
 from danka.rewards.guard import GuardedReward, RewardFunctionError
 from danka.rewards.specs import check_reward_spec
@@ -203,6 +204,27 @@ class RewardComputer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def reward_specs(cfg: DankaConfig, rows: list[PromptRow]) -> list[RewardSpec]:
+    """The config's reward functions, or without any (and no reward model) the builtin
+    rule for the rows' data source; UserError when there is none."""
+    specs = [
+        RewardSpec(name=f.name, weight=f.weight, kwargs=dict(f.kwargs))
+        for f in cfg.reward.functions
+    ]
+    if specs or cfg.model.reward_model_name_or_path:
+        return specs
+    source = rows[0].data_source if rows else "unknown"
+    default = default_reward_for(source)
+    if default is None:
+        raise UserError(
+            f"no reward configured, and data source {source!r} has no builtin rule reward",
+            where="reward.functions",
+            fix="add reward.functions: [{name: gsm8k}] (or math, last_number, path.py:function), "
+            "or set model.reward_model_name_or_path",
+        )
+    return [RewardSpec(name=default)]
 
 
 def _unique(name: str, taken: set[str]) -> str:

@@ -184,7 +184,8 @@ def evaluate_rows(
 
 def _from_config(config: str, overrides: list[str]) -> dict[str, Any]:
     from danka.config import load_config
-    from danka.trainer.setup import load_rows, reward_specs
+    from danka.data.splits import load_rows
+    from danka.rewards.combine import reward_specs
 
     cfg, base_dir = load_config(config, overrides)
     train, held = load_rows(cfg, base_dir, Path(cfg.output_dir))

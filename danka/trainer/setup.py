@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,12 +15,10 @@ from danka.algorithms.kl import KL_ESTIMATORS, KL_MODES, AdaptiveKLController, F
 from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
-from danka.data.formats import Columns, ReadOptions, load_prompt_rows
 from danka.data.source import data_line
-from danka.data.tasks import task_rows
+from danka.data.splits import load_rows
 from danka.data.template import encode_prompts
 from danka.errors import UserError
-from danka.lifecycle import compile_forward, enable_tf32
 from danka.models.loading import (
     load_causal_lm,
     load_tokenizer,
@@ -30,9 +26,10 @@ from danka.models.loading import (
     resolve_dtype,
     stop_ids,
 )
+from danka.models.speed import compile_forward, enable_tf32
 from danka.planning.engine import choose_engine as choose_rollout_engine
 from danka.planning.micro import MicroPlan
-from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
+from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer, reward_specs
 from danka.rollout.base import (
     ROLLOUT_ENGINES,
     EngineOptions,
@@ -50,76 +47,6 @@ from danka.trainer.state import RunState
 from danka.types import PromptRow
 
 
-def load_rows(cfg: DankaConfig, base_dir: Path, output_dir: Path) -> tuple[list, list]:
-    """Training and held-out rows. A task generates both; files are read and split."""
-    d = cfg.data
-    if d.task:
-        seed = cfg.trainer.seed
-        kw = d.task_kwargs
-        train = task_rows(d.task, d.task_train_size, seed=seed, split="train", kwargs=kw)
-        held = []
-        if d.eval_size:
-            held = task_rows(d.task, d.eval_size, seed=seed, split="test", kwargs=kw)
-        return train, held
-    cols = Columns(d.format, d.prompt_key, d.response_key, d.reward_key, d.answer_key)
-    read = ReadOptions(
-        on_bad_row=d.on_bad_row,
-        bad_rows_path=output_dir / "bad_rows.jsonl",
-        base_dir=base_dir,
-        dataset_type=d.dataset_type,
-    )
-    train = load_prompt_rows(
-        d.train_dataset, cols, replace(read, limit=d.limit, split=d.train_split)
-    ).rows
-    if d.eval_dataset:
-        check_eval_source(d, base_dir)
-        held = load_prompt_rows(
-            d.eval_dataset, cols, replace(read, limit=d.eval_size or None, split=d.eval_split)
-        ).rows
-        check_no_overlap(train, held, d.eval_dataset)
-    elif d.eval_size:
-        if d.eval_size >= len(train):
-            raise UserError(
-                f"data.eval_size ({d.eval_size}) leaves no training rows "
-                f"(the file has {len(train)})",
-                where="data.eval_size",
-                fix="lower data.eval_size or give data.eval_dataset",
-            )
-        train, held = train[: -d.eval_size], train[-d.eval_size :]
-    else:
-        held = []
-    return train, held
-
-
-def check_eval_source(d, base_dir: Path) -> None:
-    """Held-out data is never silently the training data: the same source read with the
-    same split (e.g. a `danka data gsm8k` folder given for both with one split) is refused."""
-    same = d.eval_dataset == d.train_dataset or (
-        (base_dir / d.eval_dataset).resolve() == (base_dir / d.train_dataset).resolve()
-    )
-    if same and d.eval_split == d.train_split:
-        raise UserError(
-            f"data.eval_dataset is data.train_dataset read with the same split "
-            f"({d.train_split!r}): the held-out accuracy would be measured on training rows",
-            where="data.eval_split",
-            fix="give a held-out file, or a folder/hub dataset with another split "
-            "(data.eval_split: test), or use data.eval_size to split rows off",
-        )
-
-
-def check_no_overlap(train: list[PromptRow], held: list[PromptRow], where: str) -> None:
-    """Exit 2 when a held-out prompt is also a training prompt (same prompt text/messages)."""
-    seen = {json.dumps(r.prompt, sort_keys=True) for r in train}
-    dup = [r for r in held if json.dumps(r.prompt, sort_keys=True) in seen]
-    if dup:
-        raise UserError(
-            f"{len(dup)} of {len(held)} held-out prompts are also training prompts (first: "
-            f"row {dup[0].index}): the held-out accuracy would not be held out",
-            where=where,
-            fix="remove them from one side, or check data.train_split / data.eval_split",
-        )
-
-
 def encode(cfg: DankaConfig, tokenizer, rows: list[PromptRow], location: str = "data") -> PromptSet:
     d = cfg.data
     enc = encode_prompts(
@@ -132,27 +59,6 @@ def encode(cfg: DankaConfig, tokenizer, rows: list[PromptRow], location: str = "
         location=location,
     )
     return PromptSet(rows=enc.rows, texts=enc.texts, ids=enc.input_ids)
-
-
-def reward_specs(cfg: DankaConfig, rows: list[PromptRow]) -> list[RewardSpec]:
-    from danka.rewards.builtin import default_reward_for
-
-    specs = [
-        RewardSpec(name=f.name, weight=f.weight, kwargs=dict(f.kwargs))
-        for f in cfg.reward.functions
-    ]
-    if specs or cfg.model.reward_model_name_or_path:
-        return specs
-    source = rows[0].data_source if rows else "unknown"
-    default = default_reward_for(source)
-    if default is None:
-        raise UserError(
-            f"no reward configured, and data source {source!r} has no builtin rule reward",
-            where="reward.functions",
-            fix="add reward.functions: [{name: gsm8k}] (or math, last_number, path.py:function), "
-            "or set model.reward_model_name_or_path",
-        )
-    return [RewardSpec(name=default)]
 
 
 def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logger) -> Run:
@@ -474,7 +380,7 @@ def _reward_model(cfg: DankaConfig, models, tokenizer, load: dict):
     same = path == cfg.model.actor_model_name_or_path
     if kind == "judge" or (kind == "auto" and same):
         if same:
-            # the seed story's "reward model reuses the actor's weights": the base, adapters off
+            # the tutorial's "reward model reuses the actor's weights": the base, adapters off
             return JudgeReward(
                 models.policy,
                 tokenizer,

@@ -1,4 +1,4 @@
-"""Held-out rows are never silently training rows (issue 11 #8): a dataset folder (as
+"""Held-out rows are never silently training rows: a dataset folder (as
 `danka data gsm8k` writes) is read with data.train_split for training and data.eval_split
 for evaluation; the same source and split on both sides, or a held-out prompt that is also
 a training prompt, stops the run with exit 2."""
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from danka.config import load_config
+from danka.data.splits import load_rows
 from danka.errors import UserError
 from danka.tools.evaluate import _from_args
-from danka.trainer.setup import load_rows
 
 
 def _gsm8k_rows(start: int, n: int) -> list[dict]:

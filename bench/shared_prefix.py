@@ -53,7 +53,7 @@ def side(name: str, device: str) -> dict:
     from danka.rollout.base import EngineOptions, SamplingParams, build_engine
 
     shared = name == "shared"  # "plain": both paths off (rollout.shared_prefix,
-    # trainer.shared_prefix_forward): plain generate, plain training forward
+    # speed.shared_prefix_forward): plain generate, plain training forward
     tok = load_tokenizer(MODEL, log=lambda *a: None)
     model = load_causal_lm(MODEL, dtype="float32", device=device, log=lambda *a: None)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA))

@@ -217,7 +217,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--update-variants",
         default="mb16,mb8,mb16+gc,mb8+gc",
         help="update_05b: mb<micro-batch>[+gc][+compile][+eager_head], comma-separated "
-        "(+compile: trainer.compile, stays on for the variants after it; +eager_head: the "
+        "(+compile: speed.compile, stays on for the variants after it; +eager_head: the "
         "log-prob head's per-chunk work eager instead of compiled)",
     )
     ap.add_argument(

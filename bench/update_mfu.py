@@ -98,8 +98,8 @@ def update_05b(args, dev: torch.device, log) -> dict:
             else:
                 base.gradient_checkpointing_disable()
             ds.set_micro_batch(run, micro)
-            fused = "+eager_head" not in variant  # A/B: trainer.fused_logprob_head
-            if "+compile" in variant and not compiled:  # trainer.compile (stays on: list last)
+            fused = "+eager_head" not in variant  # A/B: speed.fused_logprob_head
+            if "+compile" in variant and not compiled:  # speed.compile (stays on: list last)
                 ds.compile_body(base, dev)
                 compiled = True
 

@@ -230,7 +230,7 @@ def save_checkpoint(
         for tmp in tmp_dirs.values():
             shutil.rmtree(tmp, ignore_errors=True)
         if full:
-            raise _disk_full(output_dir, step, parts_written=tmp_dirs) from err
+            raise _disk_full(output_dir, step) from err
         raise
     except BaseException:
         for tmp in tmp_dirs.values():
@@ -263,7 +263,7 @@ def checkpoint_size(state_dir: Path) -> int:
     return sum(meta["size"] for info in manifest.parts.values() for meta in info["files"].values())
 
 
-def _disk_full(output_dir: Path, step: int, parts_written: dict) -> CheckpointDiskFull:
+def _disk_full(output_dir: Path, step: int) -> CheckpointDiskFull:
     """The message for a full disk: how much a checkpoint needs and how much is free."""
     done = complete_checkpoints(output_dir)
     need = 0

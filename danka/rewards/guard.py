@@ -120,11 +120,6 @@ class GuardedReward:
             target = Target("", builtin, "builtin", self.where)
         self._worker = _adopt(fn, target, timeout_s)
 
-    @property
-    def worker_pid(self) -> int | None:
-        """The worker process's pid (its process group id), None before the first call."""
-        return self._worker.pid
-
     def outcomes(
         self,
         rows: Sequence[PromptRow],

@@ -79,7 +79,7 @@ def test_danka_set_overrides_reach_danka_train_as_its_own_overrides(tmp_path):
     assert cfg.speed.logprob_chunk_size == 256 and cfg.trainer.batch_size == 8
     # the same CLI, the head's per-chunk work eager: a setting, not a patched global
     eager = danka_side.danka_train_command(path, args.danka_set, eager_head=True)
-    assert eager[:-1] == cmd and eager[-1] == "trainer.fused_logprob_head=false"
+    assert eager[:-1] == cmd and eager[-1] == "speed.fused_logprob_head=false"
     cfg, _ = load_config(parsed.config, build_parser().parse_args(eager[3:]).overrides)
     assert cfg.speed.fused_logprob_head is False
 

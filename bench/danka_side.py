@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from danka.data.splits import load_rows
+from danka.models import prefix as _prefix
 from danka.models.speed import compile_forward
 from danka.rewards.combine import RewardOutput
 from danka.rewards.combine import reward_specs as _reward_specs
-from danka.rollout import hf_prefix as _hf_prefix
 from danka.trainer import fit as _fit
 from danka.trainer.budget import cap_process
 from danka.trainer.forward import (
@@ -166,7 +166,7 @@ def compile_body(model: torch.nn.Module, dev: torch.device) -> None:
 
 
 def common_prefix_len(prompts: list[list[int]]) -> int:
-    return _hf_prefix.common_prefix_len(prompts)
+    return _prefix.common_prefix_len(prompts)
 
 
 def danka_train_command(config: Path, overrides: list[str], eager_head: bool) -> list[str]:

@@ -14,6 +14,11 @@ first (a module belongs to the longest prefix listed):
   diagnose (the run doctor's checks), model_card (what a checkpoint says about its run)
 6 distributed, trainer
 7 the user's commands: tools, rm, cli, commands, api, the package itself
+
+Above the engines, the trainer sees the rollout through its interface only
+(``danka.rollout`` and ``danka.rollout.base``): what the engines and the training forward
+share (the prefix layout, the model inside its wrappers) lives below both, in
+``danka.models``.
 """
 
 from __future__ import annotations
@@ -79,3 +84,17 @@ def test_imports_go_downwards_only():
         if layer_of(b) > layer_of(a) and b != "danka"
     )
     assert not upward, "\n".join(upward)
+
+
+ROLLOUT_INTERFACE = {"danka.rollout", "danka.rollout.base"}
+
+
+def test_the_trainer_reaches_the_rollout_through_its_interface_only():
+    internal = sorted(
+        f"{a} imports {b}"
+        for a, targets in import_graph().items()
+        if a.startswith("danka.trainer")
+        for b in targets
+        if b.startswith("danka.rollout.") and b not in ROLLOUT_INTERFACE
+    )
+    assert not internal, "\n".join(internal)

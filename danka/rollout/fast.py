@@ -39,6 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from danka.data.template import left_pad
 from danka.errors import UserError
+from danka.models.unwrap import unwrap_causal_lm
 from danka.rollout.base import (
     LORA_COMPUTE,
     RolloutEngine,
@@ -59,7 +60,6 @@ from danka.rollout.fast_weights import (
     fused_copy_bytes,
     load_weights,
     model_spec,
-    unwrap_causal_lm,
 )
 
 

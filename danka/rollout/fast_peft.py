@@ -6,23 +6,10 @@ co-location (:mod:`danka.rollout.fast_colocate`)."""
 from __future__ import annotations
 
 from torch import nn
-from transformers import PreTrainedModel
 
 from danka.errors import UserError
 
 FALLBACK = "set rollout.engine: hf (HF generate runs every architecture transformers supports)"
-
-
-def unwrap_causal_lm(model: nn.Module) -> nn.Module:
-    """The HF ``*ForCausalLM`` inside a peft ``PeftModel`` and/or ``torch.compile`` wrapper."""
-    for _ in range(4):
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif hasattr(model, "get_base_model") and not isinstance(model, PreTrainedModel):
-            model = model.get_base_model()
-        else:
-            break
-    return model
 
 
 def unsupported(what: str, model_type: str) -> UserError:

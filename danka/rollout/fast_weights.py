@@ -42,7 +42,6 @@ from danka.rollout.fast_peft import (
     base_layer,
     lora_adapters,
     unsupported,
-    unwrap_causal_lm,  # noqa: F401  (callers import it from here)
 )
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")

@@ -13,9 +13,10 @@ import torch
 from transformers import GenerationConfig
 
 from danka.data.template import left_pad
+from danka.models.prefix import usable as prefix_usable
+from danka.models.unwrap import unwrap_causal_lm
 from danka.rollout import hf_prefix
 from danka.rollout.base import RolloutEngine, Sampled, SamplingParams, halve_groups
-from danka.rollout.fast_weights import unwrap_causal_lm
 
 
 class HFGenerateEngine(RolloutEngine):
@@ -51,7 +52,7 @@ class HFGenerateEngine(RolloutEngine):
 
     def _generate_chunk(self, model, prompts, params, eos_ids, pad_id, device) -> list[list[int]]:
         kw = {}
-        if self.shared_prefix and hf_prefix.usable(model):  # shared tokens once (hf_prefix)
+        if self.shared_prefix and prefix_usable(model):  # shared tokens once (hf_prefix)
             ids, mask, kw = hf_prefix.prefill(model, prompts, params.n, pad_id, device)
         else:  # greedy search refuses num_return_sequences > 1: repeat the prompts instead
             ids, mask = left_pad(prompts, pad_id)

@@ -13,7 +13,7 @@ recomputes the same prompt tokens. Here, per micro-batch:
 Copies and selections are differentiable: the backward sums the rows' gradients into the
 one forward of each shared token. Same result as the plain forward up to floating-point
 rounding (tests/trainer/test_shared_prefix.py). Prompts are laid out as in
-``danka.rollout.hf_prefix`` (prefix | pad | rest); positions come from the mask, as the
+``danka.models.prefix`` (prefix | pad | rest); positions come from the mask, as the
 plain forward and generation compute them.
 
 Used only where it is exact and measured: a CPU device (the GPU backward kernels have not
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from danka.data.template import distinct, mask_positions
-from danka.rollout.hf_prefix import cache_kwarg, common_prefix_len, layout, usable
+from danka.models.prefix import cache_kwarg, common_prefix_len, layout, usable
 from danka.types import RolloutBatch
 
 MIN_PREFIX = 8  # a shorter common prefix pays only where prompts repeat (GRPO groups)

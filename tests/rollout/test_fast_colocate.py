@@ -4,10 +4,11 @@ danka/rollout/fast_weights.py reads them, on tiny random models (CPU)."""
 
 import torch
 
+from danka.models.unwrap import unwrap_causal_lm
 from danka.rollout.base import SamplingParams
 from danka.rollout.fast import FastEngine
 from danka.rollout.fast_colocate import adjacent, colocate, reserved_rows
-from danka.rollout.fast_weights import Owned, load_weights, model_spec, unwrap_causal_lm
+from danka.rollout.fast_weights import Owned, load_weights, model_spec
 
 from .test_fast_engine import PROMPTS, fast_run, hf_greedy, tiny
 

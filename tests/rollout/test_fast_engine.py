@@ -334,8 +334,9 @@ def _lora_delta_cosines(device: str) -> tuple[float, float]:
     the next-token log-probs of (engine, HF training forward) with the fp32 change."""
     from peft import LoraConfig, get_peft_model
 
+    from danka.models.unwrap import unwrap_causal_lm
     from danka.rollout.fast_model import prefill, rope_tables
-    from danka.rollout.fast_weights import Owned, load_weights, model_spec, unwrap_causal_lm
+    from danka.rollout.fast_weights import Owned, load_weights, model_spec
 
     torch.manual_seed(0)
     base = LlamaForCausalLM(LlamaConfig(**{**DIMS, "initializer_range": 0.02})).to(device)

@@ -15,9 +15,10 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from danka.errors import UserError
+from danka.models.unwrap import unwrap_causal_lm
 from danka.rollout.fast import FastEngine
 from danka.rollout.fast_model import _lin, prefill, rope_tables
-from danka.rollout.fast_weights import Owned, _fill, load_weights, model_spec, unwrap_causal_lm
+from danka.rollout.fast_weights import Owned, _fill, load_weights, model_spec
 from tests.rollout.test_fast_engine import DIMS, _lora_delta_cosines, _lora_layer
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

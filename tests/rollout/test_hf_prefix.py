@@ -1,5 +1,5 @@
-"""Shared-prefix prefill (danka/rollout/hf_prefix.py): the layout by hand, and the HF engine
-giving generate's own tokens with it, greedy and sampled, plain and with LoRA adapters."""
+"""Shared-prefix prefill (danka/rollout/hf_prefix.py): the HF engine giving generate's own
+tokens with it, greedy and sampled, plain and with LoRA adapters."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from unittest import mock
 import pytest
 import torch
 
+from danka.models.prefix import usable
 from danka.models.tiny import tiny_causal_lm
-from danka.rollout import hf_prefix
+from danka.rollout import hf as hf_engine
 from danka.rollout.base import SamplingParams, build_engine
 
 # A "system turn" 1..6 shared by all prompts, then per-prompt tokens of different lengths.
@@ -18,27 +19,9 @@ PROMPTS = [SYSTEM + [20, 21, 22], SYSTEM + [30], SYSTEM + [40, 41, 42, 43, 44]]
 EOS, PAD = 3, 0
 
 
-def test_common_prefix_len_by_hand():
-    assert hf_prefix.common_prefix_len([[1, 2, 3, 4], [1, 2, 5]]) == 2  # 1, 2 shared
-    # identical prompts: all but the last token (generate must run >= 1 token per row)
-    assert hf_prefix.common_prefix_len([[7, 8, 9], [7, 8, 9]]) == 2
-    # [1, 2] is a prefix of [1, 2, 3], capped at len([1, 2]) - 1 = 1
-    assert hf_prefix.common_prefix_len([[1, 2], [1, 2, 3]]) == 1
-    assert hf_prefix.common_prefix_len([[5, 6], [7, 6]]) == 0
-    assert hf_prefix.common_prefix_len([PROMPTS[0]]) == len(PROMPTS[0]) - 1  # one prompt
-
-
-def test_layout_by_hand():
-    # p = 2 ([1, 2]); remainders [3, 4] and [5]: width 2, the shorter one padded in the middle
-    ids, mask, p = hf_prefix.layout([[1, 2, 3, 4], [1, 2, 5]], pad_id=0)
-    assert p == 2
-    assert ids.tolist() == [[1, 2, 3, 4], [1, 2, 0, 5]]
-    assert mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 1]]
-
-
 def _generate(model, prompts, params, *, prefix: bool, seed: int = 1):
     torch.manual_seed(seed)
-    with mock.patch.object(hf_prefix, "usable", lambda m: prefix):
+    with mock.patch.object(hf_engine, "prefix_usable", lambda m: prefix):
         out = build_engine("hf").generate(model, prompts, params, eos_ids=[EOS], pad_id=PAD)
     return out.response_ids
 
@@ -68,7 +51,7 @@ def test_greedy_equals_generate_and_a_plain_forward(arch):
         model.set_attn_implementation("eager")
         assert model.config._attn_implementation == "eager"
     model.eval()
-    assert hf_prefix.usable(model)
+    assert usable(model)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
     with_prefix = _generate(model, PROMPTS, params, prefix=True)
     assert torch.equal(with_prefix, _generate(model, PROMPTS, params, prefix=False))
@@ -90,7 +73,7 @@ def test_sampling_with_lora_draws_the_same_tokens_as_plain_generate():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)
     model.eval()
-    assert hf_prefix.usable(model)
+    assert usable(model)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
     a = _generate(model, PROMPTS, params, prefix=True, seed=7)
     b = _generate(model, PROMPTS, params, prefix=False, seed=7)
@@ -102,16 +85,16 @@ def test_sampling_with_lora_draws_the_same_tokens_as_plain_generate():
 def test_unchecked_attention_keeps_plain_generate():
     model = tiny_causal_lm()
     model.config._attn_implementation = "flash_attention_2"  # not run: only the gate
-    assert not hf_prefix.usable(model)
+    assert not usable(model)
     model.config._attn_implementation = "eager"
-    assert hf_prefix.usable(model)
+    assert usable(model)
 
 
 def test_other_architectures_keep_plain_generate():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64))
-    assert not hf_prefix.usable(gpt2)
+    assert not usable(gpt2)
     out = build_engine("hf").generate(
         gpt2.eval(), [[1, 2, 3], [1, 2]], SamplingParams(n=1, temperature=0.0, max_new_tokens=3),
         eos_ids=[EOS], pad_id=PAD,
@@ -124,9 +107,9 @@ def test_not_under_torch_distributed(tmp_path):
     import torch.distributed as dist
 
     model = tiny_causal_lm()
-    assert hf_prefix.usable(model)
+    assert usable(model)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
-        assert not hf_prefix.usable(model)
+        assert not usable(model)
     finally:
         dist.destroy_process_group()

@@ -44,6 +44,7 @@ from bench.kernel_profile import profile_or_error
 from danka.data.template import left_pad
 from danka.rollout.base import SamplingParams
 from danka.rollout.fast import FastEngine
+from danka.rollout.fast_options import FastExperiments, FastOptions
 
 SHAPES = {
     # Random weights with these configs (no download needed).
@@ -171,13 +172,17 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
             lora_model = add_lora(model)
         m = lora_model if prefix else model
         engine = FastEngine(
-            use_cuda_graph=not args.no_cuda_graph,
-            max_batch=max(256, args.prompts),
-            lora_compute=mode,
-            live_chunk=0 if args.side == "fast-whole-cache" else 64,
-            compile_step=args.side.startswith("fast-compile"),
-            attention="triton" if "-triton" in args.side else "sdpa",
-            fused_step=False if args.side.endswith("-unfused") else None,
+            FastOptions(
+                batch_size=max(256, args.prompts),
+                lora_compute=mode,
+                compile_step=args.side.startswith("fast-compile"),
+                attention="triton" if "-triton" in args.side else "sdpa",
+            ),
+            FastExperiments(
+                use_cuda_graph=not args.no_cuda_graph,
+                live_chunk=0 if args.side == "fast-whole-cache" else 64,
+                fused_step=False if args.side.endswith("-unfused") else None,
+            ),
         )
 
         def run(params, m=m, engine=engine):

@@ -72,11 +72,11 @@ from typing import Any
 
 from danka.config.schema import DankaConfig
 from danka.errors import UserError
+from danka.rollout.fast_options import FUSE_LIMIT_BYTES, SEQ_ROUND
+from danka.rollout.fast_options import PREFILL_BATCH as PREFILL_PROMPTS
+from danka.rollout.fast_slots import bucket_size
 
 GIB = 2**30
-FUSE_LIMIT_BYTES = GIB  # = danka.rollout.fast_weights.FUSE_LIMIT_BYTES
-SEQ_ROUND = 32  # = FastEngine(seq_round=32): KV cache length rounded up to this
-PREFILL_PROMPTS = 32  # = FastEngine(prefill_batch=32): prompts per prefill forward
 OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation
 MARGIN = 0.10  # a plan within 10% of the GPU's memory is "tight": the estimate is approximate
 LORA_BYTES_PER_PARAM = 16  # fp32 value + fp32 grad + Adam m and v
@@ -253,8 +253,6 @@ def _dtype_bytes(cfg: DankaConfig) -> tuple[str, int]:
 
 def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> dict[str, Any]:
     """The byte counts of every term and phase (see the module docstring)."""
-    from danka.rollout.fast import bucket_size
-
     t, m = cfg.trainer, cfg.model
     dtype, d = _dtype_bytes(cfg)
     h, i, n_layers, v = shape["H"], shape["I"], shape["L"], shape["V"]

@@ -69,6 +69,12 @@ class RolloutEngine:
         engine reports them, each sampled token's log-prob (else None)."""
         raise NotImplementedError
 
+    @classmethod
+    def configured(cls, **settings) -> RolloutEngine:
+        """The engine built with the config's settings (named as ``EngineMeta.options``
+        maps them); an engine whose constructor takes a settings record overrides this."""
+        return cls(**settings)
+
     def halve_batch(self, n: int, total: int) -> tuple[int, int] | None:
         """After an out-of-memory: halve the sequences per generate call (``total``: this
         call's, ``n``: a group's, the least a call holds); ``(before, after)``, or None
@@ -91,7 +97,7 @@ class EngineOptions:
     """Engine settings from the config (``rollout.*``); the default of each means "not set".
 
     An engine declares which of them it honours (``EngineMeta.options``, mapping an
-    option to its constructor argument); a set option the chosen engine does not honour
+    option to its setting); a set option the chosen engine does not honour
     is a UserError at start-up, never silently ignored.
     """
 
@@ -107,7 +113,7 @@ class EngineOptions:
 class EngineMeta:
     """Capabilities of a rollout engine, asked instead of comparing engine names."""
 
-    options: dict[str, str] = field(default_factory=dict)  # EngineOptions field -> ctor arg
+    options: dict[str, str] = field(default_factory=dict)  # EngineOptions field -> setting
     auto_devices: tuple[str, ...] = ()  # device types on which ``auto`` picks it
     auto_priority: int = 0  # higher wins among the engines ``auto`` may pick
     quantized_base: bool = False  # samples from a bitsandbytes-quantised base (QLoRA)
@@ -136,7 +142,7 @@ ROLLOUT_ENGINES.add(
     "danka.rollout.fast:FastEngine",
     EngineMeta(
         options={
-            "generation_batch_size": "max_batch",
+            "generation_batch_size": "batch_size",
             "keep_cache": "keep_cache",
             "compile": "compile_step",
             "decode_attention": "attention",
@@ -220,7 +226,7 @@ def build_engine(name: str, options: EngineOptions | None = None) -> RolloutEngi
                 fix=f"remove rollout.{f.name}, or use rollout.engine: {' or '.join(able) or '?'}",
             )
         kwargs[meta.options[f.name]] = value
-    return cls(**kwargs)
+    return getattr(cls, "configured", cls)(**kwargs)  # a plain class: its constructor
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ staging). ``release()`` frees it on demand.
 
 from __future__ import annotations
 
-import os
+import logging
 import time
 
 import torch
@@ -41,7 +41,6 @@ from danka.data.template import left_pad
 from danka.errors import UserError
 from danka.models.unwrap import unwrap_causal_lm
 from danka.rollout.base import (
-    LORA_COMPUTE,
     RolloutEngine,
     Sampled,
     SamplingParams,
@@ -49,11 +48,17 @@ from danka.rollout.base import (
 )
 from danka.rollout.fast_colocate import colocate
 from danka.rollout.fast_model import decode_forward, decode_layer, prefill, rope_tables
+from danka.rollout.fast_options import (
+    FastExperiments,
+    FastOptions,
+    FastPath,
+    resolve_lora_compute,
+    resolve_path,
+)
 from danka.rollout.fast_sampling import check_eos_ids, sample_next
 from danka.rollout.fast_slots import Slots, bucket_size, draw_seed
 from danka.rollout.fast_staged import run_staged
 from danka.rollout.fast_weights import (
-    FUSE_LIMIT_BYTES,
     ModelSpec,
     Owned,
     Weights,
@@ -62,50 +67,7 @@ from danka.rollout.fast_weights import (
     model_spec,
 )
 
-
-def keeps_cache(keep_cache: bool | None) -> bool:
-    """Whether the engine keeps its KV cache, buffers and graphs after a call (only when
-    asked: ``None`` and ``False`` free them before the update; danka.planning.memory
-    applies the same rule)."""
-    return bool(keep_cache)
-
-
-DECODE_ATTENTION = ("auto", "sdpa", "triton")
-
-
-def interpreted() -> bool:
-    """Triton's CPU interpreter is on (tests only): the triton kernel may run on the CPU."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _triton_import_error() -> ImportError | None:
-    """Import (and so register) the triton kernel's custom op; the ImportError if triton is
-    missing."""
-    try:
-        import danka.rollout.triton_decode  # noqa: F401
-    except ImportError as e:
-        return e
-    return None
-
-
-def check_attention(name: str) -> str:
-    """``rollout.decode_attention`` validated; ``"triton"`` imports the kernel, or says how
-    to get triton."""
-    if name not in DECODE_ATTENTION:
-        raise UserError(
-            f"rollout.decode_attention: {name!r} is not a decode attention kernel",
-            where="rollout.decode_attention",
-            fix=f"use one of: {', '.join(DECODE_ATTENTION)}",
-        )
-    if name == "triton" and (e := _triton_import_error()) is not None:
-        raise UserError(
-            f"rollout.decode_attention: triton needs the triton package ({e})",
-            where="rollout.decode_attention",
-            fix="pip install triton (CUDA builds of torch ship it), or set "
-            "rollout.decode_attention: sdpa",
-        ) from e
-    return name
-
+log = logging.getLogger("danka.rollout")
 
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -120,105 +82,37 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
     return _CAPTURE_STREAMS[device]
 
 
-def resolve_attention(name: str, device: torch.device) -> str:
-    """``auto`` -> ``triton`` for a CUDA model when triton imports, else ``sdpa``."""
-    if name != "auto":
-        return name
-    return "triton" if device.type == "cuda" and _triton_import_error() is None else "sdpa"
-
-
 class FastEngine(RolloutEngine):
     """Static-KV decode engine for Llama/Qwen2 decoders; see the module docstring."""
 
     name = "fast"
 
     def __init__(
-        self,
-        max_batch: int = 256,
-        use_cuda_graph: bool | None = None,
-        keep_cache: bool | None = None,
-        check_every: int = 16,
-        prefill_batch: int = 32,
-        seq_round: int = 32,
-        batch_size: int = 0,
-        fuse_weights: bool | None = None,
-        lora_compute: str = "auto",
-        live_chunk: int = 64,
-        compile_step: bool = False,
-        attention: str = "auto",
-        fused_step: bool | None = None,
-        colocate_weights: bool = True,
-        first_stage: int = 64,
+        self, options: FastOptions | None = None, experiments: FastExperiments | None = None
     ):
-        # max_batch: sequences per decode batch (prompts are split to fit);
-        # use_cuda_graph: None = on for CUDA models; keep_cache: keep the KV cache, buffers and
-        # graphs between calls (None/False: free them after each call); check_every: steps between host checks
-        # of "all finished"; prefill_batch: prompts per prefill forward; seq_round: the KV
-        # capacity is rounded up to this so graphs are re-used across prompt lengths;
-        # batch_size (rollout.generation_batch_size): sequences per decode batch, 0 = max_batch.
-        self.max_batch = max(1, int(batch_size or max_batch))
-        # fuse_weights: q|k|v and gate|up in one GEMM each, from engine-owned copies; None =
-        # only when those copies take <= FUSE_LIMIT_BYTES (small models; a 7B reads live).
-        self.fuse_weights = fuse_weights
-        # lora_compute: dtype of a live LoRA adapter's low-rank path. "base" (what "auto",
-        # the default, means): the model's dtype, A folded into the projection's GEMM (rows
-        # colocate reserved after the weights: no copy) and B added by one kernel (A and s*B
-        # rounded to bf16 as in a bf16-compute training forward, see danka.models.lora);
-        # "adapter": the adapter's own dtype (fp32 under peft's default: peft's arithmetic,
-        # 2-4 extra kernels per adapted projection).
-        # "merge": W + s*B@A merged (fp32 sum, rounded once to bf16) into engine-owned
-        # copies of the adapted weights at every call: no extra kernel at all, the speed of
-        # an unadapted model; the merged bf16 weight rounds away part of a small delta (the
-        # gap to the training forward is logged as rollout/logprob_gap). Only for models
-        # whose copies fit FUSE_LIMIT_BYTES (TRL merges a LoRA adapter into the weights it
-        # hands vLLM the same way).
-        if lora_compute not in LORA_COMPUTE:
-            raise UserError(
-                f"lora_compute={lora_compute!r}",
-                where="rollout.lora_compute",
-                fix='use "auto" (= base), "adapter" (exact fp32 adapter path), "base" (bf16, '
-                'fewer kernels) or "merge" (merged bf16 copies, no extra kernel)',
-            )
-        self.lora_compute = "base" if lora_compute == "auto" else lora_compute
-        # live_chunk: decode attention runs over the live slots rounded up to a multiple of
-        # this (one graph per length; H200, SmolLM2 shape, 64 rows: 17.6 us per layer over
-        # 256 slots vs 24.7 over 384, bench/results/decode_attention_h200.json); 0 = always
-        # the whole capacity T (one graph).
-        self.live_chunk = max(0, int(live_chunk))
-        # compile_step (rollout.compile): torch.compile the per-layer decode function (one
-        # compiled graph serves every layer: same weight keys and shapes); inductor fuses
-        # the norm/RoPE/residual/activation kernels between the GEMMs and attention, and
-        # its kernels run inside the engine's own CUDA graphs. The first call compiles.
-        self.compile_step = bool(compile_step)
-        # attention (rollout.decode_attention): the decode step's attention kernel; "sdpa"
-        # (masked memory-efficient SDPA), "triton" (danka.rollout.triton_decode: split-K
-        # FlashDecoding over the live slots, CUDA only) or "auto" (triton on a CUDA model when
-        # triton imports, else sdpa; H200, SmolLM2 shape, 64 x 256: 1.23x tok/s plain, 1.22x
-        # with a live LoRA, bench/results/rollout_smollm2-135m_64x256.json); prefill
-        # always runs SDPA.
-        self.attention = check_attention(attention)
-        self._attention = "sdpa"  # resolved for each new model (``auto`` depends on its device)
-        self._layer = torch.compile(decode_layer, dynamic=None) if compile_step else None
-        # fused_step: with Triton attention and no compile, the decode layer runs
-        # fast_model.decode_layer_fused (danka.rollout.triton_step's kernels: ~10 launches a
-        # layer instead of ~18); None = on there, False = the unfused ops (an A/B switch).
-        self.fused_step = fused_step
-        self._fused = False  # resolved with the attention for each new model
-        # colocate_weights: store each layer's q/k/v and gate/up parameters back to back
-        # (fast_colocate.colocate, once) so the fused matrices are views of the model's own
-        # weights: no copy, and every optimizer step is seen without re-copying.
-        self.colocate_weights = bool(colocate_weights)
-        self.use_cuda_graph = use_cuda_graph
-        self.keep_cache = keep_cache
-        self.check_every = max(1, int(check_every))
-        self.prefill_batch = max(1, int(prefill_batch))
-        self.seq_round = max(8, int(seq_round))
-        # first_stage: staged decode (without keep_cache): the KV cache first holds the
-        # prompt + this many new tokens for every row; rows still going then move, compacted,
-        # into a cache of the full length (0 = one full-size cache from the start).
-        self.first_stage = max(0, int(first_stage))
+        """``options``: what the config sets (``rollout.*``, help per field in
+        :class:`FastOptions`); ``experiments``: geometry and A/B switches (tests, benchmarks).
+        What runs is decided per model by :func:`resolve_path` and logged."""
+        self.options = options or FastOptions()
+        self.experiments = x = experiments or FastExperiments()
+        self.max_batch = self.options.max_batch  # halved on out-of-memory (halve_batch)
+        self.lora_compute = resolve_lora_compute(self.options.lora_compute)
+        self.check_every = max(1, int(x.check_every))
+        self.prefill_batch = max(1, int(x.prefill_batch))
+        self.seq_round = max(8, int(x.seq_round))
+        self.live_chunk = max(0, int(x.live_chunk))
+        self.first_stage = max(0, int(x.first_stage))
+        self._layer = (
+            torch.compile(decode_layer, dynamic=None) if self.options.compile_step else None
+        )
+        self._path: FastPath | None = None  # the last path run (logged when it changes)
         self.stats: dict[str, float] = {}  # last call: graphs captured, capture_s, steps
         self.release()
+
+    @classmethod
+    def configured(cls, **settings) -> FastEngine:
+        """``rollout.*`` settings (FastOptions' fields) -> the engine."""
+        return cls(FastOptions(**settings))
 
     def halve_batch(self, n: int, total: int) -> tuple[int, int] | None:
         current = min(self.max_batch, total)
@@ -267,7 +161,7 @@ class FastEngine(RolloutEngine):
                 responses += toks
                 logprobs += lps
         finally:
-            if not self._keep:
+            if not self._path.keep_cache:
                 self.release()
         return responses, logprobs
 
@@ -284,35 +178,17 @@ class FastEngine(RolloutEngine):
         root = unwrap_causal_lm(model)
         spec = model_spec(root)  # raises UserError for unsupported models
         if spec != self._spec:
-            attention = resolve_attention(self.attention, spec.device)  # per model and device
-            if attention == "triton" and spec.device.type != "cuda" and not interpreted():
-                raise UserError(
-                    f"rollout.decode_attention: triton runs on a CUDA GPU; the model is on "
-                    f"{spec.device.type}",
-                    where="rollout.decode_attention",
-                    fix="set rollout.decode_attention: sdpa",
-                )
+            path = resolve_path(
+                self.options, self.experiments, spec.device, fused_copy_bytes(root, spec)
+            )
             self.release()
-            self._spec, self._attention = spec, attention
-            self._fused = (
-                attention == "triton" and not self.compile_step and (self.fused_step is not False)
-            )
-            fuse = self.fuse_weights
-            self._owned.fuse = (
-                fused_copy_bytes(root, spec) <= FUSE_LIMIT_BYTES if fuse is None else fuse
-            )
-            self._keep = keeps_cache(self.keep_cache)
-            if self.lora_compute == "merge" and not self._owned.fuse:
-                raise UserError(
-                    f"rollout.lora_compute: merge keeps merged copies of the adapted weights; "
-                    f"this model's take {fused_copy_bytes(root, spec) / 2**30:.1f} GiB, more "
-                    f"than the engine's {FUSE_LIMIT_BYTES / 2**30:.0f} GiB for copies",
-                    where="rollout.lora_compute",
-                    fix="use rollout.lora_compute: base (bf16 low-rank path, no copies) or "
-                    "adapter (the default)",
-                )
-        graphs = spec.device.type == "cuda" and self.use_cuda_graph is not False
-        if self.colocate_weights:
+            self._spec = spec
+            self._owned.fuse = path.fuse_weights
+            if path != self._path:
+                log.info(path.line())
+            self._path = path
+        graphs = self._path.cuda_graphs
+        if self.experiments.colocate_weights:
             colocate(root)  # a no-op once done (and after any later move of the weights)
         w = load_weights(root, spec, self._owned)
         ptrs = tuple(t.data_ptr() for t in w.values() if t is not None)
@@ -356,7 +232,7 @@ class FastEngine(RolloutEngine):
         plen = max(len(p) for p in prompts)
         t = -(-(plen + new) // self.seq_round) * self.seq_round
         first = -(-(plen + self.first_stage) // self.seq_round) * self.seq_round
-        if not self._keep and self.first_stage and first < t:
+        if not self._path.keep_cache and self.first_stage and first < t:
             return run_staged(self, root, w, prompts, params, eos_ids, pad_id, graphs, first, t)
         self._owner = None  # the cache no longer holds a session's prefixes
         st, key, k, v = self._slots_for(root, rows, t, params, eos_ids, pad_id, graphs)
@@ -406,7 +282,8 @@ class FastEngine(RolloutEngine):
         up to a multiple of ``live_chunk``, at most the capacity ``t`` (``t`` itself when
         ``live_chunk`` is 0, and with Triton attention, which reads the live bound from the
         device: one graph serves every step, so a call captures once)."""
-        c = 0 if self._attention == "triton" else self.live_chunk
+        triton = self._path is not None and self._path.attention == "triton"
+        c = 0 if triton else self.live_chunk
         return t if c == 0 else min(t, -(-(slot + 1) // c) * c)
 
     def _ensure_graph(self, w, st: Slots, key, k, v, graphs: bool, plen: int, new: int):
@@ -495,8 +372,8 @@ class FastEngine(RolloutEngine):
                 k,
                 v,
                 layer=self._layer,
-                attention=self._attention,
-                fused=self._fused,
+                attention=self._path.attention,
+                fused=self._path.fused_step,
             )
         tok, lp = self._sample(st, key, logits)
         tok = torch.where(st.done, st.pad, tok)

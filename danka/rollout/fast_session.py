@@ -70,7 +70,8 @@ class FastSession:
         self.held = {}
         if self.engine._owner is self:
             self.engine._owner = None
-        if self._used and not getattr(self.engine, "_keep", True):
+        path = self.engine._path  # None before the engine ran a model
+        if self._used and path is not None and not path.keep_cache:
             self.engine.release()
 
     @torch.no_grad()

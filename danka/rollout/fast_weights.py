@@ -22,7 +22,7 @@ groups back to back in one buffer each, in place (values unchanged, the same
 matrix is then a view of the model's own weights (``adjacent``) and A is folded into those
 reserved rows (``folded_view``): no engine copy, and every optimizer step is seen without
 re-copying. Otherwise, with ``Owned.fuse`` False (the engine's default when fused copies
-would exceed ``FUSE_LIMIT_BYTES``) q/k/v and gate/up are not fused: ``out[key]`` is None and
+would exceed ``fast_options.FUSE_LIMIT_BYTES``) q/k/v and gate/up are not fused: ``out[key]`` is None and
 ``out[key + '.0'/'.1'/'.2']`` are the live weights.
 Nothing is merged into the model.
 """
@@ -351,9 +351,6 @@ def _fill_lora(owned: Owned, key, parts, spec: ModelSpec, rows, dtype, folded, o
         owned.stale(key + ".lora", sources + [la, lb], scales)  # record the copies' versions
     out[key + ".la"] = None if folded is not None else la
     out[key + ".lb"] = lb
-
-
-FUSE_LIMIT_BYTES = 2**30
 
 
 def fused_copy_bytes(root: nn.Module, spec: ModelSpec) -> int:

@@ -21,6 +21,7 @@ from danka.config import load_config
 from danka.models.tiny import tiny_causal_lm
 from danka.rollout.base import SamplingParams
 from danka.rollout.fast import FastEngine
+from danka.rollout.fast_options import FastExperiments, FastOptions
 from danka.trainer.models import build_models
 
 dist.init(torch.device("cpu"))
@@ -52,7 +53,7 @@ with dist.rollout_weights(models.policy) as policy, models.actor():
     from torch.distributed.tensor import DTensor
 
     out["q_full_in_rollout"] = not isinstance(q, DTensor) and tuple(q.shape) == (64, 64)
-    batch = FastEngine(use_cuda_graph=False).generate(
+    batch = FastEngine(FastOptions(), FastExperiments(use_cuda_graph=False)).generate(
         policy, [[5, 6, 7], [9, 10]], SamplingParams(n=1, temperature=0.0, max_new_tokens=6),
         eos_ids=[2], pad_id=0,
     )

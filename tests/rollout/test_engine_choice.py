@@ -77,4 +77,4 @@ def test_unknown_option_is_refused():
     # rollout.keep_cache is a fast-engine setting: with HF it is refused, not ignored
     with pytest.raises(UserError, match="does not support"):
         build_engine("hf", EngineOptions(keep_cache=False))
-    assert build_engine("fast", EngineOptions(keep_cache=False)).keep_cache is False
+    assert build_engine("fast", EngineOptions(keep_cache=False)).options.keep_cache is False

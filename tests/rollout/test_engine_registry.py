@@ -29,8 +29,8 @@ def test_generation_batch_size_reaches_the_engine():
 
 
 def test_compile_reaches_the_fast_engine_and_hf_refuses_it():
-    assert build_engine("fast", EngineOptions(compile=True)).compile_step
-    assert not build_engine("fast").compile_step
+    assert build_engine("fast", EngineOptions(compile=True)).options.compile_step
+    assert not build_engine("fast").options.compile_step
     with pytest.raises(UserError, match="rollout.compile is set") as info:
         build_engine("hf", EngineOptions(compile=True))
     assert info.value.where == "rollout.compile"
@@ -60,8 +60,8 @@ def test_engines_declare_logprob_reporting():
 
 
 def test_decode_attention_reaches_the_fast_engine_and_is_validated(monkeypatch):
-    assert build_engine("fast").attention == "auto"
-    assert build_engine("fast", EngineOptions(decode_attention="sdpa")).attention == "sdpa"
+    assert build_engine("fast").options.attention == "auto"
+    assert build_engine("fast", EngineOptions(decode_attention="sdpa")).options.attention == "sdpa"
     with pytest.raises(UserError, match="not a decode attention kernel") as info:
         build_engine("fast", EngineOptions(decode_attention="flash"))
     assert info.value.where == "rollout.decode_attention"
@@ -76,7 +76,7 @@ def test_decode_attention_reaches_the_fast_engine_and_is_validated(monkeypatch):
         build_engine("fast", EngineOptions(decode_attention="triton"))
     assert "pip install triton" in info.value.fix
     # auto never fails for a missing triton: SDPA, on any device
-    from danka.rollout.fast import resolve_attention
+    from danka.rollout.fast_options import resolve_attention
 
     assert resolve_attention("auto", torch.device("cuda")) == "sdpa"
     assert resolve_attention("auto", torch.device("cpu")) == "sdpa"

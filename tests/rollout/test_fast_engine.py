@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from danka.errors import UserError
 from danka.rollout.base import EngineOptions, SamplingParams, build_engine
 from danka.rollout.fast import FastEngine, bucket_size
+from danka.rollout.fast_options import FastExperiments, FastOptions
 from danka.rollout.fast_sampling import sample_next
 from danka.types import RolloutBatch
 
@@ -124,7 +125,7 @@ def test_eos_stops_and_masks():
     seq0 = free.response_ids[0].tolist()
     eos = seq0[3]
     first = seq0.index(eos)  # 3, or earlier if the token repeats
-    engine = FastEngine(check_every=1)
+    engine = FastEngine(FastOptions(), FastExperiments(check_every=1))
     out = fast_run(
         model, SamplingParams(n=1, temperature=0.0, max_new_tokens=10), engine, eos=[eos]
     )
@@ -153,7 +154,7 @@ def test_all_finished_stops_decoding_early():
     model = tiny("llama")
     free = fast_run(model, SamplingParams(n=1, temperature=0.0, max_new_tokens=4), eos=[])
     eos = sorted({row[1] for row in free.response_ids.tolist()})  # every row ends by token 2
-    engine = FastEngine(check_every=2)
+    engine = FastEngine(FastOptions(), FastExperiments(check_every=2))
     out = fast_run(model, SamplingParams(n=1, temperature=0.0, max_new_tokens=50), engine, eos=eos)
     assert not out.truncated.any()
     assert out.response_mask.sum(1).max().item() <= 2
@@ -235,7 +236,9 @@ def test_small_max_batch_splits_and_keep_cache_false():
     model = tiny("llama")
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=6)
     full = fast_run(model, params)
-    engine = FastEngine(max_batch=3, keep_cache=False)  # 1 prompt (2 samples) per batch
+    engine = FastEngine(
+        FastOptions(batch_size=3, keep_cache=False)
+    )  # 1 prompt (2 samples) per batch
     split = fast_run(model, params, engine)
     torch.testing.assert_close(split.response_ids, full.response_ids)
     assert engine._k is None and not engine._owned.buf  # freed after the call
@@ -247,8 +250,12 @@ def test_cuda_graph_replay_equals_eager():
         pytest.skip("needs a CUDA GPU")
     model = tiny("qwen2").cuda()
     greedy = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
-    graph_engine = FastEngine(use_cuda_graph=True, keep_cache=True)  # kept: the 2nd call replays
-    eager = fast_run(model, greedy, FastEngine(use_cuda_graph=False))
+    graph_engine = FastEngine(
+        FastOptions(keep_cache=True), FastExperiments(use_cuda_graph=True)
+    )  # kept: the 2nd call replays
+    eager = fast_run(
+        model, greedy, FastEngine(FastOptions(), FastExperiments(use_cuda_graph=False))
+    )
     graphed = fast_run(model, greedy, graph_engine)
     assert graph_engine.stats["graphs_captured"] == 1
     torch.testing.assert_close(graphed.response_ids, eager.response_ids)
@@ -275,7 +282,9 @@ def test_keep_cache_false_frees_everything_between_calls_with_graphs():
         pytest.skip("needs a CUDA GPU")
     model = tiny("qwen2").cuda()
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=40)
-    engine = FastEngine(keep_cache=False, live_chunk=16, attention="sdpa")  # 3 graphs a call
+    engine = FastEngine(
+        FastOptions(keep_cache=False, attention="sdpa"), FastExperiments(live_chunk=16)
+    )  # 3 graphs a call
     after = []
     for _ in range(4):
         fast_run(model, params, engine, eos=())
@@ -411,7 +420,9 @@ def test_lora_engine_logprobs_match_training_forward_with_graphs(lora_compute):
             if "lora_B" in name:
                 p.normal_(0.0, 0.05)
     assert {p.dtype for n, p in model.named_parameters() if "lora" in n} == {torch.float32}
-    engine = FastEngine(use_cuda_graph=DEVICE == "cuda", lora_compute=lora_compute)
+    engine = FastEngine(
+        FastOptions(lora_compute=lora_compute), FastExperiments(use_cuda_graph=DEVICE == "cuda")
+    )
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
     gen = torch.Generator(DEVICE).manual_seed(0)
     out = engine.generate(model, PROMPTS, params, eos_ids=[299], pad_id=0, generator=gen)
@@ -444,7 +455,7 @@ def test_unfused_weights_no_copies_same_tokens(kind):
             if "lora_B" in name:
                 p.normal_(0.0, 0.3)
     model.eval()
-    engine = FastEngine(fuse_weights=False)
+    engine = FastEngine(FastOptions(), FastExperiments(fuse_weights=False))
     out = fast_run(model, SamplingParams(n=1, temperature=0.0, max_new_tokens=10), engine)
     torch.testing.assert_close(out.response_ids, hf_greedy(model, PROMPTS, max_new=10).response_ids)
     weights = [k for k in engine._owned.buf if not k.endswith((".la", ".lb", ".b"))]
@@ -452,10 +463,12 @@ def test_unfused_weights_no_copies_same_tokens(kind):
 
 
 def test_live_length_rounds_the_written_slot_up_to_the_chunk():
-    engine = FastEngine(live_chunk=16)
+    engine = FastEngine(FastOptions(), FastExperiments(live_chunk=16))
     # the step writing slot s attends over ceil((s + 1) / 16) * 16 slots, at most T
     assert [engine.live_length(s, 40) for s in (0, 15, 16, 31, 32, 39)] == [16, 16, 32, 32, 40, 40]
-    assert FastEngine(live_chunk=0).live_length(3, 40) == 40  # 0: the whole capacity
+    assert (
+        FastEngine(FastOptions(), FastExperiments(live_chunk=0)).live_length(3, 40) == 40
+    )  # 0: the whole capacity
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -465,8 +478,10 @@ def test_live_length_attention_equals_whole_cache_attention(kind):
     exp(-inf) = 0, so the tokens are the same and the log-probs equal to rounding."""
     model = tiny(kind)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=40)
-    whole = fast_run(model, params, FastEngine(live_chunk=0), eos=())
-    live = fast_run(model, params, FastEngine(live_chunk=8), eos=())
+    whole = fast_run(
+        model, params, FastEngine(FastOptions(), FastExperiments(live_chunk=0)), eos=()
+    )
+    live = fast_run(model, params, FastEngine(FastOptions(), FastExperiments(live_chunk=8)), eos=())
     assert live.response_ids.tolist() == whole.response_ids.tolist()
     torch.testing.assert_close(live.rollout_logprobs, whole.rollout_logprobs, atol=1e-5, rtol=0)
 
@@ -480,9 +495,13 @@ def test_cuda_graphs_per_live_length_equal_eager(compile_step):
         pytest.skip("needs a CUDA GPU")
     model = tiny("qwen2").cuda()
     params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
-    eager = fast_run(model, params, FastEngine(use_cuda_graph=False, live_chunk=0), eos=())
-    engine = FastEngine(use_cuda_graph=True, live_chunk=16, compile_step=compile_step,
-                        attention="sdpa", keep_cache=True)  # fmt: skip
+    eager = fast_run(
+        model,
+        params,
+        FastEngine(FastOptions(), FastExperiments(use_cuda_graph=False, live_chunk=0)),
+        eos=(),
+    )
+    engine = FastEngine(FastOptions(compile_step=compile_step, attention="sdpa", keep_cache=True), FastExperiments(use_cuda_graph=True, live_chunk=16))  # fmt: skip
     graphed = fast_run(model, params, engine, eos=())
     # decode writes slots 7..45: live lengths 16, 32, 48 -> three graphs
     assert engine.stats["graphs_captured"] == 3
@@ -506,7 +525,7 @@ def test_compiled_decode_layer_equals_eager():
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=20)
     eager = fast_run(model, params, FastEngine(), eos=())
     dynamo_utils.counters.clear()
-    compiled = fast_run(model, params, FastEngine(compile_step=True), eos=())
+    compiled = fast_run(model, params, FastEngine(FastOptions(compile_step=True)), eos=())
     assert dynamo_utils.counters["stats"]["unique_graphs"] == 1  # 2 layers, 1 graph
     assert compiled.response_ids.tolist() == eager.response_ids.tolist()
     torch.testing.assert_close(compiled.rollout_logprobs, eager.rollout_logprobs, atol=1e-5, rtol=0)
@@ -521,10 +540,10 @@ def test_staged_kv_cache_gives_the_tokens_of_one_full_cache(kind):
     staged), finished rows padded alike."""
     model = tiny(kind)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=14)
-    probe = fast_run(model, params, FastEngine(keep_cache=True), eos=())
+    probe = fast_run(model, params, FastEngine(FastOptions(keep_cache=True)), eos=())
     eos = int(probe.response_ids[0, 2])  # row 0 (and its twin) stops at its 3rd token
-    full = fast_run(model, params, FastEngine(keep_cache=True), eos=(eos,))
-    engine = FastEngine(first_stage=4, seq_round=8)
+    full = fast_run(model, params, FastEngine(FastOptions(keep_cache=True)), eos=(eos,))
+    engine = FastEngine(FastOptions(), FastExperiments(first_stage=4, seq_round=8))
     staged = fast_run(model, params, engine, eos=(eos,))
     ended = (full.response_ids == eos).any(1)
     assert ended.any() and not ended.all()  # some rows leave at the compaction, some go on
@@ -541,7 +560,7 @@ def test_staged_decode_moves_only_the_rows_still_going():
 
     model = tiny("llama")
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=14)
-    probe = fast_run(model, params, FastEngine(keep_cache=True), eos=())
+    probe = fast_run(model, params, FastEngine(FastOptions(keep_cache=True)), eos=())
     first_row = set(probe.response_ids[0].tolist())
     # every other row's first token that row 0 never samples: rows 2..7 stop at once
     eos = sorted({int(r[0]) for r in probe.response_ids[2:]} - first_row)
@@ -554,7 +573,12 @@ def test_staged_decode_moves_only_the_rows_still_going():
 
     LayerCache.moved = spy
     try:
-        fast_run(model, params, FastEngine(first_stage=4, seq_round=8), eos=eos)
+        fast_run(
+            model,
+            params,
+            FastEngine(FastOptions(), FastExperiments(first_stage=4, seq_round=8)),
+            eos=eos,
+        )
     finally:
         LayerCache.moved = real
     # prompts up to 7 tokens: stage 1 = 7 + 4 -> 16 slots (rounded to 8); 7 + 14 -> 24

@@ -18,6 +18,7 @@ from danka.errors import UserError
 from danka.models.unwrap import unwrap_causal_lm
 from danka.rollout.fast import FastEngine
 from danka.rollout.fast_model import _lin, prefill, rope_tables
+from danka.rollout.fast_options import FastOptions
 from danka.rollout.fast_weights import Owned, _fill, load_weights, model_spec
 from tests.rollout.test_fast_engine import DIMS, _lora_delta_cosines, _lora_layer
 
@@ -187,8 +188,8 @@ def test_adapter_buffers_refresh_only_when_the_adapter_changed(mode):
 
 def test_lora_compute_option_is_checked():
     with pytest.raises(UserError, match="lora_compute"):
-        FastEngine(lora_compute="fp8")
-    assert FastEngine(lora_compute="base")._owned.lora_compute == "base"
+        FastEngine(FastOptions(lora_compute="fp8"))
+    assert FastEngine(FastOptions(lora_compute="base"))._owned.lora_compute == "base"
 
 
 def test_release_and_keep_cache_false_hold_no_cache_tensors():
@@ -199,13 +200,16 @@ def test_release_and_keep_cache_false_hold_no_cache_tensors():
     import weakref
 
     from danka.rollout.base import SamplingParams
-    from danka.rollout.fast import keeps_cache
+    from danka.rollout.fast_options import keeps_cache
     from tests.rollout.test_fast_engine import PROMPTS, tiny
 
     assert not keeps_cache(None) and not keeps_cache(False) and keeps_cache(True)
     model = get_peft_model(tiny("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=4)
-    for engine, explicit in ((FastEngine(keep_cache=True), True), (FastEngine(), False)):
+    for engine, explicit in (
+        (FastEngine(FastOptions(keep_cache=True)), True),
+        (FastEngine(), False),
+    ):
         refs: list = []
         real_release = engine.release
 
@@ -333,13 +337,13 @@ def test_merge_compute_sees_every_optimizer_step():
 
 
 def test_merge_is_refused_for_a_model_too_large_for_copies(monkeypatch):
-    import danka.rollout.fast as fast
+    import danka.rollout.fast_options as fast_options
     from danka.rollout.base import SamplingParams
     from tests.rollout.test_fast_engine import PROMPTS, tiny
 
-    monkeypatch.setattr(fast, "FUSE_LIMIT_BYTES", 0)  # every model is "too large" now
+    monkeypatch.setattr(fast_options, "FUSE_LIMIT_BYTES", 0)  # every model is "too large" now
     model = get_peft_model(tiny("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     with pytest.raises(UserError, match="lora_compute: merge keeps merged copies"):
-        FastEngine(lora_compute="merge").generate(
+        FastEngine(FastOptions(lora_compute="merge")).generate(
             model, PROMPTS, SamplingParams(n=1, max_new_tokens=2), eos_ids=[299], pad_id=0
         )

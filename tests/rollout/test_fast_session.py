@@ -9,6 +9,7 @@ import torch
 
 from danka.rollout.base import SamplingParams
 from danka.rollout.fast import FastEngine
+from danka.rollout.fast_options import FastExperiments, FastOptions
 from danka.rollout.fast_session import FastSession, _relayout, common_prefix
 from tests.rollout.test_fast_engine import PROMPTS, tiny
 
@@ -27,7 +28,9 @@ def check_turn(session, model, keys, seqs, params=GREEDY, eos=EOS):
     """One session turn, checked against a fresh engine's ``generate`` on the same
     sequences (full prefill); returns the responses."""
     out = session.generate(keys, seqs, params)
-    ref = FastEngine(seq_round=8).generate(model, seqs, params, eos_ids=eos, pad_id=0)
+    ref = FastEngine(FastOptions(), FastExperiments(seq_round=8)).generate(
+        model, seqs, params, eos_ids=eos, pad_id=0
+    )
     assert out.response_ids.tolist() == ref.response_ids.tolist()
     torch.testing.assert_close(out.rollout_logprobs, ref.rollout_logprobs, atol=1e-5, rtol=0)
     assert out.prompt_ids.tolist() == ref.prompt_ids.tolist()
@@ -60,7 +63,9 @@ def test_relayout_moves_rows_and_shifts_slots():
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_turns_reuse_the_cache_and_equal_full_prefill(kind):
     model = tiny(kind)
-    engine = FastEngine(seq_round=8)  # small rounding: the cache grows between turns
+    engine = FastEngine(
+        FastOptions(), FastExperiments(seq_round=8)
+    )  # small rounding: the cache grows between turns
     session = engine.session(model, eos_ids=EOS, pad_id=0)
     keys, seqs = [0, 1, 2, 3], [list(p) for p in PROMPTS]
     resp = check_turn(session, model, keys, seqs)
@@ -145,7 +150,7 @@ def test_sampling_turns_run_and_keep_the_global_rng_in_step():
 
 def test_more_rows_than_one_decode_batch_fall_back_to_full_prefill():
     model = tiny("llama")
-    session = FastEngine(max_batch=3).session(model, eos_ids=EOS, pad_id=0)
+    session = FastEngine(FastOptions(batch_size=3)).session(model, eos_ids=EOS, pad_id=0)
     keys, seqs = [0, 1, 2, 3], [list(p) for p in PROMPTS]
     resp = check_turn(session, model, keys, seqs)
     seqs = [s + r + [60] for s, r in zip(seqs, resp)]
@@ -169,7 +174,7 @@ def test_another_call_on_the_engine_between_turns_forces_full_prefill():
 
 def test_keep_cache_false_keeps_it_for_the_session_and_frees_it_on_close():
     model = tiny("qwen2")
-    engine = FastEngine(keep_cache=False)
+    engine = FastEngine(FastOptions(keep_cache=False))
     session = engine.session(model, eos_ids=EOS, pad_id=0)
     keys, seqs = [0, 1], [list(p) for p in PROMPTS[:2]]
     resp = check_turn(session, model, keys, seqs)
@@ -206,12 +211,14 @@ def test_bad_calls():
 def test_session_with_cuda_graphs_equals_eager_generate():
     model = tiny("qwen2").cuda()
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=40)
-    engine = FastEngine(use_cuda_graph=True)
+    engine = FastEngine(FastOptions(), FastExperiments(use_cuda_graph=True))
     session = engine.session(model, eos_ids=EOS, pad_id=0)
     keys, seqs = [0, 1, 2, 3], [list(p) for p in PROMPTS]
     for turn in range(3):
         out = session.generate(keys, seqs, params)
-        ref = FastEngine(use_cuda_graph=False).generate(model, seqs, params, eos_ids=EOS, pad_id=0)
+        ref = FastEngine(FastOptions(), FastExperiments(use_cuda_graph=False)).generate(
+            model, seqs, params, eos_ids=EOS, pad_id=0
+        )
         assert out.response_ids.tolist() == ref.response_ids.tolist(), turn
         torch.testing.assert_close(out.rollout_logprobs, ref.rollout_logprobs)
         drop = turn % 2  # drop sample 0 after the second turn (its key and its sequence)

@@ -17,6 +17,7 @@ DEVICE = triton_device()  # before danka's kernel imports triton
 from danka.errors import UserError  # noqa: E402
 from danka.rollout.base import SamplingParams  # noqa: E402
 from danka.rollout.fast import FastEngine  # noqa: E402
+from danka.rollout.fast_options import FastExperiments, FastOptions  # noqa: E402
 
 from .test_fast_engine import fast_run, tiny  # noqa: E402
 
@@ -27,8 +28,13 @@ def test_triton_attention_equals_sdpa_left_padded(kind):
     # rows start at different cache slots (the kernel reads `start` instead of a mask)
     model = tiny(kind).to(DEVICE)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12)
-    ref = fast_run(model, params, FastEngine(use_cuda_graph=False, attention="sdpa"), eos=())
-    engine = FastEngine(use_cuda_graph=False, attention="triton")
+    ref = fast_run(
+        model,
+        params,
+        FastEngine(FastOptions(attention="sdpa"), FastExperiments(use_cuda_graph=False)),
+        eos=(),
+    )
+    engine = FastEngine(FastOptions(attention="triton"), FastExperiments(use_cuda_graph=False))
     got = fast_run(model, params, engine, eos=())
     assert len(set(ref.response_ids.flatten().tolist())) > 4  # a non-degenerate reference
     assert got.response_ids.tolist() == ref.response_ids.tolist()
@@ -46,20 +52,27 @@ def test_triton_attention_in_one_cuda_graph_for_every_step(compile_step):
         pytest.skip("needs a CUDA GPU")
     model = tiny("qwen2").cuda()
     params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40)
-    plain = FastEngine(use_cuda_graph=False, live_chunk=0, attention="sdpa")
+    plain = FastEngine(
+        FastOptions(attention="sdpa"), FastExperiments(use_cuda_graph=False, live_chunk=0)
+    )
     eager = fast_run(model, params, plain, eos=())
-    engine = FastEngine(live_chunk=16, compile_step=compile_step, attention="triton")
+    engine = FastEngine(
+        FastOptions(compile_step=compile_step, attention="triton"), FastExperiments(live_chunk=16)
+    )
     graphed = fast_run(model, params, engine, eos=())
     assert engine.stats["graphs_captured"] == 1
-    assert engine._fused is not compile_step  # compile runs the unfused layer
+    assert engine._path.fused_step is not compile_step  # compile runs the unfused layer
     assert graphed.response_ids.tolist() == eager.response_ids.tolist()
     torch.testing.assert_close(graphed.rollout_logprobs, eager.rollout_logprobs, atol=1e-4, rtol=0)
     bf16 = tiny("llama").to("cuda", torch.bfloat16)  # the dtype runs use: close, not equal
     sampled = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
-    sdpa, auto = FastEngine(attention="sdpa"), FastEngine()  # auto: triton on a CUDA model
+    sdpa, auto = (
+        FastEngine(FastOptions(attention="sdpa")),
+        FastEngine(),
+    )  # auto: triton on a CUDA model
     a = fast_run(bf16, sampled, sdpa, eos=(), generator=torch.Generator().manual_seed(1))
     b = fast_run(bf16, sampled, auto, eos=(), generator=torch.Generator().manual_seed(1))
-    assert (sdpa._attention, auto._attention) == ("sdpa", "triton")
+    assert (sdpa._path.attention, auto._path.attention) == ("sdpa", "triton")
     same = (a.response_ids == b.response_ids).float().mean().item()
     assert same > 0.9, same  # bf16 rounding may flip a late sampled token, not most
 
@@ -68,5 +81,5 @@ def test_triton_attention_refuses_a_cpu_model_without_the_interpreter(monkeypatc
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=2)
     with pytest.raises(UserError, match="runs on a CUDA GPU") as info:
-        fast_run(tiny("llama"), params, FastEngine(attention="triton"), eos=())
+        fast_run(tiny("llama"), params, FastEngine(FastOptions(attention="triton")), eos=())
     assert info.value.fix == "set rollout.decode_attention: sdpa"

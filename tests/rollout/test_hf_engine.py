@@ -74,9 +74,10 @@ def test_halve_batch_stops_at_one_group():
 
 def test_the_fast_engine_halves_its_decode_batch_and_frees_its_cache():
     from danka.rollout.fast import FastEngine
+    from danka.rollout.fast_options import FastOptions
 
-    engine = FastEngine(max_batch=256)
+    engine = FastEngine(FastOptions(batch_size=256))
     engine._k = torch.zeros(1)  # stands for a kept KV cache sized to the old batch
     assert engine.halve_batch(4, 64) == (64, 32) and engine.max_batch == 32
     assert engine._k is None  # released: the next call sizes it to 32
-    assert FastEngine(max_batch=4).halve_batch(4, 64) is None
+    assert FastEngine(FastOptions(batch_size=4)).halve_batch(4, 64) is None

@@ -18,6 +18,7 @@ from danka.rollout import triton_step  # noqa: E402
 from danka.rollout.base import SamplingParams  # noqa: E402
 from danka.rollout.fast import FastEngine  # noqa: E402
 from danka.rollout.fast_model import _rope  # noqa: E402
+from danka.rollout.fast_options import FastExperiments, FastOptions  # noqa: E402
 
 from .test_fast_engine import fast_run, tiny  # noqa: E402
 
@@ -125,11 +126,13 @@ def test_fused_decode_layer_equals_the_unfused_one(kind):
     fp32 rounding (tiny fp32 models; Qwen2 has q/k/v biases and tied embeddings)."""
     model = tiny(kind).to(DEVICE)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12)
-    plain = FastEngine(use_cuda_graph=False, attention="triton", fused_step=False)
+    plain = FastEngine(
+        FastOptions(attention="triton"), FastExperiments(use_cuda_graph=False, fused_step=False)
+    )
     ref = fast_run(model, params, plain, eos=())
-    fused = FastEngine(use_cuda_graph=False, attention="triton")
+    fused = FastEngine(FastOptions(attention="triton"), FastExperiments(use_cuda_graph=False))
     got = fast_run(model, params, fused, eos=())
-    assert fused._fused and not plain._fused
+    assert fused._path.fused_step and not plain._path.fused_step
     assert got.response_ids.tolist() == ref.response_ids.tolist()
     torch.testing.assert_close(got.rollout_logprobs, ref.rollout_logprobs, atol=1e-4, rtol=0)
 
@@ -156,9 +159,10 @@ def test_fused_decode_layer_with_a_live_adapter_equals_the_unfused_one(options):
                 p.normal_(0.0, 0.3)
     model = model.to(DEVICE).eval()
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12)
-    ref = fast_run(model, params, FastEngine(use_cuda_graph=False, attention="triton",
-                                             fused_step=False), eos=())  # fmt: skip
-    engine = FastEngine(use_cuda_graph=False, attention="triton", **options)
+    ref = fast_run(model, params, FastEngine(FastOptions(attention="triton"), FastExperiments(use_cuda_graph=False, fused_step=False)), eos=())  # fmt: skip
+    engine = FastEngine(
+        FastOptions(attention="triton"), FastExperiments(use_cuda_graph=False, **options)
+    )
     got = fast_run(model, params, engine, eos=())
     assert got.response_ids.tolist() == ref.response_ids.tolist()
     torch.testing.assert_close(got.rollout_logprobs, ref.rollout_logprobs, atol=1e-4, rtol=0)

@@ -148,7 +148,7 @@ def test_fast_engine_cache_is_a_batch_bucket_of_rounded_length(tmp_path, counts_
     from danka.rollout.fast import FastEngine
 
     engine = FastEngine()
-XX
+    assert (engine.seq_round, engine.prefill_batch) == (32, 32)  # the plan imports them
     sizes = {"algorithm": "ppo", "batch_size": 3, "samples_per_prompt": 1, "micro_batch_size": 1}
     over = ["data.max_prompt_length=600", "trainer.max_length=700", "trainer.max_new_tokens=100"]
     cfg, base = load_config(str(_config(tmp_path, **sizes)), over + ["rollout.engine=fast"])

@@ -223,11 +223,11 @@ def estimate(overrides: list[str], model_config) -> dict:
     cfg, _ = load_config(None, overrides)
     plan = estimate_memory(cfg, model_config=model_config)
     return {
-        "phases_gib": {k: v / GIB for k, v in plan["phases"].items()},
-        "peak_gib": plan["peak"] / GIB,
-        "peak_phase": plan["peak_phase"],
-        "components_gib": {k: v / GIB for k, v in plan["components"].items()},
-        "assumptions": plan["assumptions"],
+        "phases_gib": {k: v / GIB for k, v in plan.phases.items()},
+        "peak_gib": plan.peak / GIB,
+        "peak_phase": plan.peak_phase,
+        "components_gib": {k: v / GIB for k, v in plan.components.items()},
+        "assumptions": plan.assumptions,
     }
 
 

@@ -30,8 +30,10 @@ from bench.training import pick_size, random_model, run_steps, shape
 from danka.config import load_config
 from danka.config.units import parse_memory
 from danka.models import tiny
+from danka.planning.inputs import PlanInput
 from danka.planning.memory import OVERHEAD_BYTES
-from danka.planning.micro import plan_micro_batch
+from danka.planning.micro import plan_memory
+from danka.planning.shape import ModelShape
 from danka.rollout.base import build_engine
 
 
@@ -78,8 +80,10 @@ def measure(args) -> dict:
         del base
         free(dev)
     res: dict = {"overrides": over, "qlora": args.qlora, **cap(dev, budget)}
-    plan = plan_micro_batch(cfg, budget, model_config=config)
-    res["micro_batch_planned"] = plan.size
+    inp = PlanInput.of(cfg)
+    model_shape = ModelShape.of(config, inp.target_modules, inp.lora_r)
+    plan = plan_memory(inp, model_shape if budget is not None else None, budget)
+    res["micro_batch_planned"] = plan.micro
     res["plan"] = plan.line() if plan.fits else str(plan.refusal())
     res["planned_peak_gib"] = None if plan.peak is None else plan.peak / GIB
     res["planned_with_overhead_gib"] = (

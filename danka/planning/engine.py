@@ -1,30 +1,36 @@
 """Which rollout engine a run uses, and why (logged at start-up).
 
 It sits above the rollout package: the choice asks the memory plan
-(danka/planning/memory.py), which itself reads the engine registry.
+(danka/planning/micro.py), which itself reads the engine's geometry.
 """
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
+from danka.planning.inputs import PlanInput
+from danka.planning.memory import GIB, price
+from danka.planning.micro import plan_memory
+from danka.planning.shape import ModelShape, load_model_config
 from danka.rollout.base import resolve_engine
 
 
 def choose_engine(
-    cfg, device: torch.device, *, model_config=None, free_bytes: int | None = None
+    cfg,
+    device: torch.device,
+    *,
+    model_config=None,
+    free_bytes: int | None = None,
+    shape: ModelShape | None = None,
 ) -> tuple[str, str]:
     """``rollout.engine`` resolved to "hf" or "fast", with the reason to log.
 
-    Order: an explicit ``rollout.engine``; the seed's ``backend.hf_transformers.
+    Order: an explicit ``rollout.engine``; the tutorial's ``backend.hf_transformers.
     enable_hf_transformers: true`` (HF); no CUDA device or a quantised base (HF); a model
     type the fast engine does not run (HF); else fast only when ``danka estimate``'s whole
     step with the fast engine fits the free GPU memory (``free_bytes``, default: now).
+    ``shape``: the model's, when the caller read it already (else ``model_config``'s).
     """
-    from danka.planning.memory import GIB, OVERHEAD_BYTES, estimate_memory, load_model_config
-    from danka.planning.micro import with_planned
     from danka.rollout.fast_weights import SUPPORTED_MODEL_TYPES
 
     r, m = cfg.rollout, cfg.model
@@ -39,19 +45,20 @@ def choose_engine(
     if name != "fast":
         why = "a quantised base" if quantized else f"device {device.type}"
         return name, f"rollout.engine: auto picks {name} for {why}"
-    config = model_config or load_model_config(m.actor_model_name_or_path)
-    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        return "hf", f"the fast engine does not run model type {config.model_type!r}"
+    inp = PlanInput.of(cfg)
+    if shape is None:
+        config = model_config or load_model_config(m.actor_model_name_or_path)
+        shape = ModelShape.of(config, inp.target_modules, inp.lora_r)
+    if shape.model_type not in SUPPORTED_MODEL_TYPES:
+        return "hf", f"the fast engine does not run model type {shape.model_type!r}"
     if free_bytes is None:
         free_bytes = torch.cuda.mem_get_info(device)[0]
-    plans = {}
+    need = {}
     for name in ("fast", "hf"):
-        c = copy.deepcopy(cfg)
-        c.rollout.engine = name
-        c, _ = with_planned(c, free_bytes, model_config=config)  # micro_batch_size: auto
-        plans[name] = estimate_memory(c, model_config=config)["peak"] + OVERHEAD_BYTES
-    need = f"{plans['fast'] / GIB:.1f} GiB (HF {plans['hf'] / GIB:.1f})"
+        sizes = plan_memory(inp.with_(engine=name), shape, free_bytes).sizes  # auto sizes
+        need[name] = price(sizes, shape).need
+    text = f"{need['fast'] / GIB:.1f} GiB (HF {need['hf'] / GIB:.1f})"
     free = f"{free_bytes / GIB:.1f} GiB free"
-    if plans["fast"] <= free_bytes:
-        return "fast", f"the whole step with the fast engine fits: {need} of {free}"
-    return "hf", f"the fast engine's step would need {need}, more than {free}"
+    if need["fast"] <= free_bytes:
+        return "fast", f"the whole step with the fast engine fits: {text} of {free}"
+    return "hf", f"the fast engine's step would need {text}, more than {free}"

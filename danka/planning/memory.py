@@ -1,6 +1,8 @@
 """The memory plan: GPU bytes per phase of a training step, from the model config alone.
-One model serves ``danka estimate`` (danka/tools/estimate.py prints it) and the trainer's
-engine choice (danka/planning/engine.py).
+:func:`price` turns a :class:`~danka.planning.inputs.PlanInput` and a
+:class:`~danka.planning.shape.ModelShape` into a frozen :class:`MemoryPlan`; the same
+pricing serves ``danka estimate`` (danka/tools/estimate.py prints it), the sizes ``auto``
+stands for (danka/planning/micro.py) and the engine choice (danka/planning/engine.py).
 
 No weights are read. The model is built on PyTorch's ``meta`` device (shapes, no storage)
 to count parameters and the LoRA matrices exactly for any architecture. Every term, in
@@ -65,13 +67,14 @@ Estimates are approximate (about +-30 %).
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from danka.config.schema import DankaConfig
 from danka.errors import UserError
+from danka.planning.inputs import PlanInput, label
+from danka.planning.shape import ModelShape, load_model_config, vocab_of
 from danka.rollout.fast_options import FUSE_LIMIT_BYTES, SEQ_ROUND
 from danka.rollout.fast_options import PREFILL_BATCH as PREFILL_PROMPTS
 from danka.rollout.fast_slots import bucket_size
@@ -89,99 +92,64 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QUANT_BYTES = {"4bit": 0.5 + 1 / 64 + 4 / (64 * 256), "8bit": 1.0}
 
 
-def _known_shapes() -> dict[str, Callable[[], Any]]:
-    from danka.models.tiny import qwen2_0_5b_config, qwen2_7b_config, smollm2_135m_config
+@dataclass(frozen=True)
+class Verdict:
+    """The plan against a budget of GPU memory."""
 
-    shapes: dict[str, Callable[[], Any]] = {}
-    for family in ("qwen/qwen2", "qwen/qwen2.5"):
-        for suffix in ("", "-instruct"):
-            shapes[f"{family}-7b{suffix}"] = qwen2_7b_config
-            shapes[f"{family}-0.5b{suffix}"] = qwen2_0_5b_config
-    shapes["huggingfacetb/smollm2-135m-instruct"] = smollm2_135m_config
-    shapes["smollm2-135m-instruct"] = smollm2_135m_config
-    return shapes
+    gpu_memory: int  # bytes
+    fits: bool  # peak + OVERHEAD_BYTES within the budget
+    headroom: int  # bytes to spare (negative: missing)
+    tight: bool  # fits, with less than MARGIN to spare
+    suggestions: tuple[str, ...] = ()  # when it does not fit: settings that would
 
 
-def load_model_config(name: str, base_dir: Path | None = None) -> Any:
-    """The transformers config of ``name`` without weights: a local folder, a ``.gguf``
-    file, the HF cache, danka's table of known shapes (Qwen2/2.5 0.5B and 7B, SmolLM2-135M),
-    then the Hub when it answers."""
-    from transformers import AutoConfig
+@dataclass(frozen=True)
+class MemoryPlan:
+    """GPU bytes of one step's every term and phase (module docstring)."""
 
-    for candidate in (Path(name).expanduser(), (base_dir or Path.cwd()) / name):
-        if candidate.is_dir() and (candidate / "config.json").is_file():
-            return AutoConfig.from_pretrained(str(candidate))
-        if candidate.is_file() and candidate.suffix == ".gguf":
-            return AutoConfig.from_pretrained(str(candidate.parent), gguf_file=candidate.name)
-    try:
-        return AutoConfig.from_pretrained(name, local_files_only=True)
-    except (OSError, ValueError):
-        pass
-    known = _known_shapes().get(name.lower())
-    if known is not None:
-        return known()
-    from danka.models.loading import hub_reachable
+    dtype: str
+    params: int
+    lora_params: int
+    components: dict[str, int]  # term -> bytes
+    persistent: int  # what every phase holds
+    phases: dict[str, int]  # rollout, prepare, update -> bytes
+    peak_phase: str
+    peak: int
+    full_logits_would_be: int  # unchunked fp32 head buffers over every response row
+    chunk_rows: int
+    response_rows: int
+    assumptions: dict[str, Any]  # the engine, sizes and settings it assumed
+    model: str = ""
+    shape: dict[str, int] = field(default_factory=dict)
+    overhead: int = OVERHEAD_BYTES
+    verdict: Verdict | None = None  # with a budget
 
-    if hub_reachable(timeout=3.0):
-        try:
-            return AutoConfig.from_pretrained(name)
-        except (OSError, ValueError) as err:
-            raise UserError(
-                f"no model config for {name!r}: {err}",
-                where="model",
-                fix="check the model id or pass a local folder",
-            ) from err
-    raise UserError(
-        f"no model config for {name!r}: not a local folder, not in the HF cache, "
-        "not a known shape, and the Hub cannot be reached",
-        where="model.actor_model_name_or_path",
-        fix="pass a local model folder (only its config.json is read)",
-    )
+    @property
+    def need(self) -> int:
+        """Bytes a card must have: the peak plus the CUDA context and fragmentation."""
+        return self.peak + OVERHEAD_BYTES
 
-
-def _text_config(config: Any) -> Any:
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
-
-
-def count_parameters(config: Any, target_modules: list[str] | str, rank: int) -> tuple[int, int]:
-    """``(params, lora_params)`` of the model ``config`` describes, built on the meta device.
-
-    LoRA adds ``r x (in + out)`` per adapted linear layer (Hu et al. 2021); ``all-linear``
-    adapts every linear layer but the LM head, as peft does.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    params = sum(p.numel() for p in model.parameters())  # tied weights counted once
-    if isinstance(target_modules, str) and target_modules != "all-linear":
-        target_modules = [t.strip() for t in target_modules.split(",") if t.strip()]
-    head = model.get_output_embeddings()
-    lora = 0
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear):
-            continue
-        short = name.rsplit(".", 1)[-1]
-        hit = module is not head if target_modules == "all-linear" else short in target_modules
-        if hit:
-            lora += rank * (module.in_features + module.out_features)
-    return params, lora
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as ``danka estimate --json`` prints it."""
+        out = {
+            "dtype": self.dtype, "params": self.params, "lora_params": self.lora_params,
+            "components": self.components, "persistent": self.persistent,
+            "phases": self.phases, "peak_phase": self.peak_phase, "peak": self.peak,
+            "overhead": self.overhead, "full_logits_would_be": self.full_logits_would_be,
+            "chunk_rows": self.chunk_rows, "response_rows": self.response_rows,
+            "assumptions": self.assumptions, "model": self.model, "shape": self.shape,
+        }  # fmt: skip
+        v = self.verdict
+        if v is not None:
+            out.update(gpu_memory=v.gpu_memory, fits=v.fits, headroom=v.headroom,
+                       tight=v.tight, suggestions=list(v.suggestions))  # fmt: skip
+        return out
 
 
-def _targets(targets: list[str] | str, name: str) -> bool:
-    if targets == "all-linear":
-        return True
-    if isinstance(targets, str):
-        targets = [t.strip() for t in targets.split(",")]
-    return name in targets
-
-
-def _layer_bytes_per_token(shape: dict[str, int], d: int, targets: list[str] | str | None) -> int:
+def _layer_bytes_per_token(shape: ModelShape, d: int, targets: list[str] | str | None) -> int:
     """Activation bytes one decoder layer keeps per token for the backward (module
     docstring); ``targets`` None means full fine-tuning."""
-    h, i, q, kv = shape["H"], shape["I"], shape["q"], shape["kv"]
+    h, i, q, kv = shape.H, shape.I, shape.q, shape.kv
     frozen = 2 * h * 4 + d * (2 * q + 2 * kv) + d * 3 * i
     if targets is None:
         return frozen + d * (2 * h + q + i)
@@ -210,37 +178,16 @@ def _layer_bytes_per_token(shape: dict[str, int], d: int, targets: list[str] | s
     return frozen + d * sum(unique.values())
 
 
-def _estimator_meta(cfg: DankaConfig):
-    """The advantage estimator's registry entry (a critic? grouped?): the config's own
-    choice, or the one its algorithm implies (validation fills the same default)."""
-    from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
-    from danka.algorithms.presets import ALGORITHMS
-
-    t = cfg.trainer
-    name = (
-        t.advantage_estimator
-        or ALGORITHMS.get(t.algorithm, "trainer.algorithm").advantage_estimator
-    )
-    return ADVANTAGE_ESTIMATORS.meta(name)
+def _targets(targets: list[str] | str, name: str) -> bool:
+    if targets == "all-linear":
+        return True
+    if isinstance(targets, str):
+        targets = [t.strip() for t in targets.split(",")]
+    return name in targets
 
 
-def samples_per_prompt_of(cfg: DankaConfig) -> int:
-    n = cfg.trainer.samples_per_prompt
-    return n if n is not None else (8 if _estimator_meta(cfg).grouped else 1)
-
-
-def sequences_per_call(cfg: DankaConfig) -> int:
-    """Sequences in one generate call: ``rollout.generation_batch_size`` counts sequences,
-    and the engines fill a call with whole groups of ``samples_per_prompt`` (at least one,
-    danka.rollout.hf / fast); 0 = the whole step's ``batch_size x samples``."""
-    n = samples_per_prompt_of(cfg)
-    every = cfg.trainer.batch_size * n
-    per_call = cfg.rollout.generation_batch_size
-    return min(every, max(1, per_call // n) * n) if per_call else every
-
-
-def _dtype_bytes(cfg: DankaConfig) -> tuple[str, int]:
-    name = cfg.model.torch_dtype
+def _dtype_bytes(inp: PlanInput) -> tuple[str, int]:
+    name = inp.torch_dtype
     name = "bfloat16" if name == "auto" else name  # auto = bf16 on a GPU that has it
     if name not in DTYPE_BYTES:
         raise UserError(
@@ -251,223 +198,208 @@ def _dtype_bytes(cfg: DankaConfig) -> tuple[str, int]:
     return name, DTYPE_BYTES[name]
 
 
-def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> dict[str, Any]:
-    """The byte counts of every term and phase (see the module docstring)."""
-    t, m = cfg.trainer, cfg.model
-    dtype, d = _dtype_bytes(cfg)
-    h, i, n_layers, v = shape["H"], shape["I"], shape["L"], shape["V"]
-    q, kv = shape["q"], shape["kv"]
-    n = samples_per_prompt_of(cfg)
-    seqs = sequences_per_call(cfg)
-    prompt_len = cfg.data.max_prompt_length or max(1, t.max_length - t.max_new_tokens)
-    seq_len = min(t.max_length, prompt_len + t.max_new_tokens)
-    micro = min(t.micro_batch_size, t.batch_size * n)
-    tokens = micro * seq_len
-    # the LM head runs only over the response positions (trainer.forward.policy_logprobs)
-    chunk = min(cfg.speed.logprob_chunk_size, micro * t.max_new_tokens)
-    use_lora = cfg.lora.enable_lora
-    ppo = _estimator_meta(cfg).needs_critic  # e.g. grpo with advantage_estimator gae too
-    need_ref = cfg.loss.kl.coef > 0
+def uses_fast_engine(inp: PlanInput) -> bool:
+    """auto picks the fast engine on a GPU unless the base is quantised (danka.planning.
+    engine also checks that the step fits; this plan is what it checks with)."""
+    return inp.engine == "fast" or (inp.engine == "auto" and not inp.quantized)
 
+
+def _persistent(inp: PlanInput, shape: ModelShape, d: int) -> dict[str, int]:
+    """What every phase holds: weights, trainable state, reference and critic."""
+    params, lora = shape.params, shape.lora_params
     c: dict[str, int] = {"weights": params * d}
-    quant = QUANT_BYTES.get("4bit" if m.load_in_4bit else "8bit" if m.load_in_8bit else "")
+    quant = QUANT_BYTES.get(inp.quantized or "")
     if quant:
         # bitsandbytes quantises the decoder's linear layers; embeddings, lm_head and
         # norms stay in the compute dtype (trainer.setup.freeze_quantized_base); each
         # matmul dequantises one weight transiently
-        lin = n_layers * ((q + 2 * kv) * h + q * h + 3 * i * h)
+        h, i, q, kv = shape.H, shape.I, shape.q, shape.kv
+        lin = shape.L * ((q + 2 * kv) * h + q * h + 3 * i * h)
         c["weights"] = int(lin * quant) + (params - lin) * d + i * h * d
-    if use_lora:
+    if inp.enable_lora:
         c["lora + Adam (fp32)"] = lora * LORA_BYTES_PER_PARAM
     else:
         c["grads + Adam (full)"] = params * (d + ADAM_BYTES_PER_PARAM)
-    if need_ref and not use_lora:
+    if inp.reference and not inp.enable_lora:
         c["reference copy"] = params * d
-    if ppo:
-        separate = m.critic_model_name_or_path not in (None, "", m.actor_model_name_or_path)
-        head = (h + 1) * LORA_BYTES_PER_PARAM
-        if use_lora and not separate:
+    if inp.needs_critic:  # e.g. grpo with advantage_estimator gae too
+        head = (shape.H + 1) * LORA_BYTES_PER_PARAM
+        if inp.enable_lora and not inp.separate_critic:
             c["critic LoRA + value head"] = lora * LORA_BYTES_PER_PARAM + head
         else:  # own model, same shape assumed (its config is not read)
-            c["critic model"] = (
-                params * d
-                + (lora * LORA_BYTES_PER_PARAM if use_lora else params * (d + ADAM_BYTES_PER_PARAM))
-                + head
+            trainable = (
+                lora * LORA_BYTES_PER_PARAM
+                if inp.enable_lora
+                else params * (d + ADAM_BYTES_PER_PARAM)
             )
-    persistent = sum(c.values())
+            c["critic model"] = params * d + trainable + head
+    return c
 
-    engine = cfg.rollout.engine
-    # auto picks the fast engine on a GPU unless the base is quantised (rollout.base.
-    # choose_engine also checks that the step fits; the estimate is what it checks with)
-    fast = engine == "fast" or (engine == "auto" and not quant)
+
+def _rollout(inp: PlanInput, shape: ModelShape, d: int, seq_len: int, prompt_len: int):
+    """The rollout's terms: KV cache, the fast engine's buffers, logits, prefill; and the
+    rows the engine runs."""
+    n, seqs, fast = inp.samples_per_prompt, inp.sequences_per_call(), uses_fast_engine(inp)
+    h, i, q, kv, n_layers = shape.H, shape.I, shape.q, shape.kv, shape.L
     # the fast engine runs a CUDA-graph batch bucket of rows and a length rounded up to
     # SEQ_ROUND; it prefills each prompt once (at most PREFILL_PROMPTS at a time), HF
     # generate every sequence
     prompts = seqs // n
     rows, cache_len = (bucket_size(seqs, True), _round_up(seq_len)) if fast else (seqs, seq_len)
     prefill_rows = min(prompts, PREFILL_PROMPTS) if fast else seqs
-    c["KV cache (rollout)"] = n_layers * 2 * kv * cache_len * rows * d
+    c = {"KV cache (rollout)": n_layers * 2 * kv * cache_len * rows * d}
     if fast:
         # fused q|k|v and gate|up are views of the co-located parameters (no copy); LoRA
         # runs unmerged from stacked fp32 adapter copies; lora_compute: merge keeps merged
-        # copies of the adapted weights (<= 1 GiB)
+        # copies of the adapted weights (<= FUSE_LIMIT_BYTES)
         merged = n_layers * ((q + 2 * kv) * h + 2 * i * h) * d
-        merge = use_lora and cfg.rollout.lora_compute == "merge" and merged <= FUSE_LIMIT_BYTES
-        c["fast engine weight buffers"] = (lora * 4 if use_lora else 0) + (merged if merge else 0)
-    # the fast engine frees its buffers and KV cache before the update unless
-    # rollout.keep_cache is true (its keeps_cache)
-    keep = fast and bool(cfg.rollout.keep_cache)
-    held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if keep else 0
-    c["logits (rollout)"] = rows * v * 4 * LOGIT_FACTOR_ROLLOUT
+        lora = inp.enable_lora
+        merge = lora and inp.lora_compute == "merge" and merged <= FUSE_LIMIT_BYTES
+        c["fast engine weight buffers"] = (shape.lora_params * 4 if lora else 0) + (
+            merged if merge else 0
+        )
+    c["logits (rollout)"] = rows * shape.V * 4 * LOGIT_FACTOR_ROLLOUT
     c["prefill (rollout)"] = prefill_rows * prompt_len * d * (4 * h + 2 * i)
-    per_layer = _layer_bytes_per_token(shape, d, cfg.lora.target_modules if use_lora else None)
-    full_acts = n_layers * tokens * per_layer
-    ckpt_acts = n_layers * tokens * h * d + tokens * per_layer + tokens * (2 * h + i) * 4
+    return c, seqs, fast
+
+
+def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
+    """The byte counts of every term and phase (see the module docstring) of ``inp``, whose
+    sizes are numbers (danka.planning.micro resolves the ``auto`` ones first)."""
+    for name in ("micro_batch_size", "generation_batch_size", "logprob_chunk_size"):
+        if not isinstance(getattr(inp, name), int):
+            raise TypeError(f"the plan prices a numeric {name} (danka.planning.micro)")
+    dtype, d = _dtype_bytes(inp)
+    h, i, v = shape.H, shape.I, shape.V
+    prompt_len = inp.max_prompt_length or max(1, inp.max_length - inp.max_new_tokens)
+    seq_len = min(inp.max_length, prompt_len + inp.max_new_tokens)
+    micro = min(inp.micro_batch_size, inp.batch_size * inp.samples_per_prompt)
+    tokens = micro * seq_len
+    # the LM head runs only over the response positions (trainer.forward.policy_logprobs)
+    chunk = min(inp.logprob_chunk_size, micro * inp.max_new_tokens)
+    c = _persistent(inp, shape, d)
+    persistent = sum(c.values())
+    rollout, seqs, fast = _rollout(inp, shape, d, seq_len, prompt_len)
+    c.update(rollout)
+    # the fast engine frees its buffers and KV cache before the update unless
+    # rollout.keep_cache is true (fast_options.keeps_cache)
+    keep = fast and bool(inp.keep_cache)
+    held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if keep else 0
+    targets = inp.target_modules if inp.enable_lora else None
+    per_layer = _layer_bytes_per_token(shape, d, targets)
+    full_acts = shape.L * tokens * per_layer
+    ckpt_acts = shape.L * tokens * h * d + tokens * per_layer + tokens * (2 * h + i) * 4
     c["activations (no checkpointing)"] = full_acts
     c["activations (checkpointing)"] = ckpt_acts
     # the head's bytes per (row, vocab): compiled on CUDA (speed.fused_logprob_head) the
     # forward keeps only fp32 z and the backward z plus dz in the head's dtype; eagerly
     # every elementwise pass keeps an fp32 buffer (z, log-softmax, p, grad)
-    fused = cfg.speed.fused_logprob_head
+    fused = inp.fused_logprob_head
     head_update, head_prepare = (4 + d, 4) if fused else (4 * LOGIT_FACTOR_UPDATE, 4 * 2)
     c["logits (chunked, update)"] = chunk * v * head_update
-    if m.use_gradient_checkpointing:
+    if inp.use_gradient_checkpointing:
         # the head's backward finishes (its chunk freed) before the first layer is
         # recomputed: the layer inputs stay, the two transients take turns
-        inputs = n_layers * tokens * h * d
+        inputs = shape.L * tokens * h * d
         update_acts = inputs + max(ckpt_acts - inputs, c["logits (chunked, update)"])
     else:
         update_acts = full_acts + c["logits (chunked, update)"]
     phases = {
-        "rollout": persistent
-        + c["KV cache (rollout)"]
-        + c.get("fast engine weight buffers", 0)
-        + c["logits (rollout)"]
-        + c["prefill (rollout)"],
+        "rollout": persistent + sum(rollout.values()),
         "prepare": persistent + held + tokens * per_layer + chunk * v * head_prepare,
         "update": persistent + held + update_acts,
     }
     peak_phase = max(phases, key=phases.get)
-    return {
-        "dtype": dtype,
-        "params": params,
-        "lora_params": lora if use_lora else 0,
-        "components": c,
-        "persistent": persistent,
-        "phases": phases,
-        "peak_phase": peak_phase,
-        "peak": phases[peak_phase],
-        "overhead": OVERHEAD_BYTES,
+    return MemoryPlan(
+        dtype=dtype, params=shape.params,
+        lora_params=shape.lora_params if inp.enable_lora else 0, components=c,
+        persistent=persistent, phases=phases, peak_phase=peak_phase, peak=phases[peak_phase],
         # the same fp32 buffers (z, log-softmax, p, grad) over every response row at once
-        "full_logits_would_be": micro * t.max_new_tokens * v * 4 * LOGIT_FACTOR_UPDATE,
-        "chunk_rows": chunk,
-        "response_rows": micro * t.max_new_tokens,
-        "assumptions": {
+        full_logits_would_be=micro * inp.max_new_tokens * v * 4 * LOGIT_FACTOR_UPDATE,
+        chunk_rows=chunk, response_rows=micro * inp.max_new_tokens,
+        assumptions={
             "rollout_engine": "fast" if fast else "hf",
             "rollout_cache_kept_for_update": keep,
-            "quantised_base": m.load_in_4bit and "4bit" or m.load_in_8bit and "8bit" or None,
+            "quantised_base": inp.quantized,
             "rollout_sequences": seqs,
             "prompt_tokens": prompt_len,
             "sequence_tokens": seq_len,
             "update_tokens_per_micro_batch": tokens,
-            "gradient_checkpointing": m.use_gradient_checkpointing,
-            "lora": use_lora,
+            "gradient_checkpointing": inp.use_gradient_checkpointing,
+            "lora": inp.enable_lora,
         },
-    }
+        model=inp.model, shape=shape.dims(),
+    )  # fmt: skip
 
 
 def _round_up(tokens: int) -> int:
     return -(-tokens // SEQ_ROUND) * SEQ_ROUND
 
 
-def vocab_of(config: Any) -> int | None:
-    """The vocabulary size of a transformers config (None for no config)."""
-    return None if config is None else _text_config(config).vocab_size
-
-
-def _shape(config: Any) -> dict[str, int]:
-    tc = _text_config(config)
-    heads = tc.num_attention_heads
-    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads
-    kv_heads = getattr(tc, "num_key_value_heads", None) or heads
-    return {
-        "H": tc.hidden_size,
-        "I": getattr(tc, "intermediate_size", 4 * tc.hidden_size),
-        "L": tc.num_hidden_layers,
-        "V": tc.vocab_size,
-        "q": heads * head_dim,
-        "kv": kv_heads * head_dim,
-    }
-
-
-def with_settings(cfg: DankaConfig, changes: dict[str, Any]) -> DankaConfig:
-    """A copy of ``cfg`` with ``{dotted key: value}`` applied (the candidates a plan prices)."""
-    out = copy.deepcopy(cfg)
-    for dotted, value in changes.items():
-        section, key = dotted.split(".")
-        setattr(getattr(out, section), key, value)
-    return out
-
-
-def _candidates(c: DankaConfig) -> list[dict[str, Any]]:
-    """Single setting changes that lower memory, as ``{dotted key: new value}``."""
-    t, out = c.trainer, []
-    if not c.model.use_gradient_checkpointing:
-        out.append({"model.use_gradient_checkpointing": True})
-    if t.micro_batch_size > 1:
-        out.append({"trainer.micro_batch_size": max(1, t.micro_batch_size // 2)})
-    if not c.lora.enable_lora:
-        out.append({"lora.enable_lora": True})
-    elif not (c.model.load_in_4bit or c.model.load_in_8bit):
-        # QLoRA: an NF4 base (bitsandbytes); the fast engine does not sample from one
-        qlora: dict[str, Any] = {"model.load_in_4bit": True}
-        if c.rollout.engine == "fast":
-            qlora["rollout.engine"] = "hf"
-        out.append(qlora)
+def _candidates(inp: PlanInput) -> list[dict[str, Any]]:
+    """Single setting changes that lower memory, as ``{field: new value}``."""
     from danka.rollout.base import halve_groups  # the engines' own halving (whole groups)
 
-    fewer = halve_groups(sequences_per_call(c), samples_per_prompt_of(c))
+    out: list[dict[str, Any]] = []
+    if not inp.use_gradient_checkpointing:
+        out.append({"use_gradient_checkpointing": True})
+    if inp.micro_batch_size > 1:
+        out.append({"micro_batch_size": max(1, inp.micro_batch_size // 2)})
+    if not inp.enable_lora:
+        out.append({"enable_lora": True})
+    elif not inp.quantized:
+        # QLoRA: an NF4 base (bitsandbytes); the fast engine does not sample from one
+        qlora: dict[str, Any] = {"load_in_4bit": True}
+        if inp.engine == "fast":
+            qlora["engine"] = "hf"
+        out.append(qlora)
+    fewer = halve_groups(inp.sequences_per_call(), inp.samples_per_prompt)
     if fewer is not None:
-        out.append({"rollout.generation_batch_size": fewer})
-    if c.rollout.engine in ("fast", "auto"):
-        out.append({"rollout.engine": "hf"})
-    if t.max_new_tokens > 64:
-        new = t.max_new_tokens // 2
-        out.append({"trainer.max_new_tokens": new, "trainer.max_length": t.max_length - new})
+        out.append({"generation_batch_size": fewer})
+    if inp.engine in ("fast", "auto"):
+        out.append({"engine": "hf"})
+    if inp.max_new_tokens > 64:
+        new = inp.max_new_tokens // 2
+        out.append({"max_new_tokens": new, "max_length": inp.max_length - new})
     return out
 
 
-def _label(changes: dict[str, Any]) -> str:
-    return " ".join(
-        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items()
-    )
-
-
-def _fixes(cfg: DankaConfig, budget: int, estimate: Callable[[DankaConfig], dict]) -> list[str]:
+def fixes(inp: PlanInput, shape: ModelShape, budget: int) -> list[str]:
     """Settings that bring the peak + overhead under ``budget``: every single change that
     suffices; else changes applied greedily (the one that saves most first) until it fits."""
     single = []
-    for change in _candidates(cfg):
-        peak = estimate(with_settings(cfg, change))["peak"]
+    for change in _candidates(inp):
+        peak = price(inp.with_(**change), shape).peak
         if peak + OVERHEAD_BYTES <= budget:
-            single.append(f"{_label(change)}  (peak {peak / GIB:.1f} GiB)")
+            single.append(f"{label(change)}  (peak {peak / GIB:.1f} GiB)")
     if single:
         return single
     applied: dict[str, Any] = {}
-    trial = cfg
+    trial = inp
     for _ in range(16):
         options = [
-            (estimate(with_settings(trial, ch))["peak"], i, ch)
-            for i, ch in enumerate(_candidates(trial))
+            (price(trial.with_(**ch), shape).peak, i, ch) for i, ch in enumerate(_candidates(trial))
         ]
         if not options:
             break
         peak, _, change = min(options)
-        trial = with_settings(trial, change)
+        trial = trial.with_(**change)
         applied.update(change)
         if peak + OVERHEAD_BYTES <= budget:
-            return [f"{_label(applied)}  (peak {peak / GIB:.1f} GiB)"]
+            return [f"{label(applied)}  (peak {peak / GIB:.1f} GiB)"]
     return ["no combination of these settings fits: use a smaller model or a larger GPU"]
+
+
+def judged(plan: MemoryPlan, inp: PlanInput, shape: ModelShape, budget: int) -> MemoryPlan:
+    """``plan`` with its verdict against ``budget`` bytes (and the fixes when it does not
+    fit)."""
+    from dataclasses import replace
+
+    fits = plan.need <= budget
+    headroom = budget - plan.need
+    suggestions = () if fits else tuple(fixes(inp, shape, budget))
+    verdict = Verdict(budget, fits, headroom, fits and headroom < MARGIN * budget, suggestions)
+    return replace(plan, verdict=verdict)
 
 
 CHUNKS = (1024, 512, 256, 128)  # log-prob chunks auto tries, largest first
@@ -484,54 +416,21 @@ def chunk_candidates(vocab: int | None) -> list[int]:
     return fit or [CHUNKS[-1]]
 
 
-# the sizes ``auto`` may stand for; danka.planning.micro.with_planned resolves them
-AUTO_SIZES = (
-    "trainer.micro_batch_size",
-    "rollout.generation_batch_size",
-    "speed.logprob_chunk_size",
-)
-
-
-def pricer(cfg: DankaConfig, model_config: Any) -> Callable[[DankaConfig], dict[str, Any]]:
-    """The phase plan of any variant of ``cfg`` (same model and LoRA shape), with the
-    parameter counts made once (building the model on the meta device is the slow part)."""
-    params, lora = count_parameters(model_config, cfg.lora.target_modules, cfg.lora.lora_r)
-    shape = _shape(model_config)
-
-    def estimate(c: DankaConfig) -> dict[str, Any]:
-        for dotted in AUTO_SIZES:
-            section, key = dotted.split(".")
-            if not isinstance(getattr(getattr(c, section), key), int):
-                raise TypeError(f"the plan prices a numeric {dotted} (planning.micro.with_planned)")
-        return _plan(c, shape, params, lora)
-
-    return estimate
-
-
 def estimate_memory(
     cfg: DankaConfig,
     *,
     base_dir: Path | None = None,
     gpu_memory: int | None = None,
     model_config: Any = None,
-) -> dict[str, Any]:
-    """Memory plan of ``cfg`` in bytes: ``components``, ``phases`` (rollout, prepare,
-    update), ``peak`` and ``peak_phase``; with ``gpu_memory`` (bytes) also ``fits`` and
-    ``suggestions``. ``model_config`` skips loading the config of the actor model. A
-    log-prob chunk left ``auto`` is priced as a GPU with room picks it (the other sizes
-    that may be ``auto`` are planned first: danka.planning.micro.with_planned)."""
+) -> MemoryPlan:
+    """The memory plan of ``cfg`` as written, with its verdict against ``gpu_memory``
+    bytes when given. ``model_config`` skips loading the config of the actor model. A
+    log-prob chunk left ``auto`` is priced as a GPU with room picks it; the other sizes
+    must be numbers (``danka estimate`` plans them first: danka.planning.micro)."""
     config = model_config or load_model_config(cfg.model.actor_model_name_or_path, base_dir)
-    if cfg.speed.logprob_chunk_size == "auto":  # the default: what a GPU with room picks
-        chunk = chunk_candidates(vocab_of(config))[0]
-        cfg = with_settings(cfg, {"speed.logprob_chunk_size": chunk})
-    estimate = pricer(cfg, config)
-    result = estimate(cfg)
-    result["model"] = cfg.model.actor_model_name_or_path
-    result["shape"] = _shape(config)
-    if gpu_memory is not None:
-        result["gpu_memory"] = gpu_memory
-        result["fits"] = result["peak"] + OVERHEAD_BYTES <= gpu_memory
-        result["headroom"] = gpu_memory - result["peak"] - OVERHEAD_BYTES
-        result["tight"] = result["fits"] and result["headroom"] < MARGIN * gpu_memory
-        result["suggestions"] = [] if result["fits"] else _fixes(cfg, gpu_memory, estimate)
-    return result
+    inp = PlanInput.of(cfg)
+    if inp.logprob_chunk_size == "auto":  # the default: what a GPU with room picks
+        inp = inp.with_(logprob_chunk_size=chunk_candidates(vocab_of(config))[0])
+    shape = ModelShape.of(config, inp.target_modules, inp.lora_r)
+    plan = price(inp, shape)
+    return plan if gpu_memory is None else judged(plan, inp, shape, gpu_memory)

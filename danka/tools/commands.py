@@ -375,8 +375,10 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
 def _estimate(args) -> int:
     from danka.config import load_config
     from danka.config.units import parse_memory
-    from danka.planning.memory import estimate_memory, load_model_config
-    from danka.planning.micro import with_planned
+    from danka.planning.inputs import PlanInput
+    from danka.planning.memory import judged, price
+    from danka.planning.micro import plan_memory
+    from danka.planning.shape import ModelShape, load_model_config
     from danka.tools.estimate import format_plan
 
     cfg, base_dir = load_config(args.config, args.overrides)
@@ -390,12 +392,17 @@ def _estimate(args) -> int:
             if torch.cuda.is_available()
             else parse_memory("24GB")
         )
-    config = load_model_config(cfg.model.actor_model_name_or_path, base_dir)  # read once
-    planned, micro = with_planned(cfg, budget, model_config=config)
-    result = estimate_memory(planned, gpu_memory=budget, model_config=config)
-    if micro is not None:
-        result["micro_batch_plan"] = micro.line()
-    print(json.dumps(result, indent=2, default=str) if args.json else format_plan(result))
+    inp = PlanInput.of(cfg)
+    config = load_model_config(inp.model, base_dir)  # read once
+    shape = ModelShape.of(config, inp.target_modules, inp.lora_r)
+    sizes = plan_memory(inp, shape, budget)  # the sizes that are auto
+    plan = judged(price(sizes.sizes, shape), sizes.sizes, shape, budget)
+    auto = sizes.line() if sizes.auto else None
+    if args.json:
+        result = plan.to_dict() | ({"micro_batch_plan": auto} if auto else {})
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(format_plan(plan, auto))
     return 0
 
 

@@ -2,49 +2,49 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from danka.planning.memory import GIB, MARGIN
+from danka.planning.memory import GIB, MARGIN, MemoryPlan
 
 __all__ = ["format_plan"]
 
 
-def format_plan(result: dict[str, Any]) -> str:
-    """The plan as aligned text: components, phases, verdict and fixes."""
+def format_plan(plan: MemoryPlan, sizes: str | None = None) -> str:
+    """The plan as aligned text: components, phases, verdict and fixes; ``sizes``: the
+    line of the sizes ``auto`` planned (danka.planning.micro.SizePlan.line)."""
     gib = lambda b: f"{b / GIB:8.2f} GiB"  # noqa: E731
-    a = result["assumptions"]
+    a = plan.assumptions
     lines = [
-        f"model {result['model']}: {result['params'] / 1e9:.3f}B parameters, "
-        f"{result['dtype']}; LoRA {result['lora_params'] / 1e6:.2f}M parameters",
+        f"model {plan.model}: {plan.params / 1e9:.3f}B parameters, "
+        f"{plan.dtype}; LoRA {plan.lora_params / 1e6:.2f}M parameters",
         f"rollout: {a['rollout_sequences']} sequences x {a['sequence_tokens']} tokens; "
         f"update: {a['update_tokens_per_micro_batch']} tokens per micro-batch (worst case: every sequence at max_length)",
         "",
     ]
-    if "micro_batch_plan" in result:  # trainer.micro_batch_size: auto
-        lines[-1:-1] = [f"trainer.micro_batch_size: auto -> {result['micro_batch_plan']}"]
-    width = max(len(k) for k in result["components"])
-    lines += [f"  {k:<{width}}  {gib(v)}" for k, v in result["components"].items()]
-    if result["chunk_rows"] < result["response_rows"]:
+    if sizes is not None:  # trainer.micro_batch_size: auto
+        lines[-1:-1] = [f"trainer.micro_batch_size: auto -> {sizes}"]
+    width = max(len(k) for k in plan.components)
+    lines += [f"  {k:<{width}}  {gib(v)}" for k, v in plan.components.items()]
+    if plan.chunk_rows < plan.response_rows:
         lines.append(
-            f"  (chunks of {result['chunk_rows']} of the {result['response_rows']} response "
-            f"rows; full logits would take {result['full_logits_would_be'] / GIB:.2f} GiB)"
+            f"  (chunks of {plan.chunk_rows} of the {plan.response_rows} response "
+            f"rows; full logits would take {plan.full_logits_would_be / GIB:.2f} GiB)"
         )
     else:
         lines.append(
-            f"  (one chunk holds all {result['response_rows']} response rows of a micro-batch "
+            f"  (one chunk holds all {plan.response_rows} response rows of a micro-batch "
             "(micro_batch_size x max_new_tokens): chunking saves nothing at these settings)"
         )
     lines.append("")
-    for phase, value in result["phases"].items():
-        mark = "  <- peak" if phase == result["peak_phase"] else ""
+    for phase, value in plan.phases.items():
+        mark = "  <- peak" if phase == plan.peak_phase else ""
         lines.append(f"  phase {phase:<8} {gib(value)}{mark}")
-    lines.append(f"  + CUDA context and fragmentation ~{result['overhead'] / GIB:.1f} GiB")
-    if "fits" in result:
-        total = (result["peak"] + result["overhead"]) / GIB
-        budget, spare = result["gpu_memory"] / GIB, result["headroom"] / GIB
-        if not result["fits"]:
+    lines.append(f"  + CUDA context and fragmentation ~{plan.overhead / GIB:.1f} GiB")
+    v = plan.verdict
+    if v is not None:
+        total = (plan.peak + plan.overhead) / GIB
+        budget, spare = v.gpu_memory / GIB, v.headroom / GIB
+        if not v.fits:
             verdict = f"does not fit in {budget:.1f} GiB (needs ~{total:.2f} GiB)"
-        elif result["tight"]:
+        elif v.tight:
             verdict = (
                 f"fits only just in {budget:.1f} GiB (needs ~{total:.2f} GiB, {spare:.2f} GiB "
                 f"to spare, under the {100 * MARGIN:.0f}% margin this estimate's error needs: "
@@ -53,6 +53,6 @@ def format_plan(result: dict[str, Any]) -> str:
         else:
             verdict = f"fits in {budget:.1f} GiB (needs ~{total:.2f} GiB, {spare:.2f} GiB to spare)"
         lines.append(f"\nverdict: {verdict}")
-        for fix in result.get("suggestions", []):
+        for fix in v.suggestions:
             lines.append(f"  try: {fix}")
     return "\n".join(lines)

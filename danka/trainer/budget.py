@@ -10,14 +10,9 @@ from danka import distributed as dist
 from danka.config.schema import DankaConfig
 from danka.config.units import GIB, parse_memory
 from danka.errors import UserError
-from danka.planning.memory import (
-    MARGIN,
-    OVERHEAD_BYTES,
-    estimate_memory,
-    load_model_config,
-    with_settings,
-)
-from danka.planning.micro import MicroPlan, candidates, plan_micro_batch
+from danka.planning.inputs import PlanInput
+from danka.planning.micro import SizePlan, candidates, check_fits, plan_memory
+from danka.planning.shape import ModelShape, load_model_config, model_config_or_none
 
 
 def memory_budget(cfg: DankaConfig, device: torch.device, log: logging.Logger) -> int | None:
@@ -57,66 +52,48 @@ def cap_process(budget: int, device: torch.device) -> int:
     return total
 
 
+def model_shape(cfg: DankaConfig, base_dir=None) -> ModelShape | None:
+    """The actor's shape for the plan, read once before the model loads; None where its
+    config cannot be read yet (a plan that needs it then says why: :func:`planned_sizes`)."""
+    config = model_config_or_none(cfg.model.actor_model_name_or_path, base_dir)
+    if config is None:
+        return None
+    try:
+        return ModelShape.of(config, cfg.lora.target_modules, cfg.lora.lora_r)
+    except (OSError, ValueError):  # an architecture transformers cannot build on meta
+        return None
+
+
 def planned_sizes(
-    cfg: DankaConfig, budget: int | None, *, engine: str = "hf", base_dir=None, log=None
-) -> MicroPlan:
+    cfg: DankaConfig,
+    budget: int | None,
+    *,
+    engine: str = "hf",
+    shape: ModelShape | None = None,
+    base_dir=None,
+    log=None,
+) -> SizePlan:
     """The run's micro-batch, and the sizes of ``rollout.generation_batch_size`` and
     ``speed.logprob_chunk_size`` where they are ``auto``: the largest the memory plan fits
-    in ``budget`` with ``engine`` (danka.planning.micro; None: a CPU run, the defaults);
-    exit 2 when the smallest do not fit. An explicit micro-batch the plan cannot fit is
-    refused (:func:`check_fits`)."""
-    with_engine = with_settings(cfg, {"rollout.engine": engine})
-    tries = candidates(cfg)
-    if not tries:
-        if budget is not None:
-            check_fits(with_engine, budget, base_dir=base_dir)
-        return MicroPlan(cfg.trainer.micro_batch_size)
-    try:
-        plan = plan_micro_batch(with_engine, budget, world_size=dist.world_size(),
-                                base_dir=base_dir)  # fmt: skip
-    except (UserError, OSError, ValueError):
-        if budget is None or set(tries) != {"speed.logprob_chunk_size"}:
-            raise
-        # only the head's chunk is auto and the model's config cannot be read before it
-        # loads: the default chunk (nothing the run asked for needs the plan)
-        return plan_micro_batch(with_engine, None)
+    in ``budget`` with ``engine`` for a model of ``shape`` (danka.planning.micro; budget
+    None: a CPU run, the defaults); exit 2 when the smallest do not fit. An explicit
+    micro-batch the plan cannot fit is refused (danka.planning.micro.check_fits)."""
+    inp, world = PlanInput.of(cfg).with_(engine=engine), dist.world_size()
+    auto = set(candidates(inp))
+    if budget is None:
+        return plan_memory(inp, None, None, world_size=world)
+    if shape is None and auto - {"logprob_chunk_size"}:  # the plan needs the model's shape:
+        config = load_model_config(inp.model, base_dir)  # why it cannot be read,
+        shape = ModelShape.of(config, inp.target_modules, inp.lora_r)  # or built
+    if shape is None:
+        # nothing the run asked for needs the plan: the sizes as written, the default
+        # chunk where it is auto (the head's vocabulary is read when the model loads)
+        return plan_memory(inp, None, None, world_size=1)
+    plan = plan_memory(inp, shape, budget, world_size=world)
     if not plan.fits:
-        if "trainer.micro_batch_size" in tries:
+        if "micro_batch_size" in auto:
             raise plan.refusal()
-        # an explicit micro-batch: refused only past the plan's margin (check_fits)
-        check_fits(with_settings(with_engine, dict(plan.planned)), budget, base_dir=base_dir)
-    if log is not None:
-        auto = [k for k, _ in plan.planned]
-        log.info(f"{', '.join(auto)}: auto -> {plan.line()}")
+        check_fits(plan, shape, world_size=world)  # refused only past the plan's margin
+    if log is not None and auto:
+        log.info(f"{', '.join(k for k, _ in plan.planned)}: auto -> {plan.line()}")
     return plan
-
-
-def check_fits(cfg: DankaConfig, budget: int, *, base_dir=None) -> None:
-    """Refuse (exit 2, at start-up) an explicit ``trainer.micro_batch_size`` whose plan
-    exceeds ``budget`` by more than the plan's margin of error (danka.planning.memory.
-    MARGIN: a plan a little over is left to the out-of-memory retries), naming the
-    planned peak, the size ``auto`` would pick and the single settings that would fit.
-    Not checked (nothing the plan models): torchrun (sharded), tool/environment
-    rollouts, and a model whose config cannot be read before loading it."""
-    if dist.world_size() > 1 or cfg.rollout.tools or cfg.rollout.environment:
-        return
-    try:
-        config = load_model_config(cfg.model.actor_model_name_or_path, base_dir)
-        plan = estimate_memory(cfg, gpu_memory=budget, model_config=config)
-    except (UserError, OSError, ValueError):
-        return
-    need = plan["peak"] + OVERHEAD_BYTES
-    if need <= budget * (1 + MARGIN):
-        return
-    auto = plan_micro_batch(with_settings(cfg, {"trainer.micro_batch_size": "auto"}), budget,
-                            model_config=config)  # fmt: skip
-    fixes = [f"trainer.micro_batch_size: auto ({auto.line()})"] if auto.fits else []
-    fixes += [s for s in plan["suggestions"] if not s.startswith("trainer.micro_batch_size=")]
-    raise UserError(
-        f"trainer.micro_batch_size {cfg.trainer.micro_batch_size} does not fit: the plan "
-        f"peaks at {need / GIB:.1f} GiB (in the {plan['peak_phase']}, with "
-        f"{OVERHEAD_BYTES / GIB:.0f} GiB for the CUDA context) of {budget / GIB:.1f} GiB",
-        where="trainer.micro_batch_size",
-        fix="; ".join(fixes or ["use a smaller model or a larger GPU"])
-        + " (danka estimate CONFIG shows the whole plan)",
-    )

@@ -28,7 +28,8 @@ from danka.models.loading import (
 )
 from danka.models.speed import compile_forward, enable_tf32
 from danka.planning.engine import choose_engine as choose_rollout_engine
-from danka.planning.micro import MicroPlan
+from danka.planning.micro import SizePlan
+from danka.planning.shape import ModelShape
 from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer, reward_specs
 from danka.rollout.base import (
     ROLLOUT_ENGINES,
@@ -37,7 +38,7 @@ from danka.rollout.base import (
     engine_meta,
 )
 from danka.trainer.agent import build_agent, encode_agent_prompts
-from danka.trainer.budget import memory_budget, planned_sizes
+from danka.trainer.budget import memory_budget, model_shape, planned_sizes
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
@@ -70,8 +71,10 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     train_rows, held_rows = load_rows(cfg, base_dir, output_dir)  # bad rows fail first
     log.info(data_line(cfg, train_rows, held_rows))
     budget = memory_budget(cfg, device, log)
-    engine_name = choose_engine(cfg, device, log, budget)
-    sizes = planned_sizes(cfg, budget, engine=engine_name, base_dir=base_dir, log=log)
+    shape = model_shape(cfg, base_dir) if budget is not None else None  # read once
+    engine_name = choose_engine(cfg, device, log, budget, shape)
+    sizes = planned_sizes(cfg, budget, engine=engine_name, shape=shape, base_dir=base_dir,
+                          log=log)  # fmt: skip
     tokenizer = build_tokenizer(cfg, log)
     agent = build_agent(cfg, tokenizer, base_dir)  # None unless rollout.tools / environment
     try:
@@ -84,7 +87,7 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
 
 
 def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, engine_name,
-                tokenizer, agent, sizes: MicroPlan) -> Run:  # fmt: skip
+                tokenizer, agent, sizes: SizePlan) -> Run:  # fmt: skip
     """build_run after the agent loop exists (it is closed if this raises)."""
     train, held = build_prompts(cfg, tokenizer, train_rows, held_rows, agent)
     specs = reward_specs(cfg, train.rows)
@@ -102,11 +105,11 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
     )  # fmt: skip
 
 
-def engine_options(cfg: DankaConfig, sizes: MicroPlan) -> EngineOptions:
+def engine_options(cfg: DankaConfig, sizes: SizePlan) -> EngineOptions:
     """The engine's settings; ``sizes``: the planned generation batch where it is auto."""
     r = cfg.rollout
     return EngineOptions(
-        sizes.value_of(cfg, "rollout.generation_batch_size"),
+        sizes.generation_batch,
         keep_cache=r.keep_cache,
         compile=r.compile,
         decode_attention=r.decode_attention,
@@ -130,7 +133,7 @@ def assemble_run(
     agent: AgentLoop | None = None,
     eos_ids: list[int] | None = None,
     pad_id: int | None = None,
-    sizes: MicroPlan | None = None,
+    sizes: SizePlan | None = None,
 ) -> Run:
     """A ``Run`` around parts already built: the models (``build_model_set`` or
     ``trainer.models.build_models``), a rollout engine, a reward computer (any
@@ -160,8 +163,8 @@ def assemble_run(
         algo=build_algorithm(cfg), actor_opt=actor_opt, actor_sched=actor_sched,
         critic_opt=critic_opt, critic_sched=critic_sched, kl_ctl=build_kl_controller(cfg),
         sampler=sampler, log=log,
-        state=RunState(total_steps=total, micro_batch_size=sizes.size,
-                       logprob_chunk_size=sizes.value_of(cfg, "speed.logprob_chunk_size")),
+        state=RunState(total_steps=total, micro_batch_size=sizes.micro,
+                       logprob_chunk_size=sizes.logprob_chunk),
         update_generator=torch.Generator().manual_seed(t.seed),
         eos_ids=stop_ids(tokenizer) if eos_ids is None else list(eos_ids), pad_id=pad,
         dynamic=build_dynamic_sampler(cfg, pad), agent=agent,
@@ -196,11 +199,16 @@ def build_dynamic_sampler(cfg: DankaConfig, pad_id: int) -> DynamicSampler | Non
 
 
 def choose_engine(
-    cfg: DankaConfig, device: torch.device, log: logging.Logger, budget: int | None = None
+    cfg: DankaConfig,
+    device: torch.device,
+    log: logging.Logger,
+    budget: int | None = None,
+    shape: ModelShape | None = None,
 ) -> str:
     """The rollout engine by its registered capabilities (device, quantised base, the
-    log-probs a rollout correction needs); ``budget``: the bytes its memory plan may use."""
-    name, reason = choose_rollout_engine(cfg, device, free_bytes=budget)
+    log-probs a rollout correction needs); ``budget``: the bytes its memory plan may use
+    for a model of ``shape``."""
+    name, reason = choose_rollout_engine(cfg, device, free_bytes=budget, shape=shape)
     if dist.is_active():
         dist.check_config(cfg, name)
     mode = cfg.trainer.rollout_correction.mode

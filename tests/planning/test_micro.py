@@ -7,13 +7,16 @@ from danka.cli import main
 from danka.config import load_config
 from danka.errors import UserError
 from danka.models.tiny import qwen2_7b_config
-from danka.planning.memory import GIB, OVERHEAD_BYTES, estimate_memory, with_settings
-from danka.planning.micro import mini_batch_sequences, plan_micro_batch, with_planned
+from danka.planning.inputs import PlanInput
+from danka.planning.memory import GIB, OVERHEAD_BYTES, price
+from danka.planning.micro import plan_memory
+from danka.planning.shape import ModelShape
 
 
-def _config(tmp_path, rollout=None, **trainer):
-    """Qwen2-7B shape (known offline), GRPO + LoRA, 4 prompts x 4 samples: 16 sequences a
-    mini-batch, log-prob chunk 1024; ``trainer`` and ``rollout`` settings on top."""
+def _config(tmp_path, rollout=None, **trainer) -> PlanInput:
+    """What the plan reads of a Qwen2-7B (shape known offline), GRPO + LoRA, 4 prompts x 4
+    samples: 16 sequences a mini-batch, log-prob chunk 1024; ``trainer`` and ``rollout``
+    settings on top."""
     cfg = {
         "model": {"actor_model_name_or_path": "Qwen/Qwen2-7B-Instruct"},
         "trainer": {
@@ -31,7 +34,15 @@ def _config(tmp_path, rollout=None, **trainer):
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    return load_config(str(path), [])[0]
+    return PlanInput.of(load_config(str(path), [])[0])
+
+
+def _shape(inp: PlanInput, model_config=None) -> ModelShape:
+    return ModelShape.of(model_config or qwen2_7b_config(), inp.target_modules, inp.lora_r)
+
+
+def _plan(inp: PlanInput, budget, model_config=None):
+    return plan_memory(inp, None if budget is None else _shape(inp, model_config), budget)
 
 
 def _small_vocab():
@@ -43,36 +54,34 @@ def _small_vocab():
     return config
 
 
-def _need(cfg, model_config=None, **sizes) -> int:
-    """The planned peak plus the CUDA reserve of ``cfg`` with ``{dotted key: value}``."""
-    trial = with_settings(cfg, sizes)
-    model_config = model_config or qwen2_7b_config()
-    return estimate_memory(trial, model_config=model_config)["peak"] + OVERHEAD_BYTES
+def _need(inp: PlanInput, model_config=None, **sizes) -> int:
+    """The planned peak plus the CUDA reserve of ``inp`` with ``{field: value}``."""
+    return price(inp.with_(**sizes), _shape(inp, model_config)).peak + OVERHEAD_BYTES
 
 
 def _peak(cfg, micro):
-    return _need(cfg, **{"trainer.micro_batch_size": micro})
+    return _need(cfg, micro_batch_size=micro)
 
 
 def test_auto_takes_the_largest_divisor_that_fits(tmp_path):
     cfg = _config(tmp_path)
-    assert mini_batch_sequences(cfg) == 16  # 4 prompts x 4 samples
+    assert cfg.mini_batch_sequences() == 16  # 4 prompts x 4 samples
     # a budget between the plans at micro-batch 2 and 4: 2 is the largest that fits
     budget = (_peak(cfg, 2) + _peak(cfg, 4)) // 2
     assert _peak(cfg, 2) <= budget < _peak(cfg, 4)
-    plan = plan_micro_batch(cfg, budget, model_config=qwen2_7b_config())
-    assert plan.size == 2 and plan.fits and plan.peak + OVERHEAD_BYTES == _peak(cfg, 2)
+    plan = _plan(cfg, budget)
+    assert plan.micro == 2 and plan.fits and plan.peak + OVERHEAD_BYTES == _peak(cfg, 2)
     assert plan.line().startswith(f"micro-batch 2 (auto: planned {_peak(cfg, 2) / GIB:.1f} of")
-    # every sequence at once when the budget holds it; the copy is priced, cfg stays auto
-    roomy, chosen = with_planned(cfg, 10_000 * GIB, model_config=qwen2_7b_config())
-    assert chosen.size == 16 and roomy.trainer.micro_batch_size == 16
-    assert cfg.trainer.micro_batch_size == "auto"
+    # every sequence at once when the budget holds it; the plan's copy has the size
+    chosen = _plan(cfg, 10_000 * GIB)
+    assert chosen.micro == 16 and chosen.sizes.micro_batch_size == 16
+    assert cfg.micro_batch_size == "auto"
 
 
 def test_auto_refuses_a_budget_that_one_sequence_does_not_fit(tmp_path):
     cfg = _config(tmp_path)
-    plan = plan_micro_batch(cfg, 4 * GIB, model_config=qwen2_7b_config())  # < the bf16 weights
-    assert plan.size == 1 and not plan.fits
+    plan = _plan(cfg, 4 * GIB)  # < the bf16 weights
+    assert plan.micro == 1 and not plan.fits
     err = plan.refusal()
     assert isinstance(err, UserError) and err.where == "trainer.micro_batch_size"
     assert "nothing fits in 4.0 GiB: at micro-batch 1 the plan peaks at" in str(err)
@@ -83,15 +92,17 @@ def test_auto_refuses_a_budget_that_one_sequence_does_not_fit(tmp_path):
 def test_on_a_cpu_auto_is_the_largest_divisor_up_to_8(tmp_path, prompts, samples, size):
     # 64 sequences -> 8; 12 -> 6 (12's divisors: 12, 6, 4, ...); 4 -> 4
     cfg = _config(tmp_path, batch_size=prompts, samples_per_prompt=samples)
-    plan = plan_micro_batch(cfg, None)
+    plan = _plan(cfg, None)
     assert (
-        plan.size == size and plan.line() == f"micro-batch {size} (auto: a CPU run, no memory plan)"
+        plan.micro == size
+        and plan.line() == f"micro-batch {size} (auto: a CPU run, no memory plan)"
     )
 
 
 def test_a_numeric_micro_batch_is_left_alone(tmp_path):
     cfg = _config(tmp_path, micro_batch_size=4)
-    assert with_planned(cfg, 1 * GIB) == (cfg, None)
+    plan = _plan(cfg, 1 * GIB)
+    assert plan.sizes == cfg and plan.auto == () and plan.planned == ()
 
 
 @pytest.mark.parametrize(
@@ -113,10 +124,10 @@ def test_bad_values_are_refused_with_the_key(tmp_path, override, words):
 
 
 def test_estimate_prints_the_planned_micro_batch(tmp_path, capsys, monkeypatch):
-    import danka.planning.memory as memory
+    import danka.planning.shape as shape
 
     _config(tmp_path)
-    monkeypatch.setattr(memory, "load_model_config", lambda name, base_dir=None: qwen2_7b_config())
+    monkeypatch.setattr(shape, "load_model_config", lambda name, base_dir=None: qwen2_7b_config())
     assert main(["estimate", str(tmp_path / "c.yaml"), "--gpu-memory", "80GiB"]) == 0
     out = capsys.readouterr().out
     assert "trainer.micro_batch_size: auto -> micro-batch " in out and "of 80.0 GiB" in out
@@ -125,9 +136,8 @@ def test_estimate_prints_the_planned_micro_batch(tmp_path, capsys, monkeypatch):
 def test_a_bf16_7b_that_fits_nowhere_is_told_about_qlora(tmp_path):
     """16 GiB cannot hold the bf16 Qwen2-7B weights (14.2 GiB) plus a step: among the fixes
     is the NF4 base (QLoRA), with HF generate when the fast engine was asked for."""
-    fast = {"rollout.engine": "fast", "model.use_gradient_checkpointing": True}
-    plan = plan_micro_batch(with_settings(_config(tmp_path), fast), 16 * GIB,
-                            model_config=qwen2_7b_config())  # fmt: skip
+    fast = {"engine": "fast", "use_gradient_checkpointing": True}
+    plan = _plan(_config(tmp_path).with_(**fast), 16 * GIB)
     assert not plan.fits
     assert any(s.startswith("model.load_in_4bit=true rollout.engine=hf") for s in plan.suggestions)
 
@@ -135,8 +145,7 @@ def test_a_bf16_7b_that_fits_nowhere_is_told_about_qlora(tmp_path):
 def _auto_all(tmp_path, **trainer):
     """_config with the generation batch and the log-prob chunk auto too."""
     cfg = _config(tmp_path, **trainer)
-    return with_settings(cfg, {"rollout.generation_batch_size": "auto",
-                               "speed.logprob_chunk_size": "auto"})  # fmt: skip
+    return cfg.with_(generation_batch_size="auto", logprob_chunk_size="auto")
 
 
 def test_auto_generation_batch_and_chunk_take_the_largest_that_fit(tmp_path):
@@ -146,9 +155,10 @@ def test_auto_generation_batch_and_chunk_take_the_largest_that_fit(tmp_path):
     cfg = _auto_all(tmp_path)
     keys = {"rollout.generation_batch_size": 16, "trainer.micro_batch_size": 16,
             "speed.logprob_chunk_size": 1024}  # fmt: skip
-    roomy = _need(cfg, _small_vocab(), **keys)
-    plan = plan_micro_batch(cfg, roomy, model_config=_small_vocab())
-    assert plan.size == 16 and dict(plan.planned) == keys
+    roomy = _need(cfg, _small_vocab(), generation_batch_size=16, micro_batch_size=16,
+                  logprob_chunk_size=1024)  # fmt: skip
+    plan = _plan(cfg, roomy, _small_vocab())
+    assert plan.micro == 16 and dict(plan.planned) == keys
     assert plan.line().startswith("micro-batch 16, generation batch 16, log-prob chunk 1024 (auto")
 
 
@@ -156,14 +166,16 @@ def test_auto_chunk_shrinks_before_the_micro_batch_does(tmp_path):
     """Just below the plan at chunk 1024 (micro-batch 16, every sequence per call) and
     above the one at chunk 512: the micro-batch stays 16 and the chunk halves."""
     cfg = _auto_all(tmp_path)
-    at = {"rollout.generation_batch_size": 16, "trainer.micro_batch_size": 16}
+    at = {"generation_batch_size": 16, "micro_batch_size": 16}
     big, small = (
-        _need(cfg, _small_vocab(), **at, **{"speed.logprob_chunk_size": 1024}),
-        _need(cfg, _small_vocab(), **at, **{"speed.logprob_chunk_size": 512}),
+        _need(cfg, _small_vocab(), **at, logprob_chunk_size=1024),
+        _need(cfg, _small_vocab(), **at, logprob_chunk_size=512),
     )
     assert small < big
-    plan = plan_micro_batch(cfg, (big + small) // 2, model_config=_small_vocab())
-    assert dict(plan.planned) == {**at, "speed.logprob_chunk_size": 512}
+    plan = _plan(cfg, (big + small) // 2, _small_vocab())
+    assert dict(plan.planned) == {"rollout.generation_batch_size": 16,
+                                  "trainer.micro_batch_size": 16,
+                                  "speed.logprob_chunk_size": 512}  # fmt: skip
 
 
 def test_auto_generation_batch_halves_in_whole_groups_when_the_rollout_does_not_fit(tmp_path):
@@ -171,21 +183,21 @@ def test_auto_generation_batch_halves_in_whole_groups_when_the_rollout_does_not_
     that the rollout of 16 at once exceeds even at micro-batch 1 and chunk 256, but 8 fits:
     8 per call."""
     cfg = _auto_all(tmp_path, max_length=4096, max_new_tokens=2048)
-    cfg = with_settings(cfg, {"model.use_gradient_checkpointing": True})  # the rollout peaks
-    smallest = {"trainer.micro_batch_size": 1, "speed.logprob_chunk_size": 128}
-    all_at_once = _need(cfg, **smallest, **{"rollout.generation_batch_size": 16})
-    half = _need(cfg, **smallest, **{"rollout.generation_batch_size": 8})
+    cfg = cfg.with_(use_gradient_checkpointing=True)  # the rollout peaks
+    smallest = {"micro_batch_size": 1, "logprob_chunk_size": 128}
+    all_at_once = _need(cfg, **smallest, generation_batch_size=16)
+    half = _need(cfg, **smallest, generation_batch_size=8)
     assert half < all_at_once
-    plan = plan_micro_batch(cfg, (all_at_once + half) // 2, model_config=qwen2_7b_config())
+    plan = _plan(cfg, (all_at_once + half) // 2)
     assert plan.fits and dict(plan.planned)["rollout.generation_batch_size"] == 8
     from danka.planning.micro import candidates
 
-    assert candidates(cfg)["rollout.generation_batch_size"] == [16, 8, 4]
+    assert candidates(cfg)["generation_batch_size"] == [16, 8, 4]
 
 
 def test_auto_sizes_on_a_cpu_are_the_defaults(tmp_path):
     # no device memory to plan: all 16 sequences at once, chunk 1024, micro-batch 8
-    plan = plan_micro_batch(_auto_all(tmp_path), None)
+    plan = _plan(_auto_all(tmp_path), None)
     assert dict(plan.planned) == {"rollout.generation_batch_size": 16,
                                   "trainer.micro_batch_size": 8,
                                   "speed.logprob_chunk_size": 1024}  # fmt: skip
@@ -207,10 +219,10 @@ def test_the_default_chunk_is_auto_and_a_gpu_plan_sizes_it_to_the_head(tmp_path)
     """The schema's default speed.logprob_chunk_size is auto: with room to spare a Qwen2-7B
     (152k vocabulary) plan takes 128 rows, not the 1024 the card would hold; a CPU run
     keeps 1024."""
-    cfg = with_settings(_config(tmp_path, micro_batch_size=4), {"speed.logprob_chunk_size": "auto"})
+    cfg = _config(tmp_path, micro_batch_size=4).with_(logprob_chunk_size="auto")
     from danka.config.schema import SpeedConfig
 
     assert SpeedConfig().logprob_chunk_size == "auto"
-    roomy, plan = with_planned(cfg, 10_000 * GIB, model_config=qwen2_7b_config())
-    assert roomy.speed.logprob_chunk_size == 128 and plan.size == 4
-    assert dict(plan_micro_batch(cfg, None).planned) == {"speed.logprob_chunk_size": 1024}
+    plan = _plan(cfg, 10_000 * GIB)
+    assert plan.logprob_chunk == 128 and plan.micro == 4
+    assert dict(_plan(cfg, None).planned) == {"speed.logprob_chunk_size": 1024}

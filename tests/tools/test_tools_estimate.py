@@ -5,7 +5,8 @@ from danka.cli import main
 from danka.config import load_config
 from danka.config.units import parse_memory
 from danka.models.tiny import qwen2_7b_config
-from danka.planning.memory import GIB, count_parameters, estimate_memory
+from danka.planning.memory import GIB, estimate_memory
+from danka.planning.shape import count_parameters
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -50,22 +51,22 @@ def test_7b_estimate_order_of_magnitude_and_verdict(tmp_path, counts_7b):
     plan = estimate_memory(
         cfg, base_dir=base, gpu_memory=parse_memory("24GB"), model_config=qwen2_7b_config()
     )
-    weights = plan["components"]["weights"]
+    weights = plan.components["weights"]
     assert weights == counts_7b[0] * 2 and 14e9 < weights < 16e9  # ~15 GB in bf16
     # KV cache: 28 layers x 2 x 512 x (512 prompt + 512 new) tokens x 16 sequences x 2 bytes
-    assert plan["components"]["KV cache (rollout)"] == 28 * 2 * 512 * 1024 * 16 * 2
-    assert plan["components"]["lora + Adam (fp32)"] == counts_7b[1] * 16
-    assert plan["peak_phase"] == "update" and plan["fits"] is False
-    assert any("use_gradient_checkpointing=true" in s for s in plan["suggestions"])
+    assert plan.components["KV cache (rollout)"] == 28 * 2 * 512 * 1024 * 16 * 2
+    assert plan.components["lora + Adam (fp32)"] == counts_7b[1] * 16
+    assert plan.peak_phase == "update" and plan.verdict.fits is False
+    assert any("use_gradient_checkpointing=true" in s for s in plan.verdict.suggestions)
     # checkpointing keeps only layer inputs: far less than full activations
     assert (
-        plan["components"]["activations (checkpointing)"]
-        < plan["components"]["activations (no checkpointing)"] / 10
+        plan.components["activations (checkpointing)"]
+        < plan.components["activations (no checkpointing)"] / 10
     )
     big = estimate_memory(
         cfg, base_dir=base, gpu_memory=parse_memory("141GB"), model_config=qwen2_7b_config()
     )
-    assert big["fits"] is True and big["suggestions"] == []
+    assert big.verdict.fits is True and big.verdict.suggestions == ()
 
 
 def test_tiny_model_count_matches_the_real_model(tiny_dir, tmp_path):
@@ -74,8 +75,8 @@ def test_tiny_model_count_matches_the_real_model(tiny_dir, tmp_path):
     cfg, base = load_config(str(_config(tmp_path, model=str(tiny_dir))), [])
     plan = estimate_memory(cfg, base_dir=base)
     real = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(str(tiny_dir)).parameters())
-    assert plan["params"] == real
-    assert "fits" not in plan
+    assert plan.params == real
+    assert plan.verdict is None
 
 
 @pytest.mark.parametrize(
@@ -112,15 +113,13 @@ def test_qlora_4bit_base_weights_and_engine(tmp_path, counts_7b):
     # biases, norms) stays bf16 (freeze_quantized_base); plus one dequantised (I x H) bf16
     # weight in flight. 6.53e9 x 0.516 + 1.09e9 x 2 + 0.14e9 = 5.69e9
     expected = int(lin * (0.5 + 1 / 64 + 4 / 16384)) + (params - lin) * 2 + i * h * 2
-    assert plan["components"]["weights"] == expected
+    assert plan.components["weights"] == expected
     assert 5.6e9 < expected < 5.8e9  # vs ~15.2 GB in bf16
-    assert (
-        plan["assumptions"]["rollout_engine"] == "hf"
-    )  # auto: the fast engine needs plain weights
-    assert plan["assumptions"]["quantised_base"] == "4bit"
-    assert "fast engine weight buffers" not in plan["components"]
+    assert plan.assumptions["rollout_engine"] == "hf"  # auto: the fast engine needs plain weights
+    assert plan.assumptions["quantised_base"] == "4bit"
+    assert "fast engine weight buffers" not in plan.components
     # bf16 residual stream: the HF engine's KV cache in 2 bytes, 16 sequences x 1024 tokens
-    assert plan["components"]["KV cache (rollout)"] == 28 * 2 * 512 * 1024 * 16 * 2
+    assert plan.components["KV cache (rollout)"] == 28 * 2 * 512 * 1024 * 16 * 2
 
 
 def test_quantized_base_is_frozen_without_an_fp32_cast():
@@ -152,9 +151,9 @@ def test_fast_engine_cache_is_a_batch_bucket_of_rounded_length(tmp_path, counts_
     sizes = {"algorithm": "ppo", "batch_size": 3, "samples_per_prompt": 1, "micro_batch_size": 1}
     over = ["data.max_prompt_length=600", "trainer.max_length=700", "trainer.max_new_tokens=100"]
     cfg, base = load_config(str(_config(tmp_path, **sizes)), over + ["rollout.engine=fast"])
-    fast = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())["components"]
+    fast = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config()).components
     cfg, base = load_config(str(_config(tmp_path, **sizes)), over + ["rollout.engine=hf"])
-    hf = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())["components"]
+    hf = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config()).components
     assert fast["KV cache (rollout)"] == 28 * 2 * 512 * 704 * 8 * 2
     assert hf["KV cache (rollout)"] == 28 * 2 * 512 * 700 * 3 * 2
     assert fast["logits (rollout)"] == 8 * 152064 * 4 * 3
@@ -169,7 +168,7 @@ def test_fast_engine_holds_no_weight_copy_for_a_7b(tmp_path, counts_7b):
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
     # fused q|k|v + gate|up are views of the co-located parameters (fast_weights.colocate):
     # only fp32 copies of the LoRA matrices remain
-    assert plan["components"]["fast engine weight buffers"] == counts_7b[1] * 4
+    assert plan.components["fast engine weight buffers"] == counts_7b[1] * 4
 
 
 def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_dir):
@@ -180,27 +179,27 @@ def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_di
     assert not keeps_cache(None) and not keeps_cache(False) and keeps_cache(True)
     cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])
     big = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
-    c = big["components"]
-    assert big["assumptions"]["rollout_cache_kept_for_update"] is False  # 15 GB of weights
+    c = big.components
+    assert big.assumptions["rollout_cache_kept_for_update"] is False  # 15 GB of weights
     acts = c["activations (no checkpointing)"]  # no checkpointing: activations + head
-    assert big["phases"]["update"] == big["persistent"] + acts + c["logits (chunked, update)"]
+    assert big.phases["update"] == big.persistent + acts + c["logits (chunked, update)"]
     # the rollout phase still holds them
-    assert big["phases"]["rollout"] >= big["persistent"] + c["KV cache (rollout)"]
+    assert big.phases["rollout"] >= big.persistent + c["KV cache (rollout)"]
 
     over = ["rollout.engine=fast"]
     cfg, base = load_config(str(_config(tmp_path, model=str(tiny_dir))), over)
     freed = estimate_memory(cfg, base_dir=base)
-    assert freed["assumptions"]["rollout_cache_kept_for_update"] is False
+    assert freed.assumptions["rollout_cache_kept_for_update"] is False
     cfg, base = load_config(
         str(_config(tmp_path, model=str(tiny_dir))), [*over, "rollout.keep_cache=true"]
     )
     small = estimate_memory(cfg, base_dir=base)
-    c = small["components"]
+    c = small.components
     held = c["KV cache (rollout)"] + c["fast engine weight buffers"]
-    assert small["assumptions"]["rollout_cache_kept_for_update"] is True
+    assert small.assumptions["rollout_cache_kept_for_update"] is True
     acts = c["activations (no checkpointing)"]
-    update = small["persistent"] + held + acts + c["logits (chunked, update)"]
-    assert small["phases"]["update"] == update
+    update = small.persistent + held + acts + c["logits (chunked, update)"]
+    assert small.phases["update"] == update
 
 
 def test_logits_chunk_counts_response_positions_only(tmp_path):
@@ -214,16 +213,16 @@ def test_logits_chunk_counts_response_positions_only(tmp_path):
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
     # 4 x 128 = 512 response rows < chunk 1024; compiled head (the default): 512 x V x
     # (4 bytes fp32 z + 2 bytes bf16 dz)
-    assert plan["components"]["logits (chunked, update)"] == 512 * v * (4 + 2)
+    assert plan.components["logits (chunked, update)"] == 512 * v * (4 + 2)
     # eagerly: 512 x V x 4 bytes x 4 (z, log-softmax, p, grad)
     eager, _ = load_config(str(_config(tmp_path)), [*short, "speed.fused_logprob_head=false"])
     plan_eager = estimate_memory(eager, base_dir=base, model_config=qwen2_7b_config())
-    assert plan_eager["components"]["logits (chunked, update)"] == 512 * v * 4 * 4
-    assert plan["full_logits_would_be"] == 512 * v * 4 * 4  # the 4 eager buffers, all rows
+    assert plan_eager.components["logits (chunked, update)"] == 512 * v * 4 * 4
+    assert plan.full_logits_would_be == 512 * v * 4 * 4  # the 4 eager buffers, all rows
     cfg, base = load_config(str(_config(tmp_path)), ["trainer.micro_batch_size=4"])
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
     # 4 x 512 = 2048 response rows > 1024: the chunk is capped at logprob_chunk_size
-    assert plan["components"]["logits (chunked, update)"] == 1024 * v * (4 + 2)
+    assert plan.components["logits (chunked, update)"] == 1024 * v * (4 + 2)
 
 
 def test_with_checkpointing_the_head_and_the_recomputed_layer_take_turns(tmp_path):
@@ -234,11 +233,11 @@ def test_with_checkpointing_the_head_and_the_recomputed_layer_take_turns(tmp_pat
              "model.use_gradient_checkpointing=true"]  # fmt: skip
     cfg, base = load_config(str(_config(tmp_path)), short)
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
-    c = plan["components"]
+    c = plan.components
     inputs = 28 * (4 * 640) * 3584 * 2  # L x T x H x bf16 = 0.48 GiB
     layer = c["activations (checkpointing)"] - inputs
     assert layer > c["logits (chunked, update)"]  # here the recomputed layer is larger
-    assert plan["phases"]["update"] == plan["persistent"] + inputs + layer
+    assert plan.phases["update"] == plan.persistent + inputs + layer
 
 
 def test_a_critic_is_counted_whenever_the_estimator_needs_one(tmp_path):
@@ -247,8 +246,8 @@ def test_a_critic_is_counted_whenever_the_estimator_needs_one(tmp_path):
     head; plain grpo holds none."""
     plain, _ = load_config(_config(tmp_path))
     gae, _ = load_config(_config(tmp_path, advantage_estimator="gae"))
-    a = estimate_memory(plain, model_config=qwen2_7b_config())["components"]
-    b = estimate_memory(gae, model_config=qwen2_7b_config())["components"]
+    a = estimate_memory(plain, model_config=qwen2_7b_config()).components
+    b = estimate_memory(gae, model_config=qwen2_7b_config()).components
     assert "critic LoRA + value head" not in a
     assert "critic LoRA + value head" in b
 
@@ -259,15 +258,15 @@ def test_verdict_shows_the_margin_and_never_calls_full_logits_smaller(tmp_path):
 
     cfg, base = load_config(str(_config(tmp_path)), ["trainer.micro_batch_size=4"])
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
-    assert plan["full_logits_would_be"] >= plan["components"]["logits (chunked, update)"]
-    needed = plan["peak"] + plan["overhead"]
+    assert plan.full_logits_would_be >= plan.components["logits (chunked, update)"]
+    needed = plan.peak + plan.overhead
     roomy = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config(),
                             gpu_memory=int(needed * 2))  # fmt: skip
-    assert roomy["fits"] and not roomy["tight"]
+    assert roomy.verdict.fits and not roomy.verdict.tight
     assert "GiB to spare)" in format_plan(roomy) and "only just" not in format_plan(roomy)
     tight = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config(),
                             gpu_memory=int(needed + 0.01 * GIB))  # fmt: skip
-    assert tight["fits"] and tight["tight"]
+    assert tight.verdict.fits and tight.verdict.tight
     assert "fits only just" in format_plan(tight)
     short = ["trainer.micro_batch_size=4", "trainer.max_new_tokens=128", "trainer.max_length=640"]
     cfg, base = load_config(str(_config(tmp_path)), short)
@@ -279,13 +278,13 @@ def test_generation_batch_size_counts_sequences_in_whole_groups(tmp_path):
     """rollout.generation_batch_size counts sequences (as the engines read it), filled with
     whole groups: 4 prompts x 4 samples with 8 per call is 2 groups = 8 sequences; 6 per
     call rounds down to one group of 4; 0 is all 16 at once."""
-    from danka.planning.memory import sequences_per_call
+    from danka.planning.inputs import PlanInput
 
     base = ["trainer.batch_size=4", "trainer.samples_per_prompt=4", "trainer.algorithm=grpo"]
     for per_call, seqs in ((0, 16), (8, 8), (6, 4), (2, 4), (64, 16)):
         cfg, _ = load_config(
             str(_config(tmp_path)), [*base, f"rollout.generation_batch_size={per_call}"]
         )
-        assert sequences_per_call(cfg) == seqs, per_call
+        assert PlanInput.of(cfg).sequences_per_call() == seqs, per_call
         plan = estimate_memory(cfg, model_config=qwen2_7b_config())
-        assert plan["assumptions"]["rollout_sequences"] == seqs
+        assert plan.assumptions["rollout_sequences"] == seqs

@@ -3,22 +3,34 @@ start-up (the plan is arithmetic on the model config: no GPU needed to test it).
 
 import pytest
 
+from danka.config import load_config
 from danka.errors import UserError
+from danka.models.tiny import qwen2_7b_config
+from danka.planning.inputs import PlanInput
 from danka.planning.memory import GIB, MARGIN
-from danka.trainer.budget import planned_sizes
-from tests.planning.test_micro import _config as planning_config
+from danka.planning.shape import ModelShape
+from danka.trainer import budget
 from tests.planning.test_micro import _need
 
 
 def _config(tmp_path, rollout=None, **trainer):
     """The planning tests' Qwen2-7B config with the HF engine (what the trainer prices
     explicit sizes with here), no checkpointing."""
-    return planning_config(tmp_path, rollout={"engine": "hf", **(rollout or {})}, **trainer)
+    from tests.planning.test_micro import _config as planning_config
+
+    planning_config(tmp_path, rollout={"engine": "hf", **(rollout or {})}, **trainer)
+    return load_config(str(tmp_path / "c.yaml"), [])[0]
+
+
+def planned_sizes(cfg, gpu_memory):
+    inp = PlanInput.of(cfg)
+    shape = ModelShape.of(qwen2_7b_config(), inp.target_modules, inp.lora_r)
+    return budget.planned_sizes(cfg, gpu_memory, shape=shape)
 
 
 def test_an_explicit_micro_batch_that_cannot_fit_is_refused_with_the_fixes(tmp_path):
     cfg = _config(tmp_path, micro_batch_size=16)  # 16 x 1024 tokens of full activations
-    need = _need(cfg)
+    need = _need(PlanInput.of(cfg))
     assert need > 80 * GIB * (1 + MARGIN)
     with pytest.raises(UserError) as err:
         planned_sizes(cfg, 80 * GIB)
@@ -34,14 +46,14 @@ def test_an_explicit_micro_batch_that_cannot_fit_is_refused_with_the_fixes(tmp_p
 
 def test_an_explicit_micro_batch_that_fits_or_is_just_over_stands(tmp_path):
     cfg = _config(tmp_path, micro_batch_size=2)
-    need = _need(cfg)
-    assert planned_sizes(cfg, need).size == 2  # fits exactly
+    need = _need(PlanInput.of(cfg))
+    assert planned_sizes(cfg, need).micro == 2  # fits exactly
     # over by less than the plan's margin of error: left to the out-of-memory retries
-    assert planned_sizes(cfg, int(need / (1 + MARGIN / 2))).size == 2
-    assert planned_sizes(cfg, None).size == 2  # a CPU run plans nothing
+    assert planned_sizes(cfg, int(need / (1 + MARGIN / 2))).micro == 2
+    assert planned_sizes(cfg, None).micro == 2  # a CPU run plans nothing
 
 
 def test_tool_rollouts_are_not_checked(tmp_path):
     """The plan does not model multi-turn tool rollouts: it refuses nothing there."""
     cfg = _config(tmp_path, rollout={"tools": ["calculator"]}, micro_batch_size=16)
-    assert planned_sizes(cfg, 24 * GIB).size == 16
+    assert planned_sizes(cfg, 24 * GIB).micro == 16

@@ -1,0 +1,150 @@
+"""The model a plan is priced for, read without weights: its config (a local folder, a
+``.gguf`` file, the HF cache, danka's table of known shapes, or the Hub) and its
+:class:`ModelShape` (the dimensions and the parameter counts, made once on PyTorch's
+``meta`` device, the slow part of planning)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from danka.errors import UserError
+
+
+def _known_shapes() -> dict[str, Callable[[], Any]]:
+    from danka.models.tiny import qwen2_0_5b_config, qwen2_7b_config, smollm2_135m_config
+
+    shapes: dict[str, Callable[[], Any]] = {}
+    for family in ("qwen/qwen2", "qwen/qwen2.5"):
+        for suffix in ("", "-instruct"):
+            shapes[f"{family}-7b{suffix}"] = qwen2_7b_config
+            shapes[f"{family}-0.5b{suffix}"] = qwen2_0_5b_config
+    shapes["huggingfacetb/smollm2-135m-instruct"] = smollm2_135m_config
+    shapes["smollm2-135m-instruct"] = smollm2_135m_config
+    return shapes
+
+
+def load_model_config(name: str, base_dir: Path | None = None) -> Any:
+    """The transformers config of ``name`` without weights: a local folder, a ``.gguf``
+    file, the HF cache, danka's table of known shapes (Qwen2/2.5 0.5B and 7B, SmolLM2-135M),
+    then the Hub when it answers."""
+    from transformers import AutoConfig
+
+    for candidate in (Path(name).expanduser(), (base_dir or Path.cwd()) / name):
+        if candidate.is_dir() and (candidate / "config.json").is_file():
+            return AutoConfig.from_pretrained(str(candidate))
+        if candidate.is_file() and candidate.suffix == ".gguf":
+            return AutoConfig.from_pretrained(str(candidate.parent), gguf_file=candidate.name)
+    try:
+        return AutoConfig.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError):
+        pass
+    known = _known_shapes().get(name.lower())
+    if known is not None:
+        return known()
+    from danka.models.loading import hub_reachable
+
+    if hub_reachable(timeout=3.0):
+        try:
+            return AutoConfig.from_pretrained(name)
+        except (OSError, ValueError) as err:
+            raise UserError(
+                f"no model config for {name!r}: {err}",
+                where="model",
+                fix="check the model id or pass a local folder",
+            ) from err
+    raise UserError(
+        f"no model config for {name!r}: not a local folder, not in the HF cache, "
+        "not a known shape, and the Hub cannot be reached",
+        where="model.actor_model_name_or_path",
+        fix="pass a local model folder (only its config.json is read)",
+    )
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def count_parameters(config: Any, target_modules: list[str] | str, rank: int) -> tuple[int, int]:
+    """``(params, lora_params)`` of the model ``config`` describes, built on the meta device.
+
+    LoRA adds ``r x (in + out)`` per adapted linear layer (Hu et al. 2021); ``all-linear``
+    adapts every linear layer but the LM head, as peft does.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())  # tied weights counted once
+    if isinstance(target_modules, str) and target_modules != "all-linear":
+        target_modules = [t.strip() for t in target_modules.split(",") if t.strip()]
+    head = model.get_output_embeddings()
+    lora = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        short = name.rsplit(".", 1)[-1]
+        hit = module is not head if target_modules == "all-linear" else short in target_modules
+        if hit:
+            lora += rank * (module.in_features + module.out_features)
+    return params, lora
+
+
+def vocab_of(config: Any) -> int | None:
+    """The vocabulary size of a transformers config (None for no config)."""
+    return None if config is None else _text_config(config).vocab_size
+
+
+def dims(config: Any) -> dict[str, int]:
+    """H, I, L, V, q and kv of a transformers config (see :class:`ModelShape`)."""
+    tc = _text_config(config)
+    heads = tc.num_attention_heads
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads
+    kv_heads = getattr(tc, "num_key_value_heads", None) or heads
+    return {
+        "H": tc.hidden_size,
+        "I": getattr(tc, "intermediate_size", 4 * tc.hidden_size),
+        "L": tc.num_hidden_layers,
+        "V": tc.vocab_size,
+        "q": heads * head_dim,
+        "kv": kv_heads * head_dim,
+    }
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan reads of a model: H hidden, I intermediate, L layers, V vocabulary,
+    q = heads x head_dim, kv = kv_heads x head_dim; parameters and LoRA parameters (for
+    the config's targets and rank)."""
+
+    H: int
+    I: int  # noqa: E741  (the docstrings' name for the MLP width)
+    L: int
+    V: int
+    q: int
+    kv: int
+    params: int
+    lora_params: int
+    model_type: str | None = None
+
+    @classmethod
+    def of(cls, config: Any, target_modules: list[str] | str, rank: int) -> ModelShape:
+        params, lora = count_parameters(config, target_modules, rank)
+        return cls(**dims(config), params=params, lora_params=lora,
+                   model_type=getattr(config, "model_type", None))  # fmt: skip
+
+    def dims(self) -> dict[str, int]:
+        return {"H": self.H, "I": self.I, "L": self.L, "V": self.V, "q": self.q, "kv": self.kv}
+
+
+def model_config_or_none(name: str, base_dir: Path | None = None) -> Any:
+    """The model's config, or None where it cannot be read before the model loads (the
+    caller decides whether a plan needs it: :func:`load_model_config` says why)."""
+    try:
+        return load_model_config(name, base_dir)
+    except (UserError, OSError, ValueError):
+        return None

@@ -50,6 +50,7 @@ class RewardSpec:
     name: str  # builtin name (gsm8k, math, format, length, last_number) or "path.py:function"
     weight: float = 1.0
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the function
+    label: str | None = None  # logged name (reward/<label>); None: the function's name
 
 
 @dataclass
@@ -210,7 +211,7 @@ def reward_specs(cfg: DankaConfig, rows: list[PromptRow]) -> list[RewardSpec]:
     """The config's reward functions, or without any (and no reward model) the builtin
     rule for the rows' data source; UserError when there is none."""
     specs = [
-        RewardSpec(name=f.name, weight=f.weight, kwargs=dict(f.kwargs))
+        RewardSpec(name=f.name, weight=f.weight, kwargs=dict(f.kwargs), label=f.label)
         for f in cfg.reward.functions
     ]
     if specs or cfg.model.reward_model_name_or_path:
@@ -274,7 +275,7 @@ def build_reward_computer(
                 f"reward weight {spec.weight!r} is not a number", where=f"{where}.weight"
             ) from None
         guarded = GuardedReward(short, fn, spec.kwargs, timeout_s=timeout_s, on_error=on_error)
-        terms.append((_unique(short, taken), weight, guarded))
+        terms.append((_unique(spec.label or short, taken), weight, guarded))
     return RewardComputer(
         terms,
         reward_model,

@@ -80,20 +80,21 @@ def planned_sizes(
     micro-batch the plan cannot fit is refused (danka.planning.micro.check_fits)."""
     inp, world = PlanInput.of(cfg).with_(engine=engine), dist.world_size()
     auto = set(candidates(inp))
-    if budget is None:
-        return plan_memory(inp, None, None, world_size=world)
-    if shape is None and auto - {"logprob_chunk_size"}:  # the plan needs the model's shape:
-        config = load_model_config(inp.model, base_dir)  # why it cannot be read,
-        shape = ModelShape.of(config, inp.target_modules, inp.lora_r)  # or built
-    if shape is None:
-        # nothing the run asked for needs the plan: the sizes as written, the default
-        # chunk where it is auto (the head's vocabulary is read when the model loads)
-        return plan_memory(inp, None, None, world_size=1)
-    plan = plan_memory(inp, shape, budget, world_size=world)
-    if not plan.fits:
-        if "micro_batch_size" in auto:
+    if budget is not None and shape is None and auto - {"logprob_chunk_size"}:
+        config = load_model_config(inp.model, base_dir)  # the plan needs the model: why it
+        shape = ModelShape.of(config, inp.target_modules, inp.lora_r)  # cannot be read/built
+    if budget is not None and shape is None:
+        # nothing the run asked for needs the model: the sizes as written, the default
+        # chunk where it is auto (the vocabulary is read when the model loads)
+        return plan_memory(inp, None, None)
+    if budget is None:  # a CPU run: the defaults
+        plan = plan_memory(inp, None, None, world_size=world)
+    else:
+        plan = plan_memory(inp, shape, budget, world_size=world)
+        if not plan.fits and "micro_batch_size" in auto:
             raise plan.refusal()
-        check_fits(plan, shape, world_size=world)  # refused only past the plan's margin
+        if not plan.fits:
+            check_fits(plan, shape, world_size=world)  # refused only past the plan's margin
     if log is not None and auto:
         log.info(f"{', '.join(k for k, _ in plan.planned)}: auto -> {plan.line()}")
     return plan

@@ -52,6 +52,7 @@ RUNS = {
 }
 
 TIMING = ("time/", "perf/", "memory/", "throughput/")
+CLOCKED = ("eval/seconds", "eval/minutes")  # an evaluation's own timing
 
 
 def numbers(out: Path) -> dict:
@@ -63,7 +64,8 @@ def numbers(out: Path) -> dict:
     ]
     evals = {}
     for path in sorted((out / "eval").glob("step_*.json")):
-        evals[path.name] = json.loads(path.read_text())
+        record = json.loads(path.read_text())
+        evals[path.name] = {k: v for k, v in record.items() if k not in CLOCKED}
     result = json.loads((out / "result.json").read_text())
     result.pop("seconds")
     completions = {

@@ -14,7 +14,7 @@ import torch
 from bench.common import parser
 from danka.agent.rewards import final_number, same_number, tool_answer_reward
 from danka.agent.setup import build_agent_loop
-from danka.config.schema import RolloutConfig
+from danka.config.schema import AgentConfig
 from danka.data.calc_task import calc_rows
 from danka.models.loading import load_causal_lm, load_tokenizer, pick_device, stop_ids
 from danka.rollout.base import SamplingParams, build_engine
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sampled", action="store_true", help="also sample the tool run at T=1")
     ap.add_argument("--one-shot", action="store_true", help="show an example call in the prompt")
     ap.add_argument("--skip-no-tool", action="store_true")
-    ap.add_argument("--tool-prompt", default="auto", help="rollout.tool_prompt")
-    ap.add_argument("--tool-demo", default="auto", help="rollout.tool_demo (none: no examples)")
+    ap.add_argument("--tool-prompt", default="auto", help="agent.tool_prompt")
+    ap.add_argument("--tool-demo", default="auto", help="agent.tool_demo (none: no examples)")
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     quiet = lambda *_: None  # noqa: E731
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         result["no_tool_greedy"] = no_tool_accuracy(engine, model, tok, rows)
     print(json.dumps(result), flush=True)
 
-    cfg = RolloutConfig(
+    cfg = AgentConfig(
         tools=["calculator"],
         max_turns=3,
         max_tool_calls=4,

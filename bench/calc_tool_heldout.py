@@ -1,7 +1,7 @@
 """Held-out accuracy of a model with the calculator tool, greedy AND sampled, on the
 example's problems and on harder splits: which held-out number can still move in training?
 
-With ``rollout.tool_demo: auto`` the untrained SmolLM2-135M-Instruct already answers every
+With ``agent.tool_demo: auto`` the untrained SmolLM2-135M-Instruct already answers every
 held-out problem greedily (BENCHMARKS.md, "Calculator tool on the H200"), so greedy
 accuracy cannot show learning. This measures, per split, greedy accuracy (1 answer) and
 sampled accuracy at the training temperature (``--samples K`` answers per problem: mean
@@ -107,7 +107,7 @@ def measure(
             system=cfg.data.system_prompt,
             instruction=cfg.data.instruction,
             batch_size=batch,
-            tools=cfg.rollout,
+            tools=cfg.agent,
             base_dir=base_dir,
         )
     keys = ("agent/valid_call_samples", "agent/valid_call_rate", "agent/tool_calls")

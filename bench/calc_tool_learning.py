@@ -5,7 +5,7 @@ greedy AND sampled, the valid-call rates before and after, and the per-step trai
     python -m bench calc-learning examples/calculator_tool.yaml --minutes 6 \\
         --out bench/results/calc_tool_learning_h200.json [--eval-samples 4] [key=value ...]
 
-Why sampled: with the worked examples (``rollout.tool_demo: auto``) the untrained model
+Why sampled: with the worked examples (``agent.tool_demo: auto``) the untrained model
 already answers every held-out problem greedily (100%), so greedy accuracy cannot move;
 what training changes is the sampled policy. ``sampled_before`` / ``sampled_after``: K
 answers per held-out problem at the training temperature (``trainer.temperature``, top-p
@@ -47,7 +47,7 @@ TRAIN_KEYS = (
     "agent/valid_call_samples",
     "agent/valid_call_rate",
     "agent/tool_calls",
-    "agent/prefill_tokens",  # per sample; with rollout.kv_reuse most of the prefix is reused
+    "agent/prefill_tokens",  # per sample; with agent.kv_reuse most of the prefix is reused
     "agent/reused_tokens",
     "time/rollout",
 )

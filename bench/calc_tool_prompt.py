@@ -1,5 +1,5 @@
 """How often an UNTRAINED model calls the calculator, per prompt design: the settings
-``rollout.tool_prompt`` x ``rollout.tool_demo`` on held-out problems of the calculator task,
+``agent.tool_prompt`` x ``agent.tool_demo`` on held-out problems of the calculator task,
 sampled as in examples/calculator_tool.yaml (T = 1, its instruction, 3 turns of <= 96
 tokens). Reinforcement learning can only strengthen calls the model already makes, so
 this rate is what a run starts from.
@@ -33,10 +33,10 @@ DESIGNS = ["hermes:none", "smollm:none", "hermes:auto", "smollm:auto", "short:au
 def measure(model, tok, rows, tool_prompt: str, tool_demo: str, args) -> dict:
     from danka.agent.rewards import tool_answer_reward
     from danka.agent.setup import agent_generate, build_agent_loop
-    from danka.config.schema import RolloutConfig
+    from danka.config.schema import AgentConfig
     from danka.rollout.base import AnswerOptions
 
-    cfg = RolloutConfig(
+    cfg = AgentConfig(
         tools=["calculator"],
         max_turns=3,
         max_tool_calls=4,

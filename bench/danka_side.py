@@ -114,7 +114,7 @@ def set_micro_batch(run: Run, sequences: int) -> None:
 
 
 def packed_length(run: Run) -> int | None:
-    """Row length of ``data.packing`` (None: packing off)."""
+    """Row length of ``speed.packing`` (None: packing off)."""
     return run.pack_len
 
 

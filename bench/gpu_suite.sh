@@ -68,7 +68,7 @@ train_part() {
   skip qlora || { stamp "train: ppo_7b hf-qlora"
     timeout 190 python3 -m bench train --name train_ppo_7b_qlora \
       --only ppo_7b --ppo-engines hf-qlora 2>&1 | tail -4; }
-  # GRPO update, data.packing on vs off, GSM8K-like lengths (prompt 100-200, response
+  # GRPO update, speed.packing on vs off, GSM8K-like lengths (prompt 100-200, response
   # 50-300, 8 x 8), SmolLM2-135M and 0.5B shapes, micro 8/16/64. ~40 s + start.
   skip packing || { stamp "train: packing_step"
     timeout 90 python3 -m bench train --only packing_step 2>&1 | tail -4; }

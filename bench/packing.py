@@ -1,15 +1,15 @@
-"""Padding and packing: what share of computed tokens is real, and what ``data.packing`` buys.
+"""Padding and packing: what share of computed tokens is real, and what ``speed.packing`` buys.
 
 Sections of ``python -m bench train``:
 
 - ``packing``: danka's effective-token ratio (length-grouped, trimmed micro-batches of 8) vs
-  padding the whole batch to its longest prompt and response, and with ``data.packing``
+  padding the whole batch to its longest prompt and response, and with ``speed.packing``
   (rows of 4,096 tokens); GSM8K lengths with ``--data`` (the model's tokenizer), else
   synthetic N(120, 40) / N(180, 80) lengths. A length computation: runs on a CPU.
 - ``packing_step``: danka's GRPO update (log-probs with entropy, clipped policy loss,
   backward, fused AdamW; full-parameter, on-policy) on one GSM8K-like batch, with the
-  default length-grouped, trimmed micro-batches vs ``data.packing: true`` (each
-  micro-batch's sequences packed into rows of ``data.max_packed_length`` tokens, restarting
+  default length-grouped, trimmed micro-batches vs ``speed.packing: true`` (each
+  micro-batch's sequences packed into rows of ``speed.max_packed_length`` tokens, restarting
   position ids, block-diagonal attention). Same batch, same micro-batch size in sequences,
   random weights of the SmolLM2-135M and Qwen2.5-0.5B shapes (``--packing-shapes``).
 
@@ -155,7 +155,7 @@ def _one(args, dev, log, base, dtype, batch, z, variant: str) -> dict:
         f"trainer.max_new_tokens={z.r[1]}", f"trainer.max_length={z.p[1] + z.r[1]}",
         "trainer.lr=1e-6", "trainer.kl.coef=0", "lora.enable_lora=false",
         f"model.use_gradient_checkpointing={str(gc).lower()}",
-        f"data.packing={str(packing).lower()}", f"data.max_packed_length={z.pack}",
+        f"speed.packing={str(packing).lower()}", f"speed.max_packed_length={z.pack}",
     ])  # fmt: skip
     if not gc:
         base.gradient_checkpointing_disable()
@@ -240,7 +240,7 @@ def packing_rows(res: dict) -> list[tuple[str, str, str]]:
     )
     rows.append(
         (
-            f"danka data.packing, micro-batch {res['micro_batch']}, rows of 4096",
+            f"danka speed.packing, micro-batch {res['micro_batch']}, rows of 4096",
             f"{res['packed_ratio']:.1%}",
             "goal >= 95%",
         )

@@ -14,7 +14,7 @@ Sections (``--only a,b``), each failing on its own (the error goes to the JSON a
 3. ``ppo_7b``: the whole PPO step on the Qwen2-7B shape per rollout engine, against ``danka
    estimate`` (``bench/ppo_memory.py``).
 5. ``packing`` and 6. ``packing_step``: the effective-token ratio and the update with
-   ``data.packing`` on vs off (``bench/packing.py``).
+   ``speed.packing`` on vs off (``bench/packing.py``).
 
 ``--tiny --device cpu`` swaps every model for a small one (danka.models.tiny) and every size
 for a small one, so each code path runs on a laptop; timings then mean nothing. The result

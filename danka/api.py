@@ -150,7 +150,7 @@ def run_training(
 
     from danka import callbacks as cb
     from danka import distributed as dist
-    from danka.config.compat import fallback_warnings
+    from danka.config.compat import config_notes, fallback_warnings
     from danka.lifecycle import RankLock, RunLock, StopRequest, note_failure
     from danka.logging.runlog import close_run_logger, setup_run_logger
     from danka.trainer.fit import fit
@@ -170,6 +170,8 @@ def run_training(
                 log = setup_run_logger(output_dir)  # fit() reuses it (same arguments)
                 if discard is not None:
                     discard(log)
+                for line in config_notes(cfg):
+                    log.info(line)
                 for line in fallback_warnings(cfg):
                     log.warning(line)
             with StopRequest(log) as stop, cb.active(callbacks):

@@ -90,7 +90,7 @@ def _train(args) -> int:
 
     from danka import distributed as dist
     from danka.config import config_to_dict
-    from danka.config.compat import fallback_warnings
+    from danka.config.compat import config_notes, fallback_warnings
     from danka.config.secrets import mask_secrets
 
     if args.help_config:
@@ -101,6 +101,8 @@ def _train(args) -> int:
     cfg, base_dir = _load_train_config(args)  # bad input fails once, before any launch
     if args.print_config:
         _check_rewards(cfg)
+        for line in config_notes(cfg):
+            print(f"[INFO] {line}", file=sys.stderr)
         for line in fallback_warnings(cfg):
             print(f"[WARNING] {line}", file=sys.stderr)
         print(yaml.safe_dump(mask_secrets(config_to_dict(cfg)), sort_keys=False), end="")

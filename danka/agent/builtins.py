@@ -6,11 +6,11 @@ names, calls or attributes). Exponents and operand sizes are bounded so a call c
 hang the worker (``9**9**9``).
 
 ``python`` runs a snippet of model-written code in a fresh interpreter and returns what
-it printed, sandboxed by default (danka/agent/sandbox.py, ``rollout.tool_sandbox``): its
+it printed, sandboxed by default (danka/agent/sandbox.py, ``agent.tool_sandbox``): its
 own temporary folder is the only writable place and the only folder of the user's it can
 see, no network, a wall-clock timeout (its whole process tree is killed) and rlimits
 (CPU seconds, 1 GiB address space, 16 MiB per file, a process count, no core files).
-Where no sandbox works here and the config did not say ``rollout.tool_sandbox: none``,
+Where no sandbox works here and the config did not say ``agent.tool_sandbox: none``,
 the trainer warns loudly at start-up: unconfined, the code can read and write the
 user's files and reach the network.
 """
@@ -76,7 +76,7 @@ _SANDBOX: list[str] = []  # the mode the tool worker was told to use (use_sandbo
 
 
 def use_sandbox(mode: str) -> None:
-    """``rollout.tool_sandbox`` as resolved by the trainer (bwrap, namespaces or none): the
+    """``agent.tool_sandbox`` as resolved by the trainer (bwrap, namespaces or none): the
     tool worker calls this once; without it, the best mode that works here is used."""
     _SANDBOX[:] = [mode]
 

@@ -69,7 +69,7 @@ function call is needed, please make the tool calls an empty list '[]'.
 ... (more tool calls as required)
 ]</tool_call>"""
 
-# rollout.tool_prompt: a name here, or the user's own text with {schemas}
+# agent.tool_prompt: a name here, or the user's own text with {schemas}
 TOOL_PROMPTS = {"hermes": DEFAULT_TOOL_SYSTEM, "smollm": SMOLLM_TOOL_SYSTEM}
 DEFAULT_TOOL_PROMPT = "auto"
 
@@ -86,9 +86,8 @@ def check_tool_prompt(value: str) -> None:
         ok = False
     if not ok:
         raise UserError(
-            f"rollout.tool_prompt {value[:60]!r} is neither a known name nor a text with "
-            "{schemas}",
-            where="rollout.tool_prompt",
+            f"agent.tool_prompt {value[:60]!r} is neither a known name nor a text with {{schemas}}",
+            where="agent.tool_prompt",
             fix=f"use auto, one of {', '.join(TOOL_PROMPTS)}, or your own system text with "
             "{schemas} where the tool schemas go (double any other { and })",
         )

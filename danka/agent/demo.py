@@ -1,4 +1,4 @@
-"""Worked examples shown before every prompt that offers tools (``rollout.tool_demo``).
+"""Worked examples shown before every prompt that offers tools (``agent.tool_demo``).
 
 A small instruct model rarely writes a ``<tool_call>`` from a system text alone
 (SmolLM2-135M-Instruct: 0 valid calls in 32 sampled answers), so reinforcement learning
@@ -6,7 +6,7 @@ never sees a call to reward. A few earlier turns that show the whole exchange (q
 ``<tool_call>``, ``<tool_response>``, answer) make the untrained model imitate it
 (measured in BENCHMARKS.md, "Calculator tool: prompt design").
 
-``rollout.tool_demo``:
+``agent.tool_demo``:
 
 * ``auto``: the builtin examples of every offered builtin tool that has some (the
   ``calculator``: three multiplications/divisions, results computed by the tool itself),
@@ -70,7 +70,7 @@ def builtin_demo(tool_names: list[str], instruction: str | None = None) -> list[
 def load_demo(
     spec: str, tool_names: list[str], base_dir: Path | str = ".", instruction: str | None = None
 ) -> list[dict]:
-    """The messages of ``rollout.tool_demo`` (see the module docstring); UserError on a
+    """The messages of ``agent.tool_demo`` (see the module docstring); UserError on a
     bad file. ``instruction`` (data.instruction) ends the builtin examples' questions."""
     if spec == "none":
         return []
@@ -81,7 +81,7 @@ def load_demo(
     if not path.is_file():
         raise UserError(
             "tool demo file not found",
-            where=f"rollout.tool_demo: {path}",
+            where=f"agent.tool_demo: {path}",
             fix=f"auto, none or {fix}",
         )
     try:

@@ -1,6 +1,6 @@
 """Environments: what answers a model turn in a multi-turn rollout.
 
-A user environment is a class in a file the config names (``rollout.environment:
+A user environment is a class in a file the config names (``agent.environment:
 path/to/file.py:Class``), instantiated once per sample, OpenRLHF's agent contract::
 
     class Guess:
@@ -138,7 +138,7 @@ def load_environment_class(spec: str, base_dir: Path | str = ".") -> type:
     if not sep or not file.endswith(".py") or not name.isidentifier():
         raise UserError(
             f"bad environment {spec!r}",
-            where="rollout.environment",
+            where="agent.environment",
             fix="write it as path/to/file.py:ClassName",
         )
     path = Path(file).expanduser()

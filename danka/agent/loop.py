@@ -107,7 +107,7 @@ class AgentLoop:
         kv_reuse: bool | None = None,
     ):
         self.tokenizer, self.make_env, self.limits = tokenizer, make_env, limits
-        self.kv_reuse = kv_reuse  # rollout.kv_reuse: see open_session
+        self.kv_reuse = kv_reuse  # agent.kv_reuse: see open_session
         self.schemas = list(schemas or [])
         self.chat = chat or ChatFormat(tokenizer)
         self.runner = runner  # the tool worker, stopped by close()
@@ -284,16 +284,16 @@ def open_session(
 ):
     """The engine's multi-turn session (``engine.session``: the fast engine keeps each
     sample's KV cache across turns and prefills only new tokens) when ``kv_reuse``
-    (rollout.kv_reuse) is None and the engine has one, or is True (an engine without one
+    (agent.kv_reuse) is None and the engine has one, or is True (an engine without one
     is then refused); else one that calls ``engine.generate`` each turn.
     ``generate_kw``: ``eos_ids``, ``pad_id``, ``generator``."""
     opener = getattr(engine, "session", None)
     if kv_reuse is False or (kv_reuse is None and opener is None):
         return _Regenerate(engine, model, **generate_kw)
     if opener is None:
-        what = f"rollout.kv_reuse needs the fast rollout engine; this run uses {engine.name!r}"
-        fix = "set rollout.engine: fast (a CUDA GPU), or rollout.kv_reuse: false"
-        raise UserError(what, where="rollout.kv_reuse", fix=fix)
+        what = f"agent.kv_reuse needs the fast rollout engine; this run uses {engine.name!r}"
+        fix = "set rollout.engine: fast (a CUDA GPU), or agent.kv_reuse: false"
+        raise UserError(what, where="agent.kv_reuse", fix=fix)
     return opener(model, **generate_kw)
 
 

@@ -1,4 +1,4 @@
-"""Where the builtin ``python`` tool runs model-written code: ``rollout.tool_sandbox``.
+"""Where the builtin ``python`` tool runs model-written code: ``agent.tool_sandbox``.
 
 The code comes from the model, so it is treated as untrusted. Modes:
 
@@ -9,7 +9,7 @@ The code comes from the model, so it is treated as untrusted. Modes:
   danka/agent/sandbox_setup.py), no tool needed; a real root drops to ``nobody`` inside.
 * ``none``: a plain interpreter (``python -I``, environment cut to PATH and LANG, an empty
   temporary working folder): it CAN read and write the user's files and reach the
-  network. Only ever chosen silently when the config says ``rollout.tool_sandbox: none``.
+  network. Only ever chosen silently when the config says ``agent.tool_sandbox: none``.
 * ``auto`` (default): the first of bwrap and namespaces that works here (as root,
   namespaces first: it drops to a real unprivileged uid, so the process limit holds),
   else ``none`` with a loud start-up warning (:func:`startup_warning`).
@@ -42,7 +42,7 @@ _SETUP = Path(__file__).with_name("sandbox_setup.py")
 _FIX = (
     "install bubblewrap (apt install bubblewrap), or allow unprivileged user namespaces "
     "(sysctl kernel.unprivileged_userns_clone=1), or run the trainer in a container; "
-    "rollout.tool_sandbox: none runs the code unconfined (you accept the risk)"
+    "agent.tool_sandbox: none runs the code unconfined (you accept the risk)"
 )
 
 
@@ -160,24 +160,24 @@ def works(mode: str) -> bool:
 
 
 def choose(requested: str) -> str:
-    """The mode ``rollout.tool_sandbox: requested`` runs with. UserError for an unknown
+    """The mode ``agent.tool_sandbox: requested`` runs with. UserError for an unknown
     name, or an explicit mode that does not work on this machine."""
     if requested not in MODES:
         raise UserError(
             f"{requested!r} is not a sandbox",
-            where="rollout.tool_sandbox",
+            where="agent.tool_sandbox",
             fix=f"use one of: {', '.join(MODES)}",
         )
     if requested != "auto":
         if not works(requested):
             raise UserError(
-                f"rollout.tool_sandbox: {requested} does not work on this machine "
+                f"agent.tool_sandbox: {requested} does not work on this machine "
                 + (
                     "(no bwrap on PATH)"
                     if requested == "bwrap" and not shutil.which("bwrap")
                     else "(the probe snippet failed)"
                 ),  # fmt: skip
-                where="rollout.tool_sandbox",
+                where="agent.tool_sandbox",
                 fix="use auto (the best that works) or " + _FIX,
             )
         return requested
@@ -187,7 +187,7 @@ def choose(requested: str) -> str:
 
 def startup_warning(requested: str, chosen: str) -> str | None:
     """The loud line for the builtin python tool running unconfined, unless the config
-    accepted that explicitly (``rollout.tool_sandbox: none``)."""
+    accepted that explicitly (``agent.tool_sandbox: none``)."""
     if chosen != "none" or requested == "none":
         return None
     return (

@@ -1,4 +1,4 @@
-"""Building the agent loop from the config (``rollout.tools`` / ``rollout.environment``)."""
+"""Building the agent loop from the config (``agent.tools`` / ``agent.environment``)."""
 
 from __future__ import annotations
 
@@ -17,79 +17,79 @@ from danka.errors import UserError
 from danka.rollout.base import AnswerOptions
 
 
-def check_agent_config(rollout: Any, *, max_new_tokens: int) -> None:
+def check_agent_config(agent: Any, *, max_new_tokens: int) -> None:
     """Refuse inconsistent agent settings (called once at start-up, before any model)."""
-    if rollout.tools and rollout.environment:
+    if agent.tools and agent.environment:
         raise UserError(
-            "rollout.tools and rollout.environment are both set",
-            where="rollout",
+            "agent.tools and agent.environment are both set",
+            where="agent",
             fix="use one: tools (the model calls functions) or an environment class "
             "(which can run its own tools inside step())",
         )
-    check_tool_prompt(rollout.tool_prompt)
+    check_tool_prompt(agent.tool_prompt)
     for key in ("max_turns", "max_tool_calls", "tool_max_chars"):
-        if getattr(rollout, key) < 1:
-            raise UserError(f"rollout.{key} must be >= 1, got {getattr(rollout, key)}")
-    if rollout.tool_timeout_s <= 0:
-        raise UserError(f"rollout.tool_timeout_s must be > 0, got {rollout.tool_timeout_s}")
-    if rollout.max_total_tokens < 0:
+        if getattr(agent, key) < 1:
+            raise UserError(f"agent.{key} must be >= 1, got {getattr(agent, key)}")
+    if agent.tool_timeout_s <= 0:
+        raise UserError(f"agent.tool_timeout_s must be > 0, got {agent.tool_timeout_s}")
+    if agent.max_total_tokens < 0:
         raise UserError(
-            f"rollout.max_total_tokens must be >= 0, got {rollout.max_total_tokens}",
+            f"agent.max_total_tokens must be >= 0, got {agent.max_total_tokens}",
             fix="0 means trainer.max_new_tokens",
         )
-    if rollout.max_total_tokens and rollout.max_total_tokens < max_new_tokens:
+    if agent.max_total_tokens and agent.max_total_tokens < max_new_tokens:
         raise UserError(
-            f"rollout.max_total_tokens {rollout.max_total_tokens} is below the per-turn "
+            f"agent.max_total_tokens {agent.max_total_tokens} is below the per-turn "
             f"trainer.max_new_tokens {max_new_tokens}",
-            where="rollout.max_total_tokens",
+            where="agent.max_total_tokens",
             fix="raise it (it budgets all turns together), or 0 for trainer.max_new_tokens",
         )
 
 
 def build_agent_loop(
-    rollout: Any,
+    agent: Any,
     tokenizer: Any,
     *,
     base_dir: Path | str,
     max_new_tokens: int,
     instruction: str | None = None,
 ) -> AgentLoop | None:
-    """The loop for ``rollout.tools`` or ``rollout.environment``; None when neither is set.
+    """The loop for ``agent.tools`` or ``agent.environment``; None when neither is set.
 
     ``max_new_tokens`` (trainer.max_new_tokens) is the per-turn cap; the whole response
-    gets ``rollout.max_total_tokens`` (0: the same ``max_new_tokens``). ``instruction``
+    gets ``agent.max_total_tokens`` (0: the same ``max_new_tokens``). ``instruction``
     (data.instruction) ends the questions of the builtin worked examples, as every prompt.
     """
-    if not rollout.tools and not rollout.environment:
+    if not agent.tools and not agent.environment:
         return None
-    check_agent_config(rollout, max_new_tokens=max_new_tokens)
+    check_agent_config(agent, max_new_tokens=max_new_tokens)
     limits = AgentLimits(
-        max_turns=rollout.max_turns,
-        max_tool_calls=rollout.max_tool_calls,
-        max_total_tokens=rollout.max_total_tokens or max_new_tokens,
+        max_turns=agent.max_turns,
+        max_tool_calls=agent.max_tool_calls,
+        max_total_tokens=agent.max_total_tokens or max_new_tokens,
     )
-    if rollout.environment:
-        cls = load_environment_class(rollout.environment, base_dir)
+    if agent.environment:
+        cls = load_environment_class(agent.environment, base_dir)
         return AgentLoop(
             tokenizer,
-            lambda: UserEnvironment(cls, rollout.environment),
+            lambda: UserEnvironment(cls, agent.environment),
             limits=limits,
-            kv_reuse=rollout.kv_reuse,
+            kv_reuse=agent.kv_reuse,
         )
-    tools = load_tools(list(rollout.tools), base_dir, timeout_s=rollout.tool_timeout_s)
-    runner = ToolRunner(tools, timeout_s=rollout.tool_timeout_s, max_chars=rollout.tool_max_chars,
-                        sandbox=rollout.tool_sandbox)  # fmt: skip
+    tools = load_tools(list(agent.tools), base_dir, timeout_s=agent.tool_timeout_s)
+    runner = ToolRunner(tools, timeout_s=agent.tool_timeout_s, max_chars=agent.tool_max_chars,
+                        sandbox=agent.tool_sandbox)  # fmt: skip
     builtin = [t.name for t in tools if t.source == "builtin"]
-    demo = load_demo(rollout.tool_demo, builtin, base_dir, instruction)
-    chat = ChatFormat(tokenizer, rollout.tool_prompt, demo)
+    demo = load_demo(agent.tool_demo, builtin, base_dir, instruction)
+    chat = ChatFormat(tokenizer, agent.tool_prompt, demo)
     return AgentLoop(
         tokenizer,
-        lambda: ToolEnvironment(runner, chat, rollout.max_tool_calls),
+        lambda: ToolEnvironment(runner, chat, agent.max_tool_calls),
         schemas=[t.schema for t in tools],
         limits=limits,
         chat=chat,
         runner=runner,
-        kv_reuse=rollout.kv_reuse,
+        kv_reuse=agent.kv_reuse,
     )
 
 
@@ -105,17 +105,17 @@ def prompt_messages(
     ]
 
 
-def validate_agent(rollout: Any, *, base_dir: Path | str, max_new_tokens: int) -> None:
+def validate_agent(agent: Any, *, base_dir: Path | str, max_new_tokens: int) -> None:
     """Every agent setting and tool spec checked before any model loads (UserError)."""
-    check_agent_config(rollout, max_new_tokens=max_new_tokens)
-    if rollout.environment:
-        load_environment_class(rollout.environment, base_dir)
+    check_agent_config(agent, max_new_tokens=max_new_tokens)
+    if agent.environment:
+        load_environment_class(agent.environment, base_dir)
     else:
-        tools = load_tools(list(rollout.tools), base_dir, timeout_s=rollout.tool_timeout_s)
-        load_demo(rollout.tool_demo, [t.name for t in tools if t.source == "builtin"], base_dir)
+        tools = load_tools(list(agent.tools), base_dir, timeout_s=agent.tool_timeout_s)
+        load_demo(agent.tool_demo, [t.name for t in tools if t.source == "builtin"], base_dir)
 
 
-def cli_rollout_config(
+def cli_agent_config(
     tools: list[str],
     *,
     base: Any = None,
@@ -125,14 +125,14 @@ def cli_rollout_config(
     tool_demo: str | None = None,
     max_new_tokens: int = 256,
 ) -> Any:
-    """The rollout settings of ``danka generate/chat/eval --tools``: ``base`` (a config's
-    ``rollout`` section, or the defaults) with the flags given on the command line. Without
+    """The agent settings of ``danka generate/chat/eval --tools``: ``base`` (a config's
+    ``agent`` section, or the defaults) with the flags given on the command line. Without
     a config's tool settings the whole answer may take ``max_turns * max_new_tokens`` tokens."""
-    from danka.config.schema import RolloutConfig
+    from danka.config.schema import AgentConfig
 
-    cfg = RolloutConfig()
+    cfg = AgentConfig()
     if base is not None:  # a plain copy: a validated config is read-only
-        for f in fields(RolloutConfig):
+        for f in fields(AgentConfig):
             setattr(cfg, f.name, copy.copy(getattr(base, f.name)))
     if tools:
         cfg.tools, cfg.environment = list(tools), None

@@ -3,7 +3,7 @@
 A tool is a function with type hints and a Google-style docstring whose ``Args:`` section
 describes every parameter; its JSON schema (OpenAI/HF "function" format, the one chat
 templates take as ``tools=``) comes from ``transformers.utils.get_json_schema``. Configured
-as ``rollout.tools: [calculator, python, path/to/file.py:function]``: a builtin name or a
+as ``agent.tools: [calculator, python, path/to/file.py:function]``: a builtin name or a
 function in a file the config names (relative paths resolve against the config's folder).
 A tool file is never imported in the trainer's process: a probe process (the reward
 worker's process rules: own session, killed with everything it started, a time limit)
@@ -86,7 +86,7 @@ def _builtin_or_file(spec: str, base_dir: Path | str) -> ToolSpec | tuple[Path, 
     if not sep or not file.endswith(".py") or not function.isidentifier():
         raise UserError(
             f"unknown tool {spec!r}",
-            where="rollout.tools",
+            where="agent.tools",
             fix=f"use a builtin ({', '.join(sorted(BUILTIN_TOOLS))}) or path/to/file.py:function",
         )
     path = Path(file).expanduser()
@@ -108,7 +108,7 @@ def load_tools(
 ) -> list[ToolSpec]:
     """Every configured tool; UserError on a bad spec or two tools with the same name.
     File tools are probed together in one process; ``timeout_s``
-    (``rollout.tool_timeout_s``, at least 10 s) bounds importing the tool files."""
+    (``agent.tool_timeout_s``, at least 10 s) bounds importing the tool files."""
     found = [_builtin_or_file(s, base_dir) for s in specs]
     files = [f for f in found if not isinstance(f, ToolSpec)]
     probed = iter(probe_tool_files(files, timeout_s) if files else [])
@@ -117,7 +117,7 @@ def load_tools(
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise UserError(
-            f"two tools are named {dup[0]!r}", where="rollout.tools", fix="rename one function"
+            f"two tools are named {dup[0]!r}", where="agent.tools", fix="rename one function"
         )
     return tools
 
@@ -198,12 +198,12 @@ def probe_tool_files(files: list[tuple[Path, str]], timeout_s: float) -> list[To
             f"a tool file ended its probe process while being imported (exit code {code})"
             if died
             else f"importing the tool files took over {load_timeout(timeout_s):g} s (the limit "
-            "is rollout.tool_timeout_s, at least 10 s); the probe and every process it "
+            "is agent.tool_timeout_s, at least 10 s); the probe and every process it "
             "started were stopped",
             where=where,
             fix="remove the sys.exit()/os._exit() (or the crash) from the file's top-level code"
             if died
-            else "make the file's import-time code fast, or raise rollout.tool_timeout_s",
+            else "make the file's import-time code fast, or raise agent.tool_timeout_s",
         )
     reply = json.loads(lines[-1])
     if "error" in reply:

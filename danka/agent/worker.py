@@ -70,7 +70,7 @@ def _worker_main() -> None:
     os.dup2(2, 1)  # the tools' print() goes to stderr
     sys.stdout = sys.stderr
     fns = {}
-    if len(sys.argv) > 3:  # rollout.tool_sandbox as the trainer resolved it
+    if len(sys.argv) > 3:  # agent.tool_sandbox as the trainer resolved it
         from danka.agent.builtins import use_sandbox
 
         use_sandbox(sys.argv[3])
@@ -116,7 +116,7 @@ class ToolRunner:
         self.timeout_s, self.max_chars = float(timeout_s), int(max_chars)
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
-        self.sandbox = "none"  # where the builtin python tool runs (rollout.tool_sandbox)
+        self.sandbox = "none"  # where the builtin python tool runs (agent.tool_sandbox)
         if "python" in self.tools and self.tools["python"].source == "builtin":
             from danka.agent.sandbox import choose, startup_warning
 
@@ -144,7 +144,7 @@ class ToolRunner:
                 f"the tool worker did not start within {limit:g} s"
                 + (f" (it exited with code {code})" if code is not None else "")
                 + ": importing a tool file failed, exited or hung",
-                where="rollout.tools",
+                where="agent.tools",
                 fix="run `python FILE` for each tool file; import-time code must be fast "
                 "and must not exit",
             )

@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-from danka.config.moved import relocate
+from danka.config.moved import relocate, retire
 
 
 def config_hash(resolved_config: dict) -> str:
@@ -42,6 +42,7 @@ def current_layout(cfg: dict) -> dict:
     """A copy of a resolved config dict with every key in its current place."""
     out = copy.deepcopy(cfg)
     relocate(out)
+    retire(out)  # the retired backend switches, as what they mean now
     return out
 
 

@@ -69,6 +69,20 @@ def add_warning(cfg: DankaConfig, line: str) -> None:
     setattr(cfg, _WARNINGS_ATTR, getattr(cfg, _WARNINGS_ATTR, []) + [line])
 
 
+_NOTES_ATTR = "_danka_config_notes"
+
+
+def add_note(cfg: DankaConfig, line: str) -> None:
+    """A start-up note about ``cfg`` (an older key read as what it means now, moved.py),
+    logged as ``[INFO]``."""
+    setattr(cfg, _NOTES_ATTR, getattr(cfg, _NOTES_ATTR, []) + [line])
+
+
+def config_notes(cfg: DankaConfig) -> list[str]:
+    """The notes :func:`add_note` kept for this config."""
+    return list(getattr(cfg, _NOTES_ATTR, []))
+
+
 def fallback_warnings(cfg: DankaConfig) -> list[str]:
     """The warning lines :func:`apply_fallbacks` produced for this config."""
     return list(getattr(cfg, _WARNINGS_ATTR, []))

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from danka.config.moved import new_key, relocate
+from danka.config.moved import new_key, relocate, retire
 from danka.config.schema import LOADERS, DankaConfig
 from danka.config.validate import freeze, validate
 from danka.errors import UserError
@@ -286,12 +286,6 @@ REJECTED_KEYS = {
         "set backend.vllm.enable_vllm: false and use rollout.engine: fast (danka's own fast "
         "rollout, live LoRA weights, no weight sync)",
     ),
-    "backend.fsdp.enable_fsdp": (
-        True,
-        "FSDP is not used on one card",
-        "set backend.fsdp.enable_fsdp: false; for several GPUs run "
-        "torchrun --nproc-per-node N -m danka train CONFIG (docs/several_gpus.md)",
-    ),
 }
 
 
@@ -342,7 +336,7 @@ def config_from_dict(
     kept on the config: :func:`config_base_dir`."""
     import copy
 
-    from danka.config.compat import apply_fallbacks  # imports torch-free helpers only
+    from danka.config.compat import add_note, apply_fallbacks  # torch-free helpers only
 
     if not isinstance(data, dict):
         raise UserError(
@@ -354,10 +348,13 @@ def config_from_dict(
     source = _Source(path, text)
     source.renamed(relocate(data))  # keys written under their older name (moved.py)
     apply_overrides(data, overrides or [], source)
+    notes = retire(data, source.where)  # the tutorial's retired backend switches
     config = build_dataclass(DankaConfig, data, source)
     source.explicit = set(_dotted_keys(data))
     validate(config, source)
     apply_fallbacks(config)  # seed keys that cannot work here: one warning each, see compat
+    for note in notes:
+        add_note(config, note)
     config._danka_base_dir = Path(base_dir) if base_dir else Path.cwd()
     freeze(config)  # read-only from here: a run keeps its changing state elsewhere
     return config

@@ -1,12 +1,18 @@
-"""Keys that moved out of ``trainer`` into sections by concern, and the map that keeps the
-old layout working.
+"""Keys that moved into sections by concern, the retired ``backend`` switches, and the map
+that keeps the old layout working.
 
-The single-card tutorial's ``trainer`` keys (algorithm, num_epochs, batch_size, micro_batch_size,
-max_length, max_new_tokens) stay where the tutorial writes them. Sampling, optimisation,
-loss, checkpointing, evaluation and speed settings live in their own sections; a config
-(or a ``key=value`` override) that still names one of them under ``trainer`` is read as
-the new key, so older configs run unchanged. Naming both the old and the new key is
-refused: the two could disagree.
+The single-card tutorial's ``trainer`` keys (algorithm, num_epochs, batch_size,
+micro_batch_size, max_length, max_new_tokens) stay where the tutorial writes them.
+Sampling, optimisation, loss, checkpointing, evaluation and speed settings live in their
+own sections, the multi-turn settings in ``agent`` (once under ``rollout``), packing with
+the update's speed settings (once under ``data``); a config (or a ``key=value`` override)
+that still names a key in its old place is read as the new key, so older configs run
+unchanged. Naming both the old and the new key is refused: the two could disagree.
+
+Two switches of the tutorial's ``backend`` block are retired (:func:`retire`):
+``backend.hf_transformers.enable_hf_transformers: true`` is ``rollout.engine: hf``, and
+``backend.fsdp.enable_fsdp: false`` is what danka does anyway (``true`` is refused); each
+leaves one note, logged at start-up.
 """
 
 from __future__ import annotations
@@ -53,6 +59,26 @@ MOVED: dict[str, str] = {
     "trainer.auto_micro_batch": "speed.auto_micro_batch",
     "trainer.tf32": "speed.tf32",
     "trainer.compile": "speed.compile",
+    # the update's packing
+    "data.packing": "speed.packing",
+    "data.max_packed_length": "speed.max_packed_length",
+    # multi-turn rollouts
+    **{
+        f"rollout.{key}": f"agent.{key}"
+        for key in (
+            "tools",
+            "environment",
+            "max_turns",
+            "max_tool_calls",
+            "max_total_tokens",
+            "tool_timeout_s",
+            "tool_sandbox",
+            "tool_max_chars",
+            "tool_prompt",
+            "tool_demo",
+            "kv_reuse",
+        )
+    },  # fmt: skip
 }
 
 
@@ -69,21 +95,18 @@ def relocate(data: dict) -> dict[str, str]:
     place, in place. Returns new dotted key -> the old one the user wrote (for messages).
     Both the old and the new key set -> UserError."""
     renamed: dict[str, str] = {}
-    trainer = data.get("trainer")
-    if not isinstance(trainer, dict):
-        return renamed
-    for key in list(trainer):
-        old = f"trainer.{key}"
-        new = MOVED.get(old)
-        if new is None:
+    for old, new in MOVED.items():
+        section, key = old.split(".", 1)
+        holder = data.get(section)
+        if not isinstance(holder, dict) or key not in holder:
             continue
-        section, leaf = new.split(".", 1)
-        target = data.setdefault(section, {})
+        target_section, leaf = new.split(".", 1)
+        target = data.setdefault(target_section, {})
         if not isinstance(target, dict):
             raise UserError(
-                f"{section!r} must be a section (a mapping of keys)",
-                where=f"config key {section}",
-                fix=f"write {section}: as a section, e.g. {new}: ...",
+                f"{target_section!r} must be a section (a mapping of keys)",
+                where=f"config key {target_section}",
+                fix=f"write {target_section}: as a section, e.g. {new}: ...",
             )
         if leaf in target:
             raise UserError(
@@ -91,6 +114,60 @@ def relocate(data: dict) -> dict[str, str]:
                 where=f"config key {old}",
                 fix=f"keep only {new}",
             )
-        target[leaf] = trainer.pop(key)
+        target[leaf] = holder.pop(key)
         renamed[new] = old
     return renamed
+
+
+HF_SWITCH = "backend.hf_transformers.enable_hf_transformers"
+FSDP_SWITCH = "backend.fsdp.enable_fsdp"
+
+
+def _pop(data: dict, dotted: str) -> tuple[bool, object]:
+    """Remove ``dotted`` from ``data``: (whether it was there, its value); an emptied
+    section goes too."""
+    section, sub, key = dotted.split(".")
+    outer = data.get(section)
+    holder = outer.get(sub) if isinstance(outer, dict) else None
+    if not isinstance(holder, dict) or key not in holder:
+        return False, None
+    value = holder.pop(key)
+    if not holder:
+        del data[section][sub]
+    return True, value
+
+
+def retire(data: dict, where=lambda key: f"config key {key}") -> list[str]:
+    """Read the retired ``backend`` switches of ``data`` (file and overrides applied) as
+    what they mean now, in place (module docstring); returns one note per switch found.
+    ``where(key)``: where a key was written, for the refusals."""
+    notes = []
+    found, fsdp = _pop(data, FSDP_SWITCH)
+    if found and fsdp is True:
+        raise UserError(
+            "FSDP is not used on one card",
+            where=where(FSDP_SWITCH),
+            fix="set backend.fsdp.enable_fsdp: false; for several GPUs run "
+            "torchrun --nproc-per-node N -m danka train CONFIG (docs/several_gpus.md)",
+        )
+    if found:
+        notes.append(
+            f"{FSDP_SWITCH}: {str(fsdp).lower()} is not a setting any more (one process, no "
+            "FSDP, is what danka does; several GPUs: --nproc N); ignored"
+        )
+    found, hf = _pop(data, HF_SWITCH)
+    if found and hf is True:
+        rollout = data.setdefault("rollout", {})
+        if rollout.get("engine", "auto") not in ("auto", "hf"):
+            raise UserError(
+                "true asks for the HF engine, which conflicts with rollout.engine: "
+                f"{rollout['engine']}",
+                where=where(HF_SWITCH),
+                fix="set only one of them",
+            )
+        rollout["engine"] = "hf"
+        notes.append(f"{HF_SWITCH}: true is read as rollout.engine: hf (the HF generate rollout)")
+    elif found:
+        notes.append(f"{HF_SWITCH}: {str(hf).lower()} is not a setting any more "
+                     "(rollout.engine decides); ignored")  # fmt: skip
+    return notes

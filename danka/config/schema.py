@@ -2,10 +2,11 @@
 
 Sections by concern: ``model``, ``trainer`` (the algorithm and the shape of a step),
 ``sampling``, ``optim``, ``loss``, ``checkpoint``, ``eval``, ``speed``, ``lora``,
-``rollout``, ``data``, ``reward``, ``logging``, ``backend``, ``rm``. The single-card tutorial's
-layout (``model``/``trainer``/``lora``/``backend``/``data``/``logging``) is accepted as
-written: its keys are field names here; keys that moved out of ``trainer`` are read
-through the map in danka/config/moved.py.
+``rollout``, ``agent``, ``data``, ``reward``, ``logging``, ``backend``, ``rm``. The
+single-card tutorial's layout (``model``/``trainer``/``lora``/``backend``/``data``/
+``logging``) is accepted as written: its keys are field names here; keys that moved (out
+of ``trainer``, the agent's out of ``rollout``, packing out of ``data``) and the retired
+``backend`` switches are read through danka/config/moved.py.
 """
 
 from __future__ import annotations
@@ -215,6 +216,8 @@ class SpeedConfig:
         "plan trainer.micro_batch_size: auto for a card of this size and cap this process to it "
         "(e.g. 24GiB: a smaller card on a larger one); null = the GPU's free memory at start",
     )
+    packing: bool = _f(False, "pack a micro-batch's sequences into rows without padding")
+    max_packed_length: int = _f(4096, "tokens per packed row (speed.packing)")
     preflight: bool = _f(False, "run the worst-case shapes once before training")
     tf32: bool = _f(
         False, "TF32 matmuls on Ampere+ GPUs (torch.set_float32_matmul_precision('high'))"
@@ -236,9 +239,6 @@ class LoraConfig:
 
 @dataclass
 class FsdpBackend:
-    enable_fsdp: bool = _f(
-        False, "one card needs no FSDP; several GPUs: --nproc N (docs/several_gpus.md)"
-    )
     sharding: str = _f(
         "auto",
         "under torchrun (N > 1): auto = replicate models whose weights take <= 4 GiB (each "
@@ -253,18 +253,9 @@ class VllmBackend:
 
 
 @dataclass
-class HFBackend:
-    enable_hf_transformers: bool = _f(
-        False,
-        "true = HF generate rollout (the tutorial's setting); false = rollout.engine decides",
-    )
-
-
-@dataclass
 class BackendConfig:
     fsdp: FsdpBackend = field(default_factory=FsdpBackend)
     vllm: VllmBackend = field(default_factory=VllmBackend)
-    hf_transformers: HFBackend = field(default_factory=HFBackend)
 
 
 @dataclass
@@ -309,6 +300,13 @@ class RolloutConfig:
         "every rollout: the speed of a plain model; bf16 rounds away part of small deltas, "
         "logged as rollout/logprob_gap; models up to ~1 GiB of copies)",
     )
+
+
+@dataclass
+class AgentConfig:
+    """Multi-turn rollouts: tools offered to the model, or an environment it acts in
+    (docs/tools_and_agents.md); neither set = single-turn sampling."""
+
     tools: list[str] = _f(
         [], "tools offered to the model: calculator | python | path/to/file.py:function"
     )
@@ -378,8 +376,6 @@ class DataConfig:
     on_bad_row: str = _f("error", "error | skip (bad rows go to OUTPUT/bad_rows.jsonl)")
     shuffle: bool = _f(True, "shuffle the prompts every epoch")
     limit: int | None = _f(None, "use only the first N rows")
-    packing: bool = _f(False, "pack a micro-batch's sequences into rows without padding")
-    max_packed_length: int = _f(4096, "tokens per packed row (data.packing)")
 
 
 @dataclass
@@ -471,6 +467,7 @@ class DankaConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -25,8 +25,8 @@ def choose_engine(
 ) -> tuple[str, str]:
     """``rollout.engine`` resolved to "hf" or "fast", with the reason to log.
 
-    Order: an explicit ``rollout.engine``; the tutorial's ``backend.hf_transformers.
-    enable_hf_transformers: true`` (HF); no CUDA device or a quantised base (HF); a model
+    Order: an explicit ``rollout.engine`` (the tutorial's ``backend.hf_transformers.
+    enable_hf_transformers: true`` is read as ``hf``); no CUDA device or a quantised base (HF); a model
     type the fast engine does not run (HF); else fast only when ``danka estimate``'s whole
     step with the fast engine fits the free GPU memory (``free_bytes``, default: now).
     ``shape``: the model's, when the caller read it already (else ``model_config``'s).
@@ -39,8 +39,6 @@ def choose_engine(
         return resolve_engine(r.engine, device.type, quantized=quantized), (
             f"rollout.engine: {r.engine}"
         )
-    if cfg.backend.hf_transformers.enable_hf_transformers:
-        return "hf", "backend.hf_transformers.enable_hf_transformers: true"
     name = resolve_engine("auto", device.type, quantized=quantized)
     if name != "fast":
         why = "a quantised base" if quantized else f"device {device.type}"

@@ -43,7 +43,7 @@ class PlanInput:
     generation_batch_size: int | str = _key("rollout.generation_batch_size")
     lora_compute: str = _key("rollout.lora_compute")
     keep_cache: bool | None = _key("rollout.keep_cache")
-    tools: bool = _key("rollout.tools")  # a tool or environment rollout (not modelled)
+    tools: bool = _key("agent.tools")  # a tool or environment rollout (not modelled)
     logprob_chunk_size: int | str = _key("speed.logprob_chunk_size")
     fused_logprob_head: bool = _key("speed.fused_logprob_head")
 
@@ -66,7 +66,7 @@ class PlanInput:
             reference=cfg.loss.kl.coef > 0, enable_lora=lo.enable_lora,
             target_modules=lo.target_modules, lora_r=lo.lora_r, engine=r.engine,
             generation_batch_size=r.generation_batch_size, lora_compute=r.lora_compute,
-            keep_cache=r.keep_cache, tools=bool(r.tools or r.environment),
+            keep_cache=r.keep_cache, tools=bool(cfg.agent.tools or cfg.agent.environment),
             logprob_chunk_size=cfg.speed.logprob_chunk_size,
             fused_logprob_head=cfg.speed.fused_logprob_head,
         )  # fmt: skip

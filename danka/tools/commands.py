@@ -47,7 +47,7 @@ def _tool_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tools",
         action="append",
-        help="offer tools as rollout.tools does: calculator | python | path/to/file.py:function "
+        help="offer tools as agent.tools does: calculator | python | path/to/file.py:function "
         "(repeat, or comma-separate); the answer runs through the training's agent loop",
     )
     p.add_argument("--max-turns", type=int, help="with --tools: assistant turns (default 4)")
@@ -56,12 +56,12 @@ def _tool_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tool-prompt",
-        help="with --tools: the system text offering them (rollout.tool_prompt: auto | hermes | "
+        help="with --tools: the system text offering them (agent.tool_prompt: auto | hermes | "
         "smollm | own text with {schemas}; default auto)",
     )
     p.add_argument(
         "--tool-demo",
-        help="with --tools: worked examples before the prompt (rollout.tool_demo: auto | none | "
+        help="with --tools: worked examples before the prompt (agent.tool_demo: auto | none | "
         "demo.json; default auto)",
     )
 
@@ -82,7 +82,7 @@ def _tool_specs(args) -> list[str]:
 def _tool_rollout(args, max_new_tokens: int):
     """The validated rollout settings of ``--tools`` (None without it); bad specs fail
     here, before any model loads."""
-    from danka.agent.setup import cli_rollout_config, validate_agent
+    from danka.agent.setup import cli_agent_config, validate_agent
 
     specs = _tool_specs(args)
     if not specs:
@@ -90,7 +90,7 @@ def _tool_rollout(args, max_new_tokens: int):
     flags = {
         k: getattr(args, k) for k in ("max_turns", "max_tool_calls", "tool_prompt", "tool_demo")
     }
-    cfg = cli_rollout_config(specs, max_new_tokens=max_new_tokens, **flags)
+    cfg = cli_agent_config(specs, max_new_tokens=max_new_tokens, **flags)
     validate_agent(cfg, base_dir=Path.cwd(), max_new_tokens=max_new_tokens)
     return cfg
 

@@ -202,7 +202,7 @@ def _from_config(config: str, overrides: list[str]) -> dict[str, Any]:
         "max_new_tokens": cfg.eval.max_new_tokens or t.max_new_tokens,
         "data": cfg.data.eval_dataset or cfg.data.task or cfg.data.train_dataset,
         "trust_remote_code": cfg.model.trust_remote_code,
-        "rollout": cfg.rollout,
+        "agent": cfg.agent,
         "output_dir": cfg.output_dir,
     }
 
@@ -244,7 +244,7 @@ def _from_args(
         "max_new_tokens": 256,
         "data": data,
         "trust_remote_code": False,
-        "rollout": None,
+        "agent": None,
     }
 
 
@@ -274,8 +274,8 @@ def run_eval(
 ) -> dict[str, Any]:
     """Everything ``danka eval`` does: resolve inputs (a config, or model/data/reward),
     generate, score, write ``output`` (JSON) when given; returns the result dict.
-    ``tools`` (and the tool limits) set or replace the config's ``rollout.tools``; a
-    config with ``rollout.tools`` or ``rollout.environment`` is evaluated through them."""
+    ``tools`` (and the tool limits) set or replace the config's ``agent.tools``; a
+    config with ``agent.tools`` or ``agent.environment`` is evaluated through them."""
     from danka.rewards.combine import build_reward_computer
     from danka.tools.generate import load_for_inference, read_adapter_config
     from danka.tools.locate import is_model, resolve_checkpoint
@@ -374,21 +374,21 @@ def _base_model_warning(config: str, src: dict[str, Any]) -> str:
 
 
 def _agent_settings(src, tools, flags: dict, max_new_tokens: int):
-    """The rollout settings to evaluate through (None: single-turn), checked before any
-    model loads: the config's ``rollout`` with the command-line tool flags applied."""
-    from danka.agent.setup import cli_rollout_config, validate_agent
+    """The agent settings to evaluate through (None: single-turn), checked before any
+    model loads: the config's ``agent`` with the command-line tool flags applied."""
+    from danka.agent.setup import cli_agent_config, validate_agent
 
-    base = src["rollout"]
+    base = src["agent"]
     from_config = base is not None and (base.tools or base.environment)
     if not tools and not from_config:
         if any(v is not None for v in flags.values()):
             raise UserError(
                 "tool settings given without tools",
                 where="danka eval",
-                fix="add --tools calculator (or a config with rollout.tools)",
+                fix="add --tools calculator (or a config with agent.tools)",
             )
         return None
-    cfg = cli_rollout_config(tools or [], base=base, max_new_tokens=max_new_tokens, **flags)
+    cfg = cli_agent_config(tools or [], base=base, max_new_tokens=max_new_tokens, **flags)
     validate_agent(cfg, base_dir=src["base_dir"], max_new_tokens=max_new_tokens)
     return cfg
 

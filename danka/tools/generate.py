@@ -238,7 +238,7 @@ def tool_generate_batch(
     loop: Any = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """:func:`generate_batch` with tools: the training's agent loop (``danka.agent``) for
-    the rollout settings ``tools`` (a ``RolloutConfig``; ``opts.max_new_tokens`` per turn).
+    the rollout settings ``tools`` (a ``AgentConfig``; ``opts.max_new_tokens`` per turn).
     Each dict also holds ``trajectories`` (per answer, the messages after the prompt, tool
     turns included); ``completions`` are the final answers. Returns the agent metrics too.
     ``loop``: an open loop to reuse (kept open), else one is built and closed."""

@@ -1,4 +1,4 @@
-"""``danka train`` with ``rollout.tools`` / ``rollout.environment``: the multi-turn agent
+"""``danka train`` with ``agent.tools`` / ``agent.environment``: the multi-turn agent
 loop (danka/agent) in place of the single-turn ``engine.generate``.
 
 * prompts are chat messages (``data.system_prompt`` / ``data.instruction`` applied),
@@ -24,9 +24,9 @@ from danka.types import PromptRow
 
 
 def build_agent(cfg: DankaConfig, tokenizer: Any, base_dir: Path) -> AgentLoop | None:
-    """The agent loop of ``rollout.tools`` / ``rollout.environment``; None when neither."""
+    """The agent loop of ``agent.tools`` / ``agent.environment``; None when neither."""
     return build_agent_loop(
-        cfg.rollout,
+        cfg.agent,
         tokenizer,
         base_dir=base_dir,
         max_new_tokens=cfg.trainer.max_new_tokens,

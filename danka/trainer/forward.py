@@ -26,7 +26,7 @@ class ForwardSettings:
 
     temperature: float = 1.0  # the sampling temperature (0 = greedy: 1 here)
     chunk_size: int = 1024  # tokens per chunk of the log-prob head
-    pack_len: int | None = None  # data.packing: tokens per packed row, else None
+    pack_len: int | None = None  # speed.packing: tokens per packed row, else None
     shared_prefix: bool = True  # a prompt prefix the rows share runs once (shared_prefix.py)
     fused_head: bool = True  # CUDA: the head's per-chunk elementwise work compiled
 

@@ -14,7 +14,7 @@ from danka.trainer.stages import Stages, response_budget
 
 def worst_case(run: Run, prompts: list[list[int]]) -> Scored:
     """Scored samples where every response has the full response budget (max_new_tokens;
-    with tools, rollout.max_total_tokens), with random rewards."""
+    with tools, agent.max_total_tokens), with random rewards."""
     n, r = run.cfg.trainer.samples_per_prompt, response_budget(run)
     batch = finish_batch(
         prompts,

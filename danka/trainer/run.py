@@ -88,12 +88,12 @@ class Run:
     eos_ids: list[int] = field(default_factory=list)
     pad_id: int = 0
     dynamic: DynamicSampler | None = None  # sampling.dynamic_sampling (DAPO), else None
-    agent: AgentLoop | None = None  # the multi-turn loop of rollout.tools / environment
+    agent: AgentLoop | None = None  # the multi-turn loop of agent.tools / environment
 
     @property
     def pack_len(self) -> int | None:
         """Tokens per packed row in the update, or None (length-grouped padded micro-batches)."""
-        return self.cfg.data.max_packed_length if self.cfg.data.packing else None
+        return self.cfg.speed.max_packed_length if self.cfg.speed.packing else None
 
     @property
     def temperature(self) -> float:

@@ -1,6 +1,6 @@
 """Step 2, sampling: answers to a step's prompts from the live policy, as one ``Rollout``
 whether they come from one ``engine.generate`` call or from the multi-turn agent loop
-(``rollout.tools`` / ``rollout.environment``, danka/agent). Held-out evaluation samples
+(``agent.tools`` / ``agent.environment``, danka/agent). Held-out evaluation samples
 through the same function with greedy settings.
 """
 
@@ -37,7 +37,7 @@ class SampleContext:
     pad_id: int
     sizes: Sizes  # for an out-of-memory message
     agent: AgentLoop | None = None
-    environment: bool = False  # rollout.environment: its step rewards are a reward part
+    environment: bool = False  # agent.environment: its step rewards are a reward part
     system_prompt: str | None = None  # data.system_prompt / data.instruction, for the agent
     instruction: str | None = None
     chunk: int = 256  # prompts per call where a caller splits a long list (evaluation)

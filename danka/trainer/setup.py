@@ -76,7 +76,7 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     sizes = planned_sizes(cfg, budget, engine=engine_name, shape=shape, base_dir=base_dir,
                           log=log)  # fmt: skip
     tokenizer = build_tokenizer(cfg, log)
-    agent = build_agent(cfg, tokenizer, base_dir)  # None unless rollout.tools / environment
+    agent = build_agent(cfg, tokenizer, base_dir)  # None unless agent.tools / environment
     try:
         return _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows,
                            engine_name, tokenizer, agent, sizes)  # fmt: skip

@@ -194,9 +194,9 @@ def forward_settings(run: Run) -> ForwardSettings:
 
 def response_budget(run: Run) -> int:
     """Response tokens a sample may have: trainer.max_new_tokens, or for an agent rollout
-    rollout.max_total_tokens (all turns and tool responses; 0 = max_new_tokens)."""
+    agent.max_total_tokens (all turns and tool responses; 0 = max_new_tokens)."""
     t = run.cfg.trainer
-    return (run.cfg.rollout.max_total_tokens or t.max_new_tokens) if run.agent else t.max_new_tokens
+    return (run.cfg.agent.max_total_tokens or t.max_new_tokens) if run.agent else t.max_new_tokens
 
 
 def sizes(run: Run) -> Sizes:
@@ -215,7 +215,7 @@ def sampling_context(run: Run, prompts: PromptSet, params: SamplingParams) -> Sa
         pad_id=run.pad_id,
         sizes=sizes(run),
         agent=run.agent,
-        environment=bool(run.cfg.rollout.environment),
+        environment=bool(run.cfg.agent.environment),
         system_prompt=run.cfg.data.system_prompt,
         instruction=run.cfg.data.instruction,
     )

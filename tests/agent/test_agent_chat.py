@@ -66,5 +66,5 @@ def test_tool_prompt_picks_the_system_text():
     assert forced.prompt_messages(USER, [schema])[0]["content"].startswith("# Tools")
     assert forced.tool_message("6")["role"] == "user"
     for bad in ("hermez", "no placeholder", "{schemas} {other}"):
-        with pytest.raises(UserError, match="rollout.tool_prompt"):
+        with pytest.raises(UserError, match="agent.tool_prompt"):
             ChatFormat(tok, bad)

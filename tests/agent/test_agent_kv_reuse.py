@@ -105,7 +105,7 @@ def calculator_ab(device: str, *, prompts: int, n: int) -> dict:
     import time
 
     from danka.agent.setup import build_agent_loop, prompt_messages
-    from danka.config.schema import RolloutConfig
+    from danka.config.schema import AgentConfig
     from danka.data.calc_task import calc_rows
     from danka.models.loading import load_causal_lm, load_tokenizer, stop_ids
 
@@ -113,7 +113,7 @@ def calculator_ab(device: str, *, prompts: int, n: int) -> dict:
     tok = load_tokenizer(name, log=lambda *_: None)
     model = load_causal_lm(name, dtype="float32", log=lambda *_: None).to(device).eval()
     instruction = "Use the calculator tool, then reply with only the number."
-    cfg = RolloutConfig(tools=["calculator"], max_turns=3, max_tool_calls=4, max_total_tokens=384)
+    cfg = AgentConfig(tools=["calculator"], max_turns=3, max_tool_calls=4, max_total_tokens=384)
     rows = calc_rows(prompts, seed=0)
     msgs = prompt_messages(rows, instruction=instruction)
     params = SamplingParams(n=n, temperature=0.0, max_new_tokens=96)
@@ -145,15 +145,15 @@ def calculator_ab(device: str, *, prompts: int, n: int) -> dict:
 
 
 def test_kv_reuse_default_follows_the_engine_and_true_is_refused_without_a_session():
-    """rollout.kv_reuse null (the default): the fast engine's session, HF re-prefills;
+    """agent.kv_reuse null (the default): the fast engine's session, HF re-prefills;
     false: every turn re-prefills through ``generate`` even on the fast engine; true on an
     engine without sessions (HF) is a UserError naming the key, not a silent re-prefill."""
     from danka.agent.loop import _Regenerate, open_session
-    from danka.config.schema import RolloutConfig
+    from danka.config.schema import AgentConfig
     from danka.errors import UserError
     from danka.rollout.hf import HFGenerateEngine
 
-    assert RolloutConfig().kv_reuse is None
+    assert AgentConfig().kv_reuse is None
     model = tiny_causal_lm(tiny_tokenizer()).eval()
     kw = {"eos_ids": EOS, "pad_id": 0, "generator": None}
     assert not isinstance(open_session(FastEngine(), model, None, **kw), _Regenerate)
@@ -162,4 +162,4 @@ def test_kv_reuse_default_follows_the_engine_and_true_is_refused_without_a_sessi
     assert not isinstance(open_session(FastEngine(), model, True, **kw), _Regenerate)
     with pytest.raises(UserError) as err:
         open_session(HFGenerateEngine(), model, True, **kw)
-    assert "rollout.kv_reuse" in str(err.value) and "fast" in str(err.value)
+    assert "agent.kv_reuse" in str(err.value) and "fast" in str(err.value)

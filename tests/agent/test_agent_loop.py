@@ -8,7 +8,7 @@ import torch
 from danka.agent.env import UserEnvironment, load_environment_class
 from danka.agent.loop import AgentLimits, AgentLoop
 from danka.agent.setup import build_agent_loop
-from danka.config.schema import RolloutConfig
+from danka.config.schema import AgentConfig
 from danka.models.tiny import tiny_tokenizer
 from danka.rollout.base import SamplingParams, finish_batch
 from danka.types import PromptRow
@@ -56,7 +56,7 @@ def tool_loop(tok):
         kw = {k: getattr(limits, k) for k in ("max_turns", "max_tool_calls", "max_total_tokens")}
         loops.append(
             build_agent_loop(
-                RolloutConfig(tools=["calculator"], tool_demo="none", **kw),  # no worked examples
+                AgentConfig(tools=["calculator"], tool_demo="none", **kw),  # no worked examples
                 tok,
                 base_dir=".",
                 max_new_tokens=limits.max_total_tokens,
@@ -278,7 +278,7 @@ def test_agent_generate_for_the_cli(tok, monkeypatch):
     monkeypatch.setattr("danka.rollout.base.build_engine", lambda *a, **k: engine)
     rows = [PromptRow(index=7, prompt="What is 3 * 5?")]
     loop = build_agent_loop(
-        RolloutConfig(tools=["calculator"]), tok, base_dir=".", max_new_tokens=200
+        AgentConfig(tools=["calculator"]), tok, base_dir=".", max_new_tokens=200
     )
     [item], metrics = setup.agent_generate(
         None, tok, rows, loop, AnswerOptions(n=2, max_new_tokens=200)

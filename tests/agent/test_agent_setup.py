@@ -1,15 +1,15 @@
 import pytest
 
 from danka.agent.setup import build_agent_loop, check_agent_config
-from danka.config.schema import RolloutConfig
+from danka.config.schema import AgentConfig
 from danka.errors import UserError
 from danka.models.tiny import tiny_tokenizer
 
 
 def test_no_tools_no_loop_and_a_tool_loop_from_config():
     tok = tiny_tokenizer()
-    assert build_agent_loop(RolloutConfig(), tok, base_dir=".", max_new_tokens=64) is None
-    cfg = RolloutConfig(tools=["calculator"], max_turns=2, max_total_tokens=300)
+    assert build_agent_loop(AgentConfig(), tok, base_dir=".", max_new_tokens=64) is None
+    cfg = AgentConfig(tools=["calculator"], max_turns=2, max_total_tokens=300)
     loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=64)
     assert loop.limits.max_turns == 2 and loop.limits.max_total_tokens == 300
     assert [s["function"]["name"] for s in loop.schemas] == ["calculator"]
@@ -24,7 +24,7 @@ def test_tool_loop_outside_training_and_prompt_messages():
     from danka.agent.setup import prompt_messages
     from danka.types import PromptRow
 
-    cfg = RolloutConfig(tools=["calculator"], max_turns=2)
+    cfg = AgentConfig(tools=["calculator"], max_turns=2)
     loop = build_agent_loop(cfg, tiny_tokenizer(), base_dir=".", max_new_tokens=32)
     assert loop.limits.max_total_tokens == 32 and loop.limits.max_turns == 2
     loop.close()
@@ -50,4 +50,4 @@ def test_tool_loop_outside_training_and_prompt_messages():
 )
 def test_bad_agent_settings_are_refused(changes, message):
     with pytest.raises(UserError, match=message):
-        check_agent_config(RolloutConfig(**changes), max_new_tokens=64)
+        check_agent_config(AgentConfig(**changes), max_new_tokens=64)

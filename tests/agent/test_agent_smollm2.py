@@ -5,7 +5,7 @@ import pytest
 from danka.agent.env import UserEnvironment, load_environment_class
 from danka.agent.loop import AgentLimits, AgentLoop
 from danka.agent.setup import build_agent_loop
-from danka.config.schema import RolloutConfig
+from danka.config.schema import AgentConfig
 from danka.rollout.base import SamplingParams
 from danka.rollout.hf import HFGenerateEngine
 from danka.types import PromptRow
@@ -67,7 +67,7 @@ def test_smollm2_two_turns_and_tool_prompt(tmp_path):
         assert len(turns) == 2
         assert tok.decode(gen, skip_special_tokens=True) == "".join(turns)
 
-    cfg = RolloutConfig(tools=["calculator"], max_turns=2, max_total_tokens=120)
+    cfg = AgentConfig(tools=["calculator"], max_turns=2, max_total_tokens=120)
     tool_loop = build_agent_loop(cfg, tok, base_dir=".", max_new_tokens=32)
     out = tool_loop.rollout(HFGenerateEngine(), model, rows, msgs, params, eos_ids=eos, pad_id=pad)
     tool_loop.close()

@@ -8,7 +8,7 @@ import yaml
 
 from danka.cli import main
 from danka.config import load_config
-from danka.config.compat import fallback_warnings
+from danka.config.compat import config_notes, fallback_warnings
 from danka.errors import UserError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -98,6 +98,12 @@ def test_seed_story_config_loads_as_written(monkeypatch):
     assert len(lines) == 2
     assert "use_flash_attention_2" in lines[0] and "using sdpa" in lines[0]
     assert "wandb_project" in lines[1] and "logging locally" in lines[1]
+    # the retired backend switches: what they mean now, one note each
+    assert cfg.rollout.engine == "hf"
+    assert [n.split(":")[0] for n in config_notes(cfg)] == [
+        "backend.fsdp.enable_fsdp",
+        "backend.hf_transformers.enable_hf_transformers",
+    ]
 
 
 def test_recommended_example_validates():
@@ -257,9 +263,9 @@ def test_cli_seed_story_flags(capsys):
         ("logging.result_file=../x.json", "not a file name"),
         ("trainer.eval_max_new_tokens=many", "expected int or null"),
         ("trainer.auto_micro_batch=maybe", "expected bool"),
-        ("data.packing=true data.max_packed_length=100", "a sequence must fit one packed row"),
+        ("speed.packing=true speed.max_packed_length=100", "a sequence must fit one packed row"),
         ("backend.fsdp.sharding=zero3", "use one of: auto, replicate, shard"),
-        ("rollout.kv_reuse=sometimes", "expected bool"),
+        ("agent.kv_reuse=sometimes", "expected bool"),
     ],
 )
 def test_newer_options_are_checked(tmp_path, override, words):

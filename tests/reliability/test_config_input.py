@@ -58,7 +58,7 @@ def float_keys(cls: type = DankaConfig, prefix: str = "") -> list[str]:
 def test_the_red_teams_float_settings_are_among_the_checked_keys():
     keys = set(float_keys())
     for key in ("optim.lr", "sampling.temperature", "optim.max_grad_norm", "loss.kl.coef",
-                "reward.timeout_s", "rollout.tool_timeout_s"):  # fmt: skip
+                "reward.timeout_s", "agent.tool_timeout_s"):  # fmt: skip
         assert key in keys
 
 

@@ -116,7 +116,7 @@ def test_without_a_sandbox_the_runner_warns_loudly_at_start_up(monkeypatch, capl
     assert runner.sandbox == "none"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("UNSANDBOXED" in w and "read and write your files" in w for w in warnings)
-    assert any("rollout.tool_sandbox: none" in w for w in warnings)
+    assert any("agent.tool_sandbox: none" in w for w in warnings)
 
 
 def test_an_explicit_none_accepts_the_risk_without_the_warning(monkeypatch, caplog):
@@ -130,12 +130,12 @@ def test_an_explicit_none_accepts_the_risk_without_the_warning(monkeypatch, capl
 @pytest.mark.parametrize("mode", ["bwrap", "namespaces"])
 def test_an_explicit_sandbox_that_cannot_work_is_refused(monkeypatch, mode):
     _no_sandbox_here(monkeypatch)
-    with pytest.raises(UserError, match=f"rollout.tool_sandbox: {mode} does not work"):
+    with pytest.raises(UserError, match=f"agent.tool_sandbox: {mode} does not work"):
         choose(mode)
 
 
 def test_the_config_refuses_an_unavailable_sandbox_before_any_model(tmp_path):
-    """``rollout.tool_sandbox: bwrap`` on a PATH without bwrap: exit 2 from --print-config."""
+    """``agent.tool_sandbox: bwrap`` on a PATH without bwrap: exit 2 from --print-config."""
     (tmp_path / "rows.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n')
     (tmp_path / "c.yaml").write_text(
         textwrap.dedent("""\
@@ -155,7 +155,7 @@ def test_the_config_refuses_an_unavailable_sandbox_before_any_model(tmp_path):
         timeout=120,
     )
     assert done.returncode == 2, done.stderr
-    assert "rollout.tool_sandbox: bwrap does not work" in done.stderr
+    assert "agent.tool_sandbox: bwrap does not work" in done.stderr
     assert "Traceback" not in done.stderr
 
 

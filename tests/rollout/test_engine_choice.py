@@ -17,7 +17,6 @@ CUDA = torch.device("cuda")
 def cfg(**rollout) -> DankaConfig:
     c = DankaConfig()
     c.model.actor_model_name_or_path = "Qwen/Qwen2-7B-Instruct"
-    c.backend.hf_transformers.enable_hf_transformers = False
     c.lora.enable_lora = True
     for k, v in rollout.items():
         setattr(c.rollout, k, v)
@@ -29,11 +28,22 @@ def test_explicit_engine_wins():
     assert choose_engine(cfg(engine="hf"), torch.device("cpu"))[0] == "hf"
 
 
-def test_seed_backend_block_selects_hf():
-    c = cfg()
-    c.backend.hf_transformers.enable_hf_transformers = True
-    name, reason = choose_engine(c, CUDA, free_bytes=200 * GIB)
-    assert name == "hf" and "enable_hf_transformers" in reason
+def test_the_tutorial_s_backend_switch_selects_hf():
+    from danka.config.compat import config_notes
+    from danka.config.load import config_from_dict
+
+    data = {
+        "model": {"actor_model_name_or_path": "Qwen/Qwen2-7B-Instruct"},
+        "data": {"train_dataset": "x.jsonl"},
+        "backend": {"hf_transformers": {"enable_hf_transformers": True}},
+    }
+    c = config_from_dict(data)
+    assert c.rollout.engine == "hf"
+    assert config_notes(c) == [
+        "backend.hf_transformers.enable_hf_transformers: true is read as rollout.engine: hf "
+        "(the HF generate rollout)"
+    ]
+    assert choose_engine(c, CUDA, free_bytes=200 * GIB) == ("hf", "rollout.engine: hf")
 
 
 def test_cpu_and_quantised_use_hf():

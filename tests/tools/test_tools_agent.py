@@ -95,7 +95,7 @@ def test_eval_of_a_tool_config_uses_its_tools(tiny_dir, scripted, calc_file, tmp
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "e.json"
-    # rollout.max_turns 1: the call is made, no turn is left for the answer
+    # agent.max_turns 1: the call is made, no turn is left for the answer
     assert main(["eval", str(path), "--output", str(out)]) == 0
     assert json.loads(out.read_text())["accuracy"] == 0.0
     # --max-turns replaces the config's limit: call, then answer
@@ -112,7 +112,7 @@ def test_eval_of_a_tool_config_uses_its_tools(tiny_dir, scripted, calc_file, tmp
         (["--tools", ","], "--tools is empty"),
         (["--max-turns", "2"], "--max-turns needs --tools"),
         (["--tools", "calculator", "--max-turns", "0"], "max_turns must be >= 1"),
-        (["--tools", "calculator", "--tool-prompt", "hermez"], "rollout.tool_prompt"),
+        (["--tools", "calculator", "--tool-prompt", "hermez"], "agent.tool_prompt"),
         (["--tools", "calculator", "--tool-demo", "nodemo.json"], "tool demo file not found"),
     ],
 )

@@ -1,4 +1,4 @@
-"""``danka train`` with rollout.tools / rollout.environment: the multi-turn loop wired into
+"""``danka train`` with agent.tools / agent.environment: the multi-turn loop wired into
 the training step (scripted engine on the tiny model, exact tokens), and a short real run
 on SmolLM2-135M-Instruct with the calculator tool."""
 
@@ -183,7 +183,7 @@ def test_agent_settings_are_checked_before_training(tmp_path, tiny_model_dir):
         data={"train_dataset": "rows.jsonl", "max_prompt_length": 400},
         rollout={"tools": ["calculator"], "max_total_tokens": 200},
     )
-    with pytest.raises(UserError, match="rollout.max_total_tokens"):
+    with pytest.raises(UserError, match="agent.max_total_tokens"):
         load_config(path)
     path = make_config(
         tmp_path,

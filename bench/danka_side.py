@@ -3,9 +3,9 @@ builders only.
 
 The training benchmarks run danka's own step (``train_step``, ``update``) on random-weight
 models that have no files to load, so they cannot go through ``danka train``: they build
-the model set (``trainer.models.build_models``), hand it to ``trainer.setup.assemble_run``
-(the builder ``build_run`` ends in) with stand-in rewards, and bind the step's stages with
-``trainer.stages.build_stages``. A/B switches are config settings
+the model set (``trainer.models.build_models``), hand it to ``trainer.build.assemble``
+(the builder ``build`` ends in) with stand-in rewards, and step it with the loop's own
+``train_step`` and a ``RunState`` they hold themselves. A/B switches are config settings
 (``speed.fused_logprob_head``, ``speed.shared_prefix_forward``,
 ``rollout.shared_prefix``), never patched module globals. Nothing else in ``bench/``
 imports ``danka.trainer``.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ from danka.rewards.combine import RewardOutput
 from danka.rewards.combine import reward_specs as _reward_specs
 from danka.trainer import fit as _fit
 from danka.trainer.budget import cap_process
+from danka.trainer.build import Built, assemble, build
 from danka.trainer.forward import (
     ForwardSettings,
     effective_token_ratio,
@@ -34,9 +36,10 @@ from danka.trainer.forward import (
 )
 from danka.trainer.models import build_models
 from danka.trainer.records import ON_POLICY, StepResult, TrainBatch
-from danka.trainer.run import PromptSet, Run
-from danka.trainer.setup import assemble_run, build_model_set, build_run
-from danka.trainer.stages import Stages, build_stages
+from danka.trainer.run import PromptSet
+from danka.trainer.setup import build_model_set
+from danka.trainer.stages import Stages
+from danka.trainer.state import RunState
 from danka.trainer.update import update
 from danka.types import PromptRow, RolloutBatch
 
@@ -73,70 +76,98 @@ def load_models(cfg, dev: torch.device, log):
     return models
 
 
+@dataclass
+class BenchRun:
+    """A run as a benchmark drives it: what ``danka train`` builds (``Built``) and the
+    state its loop would own (the benchmark steps it, so it holds it here)."""
+
+    built: Built
+    state: RunState
+
+
 def build_run_for_bench(
     cfg, models, dev, dtype, log, *, prompts=None, engine=None, eos=(), pad=0, sizes=None
-) -> Run:
-    """``assemble_run`` with stand-ins for what a random-weight model has no files for:
-    the tokenizer (empty completions) and the rewards (N(0, 1)). ``prompts``: token-id
-    lists to sample from; ``sizes``: the plan of the sizes that are ``auto``
+) -> BenchRun:
+    """``trainer.build.assemble`` with stand-ins for what a random-weight model has no
+    files for: the tokenizer (empty completions) and the rewards (N(0, 1)). ``prompts``:
+    token-id lists to sample from; ``sizes``: the plan of the sizes that are ``auto``
     (danka.planning.micro)."""
     prompts = prompts or [[pad]] * cfg.trainer.batch_size
     rows = [PromptRow(index=i, prompt="") for i in range(len(prompts))]
     train = PromptSet(rows=rows, texts=[""] * len(rows), ids=prompts)
-    return assemble_run(
+    built = assemble(
         cfg, models, engine=engine, rewards=random_rewards, train=train, tokenizer=_NoText(),
         log=log, eos_ids=list(eos), pad_id=pad, sizes=sizes,
     )  # fmt: skip
+    return _bench_run(built)
 
 
-def build_run_from_config(cfg, base_dir: Path, out_dir: Path, log) -> Run:
-    """The ``Run`` ``danka train`` builds: model, tokenizer, data, rewards, engine."""
-    return build_run(cfg, base_dir, out_dir, log)
+def build_run_from_config(cfg, base_dir: Path, out_dir: Path, log) -> BenchRun:
+    """What ``danka train`` builds: model, tokenizer, data, rewards, engine."""
+    return _bench_run(build(cfg, base_dir, out_dir, log))
 
 
-def close_run(run: Run) -> None:
+def _bench_run(built: Built) -> BenchRun:
+    return BenchRun(built, RunState(step=0, total=built.total_steps, micro=built.micro))
+
+
+def close_run(run: BenchRun) -> None:
     """Release the run's engine buffers and reward workers."""
-    getattr(run.engine, "release", lambda: None)()
-    getattr(run.rewards, "close", lambda: None)()
+    s = run.built.stages
+    getattr(s.sampling.engine, "release", lambda: None)()
+    getattr(s.rewards, "close", lambda: None)()
 
 
-def policy_of(run: Run) -> torch.nn.Module:
-    return run.models.policy
+def policy_of(run: BenchRun) -> torch.nn.Module:
+    return run.built.stages.models.policy
 
 
-def set_engine(run: Run, engine) -> None:
+def set_engine(run: BenchRun, engine) -> None:
     """Swap the run's rollout engine (``None`` after releasing one)."""
-    run.engine = engine
+    s = run.built.stages
+    sampling = dataclasses.replace(s.sampling, engine=engine)
+    run.built = dataclasses.replace(run.built, stages=dataclasses.replace(s, sampling=sampling))
 
 
-def set_micro_batch(run: Run, sequences: int) -> None:
-    run.state.micro_batch_size = sequences
+def set_micro_batch(run: BenchRun, sequences: int) -> None:
+    run.state = dataclasses.replace(run.state, micro=sequences)
 
 
-def packed_length(run: Run) -> int | None:
+def micro_batch(run: BenchRun) -> int:
+    """The micro-batch the run is at (out-of-memory retries halve it)."""
+    return run.state.micro
+
+
+def packed_length(run: BenchRun) -> int | None:
     """Row length of ``speed.packing`` (None: packing off)."""
-    return run.pack_len
+    return run.built.stages.updating.forward.pack_len
 
 
-def stages_of(run: Run, *, fused_head: bool | None = None) -> Stages:
-    """The run's step stages (``build_stages``), the log-prob head's fused chunks on or off
-    when ``fused_head`` is given (``speed.fused_logprob_head`` for this run)."""
-    s = build_stages(run)
+def stages_of(run: BenchRun, *, fused_head: bool | None = None) -> Stages:
+    """The run's step stages, the log-prob head's fused chunks on or off when
+    ``fused_head`` is given (``speed.fused_logprob_head`` for this run)."""
+    s = run.built.stages
     if fused_head is not None:
         fwd = dataclasses.replace(s.updating.forward, fused_head=fused_head)
-        s.updating = dataclasses.replace(s.updating, forward=fwd)
-        s.preparing = dataclasses.replace(s.preparing, forward=fwd)
+        s = dataclasses.replace(
+            s,
+            updating=dataclasses.replace(s.updating, forward=fwd),
+            preparing=dataclasses.replace(s.preparing, forward=fwd),
+        )
     return s
 
 
-def train_step(run: Run, step: int) -> StepResult:
-    """One step of the training loop: its typed result (samples, phase seconds, peaks)."""
-    return _fit.train_step(stages_of(run), step)
+def train_step(run: BenchRun, step: int) -> StepResult:
+    """Step ``step`` of the training loop: its typed result (samples, phase seconds,
+    peaks); the micro-batch it ended at is the run's from now on."""
+    result = _fit.train_step(stages_of(run), dataclasses.replace(run.state, step=step - 1))
+    run.state = dataclasses.replace(run.state, step=step, micro=result.micro)
+    return result
 
 
-def packing_ratio(run: Run, batch: RolloutBatch) -> float:
+def packing_ratio(run: BenchRun, batch: RolloutBatch) -> float:
     """``packing/effective_token_ratio`` of ``batch`` as the run's update packs it."""
-    return effective_token_ratio(batch, run.state.micro_batch_size, run.pack_len)
+    return effective_token_ratio(batch, run.state.micro, packed_length(run))
 
 
 def train_batch(batch: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:
@@ -151,12 +182,12 @@ def train_batch(batch: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:
     )  # fmt: skip
 
 
-def update_step(run: Run, batch: TrainBatch, *, fused_head: bool = True) -> None:
+def update_step(run: BenchRun, batch: TrainBatch, *, fused_head: bool = True) -> None:
     """The update phase alone (log-probs, loss, backward, optimiser) on a ready batch."""
     s = stages_of(run, fused_head=fused_head)
     update(
-        s.models, s.algo, s.opts, batch, s.updating, micro_size=run.state.micro_batch_size,
-        kl_coef=float(run.kl_ctl.value), generator=run.update_generator,
+        s.models, s.algo, s.opts, batch, s.updating, micro_size=run.state.micro,
+        kl_coef=float(s.kl_ctl.value), generator=s.generator,
     )  # fmt: skip
 
 

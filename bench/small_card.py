@@ -118,7 +118,7 @@ def measure(args) -> dict:
         measured_reserved_gib=(
             torch.cuda.max_memory_reserved(dev) / GIB if dev.type == "cuda" else None
         ),
-        micro_batch_final=run.state.micro_batch_size,
+        micro_batch_final=ds.micro_batch(run),
         oom_retries=len(retries.lines),
         oom_lines=retries.lines,
     )

@@ -116,7 +116,7 @@ def _set_lr(opt, sched, new_lr: float) -> None:
 def apply_resume_changes(old: dict, new: dict, state: Any) -> list[str]:
     """Write the changed :data:`APPLIED_KEYS` of ``new`` into the ``state`` just restored
     from a checkpoint whose config was ``old``; returns ``"key: old -> new"`` per applied
-    change. ``state`` (the trainer's ``Run``) holds ``actor_opt``, ``actor_sched``,
+    change. ``state`` (the trainer's ``Checkpointer``) holds ``actor_opt``, ``actor_sched``,
     ``critic_opt``, ``critic_sched`` and ``kl_ctl`` (None where the run has none). Call it
     after the optimiser, schedulers and KL controller were loaded."""
     actor_opt, actor_sched = state.actor_opt, state.actor_sched

@@ -27,12 +27,12 @@ FULL_LR_RISK = 1e-5
 
 
 @CHECKS.register("clip_cannot_act", CheckMeta(reads="config"))
-def clip_cannot_act(run: RunRecord, at: int) -> Finding | None:
+def clip_cannot_act(rec: RunRecord, at: int) -> Finding | None:
     """With one optimizer step per rollout the policy that is trained IS the policy that
     sampled, at its only step: pi/pi_old = 1 exactly on every token, so no clip bound
     (PPO's, clip-higher, dual clip, GSPO's) and no value clip can ever be active. A rollout
     correction does not change that: it re-weights by pi_old/pi_rollout, another ratio."""
-    c = run.config
+    c = rec.config
     if optimizer_steps_per_rollout(c) != 1:
         return None
     names = ["clip_ratio_low", "clip_ratio_high", "dual_clip_c"]
@@ -55,8 +55,8 @@ def clip_cannot_act(run: RunRecord, at: int) -> Finding | None:
 
 
 @CHECKS.register("kl_off_high_lr", CheckMeta(reads="config", severity="risk"))
-def kl_off_high_lr(run: RunRecord, at: int) -> Finding | None:
-    c = run.config
+def kl_off_high_lr(rec: RunRecord, at: int) -> Finding | None:
+    c = rec.config
     lr, lora = float(setting(c, "lr")), bool(setting(c, "lora"))
     limit = LORA_LR_RISK if lora else FULL_LR_RISK
     if float(setting(c, "kl_coef") or 0) > 0 or lr < limit:
@@ -73,10 +73,10 @@ def kl_off_high_lr(run: RunRecord, at: int) -> Finding | None:
 
 
 @CHECKS.register("kl_adaptive_from_zero", CheckMeta(reads="config"))
-def kl_adaptive_from_zero(run: RunRecord, at: int) -> Finding | None:
+def kl_adaptive_from_zero(rec: RunRecord, at: int) -> Finding | None:
     """The adaptive controller multiplies its coefficient (value *= 1 + e * n / horizon):
     started at 0 it stays 0."""
-    c = run.config
+    c = rec.config
     if not setting(c, "kl_adaptive") or float(setting(c, "kl_coef") or 0) > 0:
         return None
     return Finding(
@@ -88,9 +88,9 @@ def kl_adaptive_from_zero(run: RunRecord, at: int) -> Finding | None:
 
 
 @CHECKS.register("critic_settings_unused", CheckMeta(reads="config"))
-def critic_settings_unused(run: RunRecord, at: int) -> Finding | None:
+def critic_settings_unused(rec: RunRecord, at: int) -> Finding | None:
     """Only GAE builds a critic; its settings (and GAE's lambda) do nothing elsewhere."""
-    c = run.config
+    c = rec.config
     if has_critic(c):
         return None
     set_ = [n for n in ("critic_lr", "value_clip", "vf_coef", "lam") if chosen(c, n)]

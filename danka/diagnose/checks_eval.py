@@ -37,8 +37,8 @@ def _number(record: dict, name: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-def _floor(run: RunRecord, upto: int) -> float | None:
-    for e in reversed(run.evals[: upto + 1]):
+def _floor(rec: RunRecord, upto: int) -> float | None:
+    for e in reversed(rec.evals[: upto + 1]):
         v = _number(e, GUESS_FLOOR_KEY)
         if v is not None:
             return v
@@ -46,9 +46,9 @@ def _floor(run: RunRecord, upto: int) -> float | None:
 
 
 @CHECKS.register("below_guess_floor", CheckMeta(reads="evals", final=True))
-def below_guess_floor(run: RunRecord, at: int) -> Finding | None:
-    last = run.evals[at]
-    acc, floor = _number(last, "eval/accuracy"), _floor(run, at)
+def below_guess_floor(rec: RunRecord, at: int) -> Finding | None:
+    last = rec.evals[at]
+    acc, floor = _number(last, "eval/accuracy"), _floor(rec, at)
     if not last.get("step") or acc is None or floor is None or acc > floor:
         return None
     return Finding(
@@ -64,8 +64,8 @@ def below_guess_floor(run: RunRecord, at: int) -> Finding | None:
 
 
 @CHECKS.register("accuracy_dropped", CheckMeta(reads="evals", final=True))
-def accuracy_dropped(run: RunRecord, at: int) -> Finding | None:
-    first, last = run.evals[0], run.evals[at]
+def accuracy_dropped(rec: RunRecord, at: int) -> Finding | None:
+    first, last = rec.evals[0], rec.evals[at]
     a0, a1 = _number(first, "eval/accuracy"), _number(last, "eval/accuracy")
     n = _number(last, "eval/n") or _number(first, "eval/n")
     if at == 0 or a0 is None or a1 is None or not n:
@@ -92,20 +92,20 @@ RUNAWAY_FRAC = 0.3
 RUNAWAY_RATIO = 3.0
 
 
-def _base_and_trained(run: RunRecord, at: int, *names: str):
+def _base_and_trained(rec: RunRecord, at: int, *names: str):
     """``(step, [(value at step 0, value at evaluation at) per name])`` (a value None where
     not finite), or None before training or without a step-0 evaluation (a resumed run's
     history may lack one)."""
-    base = next((e for e in run.evals if e.get("step") == 0), None)
-    now = run.evals[at]
+    base = next((e for e in rec.evals if e.get("step") == 0), None)
+    now = rec.evals[at]
     if base is None or not now.get("step"):
         return None
     return int(now["step"]), [(_number(base, n), _number(now, n)) for n in names]
 
 
 @CHECKS.register("runaway_length", CheckMeta(reads="evals", final=True))
-def runaway_length(run: RunRecord, at: int) -> Finding | None:
-    got = _base_and_trained(run, at, "eval/truncated", "eval/response_length")
+def runaway_length(rec: RunRecord, at: int) -> Finding | None:
+    got = _base_and_trained(rec, at, "eval/truncated", "eval/response_length")
     if got is None:
         return None
     step, [(t0, t1), (l0, l1)] = got
@@ -123,8 +123,8 @@ def runaway_length(run: RunRecord, at: int) -> Finding | None:
 
 
 @CHECKS.register("eval_truncated", CheckMeta(reads="evals", severity="risk"))
-def eval_truncated(run: RunRecord, at: int) -> Finding | None:
-    e = run.evals[at]
+def eval_truncated(rec: RunRecord, at: int) -> Finding | None:
+    e = rec.evals[at]
     t = _number(e, "eval/truncated")
     if e.get("step") != 0 or t is None or t <= EVAL_TRUNCATED_FRAC:
         return None
@@ -140,8 +140,8 @@ def eval_truncated(run: RunRecord, at: int) -> Finding | None:
 
 
 @CHECKS.register("probe_drift", CheckMeta(reads="evals"))
-def probe_drift(run: RunRecord, at: int) -> Finding | None:
-    got = _base_and_trained(run, at, "probe/degenerate_frac", "probe/mean_length", "probe/kl")
+def probe_drift(rec: RunRecord, at: int) -> Finding | None:
+    got = _base_and_trained(rec, at, "probe/degenerate_frac", "probe/mean_length", "probe/kl")
     if got is None:
         return None
     step, [(d0, d1), (l0, l1), (_, kl)] = got
@@ -171,8 +171,8 @@ def final_answer(text: str) -> str:
 
 
 @CHECKS.register("constant_answers", CheckMeta(reads="completions"))
-def constant_answers(run: RunRecord, at: int) -> Finding | None:
-    window = run.completions[max(0, at - COMPLETION_STEPS + 1) : at + 1]
+def constant_answers(rec: RunRecord, at: int) -> Finding | None:
+    window = rec.completions[max(0, at - COMPLETION_STEPS + 1) : at + 1]
     by_prompt: dict[str, list[str]] = {}
     truth: dict[str, str] = {}
     for _, records in window:

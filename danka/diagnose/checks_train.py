@@ -51,9 +51,9 @@ def _median_change(metric: str, unit: str, first: list, last: list) -> str:
 
 
 @CHECKS.register("length_collapse", CheckMeta(reads="metrics"))
-def length_collapse(run: RunRecord, at: int) -> Finding | None:
-    parts = first_and_last(points(run.metrics, "response_length", at))
-    rewards = first_and_last(points(run.metrics, "reward", at))
+def length_collapse(rec: RunRecord, at: int) -> Finding | None:
+    parts = first_and_last(points(rec.metrics, "response_length", at))
+    rewards = first_and_last(points(rec.metrics, "reward", at))
     if parts is None or rewards is None:
         return None
     (first, last), (r0, r1) = parts, rewards
@@ -76,14 +76,14 @@ def length_collapse(run: RunRecord, at: int) -> Finding | None:
 
 
 @CHECKS.register("bonus_dominates", CheckMeta(reads="metrics"))
-def bonus_dominates(run: RunRecord, at: int) -> Finding | None:
-    terms = [t for t in reward_terms(run.config) if t.weight != 0]
+def bonus_dominates(rec: RunRecord, at: int) -> Finding | None:
+    terms = [t for t in reward_terms(rec.config) if t.weight != 0]
     if not any(not t.primary for t in terms) or not any(t.primary for t in terms):
         return None
     gains: dict[str, float] = {}
     window = None
     for t in terms:
-        parts = first_and_last(points(run.metrics, f"reward/{t.key}", at))
+        parts = first_and_last(points(rec.metrics, f"reward/{t.key}", at))
         if parts is None:
             return None
         window = parts
@@ -110,8 +110,8 @@ def bonus_dominates(run: RunRecord, at: int) -> Finding | None:
 
 
 @CHECKS.register("entropy_collapse", CheckMeta(reads="metrics"))
-def entropy_collapse(run: RunRecord, at: int) -> Finding | None:
-    parts = first_and_last(points(run.metrics, "actor/entropy", at))
+def entropy_collapse(rec: RunRecord, at: int) -> Finding | None:
+    parts = first_and_last(points(rec.metrics, "actor/entropy", at))
     if parts is None:
         return None
     first, last = parts
@@ -130,11 +130,11 @@ def entropy_collapse(run: RunRecord, at: int) -> Finding | None:
 
 
 @CHECKS.register("zero_advantage", CheckMeta(reads="metrics"))
-def zero_advantage(run: RunRecord, at: int) -> Finding | None:
-    pts = points(run.metrics, "reward/zero_adv_groups", at)[-ZERO_ADV_STEPS:]
+def zero_advantage(rec: RunRecord, at: int) -> Finding | None:
+    pts = points(rec.metrics, "reward/zero_adv_groups", at)[-ZERO_ADV_STEPS:]
     if len(pts) < ZERO_ADV_STEPS or any(v <= ZERO_ADV_FRAC for _, v in pts):
         return None
-    n = setting(run.config, "samples_per_prompt")
+    n = setting(rec.config, "samples_per_prompt")
     return Finding(
         "zero_advantage",
         "most groups had equal rewards: the update had almost nothing to learn from",
@@ -155,8 +155,8 @@ NO_REWARD_EPS = 1e-9
 
 
 @CHECKS.register("no_reward", CheckMeta(reads="metrics"))
-def no_reward(run: RunRecord, at: int) -> Finding | None:
-    pts = points(run.metrics, "reward", at)[-NO_REWARD_STEPS:]
+def no_reward(rec: RunRecord, at: int) -> Finding | None:
+    pts = points(rec.metrics, "reward", at)[-NO_REWARD_STEPS:]
     if len(pts) < NO_REWARD_STEPS or any(abs(v) > NO_REWARD_EPS for _, v in pts):
         return None
     return Finding(
@@ -171,12 +171,12 @@ def no_reward(run: RunRecord, at: int) -> Finding | None:
 
 
 @CHECKS.register("truncation_at_start", CheckMeta(reads="metrics", severity="risk"))
-def truncation_at_start(run: RunRecord, at: int) -> Finding | None:
-    pts = points(run.metrics, "response/truncated", at)[:TRUNCATED_STEPS]
+def truncation_at_start(rec: RunRecord, at: int) -> Finding | None:
+    pts = points(rec.metrics, "response/truncated", at)[:TRUNCATED_STEPS]
     if len(pts) < TRUNCATED_STEPS or median(pts) <= TRUNCATED_FRAC:
         return None
-    masked = setting(run.config, "mask_truncated") or setting(run.config, "overlong_buffer")
-    limit = setting(run.config, "max_new_tokens")
+    masked = setting(rec.config, "mask_truncated") or setting(rec.config, "overlong_buffer")
+    limit = setting(rec.config, "max_new_tokens")
     fix = f"raise {key('max_new_tokens')} (now {limit}) until few answers are cut"
     if not masked:
         fix += (f", and set {key('mask_truncated')}: true or {key('overlong_buffer')} so a "

@@ -2,9 +2,9 @@
 (:func:`diagnose`, for ``danka doctor RUN_DIR``) and step by step while it trains
 (:class:`LiveDiagnoser`, for the ``[WARNING]`` lines). Both call the same check functions.
 
-A check is ``fn(run: RunRecord, at: int) -> Finding | None``: does the problem show at
+A check is ``fn(rec: RunRecord, at: int) -> Finding | None``: does the problem show at
 position ``at`` of the stream it reads (``CheckMeta.reads``), using only what was known
-then (``run.<stream>[: at + 1]``)? Because checks look only backwards, the doctor's
+then (``rec.<stream>[: at + 1]``)? Because checks look only backwards, the doctor's
 "first seen at step N" is the step at which the live run warned.
 """
 
@@ -60,13 +60,13 @@ Check = Callable[[RunRecord, int], "Finding | None"]
 CHECKS: Registry[CheckMeta] = Registry("run check", CheckMeta())
 
 
-def _length(run: RunRecord, stream: str) -> int:
-    return 1 if stream == "config" else len(getattr(run, stream))
+def _length(rec: RunRecord, stream: str) -> int:
+    return 1 if stream == "config" else len(getattr(rec, stream))
 
 
-def _run_check(name: str, run: RunRecord, at: int) -> Finding | None:
+def _run_check(name: str, rec: RunRecord, at: int) -> Finding | None:
     meta = CHECKS.meta(name)
-    found = CHECKS.get(name)(run, at)
+    found = CHECKS.get(name)(rec, at)
     if found is None:
         return None
     # the registry's severity is the check's: one place says whether it fails the doctor
@@ -83,18 +83,18 @@ def _checks(reads: str | None = None, final: bool | None = None) -> list[str]:
     return names
 
 
-def diagnose(run: RunRecord) -> list[Finding]:
+def diagnose(rec: RunRecord) -> list[Finding]:
     """Every finding of a finished (or live) run, each at the first position it holds;
     ordered config first, then by step."""
     found: list[Finding] = []
     for name in _checks():
         meta = CHECKS.meta(name)
-        n = _length(run, meta.reads)
+        n = _length(rec, meta.reads)
         positions = [n - 1] if meta.final else range(n)
         for at in positions:
             if at < 0:
                 continue
-            f = _run_check(name, run, at)
+            f = _run_check(name, rec, at)
             if f is not None:
                 found.append(f)
                 break
@@ -103,8 +103,8 @@ def diagnose(run: RunRecord) -> list[Finding]:
 
 def config_findings(config: dict) -> list[Finding]:
     """The start-up checks: what the config alone says (before any model loads)."""
-    run = RunRecord(config=config)
-    found = (_run_check(name, run, 0) for name in _checks("config"))
+    rec = RunRecord(config=config)
+    found = (_run_check(name, rec, 0) for name in _checks("config"))
     return [f for f in found if f is not None]
 
 

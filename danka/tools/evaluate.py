@@ -11,7 +11,7 @@ for k = 1, 2, 4, ..., K with the unbiased estimator of Chen et al. 2021
 
 (n samples, c of them correct). An answer is correct when the first reward function
 scores it at least ``threshold`` (1.0: the score of a right answer for every builtin rule
-reward), the same rule as the trainer's held-out evaluation.
+reward): danka.rewards.scoring, the rule the trainer's held-out evaluation uses too.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.errors import UserError
+from danka.rewards.scoring import score_samples
 from danka.types import PromptRow
 
 KEEP_SAMPLES = 16
@@ -45,32 +46,6 @@ def ks_for(samples: int) -> list[int]:
         ks.append(k)
         k *= 2
     return [*ks, samples]
-
-
-def score_samples(
-    rows: list[PromptRow],
-    prompts: list[str],
-    completions: list[list[str]],
-    rewards: Any,
-    threshold: float = 1.0,
-) -> tuple[list[list[float]], list[list[bool]], dict[str, float]]:
-    """Rewards and correctness of ``completions[i][j]`` (answer j to row i), and the
-    fraction of answers each reward function alone scores as correct. ``rewards`` is a
-    :class:`danka.rewards.combine.RewardComputer`."""
-    flat_rows = [r for r, cs in zip(rows, completions) for _ in cs]
-    flat_prompts = [p for p, cs in zip(prompts, completions) for _ in cs]
-    flat = [c for cs in completions for c in cs]
-    from danka.trainer.evaluate import judge
-
-    out = rewards(flat_rows, flat_prompts, flat)
-    correct, per_fn = judge(out, threshold)
-    scores, ok = out.scores.float().tolist(), correct.tolist()
-    by_row_s, by_row_c, k = [], [], 0
-    for cs in completions:
-        by_row_s.append(scores[k : k + len(cs)])
-        by_row_c.append([bool(x) for x in ok[k : k + len(cs)]])
-        k += len(cs)
-    return by_row_s, by_row_c, per_fn
 
 
 def summarize(

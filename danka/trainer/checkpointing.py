@@ -8,8 +8,11 @@ the data position and the KL controller. The crash-safe writing is danka.checkpo
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
@@ -28,11 +31,16 @@ from danka.checkpoint.resume_changes import (
     check_layout,
     describe_changes,
 )
+from danka.config.schema import DankaConfig
 from danka.config.secrets import mask_secrets
 from danka.errors import UserError, first_line
 from danka.lifecycle import check_run_lock
 from danka.model_card import hub_ready_writers
 from danka.models.value_head import load_value_head, save_value_head
+from danka.trainer.dynamic_sampling import DynamicSampler
+from danka.trainer.models import ModelSet
+from danka.trainer.sampler import PromptSampler
+from danka.trainer.update import Optimizers
 
 ADAPTER_FILE = "adapter_model.safetensors"
 
@@ -43,10 +51,9 @@ def _save_adapter(model, adapter: str, folder: Path, full: dict | None = None) -
     model.peft_config[adapter].save_pretrained(str(folder))
 
 
-def _writers(run, full: dict | None = None, critic_full: dict | None = None) -> dict:
+def _writers(models: ModelSet, full: dict | None = None, critic_full: dict | None = None) -> dict:
     """``full`` / ``critic_full``: the policy's / critic's gathered state dicts (several
     processes), else the live ones."""
-    models = run.models
     if models.lora:
         writers = {"actor": lambda d: _save_adapter(models.policy, "default", d, full)}
     else:
@@ -68,47 +75,6 @@ def _writers(run, full: dict | None = None, critic_full: dict | None = None) -> 
 
         writers["critic"] = critic
     return writers
-
-
-def save(run, step: int, history: dict, resolved: dict, config_hash: str) -> Path | None:
-    full, actor_opt = None, run.actor_opt.state_dict()
-    critic_full, critic_opt = None, run.critic_opt.state_dict() if run.critic_opt else None
-    if dist.is_active():  # gather on every rank (collective), write on rank 0 only
-        full = dist.full_state_dict(run.models.policy)
-        actor_opt = dist.full_optimizer_state(run.actor_opt)
-        if run.critic_opt is not None:
-            critic_full, critic_opt = dist.full_critic_state(run.models, run.critic_opt, full)
-        if not dist.is_main():
-            return None
-    # the output dir may have been deleted and taken by another run since we locked it
-    check_run_lock(run.output_dir, what=f"checkpoint {step}")
-    state = {
-        "step": step,
-        "actor_opt": actor_opt,
-        "actor_sched": run.actor_sched.state_dict(),
-        "critic_opt": critic_opt,
-        "critic_sched": run.critic_sched.state_dict() if run.critic_sched else None,
-        "rng": capture_rng_state(),
-        "update_generator": run.update_generator.get_state(),
-        "sampler": run.sampler.state_dict(),
-        "kl_ctl": run.kl_ctl.state_dict(),
-        "dynamic_sampler": run.dynamic.state_dict() if run.dynamic is not None else None,
-        "history": history,
-        "model": run.cfg.model.actor_model_name_or_path,
-    }
-    path = save_checkpoint(
-        run.output_dir,
-        step,
-        hub_ready_writers(
-            _writers(run, full, critic_full), run.cfg, step, history, run.models.lora
-        ),
-        trainer_state=state,
-        config_hash=config_hash,
-        config=resolved,  # masked by save_checkpoint
-        keep_last=run.cfg.checkpoint.keep_last,
-    )
-    run.log.info(f"checkpoint saved: {run.output_dir / 'actor' / f'checkpoint_{step}'}")
-    return path
 
 
 def _load_adapter(model, adapter: str, folder: Path, where: Path) -> None:
@@ -161,61 +127,136 @@ def check_compatible(state_dir: Path, resolved: dict) -> None:
     check_layout(old, resolved, where=str(state_dir))
 
 
-def restore(run, state_dir: Path, resolved: dict) -> tuple[int, dict]:
-    """Load every part of the checkpoint at ``state_dir`` into ``run``; returns (step, history)."""
-    verify_checkpoint(state_dir)
-    check_compatible(state_dir, resolved)
-    parts = checkpoint_parts(state_dir)
-    state = load_trainer_state(state_dir)
-    old_cfg = load_checkpoint_config(state_dir) or {}
-    new_cfg = mask_secrets(resolved)  # the checkpoint's copy is masked too
-    if state.get("model") != run.cfg.model.actor_model_name_or_path:
-        raise UserError(
-            f"checkpoint was trained on {state.get('model')!r}, this config uses "
-            f"{run.cfg.model.actor_model_name_or_path!r}",
-            where=str(state_dir),
-            fix="set model.actor_model_name_or_path to the checkpoint's model",
+@dataclass(frozen=True)
+class Checkpointer:
+    """Step 9 bound to what a checkpoint holds: the models, the optimisers and schedules,
+    the KL controller, the prompt sampler, dynamic sampling's leftovers and the update's
+    generator (shared with the stages, which train them), plus where and how to write."""
+
+    cfg: DankaConfig
+    output_dir: Path
+    log: logging.Logger
+    models: ModelSet
+    opts: Optimizers
+    kl_ctl: object  # FixedKLController | AdaptiveKLController
+    sampler: PromptSampler
+    generator: torch.Generator
+    dtype: torch.dtype
+    dynamic: DynamicSampler | None = None
+
+    # what danka.checkpoint.resume_changes.apply_resume_changes writes new values into
+    @property
+    def actor_opt(self):
+        return self.opts.actor
+
+    @property
+    def actor_sched(self):
+        return self.opts.actor_sched
+
+    @property
+    def critic_opt(self):
+        return self.opts.critic
+
+    @property
+    def critic_sched(self):
+        return self.opts.critic_sched
+
+    def save(self, step: int, history: dict, resolved: dict, config_hash: str) -> Path | None:
+        """Write checkpoint ``step`` (every rank gathers, rank 0 writes); its path, None on
+        other ranks."""
+        o, models = self.opts, self.models
+        full, actor_opt = None, o.actor.state_dict()
+        critic_full, critic_opt = None, o.critic.state_dict() if o.critic else None
+        if dist.is_active():  # gather on every rank (collective), write on rank 0 only
+            full = dist.full_state_dict(models.policy)
+            actor_opt = dist.full_optimizer_state(o.actor)
+            if o.critic is not None:
+                critic_full, critic_opt = dist.full_critic_state(models, o.critic, full)
+            if not dist.is_main():
+                return None
+        # the output dir may have been deleted and taken by another run since we locked it
+        check_run_lock(self.output_dir, what=f"checkpoint {step}")
+        state = {
+            "step": step,
+            "actor_opt": actor_opt,
+            "actor_sched": o.actor_sched.state_dict(),
+            "critic_opt": critic_opt,
+            "critic_sched": o.critic_sched.state_dict() if o.critic_sched else None,
+            "rng": capture_rng_state(),
+            "update_generator": self.generator.get_state(),
+            "sampler": self.sampler.state_dict(),
+            "kl_ctl": self.kl_ctl.state_dict(),
+            "dynamic_sampler": self.dynamic.state_dict() if self.dynamic is not None else None,
+            "history": history,
+            "model": self.cfg.model.actor_model_name_or_path,
+        }
+        writers = _writers(models, full, critic_full)
+        path = save_checkpoint(
+            self.output_dir,
+            step,
+            hub_ready_writers(writers, self.cfg, step, history, models.lora),
+            trainer_state=state,
+            config_hash=config_hash,
+            config=resolved,  # masked by save_checkpoint
+            keep_last=self.cfg.checkpoint.keep_last,
         )
-    try:
-        _load_parts(run, parts, state, state_dir)
-    except (RuntimeError, ValueError, KeyError) as err:
-        # why: a checkpoint without config.json, or a layout check missed a case; torch's
-        # message (size mismatch, missing keys) is kept, its traceback is not
-        raise UserError(
-            f"the checkpoint does not fit this model or config: {first_line(err)}",
-            where=str(state_dir),
-            fix="resume with the model, lora and algorithm settings the checkpoint "
-            "was trained with, or start a new output_dir",
-        ) from err
-    if old_cfg:
-        apply_resume_changes(old_cfg, new_cfg, run)
-        changes = describe_changes(old_cfg, new_cfg)
-        if changes:
-            run.log.warning("resuming with a changed config: " + "; ".join(changes))
-    return int(state["step"]), state.get("history") or {"eval": []}
+        self.log.info(f"checkpoint saved: {self.output_dir / 'actor' / f'checkpoint_{step}'}")
+        return path
 
+    def restore(self, state_dir: Path, resolved: dict) -> tuple[int, dict]:
+        """Load every part of the checkpoint at ``state_dir``; returns (step, history)."""
+        verify_checkpoint(state_dir)
+        check_compatible(state_dir, resolved)
+        parts = checkpoint_parts(state_dir)
+        state = load_trainer_state(state_dir)
+        old_cfg = load_checkpoint_config(state_dir) or {}
+        new_cfg = mask_secrets(resolved)  # the checkpoint's copy is masked too
+        model = self.cfg.model.actor_model_name_or_path
+        if state.get("model") != model:
+            raise UserError(
+                f"checkpoint was trained on {state.get('model')!r}, this config uses {model!r}",
+                where=str(state_dir),
+                fix="set model.actor_model_name_or_path to the checkpoint's model",
+            )
+        try:
+            self._load_parts(parts, state, state_dir)
+        except (RuntimeError, ValueError, KeyError) as err:
+            # why: a checkpoint without config.json, or a layout check missed a case; torch's
+            # message (size mismatch, missing keys) is kept, its traceback is not
+            raise UserError(
+                f"the checkpoint does not fit this model or config: {first_line(err)}",
+                where=str(state_dir),
+                fix="resume with the model, lora and algorithm settings the checkpoint "
+                "was trained with, or start a new output_dir",
+            ) from err
+        if old_cfg:
+            apply_resume_changes(old_cfg, new_cfg, self)
+            changes = describe_changes(old_cfg, new_cfg)
+            if changes:
+                self.log.warning("resuming with a changed config: " + "; ".join(changes))
+        return int(state["step"]), state.get("history") or {"eval": []}
 
-def _load_parts(run, parts: dict[str, Path], state: dict, state_dir: Path) -> None:
-    models = run.models
-    if models.lora:
-        _load_adapter(models.policy, "default", parts["actor"], state_dir)
-    else:
-        dist.load_full_model(models.policy, parts["actor"], run.dtype)
-    if models.value_head is not None:
+    def _load_parts(self, parts: dict[str, Path], state: dict, state_dir: Path) -> None:
+        models, o = self.models, self.opts
         if models.lora:
-            _load_adapter(models.critic_model, "critic", parts["critic"], state_dir)
+            _load_adapter(models.policy, "default", parts["actor"], state_dir)
         else:
-            dist.load_full_model(models.critic_model, parts["critic"], run.dtype)
-        head = load_value_head(parts["critic"], models.value_head.hidden_size)
-        models.value_head.load_state_dict(head.state_dict())
-    dist.load_optimizer_state(run.actor_opt, state["actor_opt"])
-    run.actor_sched.load_state_dict(state["actor_sched"])
-    if run.critic_opt is not None and state.get("critic_opt"):
-        dist.load_optimizer_state(run.critic_opt, state["critic_opt"])
-        run.critic_sched.load_state_dict(state["critic_sched"])
-    restore_rng_state(state["rng"])
-    run.update_generator.set_state(state["update_generator"])
-    run.sampler.load_state_dict(state["sampler"])
-    run.kl_ctl.load_state_dict(state["kl_ctl"])
-    if run.dynamic is not None and state.get("dynamic_sampler"):
-        run.dynamic.load_state_dict(state["dynamic_sampler"])
+            dist.load_full_model(models.policy, parts["actor"], self.dtype)
+        if models.value_head is not None:
+            if models.lora:
+                _load_adapter(models.critic_model, "critic", parts["critic"], state_dir)
+            else:
+                dist.load_full_model(models.critic_model, parts["critic"], self.dtype)
+            head = load_value_head(parts["critic"], models.value_head.hidden_size)
+            models.value_head.load_state_dict(head.state_dict())
+        dist.load_optimizer_state(o.actor, state["actor_opt"])
+        o.actor_sched.load_state_dict(state["actor_sched"])
+        if o.critic is not None and state.get("critic_opt"):
+            dist.load_optimizer_state(o.critic, state["critic_opt"])
+            o.critic_sched.load_state_dict(state["critic_sched"])
+        restore_rng_state(state["rng"])
+        self.generator.set_state(state["update_generator"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        if self.dynamic is not None and state.get("dynamic_sampler"):
+            self.dynamic.load_state_dict(state["dynamic_sampler"])

@@ -1,118 +1,58 @@
-"""Held-out evaluation: greedy answers scored by the reward function, next to what no
-model needs (the guess floor of the held-out set, computed once at step 0), and the drift
-probe: general prompts answered at every evaluation, to see whether the model still
-answers them as it did before training."""
+"""Step 10, held-out evaluation, bound once like the other stages: greedy answers scored by
+the reward functions (danka.rewards.scoring, the rule ``danka eval`` uses too), next to
+what no model needs (the guess floor of the held-out set, fixed at the first evaluation),
+and the drift probe: general prompts answered at every evaluation, to see whether the model
+still answers them as it did before training. An evaluation returns one ``EvalResult``;
+writing it is danka/trainer/outputs.py's."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from danka.agent.rewards import AgentCompletion
 from danka.data.template import encode_prompts
 from danka.diagnose.floors import guess_floors
 from danka.diagnose.probe import PROBE_PROMPTS, mean_kl, probe_stats
-from danka.rewards.combine import RewardComputer, RewardOutput
+from danka.rewards.combine import RewardComputer
+from danka.rewards.scoring import CORRECT_AT, judge
 from danka.rollout.base import SamplingParams
-from danka.trainer.forward import batched, policy_logprobs
-from danka.trainer.run import PromptSet, Run
+from danka.trainer.forward import ForwardSettings, batched, policy_logprobs
+from danka.trainer.models import ModelSet
+from danka.trainer.run import PromptSet
 from danka.trainer.sample import SampleContext, sample
-from danka.trainer.stages import forward_settings, sampling_context
 from danka.types import PromptRow, RolloutBatch
 
-CORRECT_AT = 1.0  # the score of a right answer for every builtin rule reward
+SHOWN = 16  # answers written into eval/step_N.json
 
 
-def judge(
-    out: RewardOutput, threshold: float = CORRECT_AT
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The one "correct" rule (training evaluation and ``danka eval``): a sample is
-    correct when the FIRST reward function scores it at least ``threshold`` (the combined
-    score if there is no function). Returns (correct (B,) bool, per-function accuracy
-    ``name -> fraction``: a weight-0 function is a pure metric, e.g. GSM8K's flexible
-    accuracy next to the strict one)."""
-    primary = next(iter(out.per_function.values())) if out.per_function else out.scores
-    correct = primary.float() >= threshold - 1e-6
-    per_fn = {
-        name: float((v.float() >= threshold - 1e-6).float().mean())
-        for name, v in out.per_function.items()
-    }
-    return correct.cpu(), per_fn
+@dataclass(frozen=True)
+class HeldOut:
+    """Greedy answers to held-out prompts, scored."""
+
+    metrics: dict[str, float]  # eval/accuracy, eval/correct/<fn>, eval/reward, ...
+    samples: list[dict]  # the first SHOWN answers: prompt, completion, ground truth, correct
 
 
-def eval_context(run: Run, subset: int = 0) -> SampleContext:
-    """Greedy sampling of the held-out prompts (eval_max_new_tokens), one answer each,
-    ``rollout.generation_batch_size`` (or 256, also for auto) prompts at a time; ``subset``
-    > 0: only the first ``subset`` prompts."""
-    t = run.cfg.trainer
-    params = SamplingParams(
-        n=1, temperature=0.0, max_new_tokens=run.cfg.eval.max_new_tokens or t.max_new_tokens
-    )
-    prompts = run.eval
-    if 0 < subset < len(prompts.rows):
-        prompts = PromptSet(prompts.rows[:subset], prompts.texts[:subset], prompts.ids[:subset])
-    ctx = sampling_context(run, prompts, params)
-    per_call = run.cfg.rollout.generation_batch_size
-    return dataclasses.replace(
-        ctx, chunk=per_call if isinstance(per_call, int) and per_call else 256
-    )
+@dataclass(frozen=True)
+class GuessFloors:
+    """What guessing scores on the held-out set (danka/diagnose/floors.py), fixed at the
+    first evaluation and kept in the run's history (its JSON: ``to_json``)."""
 
+    metrics: dict[str, float]  # eval/guess_floor, eval/guess_floor/<fn>, eval/guess/...
+    detail: dict  # the guessed answers, by name
 
-@torch.no_grad()
-def evaluate(ctx: SampleContext, rewards: RewardComputer) -> dict:
-    """Greedy accuracy on the prompts of ``ctx`` (through the agent loop when it has one:
-    ``eval/agent/*`` are its metrics). Correct as :func:`judge` says; per function as
-    ``eval/correct/<name>``."""
-    prompts, n = ctx.prompts, len(ctx.prompts.rows)
-    completions, lengths, truncated = [], [], []
-    agent_metrics: dict[str, float] = {}
-    for start in range(0, n, ctx.chunk):
-        idx = list(range(start, min(start + ctx.chunk, n)))
-        got = sample(ctx, idx)
-        completions.extend(got.completions)
-        lengths.extend(got.batch.response_mask.sum(1).tolist())
-        truncated.extend(got.batch.truncated.tolist())
-        for key, value in got.agent_stats.items():  # sample-weighted over the chunks
-            agent_metrics[key] = agent_metrics.get(key, 0.0) + value * len(idx)
-    out = rewards(prompts.rows, prompts.texts, completions)
-    ok, per_fn = judge(out)
-    correct = ok.float()
-    return {
-        **{f"eval/correct/{name}": value for name, value in per_fn.items()},
-        "eval/accuracy": float(correct.mean()),
-        "eval/reward": float(out.scores.float().mean()),
-        "eval/response_length": sum(lengths) / max(1, len(lengths)),
-        "eval/truncated": sum(truncated) / max(1, len(truncated)),
-        "eval/n": float(n),
-        **{f"eval/{k}": v / max(1, n) for k, v in agent_metrics.items()},
-        "_samples": [
-            {
-                "prompt": p,
-                "completion": _shown(c),
-                "ground_truth": r.ground_truth,
-                "correct": bool(k),
-            }
-            for p, c, r, k in zip(
-                prompts.texts[:16], completions[:16], prompts.rows[:16], correct[:16].tolist()
-            )
-        ],
-    }
+    def to_json(self) -> dict:
+        return {"metrics": self.metrics, "detail": self.detail}
 
-
-def _shown(completion: str) -> str | list:
-    """What eval/step_N.json shows: an agent's trajectory (tool turns included), or the text."""
-    return completion.messages if isinstance(completion, AgentCompletion) else completion
-
-
-def guess_floors_of(run: Run) -> dict:
-    """The held-out set's guess floors (danka/diagnose/floors.py), scored by the run's own
-    reward functions: {"metrics": eval/guess_floor..., "detail": the guessed answers}."""
-    floors = guess_floors(run.eval.rows, run.eval.texts, run.rewards, threshold=CORRECT_AT)
-    return {"metrics": floors.metrics(), "detail": floors.to_json()}
+    @classmethod
+    def from_json(cls, data: dict) -> GuessFloors:
+        return cls(metrics=dict(data["metrics"]), detail=dict(data["detail"]))
 
 
 @dataclass
@@ -135,35 +75,170 @@ class ProbeReference:
         return cls(batch=RolloutBatch(**t), logprobs=logprobs)
 
 
-def probe_prompts(run: Run) -> PromptSet:
-    """The probe prompts as the model reads them: the chat template alone (no system
-    prompt, no task instruction: they ask the model as a user would)."""
-    texts = list(run.cfg.eval.probe_prompts or PROBE_PROMPTS)
-    rows = [
-        PromptRow(index=i, prompt=[{"role": "user", "content": t}]) for i, t in enumerate(texts)
-    ]
-    enc = encode_prompts(run.tokenizer, rows, max_prompt_length=run.cfg.trainer.max_length)
-    return PromptSet(rows=enc.rows, texts=enc.texts, ids=enc.input_ids)
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluation: the numbers (``record``: what the history, trackers, callbacks and
+    the run doctor read) and what eval/step_N.json shows besides them."""
+
+    step: int
+    metrics: dict[str, float]  # eval/*, the guess floors, eval/seconds|minutes, probe/*
+    samples: list[dict]  # the first SHOWN held-out answers
+    floors: GuessFloors
+    probe_answers: list[dict]  # {"prompt", "answer"} per probe prompt
+    probe_reference: ProbeReference  # the step-0 answers the probe compares to
+    seconds: float
+
+    @property
+    def record(self) -> dict:
+        return {"step": self.step, **self.metrics}
+
+    @property
+    def accuracy(self) -> float:
+        return self.metrics["eval/accuracy"]
 
 
 @torch.no_grad()
-def probe(run: Run, reference: ProbeReference | None) -> tuple[dict, list, ProbeReference]:
-    """The drift probe: greedy answers to the probe prompts, their statistics, and (given
-    the step-0 reference) the mean KL per token of the current policy to the step-0
-    answers. Returns (metrics ``probe/*``, the answers, the reference to keep)."""
-    prompts = probe_prompts(run)
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=run.cfg.eval.probe_max_new_tokens)
-    ctx = dataclasses.replace(sampling_context(run, prompts, params), agent=None)
-    got = sample(ctx, list(range(len(prompts.rows))))
-    lengths = [int(n) for n in got.batch.response_mask.sum(1).tolist()]
-    stats = probe_stats(got.completions, lengths)
-    fwd = forward_settings(run)
-    micro = run.state.micro_batch_size
-    with run.models.actor() as policy:
-        if reference is None:  # step 0: the answers and log-probs later ones compare to
-            logp = batched(policy_logprobs, policy, got.batch, micro, settings=fwd)
-            reference = ProbeReference(batch=got.batch, logprobs=logp)
-        now = batched(policy_logprobs, policy, reference.batch, micro, settings=fwd)
-    kl = mean_kl(now, reference.logprobs, reference.batch.response_mask)
-    answers = [{"prompt": p, "answer": a} for p, a in zip(prompts.texts, got.completions)]
-    return stats.metrics(kl), answers, reference
+def held_out(ctx: SampleContext, rewards: RewardComputer, micro: int) -> HeldOut:
+    """Greedy accuracy on the prompts of ``ctx``, ``ctx.chunk`` prompts a call (through the
+    agent loop when it has one: ``eval/agent/*`` are its metrics). Correct as
+    danka.rewards.scoring.judge says; per function as ``eval/correct/<name>``."""
+    prompts, n = ctx.prompts, len(ctx.prompts.rows)
+    completions, shown, lengths, truncated = [], [], [], []
+    agent_metrics: dict[str, float] = {}
+    for start in range(0, n, ctx.chunk):
+        idx = list(range(start, min(start + ctx.chunk, n)))
+        got = sample(ctx, idx, micro)
+        completions.extend(got.completions)
+        shown.extend(got.shown)  # an agent's trajectory (tool turns included), or the text
+        lengths.extend(got.batch.response_mask.sum(1).tolist())
+        truncated.extend(got.batch.truncated.tolist())
+        for key, value in got.agent_stats.items():  # sample-weighted over the chunks
+            agent_metrics[key] = agent_metrics.get(key, 0.0) + value * len(idx)
+    out = rewards(prompts.rows, prompts.texts, completions)
+    ok, per_fn = judge(out)
+    correct = ok.float()
+    metrics = {
+        **{f"eval/correct/{name}": value for name, value in per_fn.items()},
+        "eval/accuracy": float(correct.mean()),
+        "eval/reward": float(out.scores.float().mean()),
+        "eval/response_length": sum(lengths) / max(1, len(lengths)),
+        "eval/truncated": sum(truncated) / max(1, len(truncated)),
+        "eval/n": float(n),
+        **{f"eval/{k}": v / max(1, n) for k, v in agent_metrics.items()},
+    }
+    samples = [
+        {"prompt": p, "completion": c, "ground_truth": r.ground_truth, "correct": bool(k)}
+        for p, c, r, k in zip(
+            prompts.texts[:SHOWN], shown[:SHOWN], prompts.rows[:SHOWN], correct[:SHOWN].tolist()
+        )
+    ]
+    return HeldOut(metrics, samples)
+
+
+@dataclass
+class Evaluator:
+    """Step 10 bound to what it needs: the held-out and probe sampling contexts, the
+    rewards, the policy and the forward settings. Two things are fixed by the first
+    evaluation and remembered (a resumed run gets them back: :meth:`remember`): the
+    held-out set's guess floors and the step-0 probe answers."""
+
+    held: SampleContext  # greedy over every held-out prompt
+    probe: SampleContext  # greedy over the probe prompts (no agent loop)
+    rewards: RewardComputer
+    models: ModelSet
+    forward: ForwardSettings
+    log: logging.Logger
+    subset_size: int = 0  # eval.subset_size: the middle evaluations on the first N prompts
+    floors: GuessFloors | None = None
+    reference: ProbeReference | None = None
+
+    def remember(self, history: dict, probe_file: Path) -> None:
+        """A resumed run's floors (in its history) and step-0 probe answers (on disk)."""
+        if self.floors is None and "floors" in history:
+            self.floors = GuessFloors.from_json(history["floors"])
+        if self.reference is None and probe_file.is_file():
+            self.reference = ProbeReference.load(probe_file)
+
+    def __call__(self, step: int, micro: int, *, full: bool, started: float) -> EvalResult:
+        """Held-out accuracy at ``step`` (forwards of ``micro`` sequences) next to the
+        set's guess floors, and the drift probe. ``full=False``: an evaluation between the
+        first and the last, on the first ``subset_size`` prompts when that is set;
+        ``started``: when ``danka train`` started (``eval/minutes``)."""
+        ctx = self.held
+        subset = 0 if full else self.subset_size
+        if 0 < subset < len(ctx.prompts.rows):
+            p = ctx.prompts
+            ctx = dataclasses.replace(ctx, prompts=PromptSet(p.rows[:subset], p.texts[:subset],
+                                                            p.ids[:subset]))  # fmt: skip
+        self.log.info(f"step {step} | evaluating {len(ctx.prompts.rows)} held-out prompts (greedy)")
+        t0 = time.perf_counter()
+        got = held_out(ctx, self.rewards, micro)
+        seconds = time.perf_counter() - t0
+        metrics = {
+            **got.metrics,
+            "eval/seconds": round(seconds, 2),
+            "eval/minutes": round((time.perf_counter() - started) / 60, 3),
+        }
+        if self.floors is None:  # on the whole held-out set, scored by the run's rewards
+            held = self.held.prompts
+            found = guess_floors(held.rows, held.texts, self.rewards, threshold=CORRECT_AT)
+            self.floors = GuessFloors(found.metrics(), found.to_json())
+        metrics.update(self.floors.metrics)
+        probe_metrics, answers = self._probe(micro)
+        metrics.update(probe_metrics)
+        return EvalResult(step, metrics, got.samples, self.floors, answers, self.reference, seconds)
+
+    @torch.no_grad()
+    def _probe(self, micro: int) -> tuple[dict, list]:
+        """The drift probe: greedy answers to the probe prompts, their statistics, and
+        (given the step-0 reference) the mean KL per token of the current policy to the
+        step-0 answers. Returns (metrics ``probe/*``, the answers); the first call keeps
+        its answers as the reference."""
+        prompts = self.probe.prompts
+        got = sample(self.probe, list(range(len(prompts.rows))), micro)
+        lengths = [int(n) for n in got.batch.response_mask.sum(1).tolist()]
+        stats = probe_stats(got.completions, lengths)
+        fwd = self.forward
+        with self.models.actor() as policy:
+            if self.reference is None:  # step 0: the answers and log-probs later ones compare to
+                logp = batched(policy_logprobs, policy, got.batch, micro, settings=fwd)
+                self.reference = ProbeReference(batch=got.batch, logprobs=logp)
+            ref = self.reference
+            now = batched(policy_logprobs, policy, ref.batch, micro, settings=fwd)
+        kl = mean_kl(now, ref.logprobs, ref.batch.response_mask)
+        answers = [{"prompt": p, "answer": a} for p, a in zip(prompts.texts, got.completions)]
+        return stats.metrics(kl), answers
+
+
+def probe_prompts(tokenizer, texts: list[str] | None, max_length: int) -> PromptSet:
+    """The probe prompts as the model reads them: the chat template alone (no system
+    prompt, no task instruction: they ask the model as a user would)."""
+    texts = list(texts or PROBE_PROMPTS)
+    rows = [
+        PromptRow(index=i, prompt=[{"role": "user", "content": t}]) for i, t in enumerate(texts)
+    ]
+    enc = encode_prompts(tokenizer, rows, max_prompt_length=max_length)
+    return PromptSet(rows=enc.rows, texts=enc.texts, ids=enc.input_ids)
+
+
+def build_evaluator(
+    cfg, sampling, held: PromptSet, rewards, forward: ForwardSettings, log
+) -> Evaluator:
+    """Step 10 for the run's held-out prompts: greedy, one answer each,
+    ``eval.max_new_tokens`` (or trainer.max_new_tokens) tokens,
+    ``rollout.generation_batch_size`` (or 256, also for auto) prompts a call; ``sampling``:
+    danka.trainer.stages.Sampling."""
+    t = cfg.trainer
+    params = SamplingParams(
+        n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens or t.max_new_tokens
+    )
+    per_call = cfg.rollout.generation_batch_size
+    chunk = per_call if isinstance(per_call, int) and per_call else 256
+    held_ctx = dataclasses.replace(sampling.context(cfg, held, params), chunk=chunk)
+    probes = probe_prompts(sampling.tokenizer, cfg.eval.probe_prompts, t.max_length)
+    probe_params = SamplingParams(
+        n=1, temperature=0.0, max_new_tokens=cfg.eval.probe_max_new_tokens
+    )
+    probe_ctx = dataclasses.replace(sampling.context(cfg, probes, probe_params), agent=None)
+    return Evaluator(held_ctx, probe_ctx, rewards, sampling.models, forward, log,
+                     subset_size=cfg.eval.subset_size)  # fmt: skip

@@ -5,8 +5,10 @@ Each step: 1 sample prompts -> 2 rollout -> 3 rewards -> 4 old/reference log-pro
 10 evaluate. Stages hand typed records on (Rollout -> Scored -> OldAndRef -> Prepared ->
 UpdateStats, danka/trainer/records.py), each stage bound once to what it needs
 (danka/trainer/stages.py); which algorithm needs what (a critic, a reference, a
-correction) is registry metadata resolved once into ``run.algo``. The loop acts on the
-fields of the ``StepResult`` and builds the metrics dict only to write it
+correction) is registry metadata resolved once into ``stages.algo``. The loop owns the
+run's one changing record, ``RunState`` (step, last step, micro-batch, bad steps:
+danka/trainer/state.py), passes it to each step and takes the next one from
+``state.after(result)``; it builds the metrics dict only to write it
 (danka/trainer/metrics.py). It measures its own phases: ``time/<phase>`` in every line.
 """
 
@@ -29,18 +31,15 @@ from danka.config.secrets import mask_secrets
 from danka.lifecycle import StopRequest, current_stop
 from danka.logging.progress import TrainProgress
 from danka.logging.runlog import close_run_logger, run_logger_open
-from danka.trainer.checkpointing import check_compatible, save
+from danka.trainer.build import Built, build
+from danka.trainer.checkpointing import check_compatible
 from danka.trainer.dynamic_sampling import concat_scored, mean_stats
-from danka.trainer.forward import effective_token_ratio
-from danka.trainer.guards import TrainingFault
-from danka.trainer.metrics import step_metrics
 from danka.trainer.outputs import Outputs, is_main_process, run_logger
 from danka.trainer.preflight import preflight
 from danka.trainer.records import Scored, StepResult
 from danka.trainer.resume import resolve_resume, resume_from
-from danka.trainer.run import Run
-from danka.trainer.setup import build_run
-from danka.trainer.stages import Stages, build_stages
+from danka.trainer.stages import Stages
+from danka.trainer.state import RunState
 
 
 def fit(cfg: DankaConfig, base_dir: Path, *, resume: str | None = None) -> dict:
@@ -64,77 +63,99 @@ def _build_and_fit(cfg, base_dir: Path, resume, t0: float, out_dir: Path, main: 
         check_compatible(ckpt, resolved)  # before minutes of model loading
     if main:
         (out_dir / "config.json").write_text(json.dumps(mask_secrets(resolved), indent=2))
-    run = build_run(cfg, base_dir, out_dir, log)
+    built = build(cfg, base_dir, out_dir, log)
     try:
-        return _fit(run, cfg, resolved, ckpt, t0, main)
+        return _fit(built, cfg, resolved, ckpt, t0, main)
     finally:
-        if run.agent is not None:  # the tool worker process, also on errors
-            run.agent.close()
+        built.close_agent()  # the tool worker process, also on errors
 
 
-def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool) -> dict:
-    """``fit`` once the run is built."""
-    log = run.log
-    log.info(describe(run))
-    stages = build_stages(run)
+def _fit(built: Built, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool) -> dict:
+    """``fit`` once the run is built: the loop owns the run's state."""
+    log, s = built.log, built.stages
+    log.info(describe(cfg, built))
+    micro = built.micro
     if cfg.speed.preflight:  # before a restore, which then sets every RNG as saved
-        preflight(run, stages, log)
-    start, history = resume_from(run, ckpt, resolved, main)
+        micro = preflight(s, micro, log)
+    start, history = resume_from(built.checkpointer, ckpt, resolved, main)
     outputs = Outputs.open(cfg, log, resolved, start)
     outputs.history, outputs.t0 = history, t0
+    if built.evaluator is not None:
+        built.evaluator.remember(history, outputs.probe_file)  # a resumed run's step 0
+    state = RunState(step=start, total=built.total_steps, micro=micro)
     if start == 0 and not history["eval"]:
-        outputs.evaluate(run, 0)
-    bad_in_a_row, t_train, h = 0, time.perf_counter(), config_hash(resolved)
+        evaluate(built, outputs, state, full=True)
+    t_train, h = time.perf_counter(), config_hash(resolved)
     t_eval = t_train
     stop, t_saved, stopping = current_stop(), time.perf_counter(), False
     stop_requested(stop)  # from here a signal waits for the end of the step (then saves)
-    with TrainProgress(
-        run.state.total_steps, start_step=start, enabled=cfg.logging.progress and main
-    ) as bar:
-        for step in range(start + 1, run.state.total_steps + 1):
-            result = train_step(stages, step)  # 1-7
-            m = metrics_of(run, result)
-            outputs.record(step, m, result.scored, run.train, run.state.total_steps)  # 8. log
+    save = lambda st: callbacks.on_checkpoint(  # noqa: E731
+        st.step, built.checkpointer.save(st.step, outputs.history, resolved, h)
+    )
+    with TrainProgress(state.total, start_step=start, enabled=cfg.logging.progress and main) as bar:
+        while not state.done:
+            step = state.next_step
+            result = train_step(s, state)  # 1-7
+            m = s.metrics(result)
+            outputs.record(step, m, result.scored, s.prompts, state.total)  # 8. log
             callbacks.on_step(step, m)
             bar.update(step, m)
-            # after each step: stop? (signal, bad steps, time limit) then evaluate and save
-            bad_in_a_row = 0 if result.finite else bad_in_a_row + 1
-            check_bad_steps(run, bad_in_a_row, step)
-            maybe_stop_early(run, step, t_train)
+            # after each step: stop? (bad steps, time limit, signal) then evaluate and save
+            state = state.after(result, max_bad_steps=cfg.trainer.max_bad_steps,
+                                out_of_time=out_of_time(cfg, log, state, t_train))  # fmt: skip
             stopping = stop_requested(stop)
-            last = step == run.state.total_steps  # also when max_train_minutes cut the run
+            last = state.done  # also when max_train_minutes cut the run
             due = every(cfg.eval.every_steps, step) or minutes_due(cfg.eval.every_minutes, t_eval)
-            if not stopping and (last or due):  # 10. evaluate
-                record = outputs.evaluate(run, step, full=last)  # (the checkpoint keeps it)
+            if not stopping and (last or due):  # 10. evaluate (the checkpoint keeps it)
+                record = evaluate(built, outputs, state, full=last)
                 t_eval = time.perf_counter()
                 if record is not None and not last:  # the last one is in the closing line
                     bar.update(step, {"eval/accuracy": record["eval/accuracy"]})
             minutes = (time.perf_counter() - t_saved) / 60
             saved = stopping or save_due(  # 9. checkpoint
-                step, run.state.total_steps, cfg.checkpoint.save_steps,
-                cfg.checkpoint.save_minutes, minutes,
-            )  # fmt: skip
+                step, state.total, cfg.checkpoint.save_steps, cfg.checkpoint.save_minutes, minutes
+            )
             if saved:
-                callbacks.on_checkpoint(step, save(run, step, outputs.history, resolved, h))
+                save(state)
                 t_saved = time.perf_counter()
             if not stopping and stop_requested(stop):  # came during the evaluation or the save
                 stopping = True  # stop now, not after one more step
                 if not saved:
-                    callbacks.on_checkpoint(step, save(run, step, outputs.history, resolved, h))
+                    save(state)
             if stopping:
-                run.log.warning(
+                log.warning(
                     f"{signal_name(stop)}: stopped after step {step} (checkpoint saved); "
                     "continue with --resume auto"
                 )
-                run.state.total_steps = step
-            if last or stopping:
+                state = state.stopped()
                 break
     outputs.close()
-    run.rewards.close()
+    s.rewards.close()
     if not main:
-        return {"steps": run.state.total_steps}
+        return {"steps": state.total}
     stopped = signal_name(stop) if stopping else None
-    return outputs.finish(run, time.perf_counter() - t0, stopped=stopped)
+    return outputs.finish(state.total, time.perf_counter() - t0, stopped=stopped)
+
+
+def evaluate(built: Built, outputs: Outputs, state: RunState, *, full: bool) -> dict | None:
+    """Step 10 at ``state.step``: the evaluation stage, its result written; the record,
+    None without held-out prompts."""
+    if built.evaluator is None:
+        return None
+    result = built.evaluator(state.step, state.micro, full=full, started=outputs.t0)
+    return outputs.record_eval(result)
+
+
+def out_of_time(cfg: DankaConfig, log, state: RunState, t_train: float) -> bool:
+    """trainer.max_train_minutes passed: the step just run becomes the last one
+    (checkpoint and final evaluation follow). All ranks stop together."""
+    limit = cfg.trainer.max_train_minutes
+    late = limit is not None and (time.perf_counter() - t_train) / 60 >= limit
+    if dist.is_active():  # one rank alone in a collective would hang
+        late = dist.all_sum(float(late)) > 0
+    if late and state.next_step < state.total:
+        log.info(f"trainer.max_train_minutes ({limit}) reached at step {state.next_step}")
+    return late
 
 
 def stop_requested(stop: StopRequest | None) -> bool:
@@ -151,12 +172,14 @@ def signal_name(stop: StopRequest | None) -> str:
     return stop.name if stop is not None and stop.signum is not None else "signal on another rank"
 
 
-def train_step(s: Stages, step: int) -> StepResult:
-    """Steps 1-7 of one training step; the typed result carries everything the loop and
-    the log need. With nothing informative to train on (dynamic sampling) the update is
-    skipped, logged, and the last round is what gets logged."""
-    clock = PhaseClock()
-    scored, rounds, dynamic = sample_and_score(s, clock)  # 1-3 (one round, or DAPO's rounds)
+def train_step(s: Stages, state: RunState) -> StepResult:
+    """Steps 1-7 of step ``state.next_step`` at micro-batch ``state.micro``; the typed
+    result carries everything the loop and the log need, the micro-batch the step ended at
+    included (an out-of-memory retry halves it). With nothing informative to train on
+    (dynamic sampling) the update is skipped, logged, and the last round is what gets
+    logged."""
+    step, micro, clock = state.next_step, state.micro, PhaseClock()
+    scored, rounds, dynamic = sample_and_score(s, clock, micro)  # 1-3 (a round, or DAPO's)
     stats = [r.stats for r in rounds]
     if scored is None:
         s.log.warning(
@@ -164,23 +187,23 @@ def train_step(s: Stages, step: int) -> StepResult:
             f"{len(rounds)} round(s); update skipped"
         )
         s.opts.step_schedules()
-        return clock.result(rounds[-1], stats, None, None, dynamic)
+        return clock.result(rounds[-1], stats, None, None, dynamic, micro)
     with clock("logprobs"):
-        logp = s.old_and_ref(scored)  # 4. old / reference log-probs
+        logp, micro = s.old_and_ref(scored, micro)  # 4. old / reference log-probs
     with clock("values"):
-        values = s.values(scored)  # 5. critic values (estimators that need a critic)
+        values, micro = s.values(scored, micro)  # 5. critic values (estimators with a critic)
     with clock("advantages"):
         prepared = s.advantages(scored, logp, values)  # 6. advantages (the registry's estimator)
     with clock("update"):
-        update = s.update(prepared, step)  # 7. update (actor, critic); schedules step
+        update, micro = s.update(prepared, step, micro)  # 7. update (actor, critic); schedules
     if update.skipped:
         s.log.warning(f"step {step}: {update.reason}; optimizer step skipped")
     kl = s.measured_kl(prepared, update)  # the same on every rank
     s.adapt_kl(kl)
-    return clock.result(scored, stats, prepared, update, dynamic, kl)
+    return clock.result(scored, stats, prepared, update, dynamic, micro, kl)
 
 
-def sample_and_score(s: Stages, clock: PhaseClock):
+def sample_and_score(s: Stages, clock: PhaseClock, micro: int):
     """Steps 1-3: (the samples to train on or None, every round scored, DynamicStats).
     Without dynamic sampling one round; with it (DAPO) rounds repeat until the step has
     ``batch_size`` informative groups or ``max_sampling_rounds`` were generated."""
@@ -190,7 +213,7 @@ def sample_and_score(s: Stages, clock: PhaseClock):
     for _ in range(s.dynamic.max_rounds if s.dynamic is not None else 1):
         prompt_idx = s.next_prompts()  # 1. sample prompts
         with clock("rollout"):
-            rollout = s.sample(prompt_idx)  # 2. rollout (single-turn or the agent loop)
+            rollout = s.sample(prompt_idx, micro)  # 2. rollout (single-turn or the agent loop)
         with clock("reward"):
             scored = s.score(rollout)  # 3. rewards
         rounds.append(scored)
@@ -241,39 +264,29 @@ class PhaseClock:
                 self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
-    def result(self, scored, stats, prepared, update, dynamic, kl=None) -> StepResult:
+    def result(self, scored, stats, prepared, update, dynamic, micro, kl=None) -> StepResult:
         """The step's result with its timings (``step``: the whole step)."""
         seconds = {**self.seconds, "step": time.perf_counter() - self.t0}
         return StepResult(
             scored=scored, rounds=stats, prepared=prepared, update=update, dynamic=dynamic,
-            seconds=seconds, peaks_gib=dict(self.peaks), kl_measured=kl,
+            seconds=seconds, peaks_gib=dict(self.peaks), micro=micro, kl_measured=kl,
         )  # fmt: skip
 
 
-def describe(run: Run) -> str:
+def describe(cfg: DankaConfig, built: Built) -> str:
     """The start-up line: algorithm, resolved loss settings, sizes."""
-    t, lo = run.cfg.trainer, run.cfg.loss
+    t, lo, s = cfg.trainer, cfg.loss, built.stages
     rc = t.rollout_correction
+    held = len(built.evaluator.held.prompts.rows) if built.evaluator is not None else 0
     return (
         f"{t.algorithm} ({t.advantage_estimator}, policy loss {lo.policy_loss}, clip "
         f"[{lo.clip_ratio_low:g}, {lo.clip_ratio_high:g}], {lo.agg_mode}"
-        f"{f', rollout correction {rc.mode} (cap {rc.cap:g})' if run.algo.correction else ''}): "
-        f"{run.state.total_steps} steps x {t.batch_size} prompts x {t.samples_per_prompt} "
+        f"{f', rollout correction {rc.mode} (cap {rc.cap:g})' if s.algo.correction else ''}): "
+        f"{built.total_steps} steps x {t.batch_size} prompts x {t.samples_per_prompt} "
         f"samples = {t.batch_size * t.samples_per_prompt} sequences/step; "
         f"{t.batch_size // t.mini_batch_size} optimizer step(s)/step x {t.ppo_epochs} "
-        f"epoch(s); micro-batch {run.state.micro_batch_size} sequences; "
-        f"{len(run.train.rows)} train prompts, {len(run.eval.rows) if run.eval else 0} held-out"
-    )
-
-
-def metrics_of(run: Run, result: StepResult) -> dict[str, float]:
-    """Step 8's metrics dict (built once, here, from the typed result)."""
-    batch = result.scored.batch
-    return step_metrics(
-        result,
-        lr=run.actor_sched.get_last_lr()[0],
-        kl_coef=float(run.kl_ctl.value),
-        packing_ratio=effective_token_ratio(batch, run.state.micro_batch_size, run.pack_len),
+        f"epoch(s); micro-batch {built.micro} sequences; "
+        f"{len(s.prompts.rows)} train prompts, {held} held-out"
     )
 
 
@@ -289,26 +302,3 @@ def minutes_due(minutes: float, since: float) -> bool:
     if dist.is_active():  # one rank alone in an evaluation's collectives would hang
         due = dist.all_sum(float(due)) > 0
     return due
-
-
-def check_bad_steps(run: Run, bad_in_a_row: int, step: int) -> None:
-    if bad_in_a_row >= run.cfg.trainer.max_bad_steps:
-        raise TrainingFault(
-            f"{bad_in_a_row} steps in a row had a non-finite loss or gradient (last: step {step})",
-            where="training",
-            fix="lower optim.lr, set optim.max_grad_norm, use bfloat16 instead of "
-            "float16, or check the reward for inf values; resume with --resume auto "
-            "from the last good checkpoint",
-        )
-
-
-def maybe_stop_early(run: Run, step: int, t_train: float) -> None:
-    """trainer.max_train_minutes: the current step becomes the last one (checkpoint and
-    final evaluation follow). All ranks stop together."""
-    limit = run.cfg.trainer.max_train_minutes
-    out_of_time = limit is not None and (time.perf_counter() - t_train) / 60 >= limit
-    if dist.is_active():  # one rank alone in a collective would hang
-        out_of_time = dist.all_sum(float(out_of_time)) > 0
-    if out_of_time and step < run.state.total_steps:
-        run.log.info(f"trainer.max_train_minutes ({limit}) reached at step {step}")
-        run.state.total_steps = step

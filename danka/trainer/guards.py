@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 
 from danka.errors import UserError
-from danka.trainer.state import RunState
 
 FIXES = {
     "rollout": "lower trainer.batch_size or trainer.samples_per_prompt, trainer.max_new_tokens, "
@@ -60,24 +59,22 @@ def _oom_types() -> tuple[type[BaseException], ...]:
 
 @dataclass(frozen=True)
 class Sizes:
-    """The sizes an out-of-memory message names; ``state`` is read when it happens (the
-    micro-batch may have been halved)."""
+    """The step's sizes an out-of-memory message names (with the micro-batch it ran at)."""
 
     batch_size: int
     samples_per_prompt: int
     max_length: int
     max_new_tokens: int
-    state: RunState
 
-    def __str__(self) -> str:
+    def at(self, micro: int) -> str:
+        """The sizes at micro-batch ``micro``, as the message shows them."""
         return (
             f"{self.batch_size} prompts x {self.samples_per_prompt} samples, micro-batch "
-            f"{self.state.micro_batch_size}, max_length {self.max_length}, max_new_tokens "
-            f"{self.max_new_tokens}"
+            f"{micro}, max_length {self.max_length}, max_new_tokens {self.max_new_tokens}"
         )
 
 
-def explain_oom(phase: str, sizes: Sizes | str, device: torch.device, err: BaseException):
+def explain_oom(phase: str, sizes: str, device: torch.device, err: BaseException):
     mem = ""
     if device.type == "cuda":
         mem = (
@@ -93,7 +90,7 @@ def explain_oom(phase: str, sizes: Sizes | str, device: torch.device, err: BaseE
 
 
 @contextlib.contextmanager
-def oom_guard(phase: str, sizes: Sizes | str, device: torch.device):
+def oom_guard(phase: str, sizes: str, device: torch.device):
     """A device out-of-memory in the block becomes :class:`OutOfMemory` naming the phase,
     the sizes and the settings to change."""
     try:

@@ -1,5 +1,6 @@
 """What a run writes while it trains: train.log lines, metrics.jsonl, completions, the
-trackers, held-out evaluations, and the closing result file. Rank 0 writes; other ranks
+trackers, the held-out evaluations' files, and the closing result file. It only writes:
+the evaluation itself is a stage (danka/trainer/evaluate.py). Rank 0 writes; other ranks
 get ``dist.Null`` writers (they still evaluate, in step with rank 0)."""
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from danka.logging.metrics import (
 )
 from danka.logging.runlog import setup_run_logger
 from danka.logging.trackers import SafeTrackers, build_trackers
-from danka.trainer.evaluate import ProbeReference, eval_context, evaluate, guess_floors_of, probe
+from danka.trainer.evaluate import EvalResult
 from danka.trainer.records import Scored
-from danka.trainer.run import PromptSet, Run
+from danka.trainer.run import PromptSet
 
 
 def is_main_process() -> bool:
@@ -50,8 +51,8 @@ class Outputs:
     trackers: SafeTrackers | dist.Null
     save_completions: int = 0  # logging.save_completions
     log_interval: int = 1  # logging.log_interval
+    result_file: str = "result.json"  # logging.result_file
     history: dict = field(default_factory=lambda: {"eval": []})
-    probe_reference: ProbeReference | None = None  # the step-0 probe answers
     doctor: LiveDiagnoser | None = None  # the run doctor's checks, live (rank 0)
     t0: float = field(default_factory=time.perf_counter)  # when `danka train` started
 
@@ -77,6 +78,7 @@ class Outputs:
             trackers=trackers,
             save_completions=cfg.logging.save_completions,
             log_interval=cfg.logging.log_interval,
+            result_file=cfg.logging.result_file,
         )
         if main:
             outputs.doctor = LiveDiagnoser(mask_secrets(resolved))
@@ -126,64 +128,51 @@ class Outputs:
             ]  # fmt: skip
             self.warn(self.doctor.observe_completions(step, records))
 
-    def evaluate(self, run: Run, step: int, *, full: bool = True) -> dict | None:
-        """Held-out accuracy at ``step`` next to the set's guess floor (computed at the
-        first evaluation, kept in the history), and the drift probe; None without held-out
-        prompts. ``full=False``: an evaluation between the first and the last, on the first
-        ``eval.subset_size`` prompts when that is set. Every rank evaluates, rank 0 writes
-        OUTPUT/eval/step_N.json. Returns the evaluation's record (what the run doctor
-        reads), with ``eval/minutes``: minutes since `danka train` started, at its end."""
-        if run.eval is None:
-            return None
-        subset = 0 if full else run.cfg.eval.subset_size
-        n = min(subset or len(run.eval.rows), len(run.eval.rows))
-        self.log.info(f"step {step} | evaluating {n} held-out prompts (greedy)")
-        t0 = time.perf_counter()
-        result = evaluate(eval_context(run, subset), run.rewards)
-        seconds = time.perf_counter() - t0
-        result["eval/seconds"] = round(seconds, 2)
-        result["eval/minutes"] = round((time.perf_counter() - self.t0) / 60, 3)
-        samples = result.pop("_samples")
-        if "floors" not in self.history:
-            self.history["floors"] = guess_floors_of(run)
-        result.update(self.history["floors"]["metrics"])
-        probe_file = self.output_dir / "eval" / "probe_reference.safetensors"
-        if self.probe_reference is None and probe_file.is_file():  # a resumed run
-            self.probe_reference = ProbeReference.load(probe_file)
-        probe_metrics, answers, self.probe_reference = probe(run, self.probe_reference)
-        result.update(probe_metrics)
-        record = {"step": step, **result}
+    @property
+    def probe_file(self) -> Path:
+        """The step-0 probe answers (danka.trainer.evaluate.ProbeReference)."""
+        return self.output_dir / "eval" / "probe_reference.safetensors"
+
+    def record_eval(self, result: EvalResult) -> dict:
+        """An evaluation into the history (its guess floors too, the first time), the
+        callbacks, OUTPUT/eval/step_N.json (rank 0, with the step-0 probe answers once),
+        the trackers, the run doctor and train.log. Returns its record."""
+        step, record = result.step, result.record
+        self.history.setdefault("floors", result.floors.to_json())
         self.history["eval"].append(record)
         callbacks.on_eval(step, record)
-        if self.main:
-            check_run_lock(self.output_dir, what=f"the step {step} evaluation")
-            (self.output_dir / "eval").mkdir(exist_ok=True)
-            if not probe_file.is_file():
-                self.probe_reference.save(probe_file)
-            detail = {"guess": self.history["floors"]["detail"], "probe_answers": answers}
-            write_text_atomic(
-                self.output_dir / "eval" / f"step_{step}.json",
-                json.dumps({**record, **detail, "samples": samples}, indent=2),
-            )
-            self.trackers.log(result, step)
-            self.warn(self.doctor.observe_eval(step, record))
-            self.log.info(
-                f"step {step} | held-out accuracy: {100 * result['eval/accuracy']:.1f}% "
-                f"({int(result['eval/n'])} problems; guess floor "
-                f"{100 * result['eval/guess_floor']:.1f}%, mean answer "
-                f"{result['eval/response_length']:.0f} tokens; {seconds:.1f} s)"
-            )
+        if not self.main:
+            return record
+        check_run_lock(self.output_dir, what=f"the step {step} evaluation")
+        (self.output_dir / "eval").mkdir(exist_ok=True)
+        if not self.probe_file.is_file():
+            result.probe_reference.save(self.probe_file)
+        detail = {"guess": self.history["floors"]["detail"], "probe_answers": result.probe_answers}
+        write_text_atomic(
+            self.output_dir / "eval" / f"step_{step}.json",
+            json.dumps({**record, **detail, "samples": result.samples}, indent=2),
+        )
+        m = result.metrics
+        self.trackers.log(m, step)
+        self.warn(self.doctor.observe_eval(step, record))
+        self.log.info(
+            f"step {step} | held-out accuracy: {100 * m['eval/accuracy']:.1f}% "
+            f"({int(m['eval/n'])} problems; guess floor "
+            f"{100 * m['eval/guess_floor']:.1f}%, mean answer "
+            f"{m['eval/response_length']:.0f} tokens; {result.seconds:.1f} s)"
+        )
         return record
 
     def close(self) -> None:
         self.trackers.close()
         self.metrics.close()
 
-    def finish(self, run: Run, seconds: float, stopped: str | None = None) -> dict:
-        """The closing line and the result file: held-out accuracy before -> after.
-        ``stopped``: the signal that ended the run early (no final evaluation: the
-        result records the steps done and ``stopped``)."""
-        result: dict = {"steps": run.state.total_steps, "seconds": round(seconds, 1)}
+    def finish(self, steps: int, seconds: float, stopped: str | None = None) -> dict:
+        """The closing line and the result file (``logging.result_file``): held-out
+        accuracy before -> after. ``steps``: the steps done; ``stopped``: the signal that
+        ended the run early (no final evaluation: the result records the steps done and
+        ``stopped``)."""
+        result: dict = {"steps": steps, "seconds": round(seconds, 1)}
         if stopped:
             result["stopped"] = stopped
         evals = self.history["eval"]
@@ -211,7 +200,5 @@ class Outputs:
             print(line, flush=True)
         if self.doctor is not None and not stopped:  # after training: vs the floor
             self.warn(self.doctor.finish())
-        write_text_atomic(
-            self.output_dir / run.cfg.logging.result_file, json.dumps(result, indent=2)
-        )
+        write_text_atomic(self.output_dir / self.result_file, json.dumps(result, indent=2))
         return result

@@ -29,7 +29,7 @@ class PrepareSettings:
     gamma: float
     lam: float
     kl_estimator: str
-    sizes: Sizes  # for an out-of-memory message; its state holds the micro-batch size
+    sizes: Sizes  # for an out-of-memory message
 
 
 def on_policy_shortcut(algo: Algorithm, one_optimizer_step: bool) -> bool:
@@ -40,13 +40,15 @@ def on_policy_shortcut(algo: Algorithm, one_optimizer_step: bool) -> bool:
     return one_optimizer_step and algo.correction is None and not kl_in_reward
 
 
-def old_and_ref(models: ModelSet, algo: Algorithm, scored: Scored, s: PrepareSettings) -> OldAndRef:
+def old_and_ref(
+    models: ModelSet, algo: Algorithm, scored: Scored, s: PrepareSettings, micro: int
+) -> OldAndRef:
     """Step 4: log pi_old (or ON_POLICY), log pi_ref when a KL term needs it, and the
-    rollout/trainer mismatch correction."""
-    batch, micro = scored.batch, s.sizes.state.micro_batch_size
+    rollout/trainer mismatch correction; forwards of ``micro`` sequences."""
+    batch = scored.batch
     device = next(models.policy.parameters()).device
     old, ref, gap = ON_POLICY, None, None
-    with oom_guard("log-probs", s.sizes, device):
+    with oom_guard("log-probs", s.sizes.at(micro), device):
         if not on_policy_shortcut(algo, s.one_optimizer_step):
             with models.actor() as policy:
                 old = batched(policy_logprobs, policy, batch, micro, settings=s.forward)
@@ -66,17 +68,18 @@ def old_and_ref(models: ModelSet, algo: Algorithm, scored: Scored, s: PrepareSet
     )
 
 
-def values(models: ModelSet, algo: Algorithm, scored: Scored, s: PrepareSettings):
-    """Step 5: critic values V(s_t) (B, R) for estimators that need a critic, else None."""
+def values(models: ModelSet, algo: Algorithm, scored: Scored, s: PrepareSettings, micro: int):
+    """Step 5: critic values V(s_t) (B, R) for estimators that need a critic, else None;
+    forwards of ``micro`` sequences."""
     if not algo.needs_critic:
         return None
     device = next(models.policy.parameters()).device
-    with oom_guard("log-probs", s.sizes, device), models.critic() as critic:
+    with oom_guard("log-probs", s.sizes.at(micro), device), models.critic() as critic:
         return batched(
             critic_values,
             critic,
             scored.batch,
-            s.sizes.state.micro_batch_size,
+            micro,
             value_head=models.value_head,
             settings=s.forward,
         )

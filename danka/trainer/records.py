@@ -207,6 +207,7 @@ class StepResult:
     dynamic: DynamicStats | None
     seconds: dict[str, float]  # phase -> seconds (rollout, reward, logprobs, ...)
     peaks_gib: dict[str, float]  # phase -> peak CUDA memory (empty on the CPU)
+    micro: int  # the micro-batch the step ended at (an out-of-memory retry halves it)
     kl_measured: float | None = None  # the step's KL (same on every rank): adaptive KL reads it
 
     @property

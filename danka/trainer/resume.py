@@ -9,8 +9,7 @@ from pathlib import Path
 from danka.checkpoint import complete_checkpoints, put_aside_after, verify_checkpoint
 from danka.checkpoint.store import latest_verified
 from danka.errors import UserError
-from danka.trainer.checkpointing import restore
-from danka.trainer.run import Run
+from danka.trainer.checkpointing import Checkpointer
 
 
 def resolve_resume(resume: str | None, output_dir: Path, log: logging.Logger) -> Path | None:
@@ -57,16 +56,19 @@ def resolve_resume(resume: str | None, output_dir: Path, log: logging.Logger) ->
     return path
 
 
-def resume_from(run: Run, ckpt: Path | None, resolved: dict, main: bool) -> tuple[int, dict]:
+def resume_from(
+    checkpointer: Checkpointer, ckpt: Path | None, resolved: dict, main: bool
+) -> tuple[int, dict]:
     """(step, history) to continue from: (0, no evaluations) for a fresh run."""
     if ckpt is None:
         return 0, {"eval": []}
-    start, history = restore(run, ckpt, resolved)
-    run.log.info(f"Resumed from {ckpt} at step {start}")
+    log = checkpointer.log
+    start, history = checkpointer.restore(ckpt, resolved)
+    log.info(f"Resumed from {ckpt} at step {start}")
     if main:
         # newer checkpoints belong to the abandoned continuation (its metrics lines go
         # too); left in place, a later --resume auto would jump back onto them. They are
         # set aside, not deleted (`danka train --discard-newer` deletes them first)
-        for line in put_aside_after(run.output_dir, start):
-            run.log.warning(line)
+        for line in put_aside_after(checkpointer.output_dir, start):
+            log.warning(line)
     return start, history

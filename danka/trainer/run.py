@@ -1,33 +1,19 @@
-"""Everything a training run holds, built once from the validated (read-only) config.
-
-``Run`` holds long-lived objects only; what changes during a run is in ``RunState``
-(the config never changes after validation). The stages of a step never see a ``Run``:
-``build_stages`` (danka/trainer/stages.py) hands each one what it needs, and what one
-step produces travels on the typed records of danka/trainer/records.py.
+"""Two things a run builds once and every stage reads: its prompt sets and its algorithm
+(the config's choices looked up in the registries). The rest is bound stage by stage in
+danka/trainer/stages.py and put together in danka/trainer/build.py.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
-from danka.agent.loop import AgentLoop
 from danka.algorithms.advantages import AdvantageInput, EstimatorMeta
-from danka.algorithms.kl import AdaptiveKLController, FixedKLController, KLModeMeta
+from danka.algorithms.kl import KLModeMeta
 from danka.algorithms.losses import PolicyLossParams
 from danka.algorithms.rollout_correction import Correction
-from danka.config.schema import DankaConfig
-from danka.rewards.combine import RewardComputer
-from danka.rollout.base import RolloutEngine
-from danka.trainer.dynamic_sampling import DynamicSampler
-from danka.trainer.models import ModelSet
-from danka.trainer.sampler import PromptSampler
-from danka.trainer.state import RunState
 from danka.types import PromptRow
 
 
@@ -60,42 +46,3 @@ class Algorithm:
     @property
     def needs_reference(self) -> bool:
         return self.kl_mode is not None
-
-
-@dataclass
-class Run:
-    cfg: DankaConfig
-    base_dir: Path
-    output_dir: Path
-    device: torch.device
-    dtype: torch.dtype
-    tokenizer: PreTrainedTokenizerBase
-    models: ModelSet
-    engine: RolloutEngine
-    rewards: RewardComputer
-    train: PromptSet
-    eval: PromptSet | None
-    algo: Algorithm
-    actor_opt: torch.optim.Optimizer
-    actor_sched: torch.optim.lr_scheduler.LRScheduler
-    critic_opt: torch.optim.Optimizer | None
-    critic_sched: torch.optim.lr_scheduler.LRScheduler | None
-    kl_ctl: FixedKLController | AdaptiveKLController
-    sampler: PromptSampler
-    log: logging.Logger
-    state: RunState
-    update_generator: torch.Generator = field(default_factory=torch.Generator)
-    eos_ids: list[int] = field(default_factory=list)
-    pad_id: int = 0
-    dynamic: DynamicSampler | None = None  # sampling.dynamic_sampling (DAPO), else None
-    agent: AgentLoop | None = None  # the multi-turn loop of agent.tools / environment
-
-    @property
-    def pack_len(self) -> int | None:
-        """Tokens per packed row in the update, or None (length-grouped padded micro-batches)."""
-        return self.cfg.speed.max_packed_length if self.cfg.speed.packing else None
-
-    @property
-    def temperature(self) -> float:
-        t = self.cfg.sampling.temperature
-        return t if t > 0 else 1.0

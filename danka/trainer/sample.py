@@ -35,7 +35,7 @@ class SampleContext:
     tokenizer: object  # decodes response ids (single-turn)
     eos_ids: list[int]
     pad_id: int
-    sizes: Sizes  # for an out-of-memory message
+    sizes: Sizes  # for an out-of-memory message (at the run's micro-batch)
     agent: AgentLoop | None = None
     environment: bool = False  # agent.environment: its step rewards are a reward part
     system_prompt: str | None = None  # data.system_prompt / data.instruction, for the agent
@@ -58,10 +58,11 @@ def _weights(ctx: SampleContext):
     return nullcontext()
 
 
-def sample(ctx: SampleContext, prompt_idx: list[int]) -> Rollout:
-    """``ctx.params.n`` answers to each prompt ``prompt_idx`` (rows of ``ctx.prompts``)."""
+def sample(ctx: SampleContext, prompt_idx: list[int], micro: int) -> Rollout:
+    """``ctx.params.n`` answers to each prompt ``prompt_idx`` (rows of ``ctx.prompts``);
+    ``micro``: the run's micro-batch, named if the rollout runs out of memory."""
     device = next(ctx.models.policy.parameters()).device
-    with oom_guard("rollout", ctx.sizes, device), _weights(ctx), ctx.models.actor():
+    with oom_guard("rollout", ctx.sizes.at(micro), device), _weights(ctx), ctx.models.actor():
         if ctx.agent is not None:
             return _agent(ctx, prompt_idx)
         batch = ctx.engine.generate(

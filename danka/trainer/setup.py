@@ -1,4 +1,6 @@
-"""Build a ``Run`` from the validated config: device, tokenizer, models, data, rewards."""
+"""The small builders a run is made of (danka/trainer/build.py puts them together): the
+tokenizer, the prompt sets, the rewards, the models, the optimisers and schedules, the
+algorithm's registry entries, the KL controller and the engine choice."""
 
 from __future__ import annotations
 
@@ -15,36 +17,25 @@ from danka.algorithms.kl import KL_ESTIMATORS, KL_MODES, AdaptiveKLController, F
 from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
-from danka.data.source import data_line
-from danka.data.splits import load_rows
 from danka.data.template import encode_prompts
 from danka.errors import UserError
 from danka.models.loading import (
     load_causal_lm,
     load_tokenizer,
-    pick_device,
-    resolve_dtype,
-    stop_ids,
 )
 from danka.models.speed import compile_forward, enable_tf32
 from danka.planning.engine import choose_engine as choose_rollout_engine
-from danka.planning.micro import SizePlan
 from danka.planning.shape import ModelShape
-from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer, reward_specs
+from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
 from danka.rollout.base import (
     ROLLOUT_ENGINES,
-    EngineOptions,
-    build_engine,
     engine_meta,
 )
-from danka.trainer.agent import build_agent, encode_agent_prompts
-from danka.trainer.budget import memory_budget, model_shape, planned_sizes
+from danka.trainer.agent import encode_agent_prompts
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
-from danka.trainer.run import Algorithm, PromptSet, Run
-from danka.trainer.sampler import PromptSampler
-from danka.trainer.state import RunState
+from danka.trainer.run import Algorithm, PromptSet
 from danka.types import PromptRow
 
 
@@ -60,115 +51,6 @@ def encode(cfg: DankaConfig, tokenizer, rows: list[PromptRow], location: str = "
         location=location,
     )
     return PromptSet(rows=enc.rows, texts=enc.texts, ids=enc.input_ids)
-
-
-def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logger) -> Run:
-    """Every long-lived object of a run, from small builders. Data, prompts and rule
-    rewards are checked before minutes of model loading."""
-    t = cfg.trainer
-    device = dist.init(pick_device(cfg.model.device))  # cuda:LOCAL_RANK under torchrun
-    torch.manual_seed(t.seed)
-    train_rows, held_rows = load_rows(cfg, base_dir, output_dir)  # bad rows fail first
-    log.info(data_line(cfg, train_rows, held_rows))
-    budget = memory_budget(cfg, device, log)
-    shape = model_shape(cfg, base_dir) if budget is not None else None  # read once
-    engine_name = choose_engine(cfg, device, log, budget, shape)
-    sizes = planned_sizes(cfg, budget, engine=engine_name, shape=shape, base_dir=base_dir,
-                          log=log)  # fmt: skip
-    tokenizer = build_tokenizer(cfg, log)
-    agent = build_agent(cfg, tokenizer, base_dir)  # None unless agent.tools / environment
-    try:
-        return _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows,
-                           engine_name, tokenizer, agent, sizes)  # fmt: skip
-    except BaseException:
-        if agent is not None:  # stop the tool worker process
-            agent.close()
-        raise
-
-
-def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, engine_name,
-                tokenizer, agent, sizes: SizePlan) -> Run:  # fmt: skip
-    """build_run after the agent loop exists (it is closed if this raises)."""
-    train, held = build_prompts(cfg, tokenizer, train_rows, held_rows, agent)
-    specs = reward_specs(cfg, train.rows)
-    rewards = build_rule_rewards(cfg, base_dir, specs, train.rows)
-    models, load = build_model_set(cfg, device, log)
-    speed_settings(cfg, models, device, log)
-    if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
-        reward_model = _reward_model(cfg, models, tokenizer, load)
-        rewards = build_rule_rewards(cfg, base_dir, specs, train.rows, reward_model)
-    engine = build_engine(engine_name, engine_options(cfg, sizes))
-    return assemble_run(
-        cfg, models, engine=engine, rewards=rewards, train=train, held=held,
-        tokenizer=tokenizer, log=log, base_dir=base_dir, output_dir=output_dir, agent=agent,
-        sizes=sizes,
-    )  # fmt: skip
-
-
-def engine_options(cfg: DankaConfig, sizes: SizePlan) -> EngineOptions:
-    """The engine's settings; ``sizes``: the planned generation batch where it is auto."""
-    r = cfg.rollout
-    return EngineOptions(
-        sizes.generation_batch,
-        keep_cache=r.keep_cache,
-        compile=r.compile,
-        decode_attention=r.decode_attention,
-        shared_prefix=r.shared_prefix,
-        lora_compute=r.lora_compute,
-    )
-
-
-def assemble_run(
-    cfg: DankaConfig,
-    models,
-    *,
-    engine,
-    rewards,
-    train: PromptSet,
-    tokenizer,
-    log: logging.Logger,
-    held: PromptSet | None = None,
-    base_dir: Path | None = None,
-    output_dir: Path | None = None,
-    agent: AgentLoop | None = None,
-    eos_ids: list[int] | None = None,
-    pad_id: int | None = None,
-    sizes: SizePlan | None = None,
-) -> Run:
-    """A ``Run`` around parts already built: the models (``build_model_set`` or
-    ``trainer.models.build_models``), a rollout engine, a reward computer (any
-    ``rewards(rows, texts, completions) -> RewardOutput``) and the prompt sets. Builds the
-    optimisers, schedules, algorithm, KL controller, prompt sampler and state from the
-    config. ``build_run`` ends here; benchmarks on random-weight models start here.
-    ``sizes``: the planned sizes of the settings that are ``auto`` (without them, auto
-    takes the CPU sizes: :func:`planned_sizes` plans for a GPU)."""
-    t = cfg.trainer
-    if sizes is None:
-        sizes = planned_sizes(cfg, None)
-    device = next(models.policy.parameters()).device
-    sampler = PromptSampler(len(train.rows), t.batch_size, seed=t.seed, shuffle=cfg.data.shuffle)
-    total = t.total_steps or sampler.steps_per_epoch * t.num_epochs
-    o = cfg.optim
-    actor_opt, actor_sched = build_optimizer_and_schedule(cfg, models.actor_params, o.lr, total)
-    critic_opt = critic_sched = None
-    if models.critic_params:
-        critic_opt, critic_sched = build_optimizer_and_schedule(
-            cfg, models.critic_params, o.critic_lr, total
-        )
-    pad = tokenizer.pad_token_id if pad_id is None else pad_id
-    return Run(
-        cfg=cfg, base_dir=base_dir or Path.cwd(), output_dir=output_dir or Path(cfg.output_dir),
-        device=device, dtype=resolve_dtype(cfg.model.torch_dtype, device), tokenizer=tokenizer,
-        models=models, engine=engine, rewards=rewards, train=train, eval=held,
-        algo=build_algorithm(cfg), actor_opt=actor_opt, actor_sched=actor_sched,
-        critic_opt=critic_opt, critic_sched=critic_sched, kl_ctl=build_kl_controller(cfg),
-        sampler=sampler, log=log,
-        state=RunState(total_steps=total, micro_batch_size=sizes.micro,
-                       logprob_chunk_size=sizes.logprob_chunk),
-        update_generator=torch.Generator().manual_seed(t.seed),
-        eos_ids=stop_ids(tokenizer) if eos_ids is None else list(eos_ids), pad_id=pad,
-        dynamic=build_dynamic_sampler(cfg, pad), agent=agent,
-    )  # fmt: skip
 
 
 def speed_settings(cfg: DankaConfig, models, device: torch.device, log: logging.Logger) -> None:

@@ -65,5 +65,5 @@ def test_phase_timings_come_from_the_loop():
     seconds = {**clock.seconds}
     assert set(seconds) == {"rollout"} and seconds["rollout"] >= 0.02
 
-    r = clock.result(None, [], None, None, None)
+    r = clock.result(None, [], None, None, None, micro=4)
     assert r.seconds["step"] >= r.seconds["rollout"]

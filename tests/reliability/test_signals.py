@@ -38,7 +38,9 @@ if _SPEC:
 
         def slow(*args, **kwargs):
             step = next((a for a in args if isinstance(a, int)), None)
-            if step is None:  # save(run, step, ...) / fsync_tree(path): find the step
+            if step is None:  # train_step(stages, state): the step it runs
+                step = next((a.next_step for a in args if hasattr(a, "next_step")), None)
+            if step is None:  # fsync_tree(path): find the step
                 text = " ".join(map(str, args))
                 step = int(_STEP) if f"checkpoint_{_STEP}-" in text else None
             if step == int(_STEP) and not done:

@@ -31,7 +31,8 @@ def test_run_that_lost_its_output_dir_stops_before_writing_there(
 
     def then_lose_the_dir(*args, **kwargs):
         got = real(*args, **kwargs)
-        if args[1 if hook == "train_step" else 0] == 2 and not other:
+        step = args[1].next_step if hook == "train_step" else args[0]  # (stages, state)
+        if step == 2 and not other:
             shutil.rmtree(out)  # the user deletes the folder and starts a new run in it
             out.mkdir()
             other.append(RunLock(out).acquire())

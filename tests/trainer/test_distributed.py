@@ -31,14 +31,13 @@ from danka import distributed as dist
 from danka.config import load_config
 from danka.trainer.metrics import update_metrics
 from danka.trainer.records import ON_POLICY, OldAndRef, RewardStats, Rollout, Scored, TrainBatch
-from danka.trainer.setup import build_run
-from danka.trainer.stages import build_stages
+from danka.trainer.build import build
 from danka.trainer.update import NonFiniteError, update
 from danka.types import RolloutBatch
 
 cfg, base = load_config(sys.argv[1])
-run = build_run(cfg, base, Path(cfg.output_dir), logging.getLogger("worker"))
-stages = build_stages(run)
+built = build(cfg, base, Path(cfg.output_dir), logging.getLogger("worker"))
+stages = built.stages
 d = torch.load(sys.argv[2], weights_only=True)
 if dist.is_active():  # this rank's contiguous half: whole GRPO groups
     k = d["rewards"].shape[0] // dist.world_size()
@@ -50,7 +49,7 @@ rollout = Rollout(RolloutBatch(**{k: d[k] for k in (
 valid = torch.ones(n, dtype=torch.bool)
 scored = Scored(rollout, d["rewards"], {}, valid, RewardStats(0.0, {}, 0.0, 0.0, 1.0, 0.0, 0.0, None))
 out = {}
-if run.algo.needs_critic:  # gae, whitened over the whole batch (all ranks)
+if stages.algo.needs_critic:  # gae, whitened over the whole batch (all ranks)
     logp = OldAndRef(old=ON_POLICY, ref=None, is_weights=None, valid=valid, logprob_gap=None)
     batch = stages.advantages(scored, logp, d["values"]).batch
     parts = [None] * dist.world_size()
@@ -64,22 +63,21 @@ else:  # one optimiser step: pi_old is the policy being updated
 if sys.argv[4:] == ["nan_on_rank_1"] and dist.rank() == 1:
     batch.advantages = torch.full_like(batch.advantages, float("nan"))
 try:
-    stats = update(run.models, run.algo, stages.opts, batch, stages.updating,
-                   micro_size=run.state.micro_batch_size, kl_coef=0.0,
-                   generator=run.update_generator)
+    stats = update(stages.models, stages.algo, stages.opts, batch, stages.updating,
+                   micro_size=built.micro, kl_coef=0.0, generator=stages.generator)
     metrics = dist.reduce_metrics(*update_metrics(stats))
 except NonFiniteError as err:  # every rank skips the same optimiser step
     metrics, out["skipped"] = {}, str(err)
 if dist.is_active():
-    state = dist.full_state_dict(run.models.policy)
+    state = dist.full_state_dict(stages.models.policy)
 else:
-    state = run.models.policy.state_dict()
-if run.models.value_head is not None:
-    state.update({"v_head." + k: v for k, v in run.models.value_head.state_dict().items()})
+    state = stages.models.policy.state_dict()
+if stages.models.value_head is not None:
+    state.update({"v_head." + k: v for k, v in stages.models.value_head.state_dict().items()})
 if dist.is_main():
     out["state"] = {k: v.detach().float().cpu() for k, v in state.items()}
     out["metrics"] = dict(metrics)
-    out["replicated"] = getattr(run.models.policy, "_danka_replicated", False)
+    out["replicated"] = getattr(stages.models.policy, "_danka_replicated", False)
     torch.save(out, sys.argv[3])
 dist.destroy()
 """
@@ -279,19 +277,18 @@ from pathlib import Path
 import torch
 from danka import distributed as dist
 from danka.config import load_config
-from danka.trainer.setup import build_run
-from danka.trainer.stages import build_stages
+from danka.trainer.build import build
 
 cfg, base = load_config(sys.argv[1])
-run = build_run(cfg, base, Path(cfg.output_dir), logging.getLogger("worker"))
-stages = build_stages(run)
+built = build(cfg, base, Path(cfg.output_dir), logging.getLogger("worker"))
+stages = built.stages
 rows, idx = [], stages.next_prompts()
 for step in range(2):  # the same prompts twice, the weights changed in between
-    batch = stages.sample(idx).batch
+    batch = stages.sample(idx, built.micro).batch
     rows += [(step, int(i), ids[m.bool()].tolist()) for i, ids, m in
              zip(batch.prompt_index, batch.response_ids, batch.response_mask)]
     with torch.no_grad():  # as an optimiser step does: on the (sharded) trained parameters
-        for p in run.models.actor_params:
+        for p in stages.models.actor_params:
             p.add_(0.3)
 parts = [None] * dist.world_size()
 if dist.is_active():

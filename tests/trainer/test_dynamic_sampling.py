@@ -97,7 +97,7 @@ class ScriptedStages:
         self.served.append(len(self.served))
         return [self.served[-1]]
 
-    def sample(self, prompt_idx: list[int]) -> int:
+    def sample(self, prompt_idx: list[int], micro: int) -> int:
         return prompt_idx[0]
 
     def score(self, k: int) -> Scored:
@@ -110,7 +110,7 @@ def test_rounds_fill_the_batch_and_never_keep_an_equal_reward_group():
         [[1, 0], [1, 1], [0, 1]],   # round 2: two more; only one is needed
         [[0, 1], [0, 1], [0, 1]],   # never reached
     ], DynamicSampler(batch_size=2, max_rounds=5, pad_id=PAD))  # fmt: skip
-    kept, rounds, stats = sample_and_score(s, PhaseClock())
+    kept, rounds, stats = sample_and_score(s, PhaseClock(), 4)
     assert s.served == [0, 1] and len(rounds) == 2
     assert kept.batch.group_index.tolist() == [0, 0, 1, 1]
     assert kept.batch.response_ids[:, 0].tolist() == [10, 11, 0, 1]  # round 1 g1, round 2 g0
@@ -127,25 +127,25 @@ def test_rounds_fill_the_batch_and_never_keep_an_equal_reward_group():
 def test_rounds_stop_at_the_cap():
     s = ScriptedStages([[[1, 1], [0, 1]], [[0, 0], [1, 1]]] + [[[1, 1]]] * 5,
                        DynamicSampler(batch_size=4, max_rounds=2, pad_id=PAD))  # fmt: skip
-    kept, _, stats = sample_and_score(s, PhaseClock())
+    kept, _, stats = sample_and_score(s, PhaseClock(), 4)
     assert s.served == [0, 1] and stats.rounds == 2
     assert kept.rollout.size == 2
     assert stats.filled == 0.25
     # nothing informative within the cap: None, never a zero-variance group
     s = ScriptedStages([[[1, 1]], [[0, 0]]], DynamicSampler(2, 2, PAD))
-    none, rounds, stats = sample_and_score(s, PhaseClock())
+    none, rounds, stats = sample_and_score(s, PhaseClock(), 4)
     assert none is None and stats.groups_kept == 0 and len(rounds) == 2
 
 
 def test_without_dynamic_sampling_one_round_is_the_step():
     s = ScriptedStages([[[1, 1]], [[0, 1]]], None)
-    scored, rounds, stats = sample_and_score(s, PhaseClock())
+    scored, rounds, stats = sample_and_score(s, PhaseClock(), 4)
     assert s.served == [0] and stats is None and scored.rewards.tolist() == [1, 1]
 
 
 def test_sampler_state_round_trips():
     a = DynamicSampler(2, 3, PAD)
-    sample_and_score(ScriptedStages([[[1, 1], [0, 1]], [[0, 1]]], a), PhaseClock())
+    sample_and_score(ScriptedStages([[[1, 1], [0, 1]], [[0, 1]]], a), PhaseClock(), 4)
     b = DynamicSampler(2, 3, PAD)
     b.load_state_dict(a.state_dict())
     assert b.state_dict() == a.state_dict() == {

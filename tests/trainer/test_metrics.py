@@ -57,6 +57,7 @@ def _result(update: UpdateStats | None, rounds=(1.0,), kl=None) -> StepResult:
         dynamic=None,
         seconds={"rollout": 2.0, "update": 1.0, "step": 3.5},
         peaks_gib={},
+        micro=4,
         kl_measured=kl,
     )
 

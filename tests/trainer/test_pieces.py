@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from danka.errors import UserError
-from danka.rewards.combine import RewardOutput
 from danka.trainer.checkpointing import check_compatible
-from danka.trainer.evaluate import judge
 from danka.trainer.forward import trim
 from danka.trainer.optim import build_scheduler
 from danka.trainer.records import ON_POLICY, TrainBatch
@@ -88,19 +86,6 @@ def test_invalid_samples_are_out_of_the_loss_counts():
     assert (norm.num_tokens, norm.num_seqs) == (2.0, 1.0)
     sub = b.select(torch.tensor([1]))
     assert sub.valid.tolist() == [False] and sub.old_logprobs is ON_POLICY
-
-
-def test_judge_is_the_one_correct_rule():
-    out = RewardOutput(
-        scores=torch.tensor([1.5, 0.2, 1.0]),
-        per_function={"strict": torch.tensor([1.0, 0.0, 0.999999]), "flex": torch.ones(3)},
-        valid=torch.ones(3, dtype=torch.bool),
-        num_errors=0,
-    )
-    correct, per_fn = judge(out)
-    # the first function decides, with 1e-6 slack: 1.0 yes, 0.0 no, 0.999999 yes
-    assert correct.tolist() == [True, False, True]
-    assert per_fn == {"strict": pytest.approx(2 / 3), "flex": 1.0}
 
 
 def test_checkpoint_compatibility(tmp_path):

@@ -65,7 +65,7 @@ def scripted(monkeypatch):
 
     def use(script):
         engine = ScriptedEngine(tiny_tokenizer(), script)
-        monkeypatch.setattr("danka.trainer.setup.build_engine", lambda *a, **k: engine)
+        monkeypatch.setattr("danka.trainer.build.build_engine", lambda *a, **k: engine)
         return seen
 
     return use

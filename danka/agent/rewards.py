@@ -1,10 +1,11 @@
 """Rewards for tool-using answers: the final answer, plus a small bonus for valid calls.
 
 TRL's batched contract ``fn(prompts, completions, ground_truth, **kw) -> list[float]``.
-A completion is either the trajectory's messages after the prompt (``AgentRollout.
-trajectories`` minus the prompt; TRL passes tool-calling completions this way) or, as
-a fallback, the decoded response text, from which the turns are recovered by splitting
-at ``<tool_response>`` blocks. Standard library only.
+The turns come from ``messages`` (per sample, the trajectory's messages after the prompt,
+tool turns included: what ``danka train`` and ``danka eval`` pass for an agent rollout),
+else from a completion that is itself a message list (TRL passes tool-calling completions
+this way), else from the decoded response text, split at ``<tool_response>`` blocks.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -19,23 +20,6 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 # set (True) by the agent loop on an assistant message it cut: no end-of-turn token (the
 # per-turn cap or the token budget); the loop never ran that turn's calls
 TRUNCATED = "truncated"
-
-
-class AgentCompletion(str):
-    """What ``danka train`` passes to reward functions for an agent rollout: the final
-    assistant turn's text (so every rule reward scores the final answer), carrying the
-    messages after the prompt as ``.messages`` (tool turns included) for rewards that look
-    at the calls, such as ``tool_answer``. Pickles (the reward worker gets it whole)."""
-
-    messages: list[dict[str, Any]]
-
-    def __new__(cls, final_text: str, messages: Sequence[dict[str, Any]] = ()):
-        obj = super().__new__(cls, final_text)
-        obj.messages = list(messages)
-        return obj
-
-    def __reduce__(self):
-        return (AgentCompletion, (str(self), self.messages))
 
 
 def _turns(completion: str | Sequence[dict[str, Any]]) -> list[tuple[str, bool]]:
@@ -73,6 +57,7 @@ def tool_answer_reward(
     completions: Sequence[str | Sequence[dict[str, Any]]],
     ground_truth: Sequence[str | None],
     valid_call_bonus: float = 0.1,
+    messages: Sequence[Sequence[dict[str, Any]] | None] | None = None,
     **_columns: Any,
 ) -> list[float]:
     """1.0 if the final turn's last number equals ``ground_truth``, plus ``valid_call_bonus
@@ -82,10 +67,9 @@ def tool_answer_reward(
     Example: calls ``[ok, malformed]`` and a correct final answer -> 1.0 + 0.1 * 1/2 = 1.05.
     """
     scores = []
-    for completion, truth in zip(completions, ground_truth):
-        if isinstance(completion, AgentCompletion) and completion.messages:
-            completion = completion.messages
-        turns = _turns(completion)
+    trajectories = messages if messages is not None else [None] * len(completions)
+    for completion, truth, turns_of in zip(completions, ground_truth, trajectories):
+        turns = _turns(turns_of or completion)
         calls = [c for text, completed in turns if completed for c in parse_tool_calls(text)]
         final = turns[-1][0] if turns else ""
         score = (

@@ -292,11 +292,13 @@ _DEFAULTS = {
 @register_reward("tool_answer")
 def tool_answer(completion: str, row: PromptRow, valid_call_bonus: float = 0.1) -> float:
     """1.0 for the right final number, plus ``valid_call_bonus`` x the share of well-formed
-    tool calls (danka.agent.rewards.tool_answer_reward; in ``danka train`` with tools the
-    completion carries the trajectory's messages)."""
+    tool calls (danka.agent.rewards.tool_answer_reward; with tools, ``row.messages`` holds
+    the trajectory's messages after the prompt)."""
     from danka.agent.rewards import tool_answer_reward
 
-    return tool_answer_reward([None], [completion], [row.ground_truth], valid_call_bonus)[0]
+    messages = [getattr(row, "messages", None)]
+    return tool_answer_reward([None], [completion], [row.ground_truth], valid_call_bonus,
+                              messages=messages)[0]  # fmt: skip
 
 
 def default_reward_for(data_source: str) -> str | None:

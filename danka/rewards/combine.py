@@ -121,10 +121,13 @@ class RewardComputer:
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
         completion_ids: Sequence[Sequence[int]] | None = None,
+        messages: Sequence[Any] | None = None,
     ) -> RewardOutput:
         """Rewards for B completions; ``rows[i]``/``prompts[i]`` belong to completion i
         (rows repeat for the n samples of a prompt). ``prompts`` (the text the policy saw)
-        is used in error messages; ``completion_ids`` is passed to TRL-style functions."""
+        is used in error messages; ``completion_ids`` is passed to TRL-style functions;
+        ``messages``: an agent rollout's messages after the prompt, per sample (a builtin
+        reads ``row.messages``, a TRL-style function gets the ``messages`` column)."""
         b = len(completions)
         if not (len(rows) == len(prompts) == b):
             raise ValueError(
@@ -138,7 +141,7 @@ class RewardComputer:
         any_applies = torch.zeros(b, dtype=torch.bool)
         errors = 0
         for name, weight, fn in self.terms:
-            got = fn(rows, prompts, completions, completion_ids)
+            got = fn(rows, prompts, completions, completion_ids, messages)
             values = torch.tensor(got.values, dtype=torch.float64)  # python floats only
             applies = torch.tensor(got.applies or [True] * b, dtype=torch.bool)
             scores += weight * torch.where(applies, values, 0.0)  # TRL's nansum

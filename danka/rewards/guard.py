@@ -81,9 +81,11 @@ def _adopt(fn: Any, target: Target, timeout_s: float) -> Worker:
     return Worker(target, timeout_s)
 
 
-def _row_fields(row: PromptRow) -> dict[str, Any]:
-    # What a builtin may read from its row, as plain data (PromptRow imports torch).
-    return {"ground_truth": row.ground_truth, "data_source": row.data_source, "index": row.index}
+def _row_fields(row: PromptRow, messages: Any = None) -> dict[str, Any]:
+    # What a builtin may read from its row, as plain data (PromptRow imports torch), and
+    # an agent rollout's messages after the prompt (None single-turn)
+    return {"ground_truth": row.ground_truth, "data_source": row.data_source, "index": row.index,
+            "messages": messages}  # fmt: skip
 
 
 class GuardedReward:
@@ -125,15 +127,24 @@ class GuardedReward:
         rows: Sequence[PromptRow],
         completions: Sequence[str],
         completion_ids: Sequence[Sequence[int]] | None = None,
+        messages: Sequence[Any] | None = None,
     ) -> list[Outcome]:
-        """(value, error) per sample, before the on_error policy."""
+        """(value, error) per sample, before the on_error policy. ``messages``: an agent
+        rollout's messages after the prompt, per sample (builtins read ``row.messages``,
+        TRL-style functions get a ``messages`` column)."""
         if self.kind == "builtin":
-            calls = [{"completion": c, "row": _row_fields(r)} for c, r in zip(completions, rows)]
+            per = messages if messages is not None else [None] * len(completions)
+            calls = [
+                {"completion": c, "row": _row_fields(r, m)}
+                for c, r, m in zip(completions, rows, per)
+            ]
             return self._worker.run(calls, self.kwargs)
         if self.kind == "verl":
             calls = [verl_call_args(r, c) for r, c in zip(rows, completions)]
             return self._worker.run(calls, self.kwargs)
         args = trl_call_args(rows, completions, completion_ids)
+        if messages is not None:
+            args["messages"] = [list(m) if m is not None else None for m in messages]
         [(values, error)] = self._worker.run([args], self.kwargs)
         if error is not None:  # one batched call failed: every sample shares the error
             return [(None, error)] * len(completions)
@@ -145,13 +156,16 @@ class GuardedReward:
         prompts: Sequence[str],
         completions: Sequence[str],
         completion_ids: Sequence[Sequence[int]] | None = None,
+        messages: Sequence[Any] | None = None,
     ) -> GuardedScores:
         """Scores of one batch under the on_error policy (see the module docstring)."""
         values: list[float] = []
         valid: list[bool] = []
         applies: list[bool] = []
         errors = 0
-        for i, (value, error) in enumerate(self.outcomes(rows, completions, completion_ids)):
+        for i, (value, error) in enumerate(
+            self.outcomes(rows, completions, completion_ids, messages)
+        ):
             if error is None and value is None and self.kind == "trl":
                 values.append(0.0)  # TRL: None = not applicable, left out of the sum
                 valid.append(True)

@@ -36,14 +36,17 @@ def score_samples(
     completions: list[list[str]],
     rewards: Any,
     threshold: float = CORRECT_AT,
+    messages: list[list[Any]] | None = None,
 ) -> tuple[list[list[float]], list[list[bool]], dict[str, float]]:
     """Rewards and correctness of ``completions[i][j]`` (answer j to row i), and the
     fraction of answers each reward function alone scores as correct. ``rewards`` is a
-    :class:`danka.rewards.combine.RewardComputer`."""
+    :class:`danka.rewards.combine.RewardComputer`; ``messages[i][j]``: answer j's turns
+    after the prompt, for an agent's answers (as in training)."""
     flat_rows = [r for r, cs in zip(rows, completions) for _ in cs]
     flat_prompts = [p for p, cs in zip(prompts, completions) for _ in cs]
     flat = [c for cs in completions for c in cs]
-    out = rewards(flat_rows, flat_prompts, flat)
+    turns = {} if messages is None else {"messages": [m for ms in messages for m in ms]}
+    out = rewards(flat_rows, flat_prompts, flat, **turns)
     correct, per_fn = judge(out, threshold)
     scores, ok = out.scores.float().tolist(), correct.tolist()
     by_row_s, by_row_c, k = [], [], 0

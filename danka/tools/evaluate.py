@@ -97,10 +97,9 @@ def evaluate_rows(
     ``temperature`` when given, top-p 1), ``batch_size`` sequences per generate call, score
     them, and summarize; ``completions`` holds the first rows' first answers. With
     ``tools`` (rollout settings) the answers come from the training's agent loop: rewards
-    score the final answer (an ``AgentCompletion`` carrying the turns, as in training),
+    score the final answer (with the turns as ``messages``, as in training),
     and the result holds the ``agent/*`` metrics and each kept answer's ``messages``.
     ``log``: where progress lines go (``[eval] 48/200 prompts | ...``; None = silent)."""
-    from danka.agent.rewards import AgentCompletion
     from danka.logging.progress import WorkProgress
     from danka.rollout.base import AnswerOptions
     from danka.tools.generate import generate_batch, tool_generate_batch
@@ -123,10 +122,6 @@ def evaluate_rows(
     if tools is not None:
         items, metrics = tool_generate_batch(model, tokenizer, rows, tools, gen, base_dir=base_dir)
         progress.advance(len(rows))
-        for it in items:
-            it["completions"] = [
-                AgentCompletion(c, t) for c, t in zip(it["completions"], it["trajectories"])
-            ]
     else:
         items = generate_batch(model, tokenizer, rows, gen, progress=progress)
     kept = [it["row"] for it in items]
@@ -136,6 +131,7 @@ def evaluate_rows(
         [it["completions"] for it in items],
         rewards,
         threshold,
+        messages=[it["trajectories"] for it in items] if tools is not None else None,
     )
     result = summarize(
         correct, [it["response_tokens"] for it in items], [it["truncated"] for it in items], scores

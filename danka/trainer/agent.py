@@ -6,8 +6,8 @@ loop (danka/agent) in place of the single-turn ``engine.generate``.
 * step 2 (danka/trainer/sample.py) returns the same ``Rollout`` as single-turn sampling,
   with ``loss_mask`` 0 on tool and environment tokens, the final answers for the rewards,
   the trajectories for the completions log, the environment rewards and ``agent/*`` stats;
-* rewards see the final assistant turn as the completion (an :class:`AgentCompletion`,
-  a ``str`` that also carries the messages after the prompt, for ``tool_answer``).
+* rewards see the final assistant turn as the completion, and the messages after the
+  prompt as ``messages`` (``Rollout.messages``; ``tool_answer`` reads them).
 """
 
 from __future__ import annotations

@@ -108,6 +108,7 @@ def concat_scored(kept: list[Scored], pad_id: int, stats: RewardStats) -> Scored
         batch=concat_batches([s.batch for s in kept], pad_id),
         completions=[c for s in kept for c in s.rollout.completions],
         shown=[c for s in kept for c in s.rollout.shown],
+        messages=None if first.messages is None else [m for s in kept for m in s.rollout.messages],
         env_rewards=env,
     )
     return Scored(

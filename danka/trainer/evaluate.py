@@ -103,18 +103,20 @@ def held_out(ctx: SampleContext, rewards: RewardComputer, micro: int) -> HeldOut
     agent loop when it has one: ``eval/agent/*`` are its metrics). Correct as
     danka.rewards.scoring.judge says; per function as ``eval/correct/<name>``."""
     prompts, n = ctx.prompts, len(ctx.prompts.rows)
-    completions, shown, lengths, truncated = [], [], [], []
+    completions, shown, messages, lengths, truncated = [], [], [], [], []
     agent_metrics: dict[str, float] = {}
     for start in range(0, n, ctx.chunk):
         idx = list(range(start, min(start + ctx.chunk, n)))
         got = sample(ctx, idx, micro)
         completions.extend(got.completions)
         shown.extend(got.shown)  # an agent's trajectory (tool turns included), or the text
+        messages.extend(got.messages or [])
         lengths.extend(got.batch.response_mask.sum(1).tolist())
         truncated.extend(got.batch.truncated.tolist())
         for key, value in got.agent_stats.items():  # sample-weighted over the chunks
             agent_metrics[key] = agent_metrics.get(key, 0.0) + value * len(idx)
-    out = rewards(prompts.rows, prompts.texts, completions)
+    turns = {"messages": messages} if messages else {}  # an agent's turns after the prompt
+    out = rewards(prompts.rows, prompts.texts, completions, **turns)
     ok, per_fn = judge(out)
     correct = ok.float()
     metrics = {

@@ -44,8 +44,10 @@ class Rollout:
 
     batch: RolloutBatch  # ids and masks (agent: loss_mask 0 on tool / environment tokens)
     completions: list[str]  # (B,) what the rewards read: the response text, or an agent's
-    # final answer (an AgentCompletion, a str that also carries the messages)
+    # final answer
     shown: list[Any]  # (B,) what the completions log shows: the text, or an agent's messages
+    messages: list[list[dict]] | None = None  # (B,) an agent's messages after the prompt
+    # (tool turns included), which rewards may read besides the final answer; None single-turn
     env_rewards: torch.Tensor | None = None  # (B,) an environment's summed step rewards
     agent_stats: dict[str, float] = field(default_factory=dict)  # agent/* (empty single-turn)
 
@@ -246,6 +248,7 @@ def select_rollout(rollout: Rollout, idx: torch.Tensor, group_index: torch.Tenso
         batch=batch,
         completions=[rollout.completions[i] for i in rows],
         shown=[rollout.shown[i] for i in rows],
+        messages=None if rollout.messages is None else [rollout.messages[i] for i in rows],
         env_rewards=None if rollout.env_rewards is None else rollout.env_rewards[idx],
         agent_stats=dict(rollout.agent_stats),
     )

@@ -13,7 +13,6 @@ import torch
 
 from danka import distributed as dist
 from danka.agent.loop import AgentLoop
-from danka.agent.rewards import AgentCompletion
 from danka.agent.setup import prompt_messages
 from danka.rollout.base import RolloutEngine, SamplingParams, engine_meta
 from danka.trainer.guards import Sizes, oom_guard
@@ -95,11 +94,11 @@ def _agent(ctx: SampleContext, prompt_idx: list[int]) -> Rollout:
     batch = out.batch
     batch.loss_mask = out.loss_mask
     batch.prompt_index = torch.tensor(prompt_idx, dtype=torch.long)[batch.group_index]
-    completions = [AgentCompletion(t, m) for t, m in zip(out.final_texts, out.completions)]
     return Rollout(
         batch=batch,
-        completions=completions,
+        completions=list(out.final_texts),
         shown=list(out.completions),
+        messages=list(out.completions),
         env_rewards=out.env_rewards if ctx.environment else None,
         agent_stats=dict(out.metrics),
     )

@@ -57,7 +57,8 @@ def score(
     batch = rollout.batch
     idx = batch.prompt_index.tolist()
     rows, texts = [prompts.rows[i] for i in idx], [prompts.texts[i] for i in idx]
-    out = rewards(rows, texts, rollout.completions)
+    turns = {} if rollout.messages is None else {"messages": rollout.messages}  # an agent's
+    out = rewards(rows, texts, rollout.completions, **turns)
     valid = out.valid.cpu().bool()
     total = out.scores.float().cpu()
     parts = {name: v.float().cpu() for name, v in out.per_function.items()}

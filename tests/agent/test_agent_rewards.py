@@ -47,27 +47,37 @@ def test_decoded_text_fallback():
     assert final_number("x = 1,234.5") == "1234.5"
 
 
-def test_builtin_tool_answer_scores_an_agent_completion_through_the_reward_worker():
-    import pickle
-
+def test_builtin_tool_answer_reads_the_messages_through_the_reward_worker():
     import pytest
 
-    from danka.agent.rewards import AgentCompletion
     from danka.errors import UserError
     from danka.rewards.combine import RewardSpec, build_reward_computer
     from danka.rewards.specs import check_reward_spec
     from danka.types import PromptRow
 
-    done = AgentCompletion("408", msgs(CALL, BAD, "408"))
-    assert done == "408"  # rule rewards see the final answer
-    again = pickle.loads(pickle.dumps(done))  # the reward worker gets it whole
-    assert again.messages == done.messages and isinstance(again, AgentCompletion)
     row = PromptRow(index=0, prompt="What is 12*34?", ground_truth="408")
     with build_reward_computer(
         [RewardSpec("tool_answer", kwargs={"valid_call_bonus": 0.2})], base_dir="."
     ) as rewards:
-        out = rewards([row] * 2, ["p"] * 2, [done, "408"])
+        turns = [msgs(CALL, BAD, "408"), None]  # an agent's turns; a plain answer has none
+        out = rewards([row] * 2, ["p"] * 2, ["408", "408"], messages=turns)
+        plain = rewards([row], ["p"], ["408"])
     # with the trajectory: 1 + 0.2 * 1/2 = 1.1; a plain final text has no calls: 1.0
     assert [round(float(s), 6) for s in out.scores] == [1.1, 1.0]
+    assert float(plain.scores[0]) == 1.0
     with pytest.raises(UserError, match="bonus"):  # kwargs checked like other builtins
         check_reward_spec("tool_answer", {"bonus": 1}, "reward.functions[0]")
+
+
+def test_a_trl_function_gets_the_messages_column(tmp_path):
+    from danka.rewards.combine import RewardSpec, build_reward_computer
+    from danka.types import PromptRow
+
+    (tmp_path / "r.py").write_text(
+        "def reward(prompts, completions, messages=None, **kw):\n"
+        "    return [float(len(m or [])) for m in messages]\n"
+    )
+    row = PromptRow(index=0, prompt="q", ground_truth="1")
+    with build_reward_computer([RewardSpec("r.py:reward")], base_dir=tmp_path) as rewards:
+        out = rewards([row] * 2, ["p"] * 2, ["1", "1"], messages=[msgs(CALL, "1"), None])
+    assert out.scores.tolist() == [3.0, 0.0]  # call, tool response, answer; none

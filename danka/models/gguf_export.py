@@ -122,6 +122,33 @@ def _pre_name(tokenizer: Any) -> str:
     return "default"
 
 
+def _add_tokenizer(w: Any, tokenizer: Any) -> None:
+    """The tokenizer's vocabulary, merges, special ids and chat template, as llama.cpp's
+    "gpt2" (byte-level BPE) tokenizer reads them."""
+    tokens, types, merges = _vocab(tokenizer)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(_pre_name(tokenizer))
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    if merges:
+        w.add_token_merges(merges)
+    else:  # a vocabulary without merges (bytes only): readers rebuild them from scores
+        w.add_token_scores([-float(i) for i in range(len(tokens))])
+    for attr, add in (
+        ("bos_token_id", w.add_bos_token_id),
+        ("eos_token_id", w.add_eos_token_id),
+        ("pad_token_id", w.add_pad_token_id),
+        ("unk_token_id", w.add_unk_token_id),
+    ):
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            add(int(value))
+    w.add_add_bos_token(False)
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        w.add_chat_template(template)
+
+
 def write_gguf(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -153,8 +180,6 @@ def write_gguf(
     arch_name = gguf.MODEL_ARCH_NAMES[arch]
     n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head
-    tokens, types, merges = _vocab(tokenizer)
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), arch_name)
@@ -178,27 +203,7 @@ def write_gguf(
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_vocab_size(cfg.vocab_size)
 
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(_pre_name(tokenizer))
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    if merges:
-        w.add_token_merges(merges)
-    else:  # a vocabulary without merges (bytes only): readers rebuild them from scores
-        w.add_token_scores([-float(i) for i in range(len(tokens))])
-    for attr, add in (
-        ("bos_token_id", w.add_bos_token_id),
-        ("eos_token_id", w.add_eos_token_id),
-        ("pad_token_id", w.add_pad_token_id),
-        ("unk_token_id", w.add_unk_token_id),
-    ):
-        value = getattr(tokenizer, attr, None)
-        if value is not None:
-            add(int(value))
-    w.add_add_bos_token(False)
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, str):
-        w.add_chat_template(template)
+    _add_tokenizer(w, tokenizer)
 
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     tied = bool(getattr(cfg, "tie_word_embeddings", False))

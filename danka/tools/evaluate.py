@@ -248,8 +248,7 @@ def run_eval(
     ``tools`` (and the tool limits) set or replace the config's ``agent.tools``; a
     config with ``agent.tools`` or ``agent.environment`` is evaluated through them."""
     from danka.rewards.combine import build_reward_computer
-    from danka.tools.generate import load_for_inference, read_adapter_config
-    from danka.tools.locate import is_model, resolve_checkpoint
+    from danka.tools.generate import load_for_inference
 
     if samples < 1:
         raise UserError(f"--samples must be >= 1, got {samples}", where="--samples")
@@ -259,16 +258,8 @@ def run_eval(
             where="--temperature",
             fix="add --samples 4 (greedy, the default, takes no temperature)",
         )
-    if adapter is not None:  # a run folder means its newest checkpoint
-        found = resolve_checkpoint(adapter)
-        if is_model(found):  # a full-parameter checkpoint is a model, not an adapter
-            log(f"scoring the full-parameter checkpoint {found}")
-            model, adapter = str(found), None
-        else:
-            if str(found) != str(adapter):
-                log(f"scoring the newest checkpoint of {adapter}: {found}")
-            adapter = str(found)
-            read_adapter_config(adapter)
+    if adapter is not None:
+        model, adapter = _scored_checkpoint(model, adapter, log)
     src = (
         _from_config(config, overrides or [])
         if config
@@ -328,6 +319,22 @@ def run_eval(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
     return result
+
+
+def _scored_checkpoint(model: str | None, adapter: str, log: Any) -> tuple[str | None, str | None]:
+    """``--adapter``: (model, adapter) to score. A run folder means its newest checkpoint;
+    a full-parameter checkpoint is a model, not an adapter."""
+    from danka.tools.generate import read_adapter_config
+    from danka.tools.locate import is_model, resolve_checkpoint
+
+    found = resolve_checkpoint(adapter)
+    if is_model(found):
+        log(f"scoring the full-parameter checkpoint {found}")
+        return str(found), None
+    if str(found) != str(adapter):
+        log(f"scoring the newest checkpoint of {adapter}: {found}")
+    read_adapter_config(str(found))
+    return model, str(found)
 
 
 def _base_model_warning(config: str, src: dict[str, Any]) -> str:

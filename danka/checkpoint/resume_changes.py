@@ -113,14 +113,14 @@ def _set_lr(opt, sched, new_lr: float) -> None:
             sched._last_lr = [g["lr"] for g in opt.param_groups]
 
 
-def apply_resume_changes(old: dict, new: dict, state: Any) -> list[str]:
-    """Write the changed :data:`APPLIED_KEYS` of ``new`` into the ``state`` just restored
-    from a checkpoint whose config was ``old``; returns ``"key: old -> new"`` per applied
-    change. ``state`` (the trainer's ``Checkpointer``) holds ``actor_opt``, ``actor_sched``,
-    ``critic_opt``, ``critic_sched`` and ``kl_ctl`` (None where the run has none). Call it
-    after the optimiser, schedulers and KL controller were loaded."""
-    actor_opt, actor_sched = state.actor_opt, state.actor_sched
-    critic_opt, critic_sched, kl_ctl = state.critic_opt, state.critic_sched, state.kl_ctl
+def apply_resume_changes(old: dict, new: dict, opts: Any, kl_ctl: Any) -> list[str]:
+    """Write the changed :data:`APPLIED_KEYS` of ``new`` into the optimisers ``opts`` and
+    the KL controller ``kl_ctl`` just restored from a checkpoint whose config was ``old``;
+    returns ``"key: old -> new"`` per applied change. ``opts`` (the trainer's
+    ``Optimizers``) holds ``actor``, ``actor_sched``, ``critic`` and ``critic_sched`` (None
+    where the run has no critic). Call it after they were loaded."""
+    actor_opt, actor_sched = opts.actor, opts.actor_sched
+    critic_opt, critic_sched = opts.critic, opts.critic_sched
     a, b = _flatten(current_layout(old)), _flatten(current_layout(new))
     applied = []
 

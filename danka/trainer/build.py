@@ -104,15 +104,8 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
 
 def engine_options(cfg: DankaConfig, sizes: SizePlan) -> EngineOptions:
     """The engine's settings; ``sizes``: the planned generation batch where it is auto."""
-    r = cfg.rollout
-    return EngineOptions(
-        sizes.generation_batch,
-        keep_cache=r.keep_cache,
-        compile=r.compile,
-        decode_attention=r.decode_attention,
-        shared_prefix=r.shared_prefix,
-        lora_compute=r.lora_compute,
-    )
+    keys = ("keep_cache", "compile", "decode_attention", "shared_prefix", "lora_compute")
+    return EngineOptions(sizes.generation_batch, **{k: getattr(cfg.rollout, k) for k in keys})
 
 
 def assemble(

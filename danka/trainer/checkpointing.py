@@ -144,23 +144,6 @@ class Checkpointer:
     dtype: torch.dtype
     dynamic: DynamicSampler | None = None
 
-    # what danka.checkpoint.resume_changes.apply_resume_changes writes new values into
-    @property
-    def actor_opt(self):
-        return self.opts.actor
-
-    @property
-    def actor_sched(self):
-        return self.opts.actor_sched
-
-    @property
-    def critic_opt(self):
-        return self.opts.critic
-
-    @property
-    def critic_sched(self):
-        return self.opts.critic_sched
-
     def save(self, step: int, history: dict, resolved: dict, config_hash: str) -> Path | None:
         """Write checkpoint ``step`` (every rank gathers, rank 0 writes); its path, None on
         other ranks."""
@@ -230,7 +213,7 @@ class Checkpointer:
                 "was trained with, or start a new output_dir",
             ) from err
         if old_cfg:
-            apply_resume_changes(old_cfg, new_cfg, self)
+            apply_resume_changes(old_cfg, new_cfg, self.opts, self.kl_ctl)
             changes = describe_changes(old_cfg, new_cfg)
             if changes:
                 self.log.warning("resuming with a changed config: " + "; ".join(changes))

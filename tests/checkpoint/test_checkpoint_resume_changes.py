@@ -30,14 +30,12 @@ def _cfg(lr=1e-5, wd=0.0, coef=0.1, target=0.1, horizon=10000, alpha=16, r=8, cr
 
 
 def _state(actor_opt, actor_sched, critic_opt=None, critic_sched=None, kl_ctl=None):
-    """The restored parts of a run, as ``Run`` holds them."""
-    return SimpleNamespace(
-        actor_opt=actor_opt,
-        actor_sched=actor_sched,
-        critic_opt=critic_opt,
-        critic_sched=critic_sched,
-        kl_ctl=kl_ctl,
+    """The restored parts of a run: its optimisers (as ``Optimizers`` holds them) and its
+    KL controller, the arguments after the two configs."""
+    opts = SimpleNamespace(
+        actor=actor_opt, actor_sched=actor_sched, critic=critic_opt, critic_sched=critic_sched
     )
+    return opts, kl_ctl
 
 
 def _restored(lr: float, wd: float):
@@ -58,7 +56,7 @@ def test_changed_lr_weight_decay_and_kl_are_applied():
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-5 * 3 / 4)
     kl = AdaptiveKLController(0.1, 0.1, 10000)
     kl.value = 0.137  # adapted during the first run
-    lines = apply_resume_changes(old, new, _state(opt, sched, kl_ctl=kl))
+    lines = apply_resume_changes(old, new, *_state(opt, sched, kl_ctl=kl))
     assert lines == [
         "optim.lr: 1e-5 -> 2e-5",
         "optim.weight_decay: 0.0 -> 0.01",
@@ -79,7 +77,7 @@ def test_unchanged_config_changes_nothing():
     opt, sched = _restored(1e-5, 0.0)
     kl = AdaptiveKLController(0.1, 0.1, 10000)
     kl.value = 0.137
-    assert apply_resume_changes(_cfg(), _cfg(), _state(opt, sched, kl_ctl=kl)) == []
+    assert apply_resume_changes(_cfg(), _cfg(), *_state(opt, sched, kl_ctl=kl)) == []
     assert kl.value == 0.137  # the adapted value is kept
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-5 * 3 / 4)
 
@@ -88,7 +86,7 @@ def test_critic_lr_applied_to_the_critic_optimiser():
     opt, sched = _restored(1e-5, 0.0)
     copt, csched = _restored(1e-5, 0.0)
     lines = apply_resume_changes(
-        _cfg(), _cfg(critic_lr=4e-5), _state(opt, sched, critic_opt=copt, critic_sched=csched)
+        _cfg(), _cfg(critic_lr=4e-5), *_state(opt, sched, critic_opt=copt, critic_sched=csched)
     )
     assert lines == ["optim.critic_lr: 1e-5 -> 4e-5"]
     assert copt.param_groups[0]["lr"] == pytest.approx(4e-5 * 3 / 4)

@@ -280,12 +280,6 @@ def _type_error(value: Any, tp: Any, key: str, source: _Source, section: bool = 
 
 # Keys of the seed story that danka does not implement, with what to use instead.
 REJECTED_KEYS = {
-    "backend.vllm.enable_vllm": (
-        True,
-        "vLLM is not used by danka on one card",
-        "set backend.vllm.enable_vllm: false and use rollout.engine: fast (danka's own fast "
-        "rollout, live LoRA weights, no weight sync)",
-    ),
     "backend.fsdp.enable_fsdp": (
         True,
         "FSDP is not used on one card",

@@ -274,6 +274,15 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
             "true asks for the HF engine, which conflicts with rollout.engine: fast",
             "set only one of them",
         )
+    other = cfg.rollout.engine not in ("auto", "vllm") and f"rollout.engine: {cfg.rollout.engine}"
+    if cfg.backend.hf_transformers.enable_hf_transformers:
+        other = "backend.hf_transformers.enable_hf_transformers: true"
+    if cfg.backend.vllm.enable_vllm and other:
+        fail(
+            "backend.vllm.enable_vllm",
+            f"true asks for the vLLM engine, which conflicts with {other}",
+            "set only one of them",
+        )
     if cfg.rollout.lora_compute != "auto" and not lora.enable_lora:
         fail(
             "rollout.lora_compute",

@@ -301,7 +301,8 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     engine = cfg.rollout.engine
     # auto picks the fast engine on a GPU unless the base is quantised (rollout.base.
     # choose_engine also checks that the step fits; the estimate is what it checks with)
-    fast = engine == "fast" or (engine == "auto" and not quant)
+    vllm = engine == "vllm" or (engine == "auto" and cfg.backend.vllm.enable_vllm)
+    fast = not vllm and (engine == "fast" or (engine == "auto" and not quant))
     # the fast engine runs a CUDA-graph batch bucket of rows and a length rounded up to
     # SEQ_ROUND; it prefills each prompt once (at most PREFILL_PROMPTS at a time), HF
     # generate every sequence
@@ -322,6 +323,16 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if keep else 0
     c["logits (rollout)"] = rows * v * 4 * LOGIT_FACTOR_ROLLOUT
     c["prefill (rollout)"] = prefill_rows * prompt_len * d * (4 * h + 2 * i)
+    share = None
+    if vllm:  # its own weights, work and KV cache, held all run (danka.planning.vllm)
+        from danka.planning.vllm import share_of
+
+        share = share_of(cfg, shape, d=d, weights=c["weights"], lora=lora, seqs=seqs,
+                         seq_len=seq_len)  # fmt: skip
+        c["KV cache (rollout)"] = held = share.kv_cache
+        c["vLLM weights + work (held)"] = share.weights + share.work
+        c["logits (rollout)"] = c["prefill (rollout)"] = 0  # inside vLLM's work
+        held += share.weights + share.work
     per_layer = _layer_bytes_per_token(shape, d, cfg.lora.target_modules if use_lora else None)
     full_acts = n_layers * tokens * per_layer
     ckpt_acts = n_layers * tokens * h * d + tokens * per_layer + tokens * (2 * h + i) * 4
@@ -344,6 +355,7 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
         "rollout": persistent
         + c["KV cache (rollout)"]
         + c.get("fast engine weight buffers", 0)
+        + c.get("vLLM weights + work (held)", 0)
         + c["logits (rollout)"]
         + c["prefill (rollout)"],
         "prepare": persistent + held + tokens * per_layer + chunk * v * head_prepare,
@@ -360,13 +372,14 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
         "peak_phase": peak_phase,
         "peak": phases[peak_phase],
         "overhead": OVERHEAD_BYTES,
+        "vllm_share": share,  # VllmShare with the vllm engine, else None
         # the same fp32 buffers (z, log-softmax, p, grad) over every response row at once
         "full_logits_would_be": micro * t.max_new_tokens * v * 4 * LOGIT_FACTOR_UPDATE,
         "chunk_rows": chunk,
         "response_rows": micro * t.max_new_tokens,
         "assumptions": {
-            "rollout_engine": "fast" if fast else "hf",
-            "rollout_cache_kept_for_update": keep,
+            "rollout_engine": "vllm" if vllm else "fast" if fast else "hf",
+            "rollout_cache_kept_for_update": keep or vllm,
             "quantised_base": m.load_in_4bit and "4bit" or m.load_in_8bit and "8bit" or None,
             "rollout_sequences": seqs,
             "prompt_tokens": prompt_len,

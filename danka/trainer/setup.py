@@ -32,6 +32,7 @@ from danka.models.loading import (
 )
 from danka.planning.engine import choose_engine as choose_rollout_engine
 from danka.planning.micro import MicroPlan
+from danka.planning.vllm import engine_memory
 from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
 from danka.rollout.base import (
     ROLLOUT_ENGINES,
@@ -188,7 +189,7 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
     if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
         reward_model = _reward_model(cfg, models, tokenizer, load)
         rewards = build_rule_rewards(cfg, base_dir, specs, train.rows, reward_model)
-    engine = build_engine(engine_name, engine_options(cfg, sizes))
+    engine = build_engine(engine_name, engine_options(cfg, sizes, engine_name, device))
     return assemble_run(
         cfg, models, engine=engine, rewards=rewards, train=train, held=held,
         tokenizer=tokenizer, log=log, base_dir=base_dir, output_dir=output_dir, agent=agent,
@@ -196,9 +197,15 @@ def _build_rest(cfg, base_dir, output_dir, log, device, train_rows, held_rows, e
     )  # fmt: skip
 
 
-def engine_options(cfg: DankaConfig, sizes: MicroPlan) -> EngineOptions:
-    """The engine's settings; ``sizes``: the planned generation batch where it is auto."""
+def engine_options(
+    cfg: DankaConfig, sizes: MicroPlan, engine: str = "", device: torch.device | None = None
+) -> EngineOptions:
+    """The engine's settings; ``sizes``: the planned generation batch where it is auto; an
+    engine with its own memory (vllm) also gets its planned share of ``device``."""
     r = cfg.rollout
+    own = {}
+    if engine and engine_meta(engine).own_memory and device is not None:
+        own = engine_memory(cfg, dict(sizes.planned), device)
     return EngineOptions(
         sizes.value_of(cfg, "rollout.generation_batch_size"),
         keep_cache=r.keep_cache,
@@ -206,6 +213,7 @@ def engine_options(cfg: DankaConfig, sizes: MicroPlan) -> EngineOptions:
         decode_attention=r.decode_attention,
         shared_prefix=r.shared_prefix,
         lora_compute=r.lora_compute,
+        **own,
     )
 
 

@@ -1,0 +1,89 @@
+"""The vLLM engine in the memory plan and in ``rollout.engine: auto``.
+
+* ``share_of``: the GPU share a colocated vLLM holds all run (danka.rollout.vllm_memory's
+  formula at the plan's sizes): the plan adds it to every phase;
+* ``engine_memory``: that share as vLLM's ``gpu_memory_utilization`` for this card, with
+  ``max_model_len``, handed to the engine at start-up (``EngineOptions``);
+* ``VLLM_FASTER_AT`` / ``prefers_vllm``: where ``auto`` picks vLLM over the fast engine when
+  it is installed. Empty until a benchmark on the GPU shows vLLM ahead at a shape
+  (``python -m bench vllm``, BENCHMARKS.md); each row says where it was measured.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from danka.config.schema import DankaConfig
+from danka.rollout.vllm_memory import VllmShare, vllm_share
+
+
+def share_of(
+    cfg: DankaConfig, shape: dict[str, int], *, d: int, weights: int, lora: int, seqs: int,
+    seq_len: int,
+) -> VllmShare:  # fmt: skip
+    """vLLM's share for ``cfg`` at the plan's sizes: ``weights`` as the plan prices the
+    base (4-bit or not), one adapter slot when the adapter is loaded as a vLLM LoRA."""
+    quantized = cfg.model.load_in_4bit or cfg.model.load_in_8bit
+    adapter = cfg.lora.enable_lora and (quantized or cfg.rollout.lora_compute == "adapter")
+    return vllm_share(
+        shape, dtype_bytes=d, weight_bytes=weights, sequences=seqs, max_model_len=seq_len,
+        adapter_bytes=lora * d if adapter else 0,
+    )  # fmt: skip
+
+
+def engine_memory(
+    cfg: DankaConfig, planned: dict[str, int], device: torch.device, model_config: Any = None
+) -> dict[str, Any]:
+    """``EngineOptions`` fields of an engine with its own memory: ``gpu_memory_fraction``
+    (the plan's vLLM share over the card's memory) and ``max_model_len`` (prompt + new
+    tokens, as the plan sizes them); ``planned``: the sizes the plan chose for ``auto``."""
+    from danka.planning.memory import estimate_memory, with_settings
+
+    c = with_settings(cfg, {**planned, "rollout.engine": "vllm"})
+    plan = estimate_memory(c, model_config=model_config)
+    share = plan["vllm_share"]
+    total = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else share.total * 2
+    return {
+        "gpu_memory_fraction": share.fraction(total),
+        "max_model_len": plan["assumptions"]["sequence_tokens"],
+    }
+
+
+@dataclass(frozen=True)
+class FasterAt:
+    """A shape at which a benchmark measured vLLM faster than the fast engine."""
+
+    model_types: tuple[str, ...]  # e.g. ("qwen2",)
+    min_sequences: int  # sequences per step (batch_size x samples_per_prompt)
+    min_new_tokens: int
+    lora: bool | None  # None: either
+    measured: str  # the result file and GPU it comes from
+
+
+# Filled from bench/results once the GPU benchmark has run; empty: auto never picks vLLM.
+VLLM_FASTER_AT: tuple[FasterAt, ...] = ()
+
+
+def vllm_installed() -> bool:
+    return "vllm" in sys.modules or importlib.util.find_spec("vllm") is not None
+
+
+def prefers_vllm(cfg: DankaConfig, model_type: str | None, sequences: int) -> str | None:
+    """The reason ``auto`` picks vLLM for this run (a ``VLLM_FASTER_AT`` row matches and
+    vLLM is installed), else None."""
+    t = cfg.trainer
+    for row in VLLM_FASTER_AT:
+        if (
+            model_type in row.model_types
+            and sequences >= row.min_sequences
+            and t.max_new_tokens >= row.min_new_tokens
+            and row.lora in (None, cfg.lora.enable_lora)
+            and vllm_installed()
+        ):
+            return f"vLLM is faster at this shape ({row.measured})"
+    return None

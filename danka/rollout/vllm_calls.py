@@ -21,6 +21,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -42,20 +43,15 @@ ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1"}
 
 
 def torch_pin_problem(requires: list[str], torch_version: str) -> str | None:
-    """What is wrong when vLLM's ``torch==X`` pin (its ``Requires-Dist`` lines) does not
-    match the installed torch (local tags such as ``+cu130`` ignored); None when it matches
-    or vLLM pins no torch."""
-    from packaging.requirements import Requirement
-    from packaging.version import Version
-
-    have = Version(torch_version.split("+")[0])
+    """What is wrong when vLLM's ``torch==X`` pin (one of its ``Requires-Dist`` lines) is not
+    the installed torch (a local tag such as ``+cu130`` ignored); None when it matches, or
+    when vLLM pins no torch for every install (a line under an extra does not count)."""
+    have = torch_version.split("+")[0]
     for line in requires:
-        req = Requirement(line)
-        if req.name == "torch" and (req.marker is None or req.marker.evaluate({"extra": ""})):
-            if not req.specifier.contains(have, prereleases=True):
-                return (
-                    f"vllm needs torch{req.specifier}, this environment has torch {torch_version}"
-                )
+        spec, _, marker = line.partition(";")
+        m = re.fullmatch(r"\s*torch\s*==\s*([\w.]+)\s*", spec)
+        if m and "extra" not in marker and m.group(1) != have:
+            return f"vllm needs torch=={m.group(1)}, this environment has torch {torch_version}"
     return None
 
 

@@ -149,6 +149,10 @@ class VllmCalls:
         vllm = import_vllm()
         self.spec = spec
         self._vllm = vllm
+        # vLLM's engine creates a one-process torch.distributed group unless one exists
+        self._owns_dist = not (
+            torch.distributed.is_available() and torch.distributed.is_initialized()
+        )
         self.llm = vllm.LLM(**spec.llm_kwargs())
         self._lora_request = importlib.import_module("vllm.lora.request").LoRARequest
 
@@ -210,6 +214,9 @@ class VllmCalls:
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         del llm
+        if self._owns_dist and "vllm.distributed.parallel_state" in sys.modules:
+            # its process group and model-parallel state, so a later engine starts afresh
+            sys.modules["vllm.distributed.parallel_state"].cleanup_dist_env_and_memory()
 
 
 def _sampled_logprobs(lps, ids: list[int]) -> list[float]:

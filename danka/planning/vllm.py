@@ -41,17 +41,17 @@ def engine_memory(
 ) -> dict[str, Any]:
     """``EngineOptions`` fields of an engine with its own memory: ``gpu_memory_fraction``
     (the plan's vLLM share over the card's memory) and ``max_model_len`` (prompt + new
-    tokens, as the plan sizes them); ``planned``: the sizes the plan chose for ``auto``."""
+    tokens, as the plan sizes them, or evaluation's new tokens if more); ``planned``: the
+    sizes the plan chose for ``auto``."""
     from danka.planning.memory import estimate_memory, with_settings
 
     c = with_settings(cfg, {**planned, "rollout.engine": "vllm"})
     plan = estimate_memory(c, model_config=model_config)
     share = plan["vllm_share"]
     total = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else share.total * 2
-    return {
-        "gpu_memory_fraction": share.fraction(total),
-        "max_model_len": plan["assumptions"]["sequence_tokens"],
-    }
+    a = plan["assumptions"]  # evaluation may answer longer than training does
+    longest = max(a["sequence_tokens"], a["prompt_tokens"] + (cfg.eval.max_new_tokens or 0))
+    return {"gpu_memory_fraction": share.fraction(total), "max_model_len": longest}
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,14 @@ INSTALL = (
 VLLM_BATCHED_TOKENS = 8192  # max_num_batched_tokens: prefill chunk (the plan prices it)
 VLLM_BLOCK = 16  # tokens per KV-cache block (vLLM's default on CUDA)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
-# set before vLLM is imported: the engine core in this process (weights reachable, no
-# worker processes in a sandbox), no usage reporting
-ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1"}
+# set before vLLM is imported (a value already set wins): the engine core in this process
+# (weights reachable, no worker processes in a sandbox), no usage reporting, only vLLM's
+# warnings in the run's log (VLLM_LOGGING_LEVEL=INFO shows its start-up)
+ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}
 
 
 def torch_pin_problem(requires: list[str], torch_version: str) -> str | None:

@@ -151,6 +151,8 @@ class VllmEngine(RolloutEngine):
             return str(hf.config._name_or_path)
         config = hf.config.to_dict()
         config.pop("quantization_config", None)
+        if not config.get("architectures"):  # a model built from a config: vLLM needs its class
+            config["architectures"] = [type(hf).__name__]
         (self._dir / "config.json").write_text(json.dumps(config, default=str))
         return str(self._dir)
 

@@ -113,6 +113,9 @@ def test_engine_gets_gpu_memory_utilization_from_the_plan(monkeypatch):
     fake = build_engine("vllm", EngineOptions(generation_batch_size=64, **opts))
     assert fake.gpu_memory_utilization == opts["gpu_memory_fraction"]
     assert fake.max_model_len == 768 and fake.max_num_seqs == 64
+    c.eval.max_new_tokens = 1024  # evaluation answers longer: vLLM must hold its sequences
+    opts = plan_vllm.engine_memory(c, {}, CUDA, model_config=qwen2_0_5b_config())
+    assert opts["max_model_len"] == 256 + 1024
 
 
 def test_auto_picks_vllm_only_where_the_table_says(monkeypatch):

@@ -6,6 +6,9 @@ merged adapted weights (LoRA merge) or a fresh adapter (LoRA adapter) reach the 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -94,6 +97,8 @@ def test_batch_is_the_hf_engines_for_the_same_tokens_eos_and_groups(fake):
     assert llm.kwargs["max_num_seqs"] == len(PROMPTS) * GREEDY.n
     assert llm.kwargs["max_model_len"] == 6 + 8  # longest prompt + new tokens
     assert "enable_lora" not in llm.kwargs
+    config = json.loads((Path(engine.spec.model) / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"]  # vLLM picks its model class by it
 
 
 def test_sampled_groups_and_logprobs(fake):

@@ -9,8 +9,10 @@
 # which are left out and why); DIR/wheels.txt lists every wheel, its size and who asked
 # for it; DIR/SHA256SUMS checks the parts.
 #
-# On the GPU machine (Python 3.12, torch 2.11.0+cu130), with the parts copied to $PARTS:
-#   cat $(ls $PARTS/p* | sort -V) > /tmp/vllm_wheels.tar    # p1, p2, ... p10 in order
+# On the GPU machine (Python 3.12, torch 2.11.0+cu130), with p1..pN and SHA256SUMS copied
+# to $PARTS: `bash scripts/vllm_install_parts.sh $PARTS /tmp/site`, which does
+#   (cd $PARTS && sha256sum -c SHA256SUMS)
+#   cat $(ls $PARTS/p[0-9]* | sort -V) > /tmp/vllm_wheels.tar    # p1, p2, ... p10 in order
 #   mkdir -p /tmp/vllm_wheels && tar -xf /tmp/vllm_wheels.tar -C /tmp/vllm_wheels
 #   pip install --no-index --no-deps --no-compile --target /tmp/site /tmp/vllm_wheels/wheels/*.whl
 #   export PYTHONPATH=/tmp/site:$PYTHONPATH VLLM_ENABLE_V1_MULTIPROCESSING=0

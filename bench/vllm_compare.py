@@ -126,6 +126,10 @@ def grpo_side(args) -> None:
     run = ds.build_run_from_config(cfg, base_dir, Path(cfg.output_dir), log)
     try:
         res = run_steps(run, args.grpo_steps, dev)
+        if dev.type == "cuda":  # every allocation of this process, vLLM's included
+            free_b, total_b = torch.cuda.mem_get_info(dev)
+            res["device_used_gib"] = (total_b - free_b) / 2**30
+            res["peak_reserved_gib"] = torch.cuda.max_memory_reserved(dev) / 2**30
     finally:
         ds.close_run(run)
     peaks = res["phase_peak_gib"] or {}

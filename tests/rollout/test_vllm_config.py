@@ -128,3 +128,20 @@ def test_auto_picks_vllm_only_where_the_table_says(monkeypatch):
     assert name == "vllm" and "example.json" in reason
     no_vllm(monkeypatch)  # not installed: the table does not apply
     assert choose_engine(c, CUDA, model_config=config, free_bytes=100 * GIB)[0] == "fast"
+
+
+def test_danka_train_with_enable_vllm_on_a_cpu_exits_2_before_loading(tmp_path, capsys):
+    from danka.cli import main
+    from danka.logging.runlog import close_run_logger
+    from danka.models.tiny import save_tiny_model
+    from tests.trainer.conftest import make_config
+
+    model = save_tiny_model(tmp_path / "model")
+    config = make_config(tmp_path, model, backend={"vllm": {"enable_vllm": True}})
+    try:
+        code = main(["train", str(config), "--output-dir", str(tmp_path / "out")])
+    finally:
+        close_run_logger()
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "rollout.engine: vllm needs a CUDA GPU" in err and "fix:" in err

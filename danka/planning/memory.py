@@ -324,11 +324,12 @@ def _plan(cfg: DankaConfig, shape: dict[str, int], params: int, lora: int) -> di
     c["logits (rollout)"] = rows * v * 4 * LOGIT_FACTOR_ROLLOUT
     c["prefill (rollout)"] = prefill_rows * prompt_len * d * (4 * h + 2 * i)
     share = None
-    if vllm:  # its own weights, work and KV cache, held all run (danka.planning.vllm)
-        from danka.planning.vllm import share_of
+    if vllm:  # its own weights, work and KV cache, held all run (danka.rollout.vllm_memory)
+        from danka.rollout.vllm_memory import vllm_share
 
-        share = share_of(cfg, shape, d=d, weights=c["weights"], lora=lora, seqs=seqs,
-                         seq_len=seq_len)  # fmt: skip
+        slot = use_lora and (quant or cfg.rollout.lora_compute == "adapter")  # a vLLM LoRA
+        share = vllm_share(shape, dtype_bytes=d, weight_bytes=c["weights"], sequences=seqs,
+                           max_model_len=seq_len, adapter_bytes=lora * d if slot else 0)  # fmt: skip
         c["KV cache (rollout)"] = held = share.kv_cache
         c["vLLM weights + work (held)"] = share.weights + share.work
         c["logits (rollout)"] = c["prefill (rollout)"] = 0  # inside vLLM's work

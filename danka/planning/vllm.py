@@ -1,7 +1,7 @@
 """The vLLM engine in the memory plan and in ``rollout.engine: auto``.
 
-* ``share_of``: the GPU share a colocated vLLM holds all run (danka.rollout.vllm_memory's
-  formula at the plan's sizes): the plan adds it to every phase;
+* the memory plan (danka.planning.memory) adds the GPU share a colocated vLLM holds all run
+  (danka.rollout.vllm_memory's formula at the plan's sizes) to every phase;
 * ``engine_memory``: that share as vLLM's ``gpu_memory_utilization`` for this card, with
   ``max_model_len``, handed to the engine at start-up (``EngineOptions``);
 * ``VLLM_FASTER_AT`` / ``prefers_vllm``: where ``auto`` picks vLLM over the fast engine when
@@ -19,38 +19,27 @@ from typing import Any
 import torch
 
 from danka.config.schema import DankaConfig
-from danka.rollout.vllm_memory import VllmShare, vllm_share
-
-
-def share_of(
-    cfg: DankaConfig, shape: dict[str, int], *, d: int, weights: int, lora: int, seqs: int,
-    seq_len: int,
-) -> VllmShare:  # fmt: skip
-    """vLLM's share for ``cfg`` at the plan's sizes: ``weights`` as the plan prices the
-    base (4-bit or not), one adapter slot when the adapter is loaded as a vLLM LoRA."""
-    quantized = cfg.model.load_in_4bit or cfg.model.load_in_8bit
-    adapter = cfg.lora.enable_lora and (quantized or cfg.rollout.lora_compute == "adapter")
-    return vllm_share(
-        shape, dtype_bytes=d, weight_bytes=weights, sequences=seqs, max_model_len=seq_len,
-        adapter_bytes=lora * d if adapter else 0,
-    )  # fmt: skip
 
 
 def engine_memory(
     cfg: DankaConfig, planned: dict[str, int], device: torch.device, model_config: Any = None
 ) -> dict[str, Any]:
     """``EngineOptions`` fields of an engine with its own memory: ``gpu_memory_fraction``
-    (the plan's vLLM share over the card's memory) and ``max_model_len`` (prompt + new
-    tokens, as the plan sizes them, or evaluation's new tokens if more); ``planned``: the
-    sizes the plan chose for ``auto``."""
+    (the plan's vLLM share over the card's memory) and ``max_model_len`` (the longest
+    request: ``trainer.max_length``, or a prompt plus evaluation's new tokens if more; the
+    KV cache is sized by the plan's sequences, not by this); ``planned``: the sizes the plan
+    chose for ``auto``."""
     from danka.planning.memory import estimate_memory, with_settings
 
     c = with_settings(cfg, {**planned, "rollout.engine": "vllm"})
     plan = estimate_memory(c, model_config=model_config)
     share = plan["vllm_share"]
     total = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else share.total * 2
-    a = plan["assumptions"]  # evaluation may answer longer than training does
-    longest = max(a["sequence_tokens"], a["prompt_tokens"] + (cfg.eval.max_new_tokens or 0))
+    # the longest request: a multi-turn sample grows to max_length, an evaluation answer
+    # may be longer than a training one
+    a = plan["assumptions"]
+    longest = max(cfg.trainer.max_length, a["sequence_tokens"],
+                  a["prompt_tokens"] + (cfg.eval.max_new_tokens or 0))  # fmt: skip
     return {"gpu_memory_fraction": share.fraction(total), "max_model_len": longest}
 
 

@@ -299,8 +299,7 @@ def test_evaluations_between_first_and_last_use_the_subset(tmp_path, tiny_model_
         eval={"every_steps": 1, "subset_size": 2},
     )
     evals = {
-        s: json.loads((tmp_path / "out" / "eval" / f"step_{s}.json").read_text())
-        for s in range(4)
+        s: json.loads((tmp_path / "out" / "eval" / f"step_{s}.json").read_text()) for s in range(4)
     }
     assert [evals[s]["eval/n"] for s in range(4)] == [6, 2, 2, 6]
     minutes = [evals[s]["eval/minutes"] for s in range(4)]

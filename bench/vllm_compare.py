@@ -1,12 +1,14 @@
 """vLLM vs danka's fast engine (and HF), head to head on one GPU, into one JSON.
 
-    python -m bench vllm --model /models/Qwen2.5-Coder-0.5B-Instruct
+    python -m bench vllm --model qwen2.5-coder-0.5b-instruct.gguf   # or a folder, a hub id
     python -m bench vllm --model M --only grpo --grpo-engines vllm,fast --resume
     python -m bench vllm --tiny --device cpu          # CPU check of the plumbing
+    bash bench/gpu_vllm.sh ...                        # on the H200, through 64 MiB calls
 
 1. ``rollout``: ``python -m bench rollout`` at every cell of ``--prompts`` (64,256) x
-   ``--eos`` (off,on), ``--new-tokens`` 512, sides ``--sides`` (vllm, vllm-lora-merge,
-   fast-triton, hf-static), each side in its own fresh process: tok/s, first call, peak
+   ``--eos`` (off,on), ``--new-tokens`` 512, sides ``--sides`` (vllm, fast-triton,
+   hf-static; vllm-lora-merge, vllm-lora-adapter and the fast sides' ``--lora`` on
+   request), each side in its own fresh process: tok/s, first call, peak
    memory (torch's peak and the device's used bytes), log-prob gap, greedy agreement, and
    every ratio with both sides. EOS off: every sequence generates all tokens (same work);
    EOS on: chat-formatted GSM8K-style questions, stop at the tokenizer's stop ids.
@@ -51,7 +53,7 @@ def parse(argv):
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="local folder or hub id of the policy")
     src.add_argument("--tiny", action="store_true", help="a tiny random model (CPU check)")
-    ap.add_argument("--sides", default="vllm,vllm-lora-merge,fast-triton,hf-static")
+    ap.add_argument("--sides", default="vllm,fast-triton,hf-static")
     ap.add_argument("--prompts", default="64,256", help="sequences per cell, comma list")
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--prompt-len", type=int, default=160, help="EOS-off cells' prompt length")
@@ -166,7 +168,8 @@ def save(args, res: dict) -> None:
 
 
 def default_name(args) -> str:
-    return "vllm_vs_fast_" + ("tiny" if args.tiny else Path(args.model).name.lower())
+    name = "tiny" if args.tiny else Path(args.model).name.lower().removesuffix(".gguf")
+    return f"vllm_vs_fast_{name}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +57,15 @@ VLLM_FASTER_AT: tuple[FasterAt, ...] = ()
 
 
 def vllm_installed() -> bool:
-    return "vllm" in sys.modules or importlib.util.find_spec("vllm") is not None
+    """vLLM is installed for this torch (its start-up check passes on a GPU)."""
+    from danka.errors import UserError
+    from danka.rollout.vllm_calls import check_vllm
+
+    try:
+        check_vllm("cuda")
+    except UserError:
+        return False
+    return True
 
 
 def prefers_vllm(cfg: DankaConfig, model_type: str | None, sequences: int) -> str | None:

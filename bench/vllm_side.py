@@ -72,10 +72,12 @@ def side_vllm(args, model, prompts, eos_ids: list[int], res: dict, logprob_gap, 
         return engine.generate(m, prompts, params, eos_ids=eos_ids, pad_id=0)
 
     res["first_call_s"], _ = timed_call(lambda: run(sample), args.device)
+    res["first_sync_s"] = engine.stats["sync_s"]  # every weight, into vLLM's dummy ones
     res["s"], batch = timed_call(lambda: run(sample), args.device)
     res["gen_tokens"] = int(batch.response_mask.sum())
     res["tok_s"] = res["gen_tokens"] / res["s"]
     res["gpu_memory_utilization"] = engine.spec.gpu_memory_utilization
+    res["sync_s"] = engine.stats["sync_s"]  # the timed call's (nothing changed: near 0)
     res["logprob_mean_abs_diff"], res["logprob_max_abs_diff"] = logprob_gap(m, batch)
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=args.agree_tokens)
     res["greedy_tokens"] = run(greedy).response_ids.tolist()

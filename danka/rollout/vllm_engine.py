@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -84,11 +85,13 @@ class VllmEngine(RolloutEngine):
     def sample(self, model, prompt_ids, params, eos_ids, pad_id, generator) -> Sampled:
         if self.calls is None:
             self._start(model, prompt_ids, params, generator)
+        t0 = time.perf_counter()
         update = self.sync.update(model)
         self.calls.load_weights(update.tensors)
         if update.adapter_path is not None:
             self._lora = self.calls.adapter(update.adapter_path, self.sync.adapter_id)
         self.stats["synced_tensors"] = len(update.tensors)
+        self.stats["sync_s"] = time.perf_counter() - t0  # host time; the copies may still run
         lora = self._lora if self.sync.lora_mode == "adapter" else None
         return self.calls.generate(prompt_ids, params, eos_ids, lora)
 

@@ -101,7 +101,11 @@ def lora_rank(r: int) -> int:
     """The smallest ``max_lora_rank`` vLLM accepts that holds rank ``r``."""
     fit = [v for v in LORA_RANKS if v >= r]
     if not fit:
-        raise UserError(f"lora.lora_r {r} is above vLLM's largest LoRA rank {LORA_RANKS[-1]}")
+        raise UserError(
+            f"lora.lora_r {r} is above vLLM's largest LoRA rank {LORA_RANKS[-1]}",
+            where="lora.lora_r",
+            fix=f"set lora.lora_r <= {LORA_RANKS[-1]}, or rollout.lora_compute: merge",
+        )
     return fit[0]
 
 

@@ -13,8 +13,9 @@
    every ratio with both sides. EOS off: every sequence generates all tokens (same work);
    EOS on: chat-formatted GSM8K-style questions, stop at the tokenizer's stop ids.
 2. ``grpo``: one ``danka train`` step loop per engine (``--grpo-engines``) on
-   ``examples/gsm8k_grpo.yaml`` (LoRA r32 all-linear, 32 prompts x 8 samples, 512 new
-   tokens) with the model and data given, each engine in its own process: median step time
+   ``examples/gsm8k_grpo.yaml`` (as it is: LoRA r32 all-linear, 64 prompts x 8 samples,
+   512 new tokens, two optimiser steps a rollout, planned for a 24 GiB card by its
+   ``speed.gpu_memory``; ``--grpo-set speed.gpu_memory=null`` plans for the whole GPU) with the model and data given, each engine in its own process: median step time
    (first step excluded), per-phase times and per-phase peak memory as the loop measures
    them.
 
@@ -44,8 +45,9 @@ from bench.common import (
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gsm8k_grpo.yaml"
 # (real, --tiny) sizes of the GRPO step
 GRPO_SIZES = ({}, {"trainer.batch_size": 2, "trainer.samples_per_prompt": 2,
-                   "trainer.micro_batch_size": 2, "trainer.max_new_tokens": 8,
-                   "trainer.max_length": 400, "data.overlong_prompt": "truncate_left"})  # fmt: skip
+                   "trainer.micro_batch_size": 2, "trainer.mini_batch_size": 2, "trainer.max_new_tokens": 8,
+                   "trainer.max_length": 400, "data.overlong_prompt": "truncate_left",
+                   "speed.gpu_memory": "null"})  # fmt: skip
 
 
 def parse(argv):
@@ -60,6 +62,13 @@ def parse(argv):
     ap.add_argument("--eos", default="off,on", help="EOS off/on cells, comma list")
     ap.add_argument("--grpo-engines", default="vllm,fast")
     ap.add_argument("--grpo-steps", type=int, default=4, help="steps per engine (first excluded)")
+    ap.add_argument(
+        "--grpo-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another override of the GRPO config (repeatable)",
+    )
     ap.add_argument("--data", help="GSM8K jsonl (question/answer); default: synthetic rows")
     ap.add_argument("--only", choices=["rollout", "grpo"], help="one part only")
     ap.add_argument("--resume", action="store_true", help="keep what --name already has")
@@ -100,9 +109,10 @@ def grpo_overrides(args, engine: str, model: str, data: str, out_dir: Path) -> l
         f"rollout.engine={engine}", f"trainer.total_steps={args.grpo_steps}",
         "trainer.max_train_minutes=null", f"data.train_dataset={data}",
         "data.eval_dataset=null", "data.eval_size=0", "checkpoint.save_steps=null",
+        "checkpoint.save_minutes=null",
         "logging.tensorboard=false", "logging.progress=false", "logging.save_completions=0",
         f"output_dir={out_dir}",
-        *[f"{k}={v}" for k, v in sizes.items()],
+        *[f"{k}={v}" for k, v in sizes.items()], *args.grpo_set,
     ]  # fmt: skip
 
 
@@ -154,6 +164,7 @@ def grpo_compare(args, res: dict) -> None:
                             "--grpo-steps", str(args.grpo_steps))  # fmt: skip
         cmd += ["--tiny"] if args.tiny else ["--model", args.model]
         cmd += ["--data", args.data] if args.data else []
+        cmd += [f"--grpo-set={kv}" for kv in args.grpo_set]
         out = Path(args.out_dir) / f"_grpo_{engine}.json"
         res["grpo"][engine] = run_side(cmd, out, args.timeout)
         out.unlink(missing_ok=True)

@@ -42,6 +42,7 @@ SETTINGS: dict[str, tuple[tuple[str, ...], Any]] = {
     "reward_model": (("model.reward_model_name_or_path",), None),
     "reward_model_weight": (("reward.model_weight",), 1.0),
     "dynamic_sampling": (("sampling.dynamic_sampling", "trainer.dynamic_sampling"), False),
+    "result_file": (("logging.result_file",), "result.json"),
 }
 
 _MISSING = object()

@@ -19,7 +19,7 @@ from typing import Any
 
 from danka.diagnose import RunRecord
 from danka.io import read_json_lines
-from danka.tools.verdict import CORRECT, doctor, verdict_of
+from danka.tools.verdict import CORRECT, doctor, number, verdict_of
 
 PLOTS_DIR = "plots"
 # the labelled functions' lines: neither the accuracy's blue nor the guess floor's red
@@ -38,22 +38,11 @@ _PHASE_ORDER = (
 # ------------------------------------------------------------------------------ reading
 
 
-def _number(value: Any) -> float | None:
-    """A finite float from a metrics value (``"inf"`` strings and null -> None)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl`` in file order; unreadable lines (the half-written
     last line of a run in progress) and records without a step are skipped."""
     records = read_json_lines(path)
-    return [r for r in records if _number(r.get("step")) is not None]
+    return [r for r in records if number(r.get("step")) is not None]
 
 
 def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -61,7 +50,7 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[f
     step logged twice (resume) keeps its last value."""
     by_step: dict[float, float] = {}
     for record in records:
-        value = _number(record.get(key))
+        value = number(record.get(key))
         if value is not None:
             by_step[float(record["step"])] = value
     steps = sorted(by_step)
@@ -85,7 +74,7 @@ def eval_curve(
     ``x``: the evaluation's step, or ``"eval/minutes"`` (minutes since the run started)."""
     by_x: dict[float, float] = {}
     for record in run.evals:
-        at, value = _number(record.get(x)), _number(record.get(key))
+        at, value = number(record.get(x)), number(record.get(key))
         if at is not None and value is not None:
             by_x[at] = value
     if x == "step":
@@ -114,7 +103,7 @@ def accuracy_lines(run: RunRecord, records: list[dict[str, Any]], x: str = "step
         xs, ys = eval_curve(run, records, key, x)
         if ys:
             lines[key.removeprefix(CORRECT)] = (xs, [100 * y for y in ys])
-    floors = [_number(e.get("eval/guess_floor")) for e in run.evals]
+    floors = [number(e.get("eval/guess_floor")) for e in run.evals]
     floor = next((100 * f for f in reversed(floors) if f is not None), None)
     return Lines("step" if x == "step" else "minutes since the start", lines, floor)
 
@@ -135,7 +124,7 @@ def reward_spread(run: RunRecord) -> list[Spread]:
     """Per step with saved completions: how the sampled rewards spread around their mean."""
     out = []
     for step, rows in run.completions:
-        values = [v for r in rows if (v := _number(r.get("reward"))) is not None]
+        values = [v for r in rows if (v := number(r.get("reward"))) is not None]
         if values:
             mean = sum(values) / len(values)
             std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
@@ -150,7 +139,7 @@ def reward_distributions(run: RunRecord, records: list[dict[str, Any]]) -> dict[
     completion files, from the per-step mean rewards of the first and last fifth of the
     steps. Returns ``{label: values}`` (empty when there is nothing to compare).
     """
-    saved = [(s, [v for r in rows if (v := _number(r.get("reward"))) is not None])
+    saved = [(s, [v for r in rows if (v := number(r.get("reward"))) is not None])
              for s, rows in run.completions]  # fmt: skip
     saved = [(s, v) for s, v in saved if v]
     if len(saved) >= 2:
@@ -202,7 +191,7 @@ def _line_plot(
 def accuracy_figure(data: Lines, title: str):
     """The accuracy chart: ``eval/accuracy`` bold, each labelled function dashed, the
     guess floor as a red dotted line; y in percent from 0."""
-    from matplotlib.ticker import PercentFormatter
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     fig, ax = _figure(title, "held-out accuracy", data.xlabel)
     main = data.lines.get("eval/accuracy")
@@ -220,6 +209,11 @@ def accuracy_figure(data: Lines, title: str):
                    label=f"guess floor {data.floor:.1f}%")  # fmt: skip
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(PercentFormatter(xmax=100, decimals=0))
+    xs = {x for xs, _ in data.lines.values() for x in xs}
+    if len(xs) == 1:  # one evaluation: a readable axis around it
+        ax.set_xlim(min(xs) - 1, max(xs) + 1)
+    if data.xlabel == "step":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize="small")
     return fig
 
@@ -234,7 +228,7 @@ def reward_figure(steps: list, values: list, spread: list[Spread]):
         hi = [min(s.high, s.mean + s.std) for s in spread]
         ns = sorted({s.n for s in spread})
         per = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
-        label = f"saved samples ({per} per step): mean +- 1 std, within min..max"
+        label = f"saved samples ({per} per step): mean ± 1 std, within min..max"
         if len(spread) > 2 and len(spread) >= len(steps) / 2:
             ax.fill_between(sx, lo, hi, alpha=0.2, color="tab:green", label=label)
         else:
@@ -259,9 +253,9 @@ def _timing_plot(path: Path, records: list[dict[str, Any]]) -> Path | None:
     if not phases:
         return None
     steps = [float(r["step"]) for r in records]
-    stacks = [[_number(r.get(k)) or 0.0 for r in records] for k in phases]
+    stacks = [[number(r.get(k)) or 0.0 for r in records] for k in phases]
     labels = [k.removeprefix("time/") for k in phases]
-    totals = [_number(r.get("time/step")) for r in records]
+    totals = [number(r.get("time/step")) for r in records]
     if any(t is not None for t in totals):
         covered = [sum(col) for col in zip(*stacks)]
         stacks.append([max(0.0, (t or c) - c) for t, c in zip(totals, covered)])

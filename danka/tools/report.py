@@ -98,7 +98,7 @@ def _accuracy(v: Verdict) -> list[str]:
            f"(<span class='{cls}'>{_points(a.delta)}</span>; {problems}, step {_step(first)} "
            f"&rarr; step {_step(last)})</p>"]  # fmt: skip
     if v.noise is not None:
-        out.append(f"<p class='note'>A change within A change within +/-{100plusmn;{100 * v.noise:.1f} points may be "
+        out.append(f"<p class='note'>A change within &plusmn;{100 * v.noise:.1f} points may be "
                    "chance (95% interval of the difference of two accuracies).</p>")  # fmt: skip
     return out
 
@@ -122,23 +122,25 @@ def _floor(v: Verdict) -> list[str]:
             f"{_pct(acc)} is {judged}.</p>"]  # fmt: skip
 
 
-def _cell(c: Change | None, latest: float) -> str:
-    if c is None:
-        return f"<td>-</td><td>{_pct(latest)}</td><td>-</td>"
+def _cells(c: Change | None, latest: float) -> str:
+    if c is None:  # one evaluation: its value only
+        return f"<td>{_pct(latest)}</td>"
     return f"<td>{_pct(c.before)}</td><td>{_pct(c.after)}</td><td>{_points(c.delta)}</td>"
 
 
 def _functions(v: Verdict) -> list[str]:
     if not v.functions:
         return []
-    rows = ["<table><tr><th>correctness function</th><th>step "
-            f"{_step(v.first)}</th><th>step {_step(v.latest)}</th><th>change</th>"
-            "<th>guess floor</th><th>reward</th></tr>"]  # fmt: skip
+    steps = f"<th>step {_step(v.latest)}</th>"
+    if v.accuracy is not None:
+        steps = f"<th>step {_step(v.first)}</th>{steps}<th>change</th>"
+    rows = [f"<table><tr><th>correctness function</th>{steps}<th>guess floor</th>"
+            "<th>reward</th></tr>"]  # fmt: skip
     for f in v.functions:
         pays = {True: "trained", False: "logged only", None: "-"}[f.trained]
         floor = _pct(f.floor) if f.floor is not None else "-"
-        rows.append(f"<tr><td>{_e(f.name)}</td>{_cell(f.accuracy, f.latest)}<td>{floor}</td>"
-                    f"<td>{pays}</td></tr>")  # fmt: skip
+        cells = _cells(f.accuracy if v.accuracy is not None else None, f.latest)
+        rows.append(f"<tr><td>{_e(f.name)}</td>{cells}<td>{floor}</td><td>{pays}</td></tr>")
     return [*rows, "</table>"]
 
 

@@ -148,8 +148,9 @@ def _lengths(run: RunRecord, first: dict | None, last: dict | None):
     rows = [m for m in run.metrics if number(m.get("response_length")) is not None]
     if len(rows) < 2:
         return None, None, "training samples"
-    length = _change(rows[0], rows[-1], "response_length")
-    return length, _change(rows[0], rows[-1], "response/truncated"), "training samples"
+    a, b = rows[0], rows[-1]
+    source = f"training samples, step {a.get('step')} → {b.get('step')}"
+    return _change(a, b, "response_length"), _change(a, b, "response/truncated"), source
 
 
 def _finished(folder: Path, config: dict) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.diagnose import Finding, RunRecord, diagnose, read_run_dir
-from danka.diagnose.settings import setting
+from danka.diagnose.settings import reward_terms, setting
 from danka.errors import UserError
 from danka.model_card import noise_floor
 from danka.tools.run_doctor import by_severity
@@ -110,16 +110,11 @@ def _floor(evals: list[dict[str, Any]], key: str = "eval/guess_floor") -> float 
 
 
 def _trained(config: dict) -> dict[str, bool]:
-    """Reward label (or name) -> the reward pays for it (weight > 0)."""
-    out: dict[str, bool] = {}
-    functions = setting(config, "reward_functions")
-    for fn in functions if isinstance(functions, list) else []:
-        if isinstance(fn, dict):
-            name = fn.get("label") or fn.get("name")
-            weight = number(fn.get("weight"))
-            if isinstance(name, str):
-                out[name] = weight is None or weight > 0
-    return out
+    """Logged reward name -> the reward pays for it (weight > 0)."""
+    try:
+        return {t.key: t.weight > 0 for t in reward_terms(config)}
+    except (TypeError, ValueError, AttributeError):  # a config danka did not write
+        return {}
 
 
 def _functions(evals: list[dict[str, Any]], config: dict) -> tuple[Function, ...]:

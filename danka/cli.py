@@ -14,6 +14,7 @@ import traceback
 from danka import __version__
 from danka.commands import COMMANDS, command
 from danka.errors import UserError, as_user_error
+from danka.limits import check_flag_numbers
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -302,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        check_flag_numbers(args)  # integers in range, floats finite (danka/limits.py)
         return COMMANDS.get(args.command).run(args) or 0
     except Exception as exc:  # noqa: BLE001 - the user's input (exit 2/3) or a bug (re-raised)
         err = as_user_error(exc)

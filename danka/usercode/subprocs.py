@@ -93,6 +93,25 @@ def _signal(pids, sig: int) -> None:
             pass
 
 
+def _freeze_descendants(pid: int) -> set[int]:
+    """SIGSTOP every descendant of ``pid`` until a listing finds no new one (one forked
+    while we looked); returns them all."""
+    seen: set[int] = set()
+    for _ in range(20):  # a fork bomb cannot keep this busy forever: each round stops more
+        found = set(descendants(pid)) - seen
+        if not found:
+            break
+        _signal(found, signal.SIGSTOP)
+        seen |= found
+    return seen
+
+
+def kill_descendants(pid: int) -> None:
+    """SIGKILL every descendant of ``pid`` (frozen first), not ``pid`` itself: what a
+    guardian does for the worker it watches (danka/usercode/worker.py)."""
+    _signal(_freeze_descendants(pid), signal.SIGKILL)
+
+
 def kill_tree(pid: int, *, group: bool = True) -> None:
     """SIGKILL ``pid``, every descendant of it, and (``group``) its process group.
 
@@ -101,14 +120,7 @@ def kill_tree(pid: int, *, group: bool = True) -> None:
     SIGKILL. A stopped root still adopts orphans (it stays their subreaper until it dies),
     so nothing escapes between the listing and the kill."""
     _signal([pid], signal.SIGSTOP)
-    seen: set[int] = set()
-    for _ in range(20):  # a fork bomb cannot keep this busy forever: each round stops more
-        found = set(descendants(pid)) - seen
-        if not found:
-            break
-        _signal(found, signal.SIGSTOP)
-        seen |= found
-    _signal(seen, signal.SIGKILL)
+    _signal(_freeze_descendants(pid), signal.SIGKILL)
     if group:
         try:
             os.killpg(pid, signal.SIGKILL)

@@ -83,9 +83,8 @@ def load_for_inference(
     """``(model, tokenizer)`` in eval mode: the base model (``model``, or the adapter's base)
     with the adapter applied (not merged). The tokenizer comes from the adapter folder when
     it holds one, else from the base."""
-    from peft import PeftModel
-
     from danka.models.loading import load_causal_lm, load_tokenizer, sync_special_tokens
+    from danka.tools.adapter_load import attach_adapter
     from danka.tools.locate import is_adapter, resolve_checkpoint
 
     if model and adapter is None and Path(model).expanduser().is_dir():
@@ -110,7 +109,7 @@ def load_for_inference(
         log=log,
     )
     if adapter is not None:
-        net = PeftModel.from_pretrained(net, str(adapter))
+        net = attach_adapter(net, adapter, base_name=model)
         log(f"Loaded adapter {adapter}")
     sync_special_tokens(net, tokenizer)
     net.eval()

@@ -127,6 +127,13 @@ def as_user_error(exc: BaseException) -> UserError | None:
             fix="restore the file from the original model or download it again; "
             "check it with python -m json.tool FILE",
         )
+    if "Unrecognized model in" in text and "model_type" in text:
+        folder = re.search(r"Unrecognized model in (.+?)\. Should", text)
+        return UserError(
+            "this folder is not a Hugging Face model folder (no config.json with a model_type)",
+            where=folder.group(1) if folder else None,
+            fix="give a model folder (config.json + weights), a .gguf file or a Hub id",
+        )
     if "contains custom code which must be executed" in text:
         repo = re.search(r"The repository (\S+) contains", text)
         return UserError(

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm-tracking": ("bench.rm_tracking", "does a reward model track the rule reward in RL?"),
     "gsm8k-floors": ("bench.gsm8k_floors", "GSM8K accuracy of answers that do not reason"),
     "learning": ("bench.learning", "learning runs: held-out accuracy before/after training"),
+    "gsm8k": ("bench.gsm8k", "GSM8K time-to-accuracy on a real model vs verl's PPO curve"),
     "task-candidates": ("bench.task_candidates", "base accuracy of candidate tasks vs floor"),
     "summary": ("bench.summary", "the headline numbers, read back from bench/results/"),
 }

@@ -387,6 +387,11 @@ class RewardFunction:
     name: str = _f("", "builtin (gsm8k, math, format, length, last_number) or path.py:function")
     weight: float = _f(1.0, "weight in the combined reward")
     kwargs: dict[str, Any] = _f({}, "keyword arguments for the function")
+    label: str | None = _f(
+        None,
+        "name it is logged under (reward/<label>, eval/correct/<label>); null = the "
+        "function's name (a repeated name gets _2, _3, ...)",
+    )
 
 
 @dataclass
@@ -412,6 +417,15 @@ class EvalConfig:
     """Held-out evaluation (data.eval_dataset / data.eval_size) and the drift probe."""
 
     every_steps: int = _f(0, "held-out evaluation every K steps (0 = start and end only)")
+    every_minutes: float = _f(
+        0.0, "held-out evaluation also every M minutes of training (0 = off): a curve over time"
+    )
+    subset_size: int = _f(
+        0,
+        "prompts of the evaluations between the first and the last: the first N held-out "
+        "prompts, the same each time (0 = all). The first and the last evaluation always "
+        "use every prompt, so before -> after compares the whole set",
+    )
     max_new_tokens: int | None = _f(
         None, "response tokens at evaluation (null = trainer.max_new_tokens)"
     )

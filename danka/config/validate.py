@@ -298,6 +298,10 @@ def validate(cfg: DankaConfig, source: ConfigSource | None = None) -> None:
         fail("checkpoint.keep_last", "must be >= 1 or null", "e.g. 3 (null keeps every checkpoint)")
     if cfg.eval.every_steps < 0:
         fail("eval.every_steps", "must be >= 0", "0 = at the start and the end only")
+    if not cfg.eval.every_minutes >= 0:  # also NaN
+        fail("eval.every_minutes", "must be >= 0", "0 = off; e.g. 2 for a curve over time")
+    if cfg.eval.subset_size < 0:
+        fail("eval.subset_size", "must be >= 0", "0 = every held-out prompt; e.g. 500")
     if cfg.eval.max_new_tokens is not None and cfg.eval.max_new_tokens < 1:
         fail("eval.max_new_tokens", "must be >= 1 or null", "null = trainer.max_new_tokens")
     if cfg.eval.probe_max_new_tokens < 1:

@@ -40,7 +40,7 @@ _NUMBER = r"\-?[0-9\.\,]+"
 # verl clips the text to its last 300 characters before searching (the answer sits at the
 # end; long regex scans are slow). We keep the clip so that scores match verl's.
 _SOLUTION_CLIP_CHARS = 300
-GSM8K_METHODS = ("strict", "flexible", "lenient")
+GSM8K_METHODS = ("strict", "flexible", "lenient", "boxed")
 
 
 def extract_gsm8k_answer(text: str, method: str = "strict") -> str | None:
@@ -55,10 +55,15 @@ def extract_gsm8k_answer(text: str, method: str = "strict") -> str | None:
     lenient (danka's own, not verl's): the strict answer if there is one, else the last
     number in the text; either one normalised (``,``/``$`` removed, trailing ``.``
     dropped: ``"18."`` -> ``"18"``).
+    boxed (danka's own): the content of the last ``\\boxed{...}``, as Qwen's instruct
+    models write their final answer, cleaned of ``,``, ``$``, spaces, ``\\text{...}``
+    units and a trailing ``.``; None without a closed box.
     """
     if method not in GSM8K_METHODS:
         raise ValueError(f"gsm8k method must be one of {GSM8K_METHODS}, got {method!r}")
     text = text[-_SOLUTION_CLIP_CHARS:]
+    if method == "boxed":
+        return _clean_boxed(_last_boxed(text))
     if method == "lenient":
         found = re.findall(r"####\s*\$?\s*(" + _NUMBER + ")", text)
         answer = found[-1] if found else last_number_in(text)
@@ -117,11 +122,13 @@ def gsm8k(
     ``lenient`` is danka's own and more generous (off by default): it also takes the last
     number when there is no ``####``, accepts ``#### $18``, and compares numerically
     (see :func:`answers_equal`); its accuracies are NOT comparable with verl's.
+    ``boxed`` grades the last ``\\boxed{}`` numerically (slime's and Qwen's way of
+    grading these models), also danka's own.
     """
     answer = extract_gsm8k_answer(completion, method)
     if answer is None or row.ground_truth is None:
         return 0.0
-    if method == "lenient":
+    if method in ("lenient", "boxed"):
         correct = answers_equal(answer, row.ground_truth)
     else:
         correct = answer == str(row.ground_truth)
@@ -152,6 +159,17 @@ def _last_boxed(text: str) -> str | None:
             if depth == 0:
                 return text[i + 1 : j]
     return None  # unbalanced: the completion was cut off inside the box
+
+
+_BOXED_NOISE = re.compile(r"\\text\{[^{}]*\}|\\[,!;: ]|\\?\$|,|\s+")
+
+
+def _clean_boxed(content: str | None) -> str | None:
+    """``"\\$1,200"`` -> ``"1200"``, ``"18 \\text{ dollars}"`` -> ``"18"``; None stays None."""
+    if content is None:
+        return None
+    answer = _BOXED_NOISE.sub("", content).rstrip(".")
+    return answer or None
 
 
 def _math_verify_timeout() -> int | None:

@@ -49,6 +49,7 @@ class RewardSpec:
     name: str  # builtin name (gsm8k, math, format, length, last_number) or "path.py:function"
     weight: float = 1.0
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the function
+    label: str | None = None  # logged name (reward/<label>); None: the function's name
 
 
 @dataclass
@@ -252,7 +253,7 @@ def build_reward_computer(
                 f"reward weight {spec.weight!r} is not a number", where=f"{where}.weight"
             ) from None
         guarded = GuardedReward(short, fn, spec.kwargs, timeout_s=timeout_s, on_error=on_error)
-        terms.append((_unique(short, taken), weight, guarded))
+        terms.append((_unique(spec.label or short, taken), weight, guarded))
     return RewardComputer(
         terms,
         reward_model,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,9 @@ from danka.rewards.custom import is_custom_spec
 # Values a builtin's option must take, checked here so that a typo in a value is exit 2
 # at start-up instead of an exception per sample (which on_error: zero would hide).
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {("gsm8k", "method"): GSM8K_METHODS}
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -90,5 +94,18 @@ def check_reward_specs(specs: Sequence[Any], prefix: str = "reward.functions") -
     ``RewardFunction`` or combine.RewardSpec, or dicts); UserError (exit 2) naming
     ``reward.functions[i].name`` or ``reward.functions[i].kwargs.KEY`` on the first
     problem. Loads no model and runs no user code."""
+    labels: set[str] = set()
     for i, spec in enumerate(specs):
         check_reward_spec(_field(spec, "name", None), _field(spec, "kwargs", {}), f"{prefix}[{i}]")
+        label = _field(spec, "label", None)
+        if label is None:
+            continue
+        if not isinstance(label, str) or not _LABEL.fullmatch(label) or label in labels:
+            raise UserError(
+                f"reward label {label!r} is "
+                + ("used twice" if label in labels else "not a plain name"),
+                where=f"{prefix}[{i}].label",
+                fix="give each term its own name of letters, digits, '_', '-' or '.' "
+                "(e.g. strict, flexible), or leave label out",
+            )
+        labels.add(label)

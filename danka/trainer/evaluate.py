@@ -44,14 +44,18 @@ def judge(
     return correct.cpu(), per_fn
 
 
-def eval_context(run: Run) -> SampleContext:
+def eval_context(run: Run, subset: int = 0) -> SampleContext:
     """Greedy sampling of the held-out prompts (eval_max_new_tokens), one answer each,
-    ``rollout.generation_batch_size`` (or 256, also for auto) prompts at a time."""
+    ``rollout.generation_batch_size`` (or 256, also for auto) prompts at a time; ``subset``
+    > 0: only the first ``subset`` prompts."""
     t = run.cfg.trainer
     params = SamplingParams(
         n=1, temperature=0.0, max_new_tokens=run.cfg.eval.max_new_tokens or t.max_new_tokens
     )
-    ctx = sampling_context(run, run.eval, params)
+    prompts = run.eval
+    if 0 < subset < len(prompts.rows):
+        prompts = PromptSet(prompts.rows[:subset], prompts.texts[:subset], prompts.ids[:subset])
+    ctx = sampling_context(run, prompts, params)
     per_call = run.cfg.rollout.generation_batch_size
     return dataclasses.replace(
         ctx, chunk=per_call if isinstance(per_call, int) and per_call else 256

@@ -81,10 +81,11 @@ def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool
         preflight(run, stages, log)
     start, history = resume_from(run, ckpt, resolved, main)
     outputs = Outputs.open(cfg, log, resolved, start)
-    outputs.history = history
+    outputs.history, outputs.t0 = history, t0
     if start == 0 and not history["eval"]:
         outputs.evaluate(run, 0)
     bad_in_a_row, t_train, h = 0, time.perf_counter(), config_hash(resolved)
+    t_eval = t_train
     stop, t_saved, stopping = current_stop(), time.perf_counter(), False
     stop_requested(stop)  # from here a signal waits for the end of the step (then saves)
     with TrainProgress(
@@ -102,8 +103,10 @@ def _fit(run: Run, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: bool
             maybe_stop_early(run, step, t_train)
             stopping = stop_requested(stop)
             last = step == run.state.total_steps  # also when max_train_minutes cut the run
-            if not stopping and (last or every(cfg.eval.every_steps, step)):  # 10. evaluate
-                record = outputs.evaluate(run, step)  # (first: the checkpoint keeps it)
+            due = every(cfg.eval.every_steps, step) or minutes_due(cfg.eval.every_minutes, t_eval)
+            if not stopping and (last or due):  # 10. evaluate
+                record = outputs.evaluate(run, step, full=last)  # (the checkpoint keeps it)
+                t_eval = time.perf_counter()
                 if record is not None and not last:  # the last one is in the closing line
                     bar.update(step, {"eval/accuracy": record["eval/accuracy"]})
             minutes = (time.perf_counter() - t_saved) / 60
@@ -277,6 +280,15 @@ def metrics_of(run: Run, result: StepResult) -> dict[str, float]:
 def every(k: int, step: int) -> bool:
     """``step`` is a multiple of ``k`` (0 = never)."""
     return bool(k) and step % k == 0
+
+
+def minutes_due(minutes: float, since: float) -> bool:
+    """``minutes`` (0 = never) have passed since ``since`` (a perf_counter time); the same
+    answer on every rank."""
+    due = bool(minutes) and (time.perf_counter() - since) / 60 >= minutes
+    if dist.is_active():  # one rank alone in an evaluation's collectives would hang
+        due = dist.all_sum(float(due)) > 0
+    return due
 
 
 def check_bad_steps(run: Run, bad_in_a_row: int, step: int) -> None:

@@ -53,6 +53,7 @@ class Outputs:
     history: dict = field(default_factory=lambda: {"eval": []})
     probe_reference: ProbeReference | None = None  # the step-0 probe answers
     doctor: LiveDiagnoser | None = None  # the run doctor's checks, live (rank 0)
+    t0: float = field(default_factory=time.perf_counter)  # when `danka train` started
 
     @classmethod
     def open(cls, cfg: DankaConfig, log: logging.Logger, resolved: dict, start: int) -> Outputs:
@@ -125,17 +126,23 @@ class Outputs:
             ]  # fmt: skip
             self.warn(self.doctor.observe_completions(step, records))
 
-    def evaluate(self, run: Run, step: int) -> dict | None:
+    def evaluate(self, run: Run, step: int, *, full: bool = True) -> dict | None:
         """Held-out accuracy at ``step`` next to the set's guess floor (computed at the
         first evaluation, kept in the history), and the drift probe; None without held-out
-        prompts. Every rank evaluates the whole set, rank 0 writes OUTPUT/eval/step_N.json.
-        Returns the evaluation's record (what the run doctor reads)."""
+        prompts. ``full=False``: an evaluation between the first and the last, on the first
+        ``eval.subset_size`` prompts when that is set. Every rank evaluates, rank 0 writes
+        OUTPUT/eval/step_N.json. Returns the evaluation's record (what the run doctor
+        reads), with ``eval/minutes``: minutes since `danka train` started, at its end."""
         if run.eval is None:
             return None
-        self.log.info(f"step {step} | evaluating {len(run.eval.rows)} held-out prompts (greedy)")
+        subset = 0 if full else run.cfg.eval.subset_size
+        n = min(subset or len(run.eval.rows), len(run.eval.rows))
+        self.log.info(f"step {step} | evaluating {n} held-out prompts (greedy)")
         t0 = time.perf_counter()
-        result = evaluate(eval_context(run), run.rewards)
+        result = evaluate(eval_context(run, subset), run.rewards)
         seconds = time.perf_counter() - t0
+        result["eval/seconds"] = round(seconds, 2)
+        result["eval/minutes"] = round((time.perf_counter() - self.t0) / 60, 3)
         samples = result.pop("_samples")
         if "floors" not in self.history:
             self.history["floors"] = guess_floors_of(run)

@@ -138,7 +138,7 @@ def reward_specs(cfg: DankaConfig, rows: list[PromptRow]) -> list[RewardSpec]:
     from danka.rewards.builtin import default_reward_for
 
     specs = [
-        RewardSpec(name=f.name, weight=f.weight, kwargs=dict(f.kwargs))
+        RewardSpec(name=f.name, weight=f.weight, kwargs=dict(f.kwargs), label=f.label)
         for f in cfg.reward.functions
     ]
     if specs or cfg.model.reward_model_name_or_path:

@@ -96,6 +96,24 @@ def test_gsm8k_lenient_is_a_separate_option(text, gt, expected):
     assert gsm8k(text, row(gt), method="lenient") == expected
 
 
+@pytest.mark.parametrize(
+    "text, gt, expected",
+    [
+        ("48 + 24 = 72\n\\[ \\boxed{72} \\]", "72", 1.0),  # Qwen's way
+        ("\\boxed{1,200}", "1200", 1.0),  # comma dropped
+        ("\\boxed{\\$18.00}", "18", 1.0),  # dollar sign dropped, numeric comparison
+        ("\\boxed{18 \\text{ apples}}", "18", 1.0),  # a unit in \\text{} dropped
+        ("\\boxed{5} ... \\boxed{7}", "7", 1.0),  # the LAST box counts
+        ("\\boxed{5} ... \\boxed{7}", "5", 0.0),
+        ("#### 7", "7", 0.0),  # no box: nothing extracted
+        ("\\boxed{7", "7", 0.0),  # cut inside the box
+        ("\\boxed{}", "7", 0.0),  # an empty box
+    ],
+)
+def test_gsm8k_boxed_grades_the_last_box(text, gt, expected):
+    assert gsm8k(text, row(gt), method="boxed") == expected
+
+
 def test_gsm8k_leniency_is_off_by_default():
     # issue 11's examples: none of them is credited by the default (strict) or by flexible
     for text in ("The answer is 18.", "#### $18", "#### 18."):

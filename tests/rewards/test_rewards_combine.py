@@ -142,6 +142,22 @@ def test_duplicate_names_get_suffixes(base):
     assert rc.names == ["gsm8k", "gsm8k_2"]
 
 
+def test_labels_name_the_terms(base):
+    specs = [
+        RewardSpec("gsm8k", label="strict"),
+        RewardSpec("gsm8k", 0.0, {"method": "flexible"}, label="flexible"),
+        RewardSpec("gsm8k", 0.0, {"method": "boxed"}),
+    ]
+    rows, prompts = batch(("72", "5"))
+    with build_reward_computer(specs, base_dir=base) as rc:
+        out = rc(rows, prompts, ["so 72, \\boxed{72}", "#### 5"])
+    assert rc.names == ["strict", "flexible", "gsm8k"]
+    # strict needs "#### 5"; flexible takes the last number; boxed reads the box
+    assert out.per_function["strict"].tolist() == [0.0, 1.0]
+    assert out.per_function["flexible"].tolist() == [1.0, 1.0]  # last number run: "72", "5"
+    assert out.per_function["gsm8k"].tolist() == [1.0, 0.0]
+
+
 def test_unknown_builtin_lists_choices(base):
     with pytest.raises(UserError) as err:
         build_reward_computer([RewardSpec("gsm8K")], base_dir=base)

@@ -59,3 +59,15 @@ def test_every_builtin_lists_its_options():
     assert builtin_kwargs("last_number") == ["only_number_bonus"]
     err = fails([RewardFunction(name="math", kwargs={"timeout": 3})])
     assert "valid options of math: none" in err.fix
+
+
+@pytest.mark.parametrize("label", ["two words", "", "x" * 65, 3])
+def test_a_label_must_be_a_plain_name(label):
+    err = fails([RewardFunction(name="gsm8k", label=label)])
+    assert err.where == "reward.functions[0].label" and "not a plain name" in str(err)
+
+
+def test_a_label_used_twice_is_refused():
+    specs = [RewardFunction(name="gsm8k", label="strict"), {"name": "math", "label": "strict"}]
+    err = fails(specs)
+    assert err.where == "reward.functions[1].label" and "used twice" in str(err)

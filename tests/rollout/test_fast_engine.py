@@ -33,8 +33,10 @@ def tiny(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**DIMS, rope_theta=500.0, rms_norm_eps=1e-5))
-    else:  # Qwen2: q/k/v biases, tied embeddings, its own rope_theta and eps
-        cfg = Qwen2Config(**DIMS, tie_word_embeddings=True, rope_theta=2000.0, rms_norm_eps=1e-6)
+    else:  # Qwen2: q/k/v biases, tied embeddings (or, as the 0.5B Coder, its own output
+        # head: "qwen2-untied"), its own rope_theta and eps
+        tied = kind == "qwen2"
+        cfg = Qwen2Config(**DIMS, tie_word_embeddings=tied, rope_theta=2000.0, rms_norm_eps=1e-6)
         model = Qwen2ForCausalLM(cfg)
         with torch.no_grad():
             for layer in model.model.layers:
@@ -44,7 +46,7 @@ def tiny(kind: str) -> torch.nn.Module:
                     layer.self_attn.v_proj,
                 ):
                     proj.bias.normal_(0.0, 0.5)
-        assert model.lm_head.weight is model.model.embed_tokens.weight
+        assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     return model.eval()
 
 
@@ -59,7 +61,7 @@ def fast_run(model, params, engine=None, eos=(299,), **kw) -> RolloutBatch:
     return engine.generate(model, PROMPTS, params, eos_ids=list(eos), pad_id=0, **kw)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen2-untied"])
 def test_greedy_equals_hf_generate_left_padded_n2(kind):
     model = tiny(kind)
     out = fast_run(model, SamplingParams(n=2, temperature=0.0, max_new_tokens=12))

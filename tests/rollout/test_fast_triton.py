@@ -21,7 +21,7 @@ from danka.rollout.fast import FastEngine  # noqa: E402
 from .test_fast_engine import fast_run, tiny  # noqa: E402
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen2-untied"])
 def test_triton_attention_equals_sdpa_left_padded(kind):
     # fp32 tiny models (GQA 4 query / 2 KV heads); prompts of 7, 2, 4 and 1 tokens, so the
     # rows start at different cache slots (the kernel reads `start` instead of a mask)

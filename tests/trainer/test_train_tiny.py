@@ -286,3 +286,35 @@ def test_auto_sizes_on_a_cpu_run_take_the_defaults_and_say_so(tmp_path, tiny_mod
         for side in ("auto", "written")
     }
     assert got["auto"] == pytest.approx(got["written"], rel=1e-6)
+
+
+def test_evaluations_between_first_and_last_use_the_subset(tmp_path, tiny_model_dir):
+    """eval.subset_size: the middle evaluations read the first N held-out prompts, the
+    first and the last every prompt; each record says when it ended (eval/minutes)."""
+    run(
+        tmp_path,
+        tiny_model_dir,
+        trainer={"total_steps": 3},
+        data={"train_dataset": "rows.jsonl", "eval_size": 6},
+        eval={"every_steps": 1, "subset_size": 2},
+    )
+    evals = {
+        s: json.loads((tmp_path / "out" / "eval" / f"step_{s}.json").read_text()) for s in range(4)
+    }
+    assert [evals[s]["eval/n"] for s in range(4)] == [6, 2, 2, 6]
+    minutes = [evals[s]["eval/minutes"] for s in range(4)]
+    assert minutes == sorted(minutes) and minutes[0] > 0
+    # the middle ones graded the same two prompts the full ones start with
+    assert [x["prompt"] for x in evals[1]["samples"]] == [
+        x["prompt"] for x in evals[0]["samples"][:2]
+    ]
+
+
+def test_minutes_due():
+    import time
+
+    from danka.trainer.fit import minutes_due
+
+    now = time.perf_counter()
+    assert not minutes_due(0.0, now - 3600)  # 0 = off
+    assert minutes_due(0.5, now - 31) and not minutes_due(0.5, now - 29)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -263,6 +264,8 @@ def _eval(args) -> int:
     print(format_result(result))
     if args.output:
         print(f"wrote {args.output}")
+    if result.get("stopped"):  # a partial result was kept; exit as the signal says
+        return 128 + signal.Signals[result["stopped"]]
     return 0
 
 

@@ -175,11 +175,14 @@ def generate_batch(
     *,
     max_prompt_length: int = 1_000_000,
     progress: Any = None,
+    on_batch: Callable[[list[dict[str, Any]]], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """``opts.n`` answers per row through the HF rollout engine. Returns one dict per row:
     ``{"index", "row", "prompt", "completions": [n texts], "response_tokens": [n],
     "truncated": [n]}`` (``prompt`` is the rendered text the model saw). ``progress``: a
-    :class:`danka.logging.progress.WorkProgress` advanced by each batch's prompts."""
+    :class:`danka.logging.progress.WorkProgress` advanced by each batch's prompts;
+    ``on_batch(items)``: called with each batch's finished dicts as soon as they are (a
+    caller that writes or scores as it goes keeps its work when stopped)."""
     from danka.data.template import encode_prompts
 
     opts = opts or AnswerOptions()
@@ -222,6 +225,8 @@ def generate_batch(
             item["truncated"].append(bool(batch.truncated[k]))
         if progress is not None:
             progress.advance(batch.size // n, tokens=int(batch.response_mask.sum()))
+        if on_batch is not None:
+            on_batch(out[start : start + batch_size])
     return out
 
 
@@ -271,7 +276,8 @@ def generate_file(
     """Answer every prompt of ``path`` (any format danka reads); one JSON line per answer
     on ``output``: ``{"index", "prompt", "completion", "response_tokens", "truncated"}``,
     with ``tools`` (rollout settings) also ``messages``: the turns after the prompt, tool
-    calls and responses included (``completion`` is the final answer).
+    calls and responses included (``completion`` is the final answer). Lines are written
+    (and flushed) batch by batch: a stopped run keeps every answer it finished.
     Returns the number of lines written."""
     from danka.data.formats import load_prompt_rows
     from danka.logging.progress import WorkProgress
@@ -279,25 +285,30 @@ def generate_file(
     rows = load_prompt_rows(path).rows
     opts = AnswerOptions(**kwargs)
     progress = WorkProgress(len(rows), "generate", unit="prompts")  # stderr
+    written = 0
+
+    def write(items: list[dict[str, Any]]) -> None:  # each batch as it is done
+        nonlocal written
+        for item in items:
+            line = {
+                "index": item["index"],
+                "prompt": item["prompt"],
+                "completion": item["completions"][0],
+                "response_tokens": item["response_tokens"][0],
+                "truncated": item["truncated"][0],
+            }
+            if tools is not None:
+                line["messages"] = item["trajectories"][0]
+            output.write(json.dumps(line, ensure_ascii=False) + "\n")
+            written += 1
+        output.flush()
+
     if tools is not None:
         items, _ = tool_generate_batch(model, tokenizer, rows, tools, opts)
         progress.advance(len(rows))
+        write(items)
     else:
-        items = generate_batch(model, tokenizer, rows, opts, progress=progress)
-    written = 0
-    for item in items:
-        line = {
-            "index": item["index"],
-            "prompt": item["prompt"],
-            "completion": item["completions"][0],
-            "response_tokens": item["response_tokens"][0],
-            "truncated": item["truncated"][0],
-        }
-        if tools is not None:
-            line["messages"] = item["trajectories"][0]
-        output.write(json.dumps(line, ensure_ascii=False) + "\n")
-        written += 1
-    output.flush()
+        generate_batch(model, tokenizer, rows, opts, progress=progress, on_batch=write)
     return written
 
 

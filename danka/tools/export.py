@@ -54,25 +54,28 @@ def trained_dtype(adapter: str | Path) -> str | None:
     trained: the run's ``Loaded model ... with DTYPE`` log line (it says what ``auto``
     became), else the checkpoint's ``model.torch_dtype`` unless it is ``auto``; None for an
     adapter danka did not train."""
-    import json
     import re
 
     from danka.config.dtypes import canonical_dtype
+    from danka.io import read_json_object
     from danka.logging.runlog import LINE_PREFIX
+    from danka.safe_read import is_regular, open_regular
 
     adapter = Path(adapter).expanduser().resolve()
     run_dir = adapter.parent.parent
     log = run_dir / "logs" / "train.log"
-    if adapter.parent.name == "actor" and log.is_file():
+    if adapter.parent.name == "actor" and is_regular(log):
+        with open_regular(log, what="train.log") as f:  # the line is near the start
+            head = f.read(4 << 20).decode("utf-8", errors="replace")
         line = rf"^{LINE_PREFIX}\[INFO\] Loaded model .* with (\w+)$"
-        found = re.findall(line, log.read_text(), re.M)
+        found = re.findall(line, head, re.M)
         if found:
             return canonical_dtype(found[0])
-    config = run_dir / "state" / adapter.name / "config.json"
-    if config.is_file():
+    config = read_json_object(run_dir / "state" / adapter.name / "config.json")
+    if config is not None:
         try:
-            name = json.loads(config.read_text())["model"]["torch_dtype"]
-        except (ValueError, KeyError, TypeError):
+            name = config["model"]["torch_dtype"]
+        except (KeyError, TypeError):
             return None
         if isinstance(name, str) and canonical_dtype(name) != "auto":
             return canonical_dtype(name)

@@ -21,6 +21,7 @@ from danka.config.dtypes import canonical_dtype
 from danka.errors import UserError
 from danka.models.loading import pick_device, stop_ids
 from danka.rollout.base import AnswerOptions
+from danka.safe_read import read_json, refuse_special_files
 from danka.types import PromptRow
 
 EXIT_WORDS = ("/exit", "/quit")
@@ -47,14 +48,12 @@ def read_adapter_config(adapter: str | Path) -> dict[str, Any]:
             where=str(folder),
             fix="give OUTPUT/actor/checkpoint_N of a LoRA run",
         )
-    try:
-        return json.loads(cfg_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise UserError(
-            f"adapter_config.json is not valid JSON ({err})",
-            where=str(cfg_path),
-            fix="re-save the adapter",
-        ) from None
+    fix = "re-save the adapter (danka train writes one)"
+    refuse_special_files(folder, what="the adapter folder", fix=fix)  # peft would block
+    config = read_json(cfg_path, what="adapter_config.json", fix=fix)
+    if not isinstance(config, dict):
+        raise UserError("adapter_config.json is not a JSON object", where=str(cfg_path), fix=fix)
+    return config
 
 
 def base_model_of(adapter: str | Path, model: str | None) -> str:

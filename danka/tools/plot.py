@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
-from danka.io import read_json_lines
+from danka.io import read_json_lines, read_json_object
 
 PLOTS_DIR = "plots"
 REPORT = "report.html"
@@ -90,10 +89,8 @@ def eval_curve(output_dir: Path, records: list[dict[str, Any]]) -> tuple[list, l
     """Held-out accuracy per step from ``eval/step_N.json``, else from metrics."""
     by_step: dict[float, float] = {}
     for step, path in _step_files(Path(output_dir) / "eval", ".json"):
-        try:
-            value = _number(json.loads(path.read_text(encoding="utf-8")).get("eval/accuracy"))
-        except (json.JSONDecodeError, OSError, AttributeError):
-            continue
+        record = read_json_object(path)  # None when broken or no regular file: never blocks
+        value = _number(record.get("eval/accuracy")) if record else None
         if value is not None:
             by_step[float(step)] = value
     for step, value in zip(*series(records, "eval/accuracy")):
@@ -104,11 +101,8 @@ def eval_curve(output_dir: Path, records: list[dict[str, Any]]) -> tuple[list, l
 
 def _completion_rewards(path: Path) -> list[float]:
     values = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            value = _number(json.loads(line).get("reward"))
-        except (json.JSONDecodeError, AttributeError):
-            continue
+    for record in read_json_lines(path, what=f"the completions file {path.name}"):
+        value = _number(record.get("reward"))
         if value is not None:
             values.append(value)
     return values
@@ -210,15 +204,14 @@ def _summary(output_dir: Path, records: list[dict[str, Any]]) -> list[str]:
                 f"{key}: first {values[0]:.4g} -> last {values[-1]:.4g} (step {steps[-1]:g})"
             )
     result = Path(output_dir) / "result.json"
-    if result.is_file():
+    data = read_json_object(result)  # None when missing, broken or no regular file
+    if data is not None and "before" in data and "after" in data:
         try:
-            data = json.loads(result.read_text(encoding="utf-8"))
-            if "before" in data and "after" in data:
-                lines.append(
-                    f"held-out accuracy: before {100 * data['before']:.1f}% -> after "
-                    f"{100 * data['after']:.1f}% ({data.get('n', '?')} problems)"
-                )
-        except (json.JSONDecodeError, TypeError, ValueError):
+            lines.append(
+                f"held-out accuracy: before {100 * data['before']:.1f}% -> after "
+                f"{100 * data['after']:.1f}% ({data.get('n', '?')} problems)"
+            )
+        except (TypeError, ValueError):
             pass
     return lines
 

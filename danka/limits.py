@@ -101,13 +101,23 @@ def check_limits(config: Any, source: Any) -> None:
 # command-line flags: an int flag is a count unless named here; a float must be finite
 FLAG_LIMITS: dict[str, tuple[int, int, str]] = {
     "seed": (*SEED, "a random seed"),
-    "max_new_tokens": (-INT32, TOKENS, "a number of tokens"),
-    "max_length": (-INT32, TOKENS, "a number of tokens"),
-    "batch_size": (-INT32, BATCH, "a batch size"),
-    "samples": (-INT32, BATCH, "samples per prompt"),
-    "max_turns": (-INT32, TURNS, "turns per sample"),
-    "max_tool_calls": (-INT32, TURNS, "tool calls per sample"),
-    "nproc": (-INT32, 4096, "processes"),
+    "max_new_tokens": (1, TOKENS, "a number of tokens"),
+    "max_length": (1, TOKENS, "a number of tokens"),
+    "batch_size": (1, BATCH, "a batch size"),
+    "samples": (1, BATCH, "samples per prompt"),
+    "max_turns": (1, TURNS, "turns per sample"),
+    "max_tool_calls": (0, TURNS, "tool calls per sample"),
+    "nproc": (1, 4096, "processes"),
+    "epochs": (1, INT32, "epochs"),
+    "limit": (0, INT32, "rows"),
+    "n": (0, INT32, "prompts"),
+}
+# float flags with a range (bounds included); any other float flag only needs to be finite
+FLOAT_FLAGS: dict[str, tuple[float, float, str]] = {
+    "top_p": (1e-9, 1.0, "top-p (above 0, at most 1)"),
+    "temperature": (0.0, 100.0, "a temperature (0 = greedy)"),
+    "test_fraction": (0.0, 0.99, "a fraction"),
+    "lr": (1e-12, 10.0, "a learning rate"),
 }
 
 
@@ -122,6 +132,11 @@ def check_flag_numbers(args: Any) -> None:
                 where=flag,
                 fix=f"give {flag} a finite number (NaN and infinity are never valid)",
             )
+        if isinstance(value, float) and name in FLOAT_FLAGS:
+            lo, hi, what = FLOAT_FLAGS[name]
+            if not lo <= value <= hi:
+                raise UserError(f"{value:g} is out of range for {what}", where=flag,
+                                fix=f"give {flag} a number from {lo:g} to {hi:g}")  # fmt: skip
         if isinstance(value, int) and not isinstance(value, bool):
             lo, hi, what = FLAG_LIMITS.get(name, DEFAULT)
             if not lo <= value <= hi:

@@ -311,4 +311,8 @@ def pick_device(name: str = "auto", where: str = "model.device") -> torch.device
             where=where,
             fix="use cpu or auto (danka doctor shows what torch sees)",
         )
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UserError(f"unknown device {name!r}", where=where,
+                        fix="use auto, cpu, cuda or cuda:N") from None  # fmt: skip

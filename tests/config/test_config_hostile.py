@@ -155,6 +155,9 @@ def test_a_float_setting_given_a_huge_integer_is_not_finite(tmp_path):
         ["eval", "--data", "x.jsonl", "--n", str(10**30)],
         ["generate", "--model", "m", "--prompt", "p", "--max-new-tokens", str(2**70)],
         ["generate", "--model", "m", "--prompt", "p", "--top-p", "inf"],
+        ["generate", "--model", "m", "--prompt", "p", "--top-p", "5"],
+        ["generate", "--model", "m", "--prompt", "p", "--max-new-tokens", "-5"],
+        ["generate", "--model", "m", "--file", "f", "--batch-size", "0"],
         ["distill", "--data", "d", "--student", "s", "--output", "o", "--lr", "nan"],
         ["data", "gsm8k-pairs", "--input", "i", "--output", "o", "--test-fraction", "nan"],
     ],
@@ -187,3 +190,11 @@ def test_overrides_given_as_one_string_are_one_override():
     data = {"model": {"actor_model_name_or_path": "m"}, "data": {"train_dataset": "r.jsonl"}}
     cfg = config_from_dict(data, "trainer.total_steps=3")
     assert cfg.trainer.total_steps == 3
+
+
+def test_an_unknown_device_is_one_message(capsys):
+    """Before: torch's RuntimeError traceback."""
+    from danka.models.loading import pick_device
+
+    with pytest.raises(UserError, match="unknown device 'bogus'"):
+        pick_device("bogus", where="--device")

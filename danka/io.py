@@ -76,3 +76,20 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     except UserError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def prepare_output_file(path: str | Path, flag: str = "--output") -> Path:
+    """``path`` ready to be written (its folder created), checked before any work starts:
+    UserError when it is a folder, or its folder cannot be made (read-only, no permission,
+    a file in the way)."""
+    from danka.errors import UserError, output_dir_error
+
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} is a folder, not a file", where=str(path),
+                        fix=f"{flag} results/answers.jsonl (a file name)")  # fmt: skip
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise output_dir_error(path.parent, err, flag) from None
+    return path

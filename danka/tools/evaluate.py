@@ -404,18 +404,9 @@ def _result_writer(output: str | None, header: dict[str, Any]):
     """``write(result)``: ``header`` + ``result``, written atomically to ``output`` (a
     reader sees the previous version or the new one, never half); returns what it wrote.
     UserError now when ``output`` cannot be a file (a folder, a path through a file)."""
-    from danka.errors import output_dir_error
-    from danka.io import write_text_atomic
+    from danka.io import prepare_output_file, write_text_atomic
 
-    path = Path(output) if output else None
-    if path is not None:
-        if path.is_dir():
-            raise UserError("--output is a folder, not a file", where=str(path),
-                            fix="--output results/eval.json")  # fmt: skip
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise output_dir_error(path.parent, err) from None
+    path = prepare_output_file(output) if output else None
 
     def write(result: dict[str, Any]) -> dict[str, Any]:
         full = {**header, **result}

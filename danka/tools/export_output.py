@@ -74,7 +74,7 @@ def staged_folder(output: Path) -> Iterator[Path]:
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the export from others
     except OSError as err:  # read-only filesystem, no permission, a file in the way
-        raise _where_flag(output_dir_error(output, err)) from None
+        raise output_dir_error(output, err, "--output") from None
     try:
         yield tmp
         old = None
@@ -92,7 +92,3 @@ def staged_folder(output: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _where_flag(err: UserError) -> UserError:
-    return UserError(err.what.replace("output_dir", "--output"), where=err.where, fix=_FIX)

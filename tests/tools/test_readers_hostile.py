@@ -117,3 +117,18 @@ def test_resume_with_damaged_files_is_one_message(tmp_path):
     (tmp_path / "metrics.jsonl").unlink()
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n" + DEEP + "\n")
     assert truncate_metrics_after(tmp_path, 1) == 1
+
+
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_an_output_that_cannot_be_a_file_fails_before_the_model_loads(tmp_path, capsys, command):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1 + 1?", "answer": "2"}\n')
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    extra = ["--file", str(data)] if command == "generate" else ["--data", str(data), "--reward",
+                                                                  "gsm8k"]  # fmt: skip
+    for output in (tmp_path, blocker / "out.json"):  # a folder; a path through a file
+        argv = [command, "--model", "no/such-model-here", *extra, "--output", str(output)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "--output" in err and "no/such-model-here" not in err, err

@@ -121,6 +121,8 @@ def _too_large(path: str | Path, limit: int, what: str, fix: str) -> UserError:
 def read_bytes(path: str | Path, *, limit: int, what: str = "the file", fix: str = "") -> bytes:
     """The bytes of the regular file ``path``; UserError when it holds over ``limit``."""
     with open_regular(path, what=what, fix=fix) as f:
+        if os.fstat(f.fileno()).st_size > limit:  # a sparse terabyte: not even a part read
+            raise _too_large(path, limit, what, fix)
         data = f.read(limit + 1)
     if len(data) > limit:
         raise _too_large(path, limit, what, fix)

@@ -132,3 +132,16 @@ def test_an_output_that_cannot_be_a_file_fails_before_the_model_loads(tmp_path, 
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "--output" in err and "no/such-model-here" not in err, err
+
+
+def test_a_pipe_in_the_model_folder_stops_estimate_and_train_without_blocking(tiny_dir, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    (model / "config.json").unlink()
+    os.mkfifo(model / "config.json")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model:\n  actor_model_name_or_path: {model}\n  device: cpu\n"
+                      "data:\n  train_dataset: rows.jsonl\n")  # fmt: skip
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "1 + 1?", "answer": "2"}\n' * 2)
+    _refused(_danka("estimate", str(config)), "named pipe", "config.json")
+    _refused(_danka("train", str(config), "--output-dir", str(tmp_path / "out")), "named pipe")

@@ -6,7 +6,9 @@ traceback); ``data.task_train_size: 10**12`` filled memory for minutes without a
 ``--print-config`` accepted a 400-digit ``total_steps``. Every integer setting therefore
 has a range from what it counts, checked once after the type check
 (:func:`check_limits`), and every number a command-line flag takes is checked the same
-way (:func:`check_flag_numbers`): integers in range, floats finite.
+way (:func:`check_flag_numbers`): integers in range, floats finite. A duration (a
+timeout, minutes) is at most a year: ``reward.timeout_s: 1e300`` is finite, but Python's
+clocks overflow on it mid-run.
 
 Lower bounds that mean something (a batch of at least 1) stay with the validation that
 words them; the ranges here are what no setting of that kind can sensibly exceed.
@@ -62,20 +64,30 @@ LIMITS: dict[str, tuple[int, int, str]] = {
     **{k: (-INT32, BATCH, "a batch size") for k in _BATCH_KEYS},
 }
 DEFAULT = (-INT32, INT32, "a count")
+# float settings that become a wait: Python's clocks overflow past ~1e9 s (a traceback
+# mid-run from a finite 1e300); a year is more than any of them means
+YEAR_S = 365 * 24 * 3600.0
+FLOAT_LIMITS: dict[str, tuple[float, str]] = {
+    "reward.timeout_s": (YEAR_S, "seconds"),
+    "rollout.tool_timeout_s": (YEAR_S, "seconds"),
+    "trainer.max_train_minutes": (YEAR_S / 60, "minutes"),
+    "checkpoint.save_minutes": (YEAR_S / 60, "minutes"),
+    "eval.every_minutes": (YEAR_S / 60, "minutes"),
+}
 
 
-def _int_settings(node: Any, prefix: str = "") -> Iterator[tuple[str, int]]:
-    """(dotted key, value) of every integer setting set in the config ``node``."""
+def _number_settings(node: Any, prefix: str = "") -> Iterator[tuple[str, int]]:
+    """(dotted key, value) of every integer and float setting in the config ``node``."""
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         key = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
-            yield from _int_settings(value, key + ".")
+            yield from _number_settings(value, key + ".")
         elif isinstance(value, list):
             for i, item in enumerate(value):
                 if dataclasses.is_dataclass(item):
-                    yield from _int_settings(item, f"{key}[{i}].")
-        elif isinstance(value, int) and not isinstance(value, bool):
+                    yield from _number_settings(item, f"{key}[{i}].")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
             yield key, value
 
 
@@ -86,8 +98,14 @@ def _digits(value: int) -> str:
 
 def check_limits(config: Any, source: Any) -> None:
     """UserError naming the key (``source.where``: file and line) for the first integer
-    setting outside its range (see the module docstring)."""
-    for key, value in _int_settings(config):
+    setting outside its range, or a duration (a timeout, minutes) over a year."""
+    for key, value in _number_settings(config):
+        if isinstance(value, float):
+            top, unit = FLOAT_LIMITS.get(key, (math.inf, ""))
+            if abs(value) > top:
+                raise UserError(f"{value:g} {unit} is more than a year", where=source.where(key),
+                                fix=f"set {key} to at most {top:g}")  # fmt: skip
+            continue
         lo, hi, what = LIMITS.get(key, DEFAULT)
         if not lo <= value <= hi:
             span = f"{lo:,} to {hi:,}" if lo >= 0 else f"at most {hi:,}"

@@ -198,3 +198,21 @@ def test_an_unknown_device_is_one_message(capsys):
 
     with pytest.raises(UserError, match="unknown device 'bogus'"):
         pick_device("bogus", where="--device")
+
+
+@pytest.mark.parametrize("key", ["reward.timeout_s", "rollout.tool_timeout_s",
+                                 "trainer.max_train_minutes", "eval.every_minutes"])  # fmt: skip
+def test_a_finite_but_endless_duration_is_refused(tmp_path, key):
+    """Before: reward.timeout_s 1e300 passed, then the worker's poll overflowed mid-run."""
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    with pytest.raises(UserError, match="more than a year"):
+        load_config(path, [f"{key}=1e300"])
+
+
+@pytest.mark.parametrize("text", ["1.2.3", "99999999999999999999999TB", "0GB"])
+def test_a_memory_size_that_cannot_be_is_one_message(text):
+    from danka.config.units import parse_memory
+
+    with pytest.raises(UserError, match="cannot read memory size"):
+        parse_memory(text)

@@ -123,8 +123,8 @@ FLAG_LIMITS: dict[str, tuple[int, int, str]] = {
     "max_length": (1, TOKENS, "a number of tokens"),
     "batch_size": (1, BATCH, "a batch size"),
     "samples": (1, BATCH, "samples per prompt"),
-    "max_turns": (1, TURNS, "turns per sample"),
-    "max_tool_calls": (0, TURNS, "tool calls per sample"),
+    "max_turns": (-INT32, TURNS, "turns per sample"),  # >= 1: the agent settings say so
+    "max_tool_calls": (-INT32, TURNS, "tool calls per sample"),
     "nproc": (1, 4096, "processes"),
     "epochs": (1, INT32, "epochs"),
     "limit": (0, INT32, "rows"),

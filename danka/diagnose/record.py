@@ -62,7 +62,7 @@ def _metrics(path: Path) -> MetricTable:
     table = MetricTable(
         v
         for _, v in iter_json_lines(path, what="metrics.jsonl", fix=_DAMAGED)
-        if isinstance(v, dict) and isinstance(v.get("step"), int)
+        if isinstance(v, dict) and isinstance(v.get("step"), int) and 0 <= v["step"] < 2**62
     )
     steps = [table.step_at(i) for i in range(len(table))]
     if all(a <= b for a, b in zip(steps, steps[1:])):

@@ -17,10 +17,16 @@ BASELINE_STEPS = 5
 WINDOW = 5
 
 
-def _number(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool, not an integer past
+    float's range), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        x = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        return None
+    return x if math.isfinite(x) else None
 
 
 class MetricTable(Sequence):
@@ -43,12 +49,12 @@ class MetricTable(Sequence):
 
     def append(self, record: dict) -> None:
         i, step = len(self._steps), record.get("step")
+        if not (isinstance(step, int) and not isinstance(step, bool) and abs(step) < 2**62):
+            step = None  # points then count positions (as the list reader does)
         self._steps.append(step)
-        if _number(step) is None:
-            step = None
         for key, value in record.items():
             kind = type(value)
-            if (kind is float or kind is int) and value - value == 0:  # finite, not a bool
+            if (kind is float and value - value == 0) or (kind is int and abs(value) < 2**62):
                 col = self._cols.get(key)
                 if col is None:
                     col = self._cols[key] = (array("q"), array("q"), array("d"))
@@ -104,7 +110,7 @@ def points(records: Sequence[dict], key: str, upto: int) -> Sequence[tuple[int, 
         return records.points(key, upto)
     out = []
     for r in records[: upto + 1]:
-        v = _number(r.get(key))
+        v = finite(r.get(key))
         if v is not None:
             out.append((int(r.get("step", len(out))), v))
     return out

@@ -79,7 +79,7 @@ from danka.usercode.contract import call_custom, contract_of, load_function_from
 from danka.usercode.subprocs import (
     become_subreaper,
     descendants,
-    kill_descendants,
+    fork_guarded,
     kill_tree,
     set_parent_death_signal,
 )
@@ -122,62 +122,15 @@ def _watch_parent(parent_pid: int) -> None:
             _kill_own_group()
 
 
-_GUARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
-
-
-def _exit_as(status: int) -> None:
-    """End this process as the child whose wait ``status`` this is ended."""
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)  # a signal whose default is not to end the process
-    os._exit(os.WEXITSTATUS(status))
-
-
-def _guard(parent_pid: int, worker: int) -> None:
-    """The guardian's life (see the module docstring): wait for the worker's end, the
-    parent-death signal (SIGTERM) or a hang-up; reap adopted orphans; end every
-    descendant before exiting. Never returns."""
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)  # the pipes are the worker's: the guardian holds no end of them
-    os.dup2(devnull, 1)
-    os.closerange(3, 65536)
-    while True:
-        info = signal.sigtimedwait(_GUARDED, 1.0)
-        while True:  # reap: the worker, and orphans of user code adopted as subreaper
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                pid = 0
-            if pid == 0:
-                break
-            if pid == worker:
-                kill_descendants(os.getpid())  # what the worker left running
-                _exit_as(status)
-        if (info is not None and info.si_signo != signal.SIGCHLD) or os.getppid() != parent_pid:
-            kill_descendants(os.getpid())  # the trainer is gone: the worker and all it started
-            os._exit(1)
-
-
 def guard_child(parent_pid: int) -> None:
     """Call first thing in a worker process started with ``start_new_session=True``. This
-    process becomes the guardian (:func:`_guard`, never returns) and a forked child the
+    process becomes the guardian (``subprocs.fork_guarded``) and a forked child the
     worker, which returns from here: it dies with the guardian, adopts orphaned
     descendants (a ``setsid`` child of user code stays in reach of :func:`kill_group`),
     leaves Ctrl-C to the trainer and watches for the guardian's death (the tool worker,
     danka/agent/worker.py, uses this too)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    signal.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)  # pending until sigtimedwait
-    set_parent_death_signal(signal.SIGTERM)
-    become_subreaper()
-    if os.getppid() != parent_pid:  # the trainer died before we asked
-        os._exit(1)
-    worker = os.fork()
-    if worker != 0:
-        _guard(parent_pid, worker)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _GUARDED)
+    fork_guarded(parent_pid)  # returns in the forked worker only
     guardian = os.getppid()
     _die_with_parent(guardian)
     become_subreaper()

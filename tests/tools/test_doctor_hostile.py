@@ -109,3 +109,15 @@ def test_a_250k_step_metrics_file_gets_a_verdict_in_seconds(tmp_path):
     assert done.returncode == 1, done.stderr
     assert "250000 steps" in done.stdout and "entropy_collapse (step 2000" in done.stdout
     assert time.monotonic() - t0 < 60
+
+
+def test_integers_past_floats_range_are_ignored_not_a_traceback(tmp_path, capsys):
+    """A 4000-digit integer is valid JSON; float() of it overflows (an OverflowError)."""
+    run = _run_dir(tmp_path)
+    big = 10**4000
+    lines = [json.dumps({"step": s, "reward": 0.5, "response_length": big}) for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("\n".join([*lines, f'{{"step": {big}}}']) + "\n")
+    (run / "eval" / "step_0.json").write_text(f'{{"eval/accuracy": {big}, "eval/n": {big}}}')
+    assert main(["doctor", str(run)]) == 0
+    assert "2 steps" in capsys.readouterr().out
+    assert main(["plot", str(run)]) == 0

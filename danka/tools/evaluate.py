@@ -135,7 +135,6 @@ def evaluate_rows(
     from danka.interrupt import stop_code
     from danka.logging.progress import WorkProgress
     from danka.rollout.base import AnswerOptions
-    from danka.tools.eval_result import Answered
     from danka.tools.generate import generate_batch, tool_generate_batch
 
     gen = AnswerOptions(
@@ -152,7 +151,7 @@ def evaluate_rows(
     if log is not None:
         log(f"[eval] {len(rows)} prompts, {kind}, up to {max_new_tokens} new tokens each")
     progress = WorkProgress(len(rows), "eval", unit="prompts", log=log, enabled=log is not None)
-    done = Answered(rewards, threshold, tools is not None, len(rows), on_progress)
+    done = _Answered(rewards, threshold, tools is not None, len(rows), on_progress)
     try:
         if tools is not None:
             items, done.metrics = tool_generate_batch(
@@ -172,6 +171,59 @@ def evaluate_rows(
             raise
         return done.result(stopped=signal.Signals(code - 128).name)
     return done.result()
+
+
+class _Answered:
+    """The scored answers so far (one entry per prompt, in order) and the summary of them."""
+
+    def __init__(self, rewards: Any, threshold: float, tools: bool, total: int, on_progress):
+        self.rewards, self.threshold, self.tools, self.total = rewards, threshold, tools, total
+        self.on_progress = on_progress
+        self.items: list[tuple[dict, list[float], list[bool]]] = []
+        self.per_fn: dict[str, float] = {}  # correct answers per reward function
+        self.metrics: dict[str, float] = {}
+
+    def add(self, items: list[dict[str, Any]]) -> None:
+        scores, correct, per_fn = score_samples(
+            [it["row"] for it in items],
+            [it["prompt"] for it in items],
+            [it["completions"] for it in items],
+            self.rewards,
+            self.threshold,
+        )
+        answers = sum(len(c) for c in correct)
+        for name, fraction in per_fn.items():
+            self.per_fn[name] = self.per_fn.get(name, 0.0) + fraction * answers
+        self.items += list(zip(items, scores, correct))
+        if self.on_progress is not None and len(self.items) < self.total:
+            self.on_progress(self.result())
+
+    def result(self, stopped: str | None = None) -> dict[str, Any]:
+        items = [it for it, _, _ in self.items]
+        scores = [s for _, s, _ in self.items]
+        correct = [c for _, _, c in self.items]
+        result = summarize(correct, [it["response_tokens"] for it in items],
+                           [it["truncated"] for it in items], scores)  # fmt: skip
+        answers = max(1, sum(len(c) for c in correct))
+        result["correct_per_function"] = {k: v / answers for k, v in self.per_fn.items()}
+        result.update(self.metrics)
+        result["completions"] = [
+            {
+                "index": it["index"],
+                "prompt": it["prompt"],
+                "completion": str(it["completions"][0]),
+                **({"messages": it["trajectories"][0]} if self.tools else {}),
+                "ground_truth": it["row"].ground_truth,
+                "reward": s[0],
+                "correct": c[0],
+            }
+            for it, s, c in self.items[:KEEP_SAMPLES]
+        ]
+        if len(self.items) < self.total:  # says so, in the result and in its file
+            result.update(partial=True, answered=len(self.items), prompts=self.total)
+        if stopped:
+            result["stopped"] = stopped
+        return result
 
 
 def _from_config(config: str, overrides: list[str]) -> dict[str, Any]:

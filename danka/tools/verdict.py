@@ -31,7 +31,7 @@ def number(value: Any) -> float | None:
         return None
     try:
         out = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a 400-digit integer
         return None
     return out if math.isfinite(out) else None
 

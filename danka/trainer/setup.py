@@ -18,7 +18,7 @@ from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
 from danka.data.formats import Columns, ReadOptions, load_prompt_rows
-from danka.data.source import data_line
+from danka.data.source import data_line, repeats_warning
 from danka.data.tasks import task_rows
 from danka.data.template import encode_prompts
 from danka.errors import UserError
@@ -164,6 +164,8 @@ def build_run(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.L
     torch.manual_seed(t.seed)
     train_rows, held_rows = load_rows(cfg, base_dir, output_dir)  # bad rows fail first
     log.info(data_line(cfg, train_rows, held_rows))
+    if warning := repeats_warning(train_rows):  # 100k copies of one prompt trained silently
+        log.warning(warning)
     budget = memory_budget(cfg, device, log)
     engine_name = choose_engine(cfg, device, log, budget)
     sizes = planned_sizes(cfg, budget, engine=engine_name, base_dir=base_dir, log=log)

@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("bench.rollout", "rollout tokens/s: danka's fast engine vs HF generate"),
     "train": ("bench.train", "update step, MFU, log-prob head, 7B PPO memory, packing"),
+    "vllm": ("bench.vllm_compare", "vLLM vs the fast engine: rollout grid + GRPO step, one JSON"),
     "trl": ("bench.vs_trl", "GRPO step time and peak memory: TRL's GRPOTrainer vs danka"),
     "decode-attention": ("bench.decode_attention", "decode-attention kernels (CUDA)"),
     "shared-prefix": ("bench.shared_prefix", "shared-prefix prefill and training forward"),

@@ -66,8 +66,9 @@ wait)
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv
   ;;
 collect)
-  cd "$W" && tar czf "$OUT/gsm8k_session.tar.gz" --exclude='*/actor/*' --exclude='*/critic/*' \
-      --exclude='*.safetensors' --exclude='*/tensorboard/*' results logs runs 2>/dev/null
+  # the runs' logs, metrics, evaluations and completions; not their checkpoints (~1 GB)
+  cd "$W" && tar czf "$OUT/gsm8k_session.tar.gz" results logs runs/*/eval runs/*/logs \
+      runs/*/metrics.jsonl runs/*/config.json runs/*/*.json runs/*/completions 2>/dev/null
   ls -la "$OUT"
   ;;
 *)

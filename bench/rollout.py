@@ -15,7 +15,11 @@ KV capacity), ``fast-compile`` (``rollout.compile``), ``-triton`` variants
 (``rollout.decode_attention: triton``; with it the decode layer runs fused kernels,
 ``fast-triton-unfused`` runs the same engine with the unfused ops: an A/B of
 ``danka.rollout.triton_step``), ``hf-dynamic`` (HF generate, dynamic cache) and
-``hf-static`` (static cache; transformers compiles the decode step). Timing HF after the
+``hf-static`` (static cache; transformers compiles the decode step), and ``vllm``,
+``vllm-lora-merge``, ``vllm-lora-adapter`` (danka's colocated vLLM engine,
+``bench/vllm_side.py``; recorded as skipped with the reason where vLLM cannot run). With
+``--eos`` every side stops at the tokenizer's stop ids on chat-formatted GSM8K-style
+questions (``--model``), and tok/s counts the tokens generated. Timing HF after the
 engine ran in the same process understates HF 3-4x, so every side runs in a fresh
 ``python -m bench rollout --side NAME`` process; the result JSON holds both sides of every
 ratio and the greedy-token agreement of fast vs HF. ``--profile`` (fast sides) adds the top
@@ -41,6 +45,7 @@ from bench.common import (
     timed_call,
 )
 from bench.kernel_profile import profile_or_error
+from bench.vllm_side import VLLM_SIDES, eos_prompts, side_vllm, vllm_skip_reason
 from danka.data.template import left_pad
 from danka.rollout.base import SamplingParams
 from danka.rollout.fast import FastEngine
@@ -103,9 +108,9 @@ def make_prompts(args, vocab: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def hf_generate(model, prompts, new_tokens: int, greedy: bool, static: bool = False):
+def hf_generate(model, prompts, new_tokens: int, greedy: bool, static: bool = False, eos=()):
     """HF generate (dynamic cache, or static cache + transformers' automatic torch.compile);
-    EOS suppressed via min_new_tokens."""
+    EOS suppressed via min_new_tokens unless ``eos`` (stop ids) is given."""
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, 0)
     plen = ids.shape[1]
@@ -114,7 +119,8 @@ def hf_generate(model, prompts, new_tokens: int, greedy: bool, static: bool = Fa
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
         max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
+        min_new_tokens=0 if eos else new_tokens,
+        eos_token_id=list(eos) or None,
         pad_token_id=0,
         top_k=None,
         cache_implementation="static" if static else None,
@@ -157,7 +163,13 @@ def add_lora(model, rank: int = 16):
     return model.eval()
 
 
-def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
+def logprob_gap(model, batch) -> tuple[float, float]:
+    """(mean, max) |rollout log-prob - training-forward log-prob| over the response tokens."""
+    diff = (batch.rollout_logprobs - training_logprobs(model, batch)).abs() * batch.response_mask
+    return float(diff.sum() / batch.response_mask.sum()), float(diff.max())
+
+
+def side_fast(args, model, prompts, tokens: int, res: dict, eos: list[int]) -> None:
     """danka's engine: first call (weights + graph capture), then a timed call; plain model
     and, with --lora, the same model with a live LoRA adapter (unmerged): ``lora_`` with the
     low-rank path in the adapter's fp32 (exact), ``lora_base_`` in bf16 folded into the base
@@ -186,41 +198,46 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
         )
 
         def run(params, m=m, engine=engine):
-            return engine.generate(m, prompts, params, eos_ids=[], pad_id=0)
+            return engine.generate(m, prompts, params, eos_ids=eos, pad_id=0)
 
         res[prefix + "first_call_s"], _ = timed_call(lambda: run(sample), args.device)
         res[prefix + "capture_s"] = engine.stats.get("capture_s", 0.0)
         res[prefix + "s"], batch = timed_call(lambda: run(sample), args.device)
-        res[prefix + "tok_s"] = tokens / res[prefix + "s"]
+        res[prefix + "gen_tokens"] = int(batch.response_mask.sum()) if eos else tokens
+        res[prefix + "tok_s"] = res[prefix + "gen_tokens"] / res[prefix + "s"]
         if args.profile:  # one more call under torch.profiler: where its time goes
             res[prefix + "profile"] = profile_or_error(
                 lambda: run(sample), args.device, steps=1, step_s=res[prefix + "s"]
             )
-        train_lp = training_logprobs(m, batch)
-        diff = (batch.rollout_logprobs - train_lp).abs() * batch.response_mask
-        res[prefix + "logprob_mean_abs_diff"] = float(diff.sum() / batch.response_mask.sum())
-        res[prefix + "logprob_max_abs_diff"] = float(diff.max())
+        gap = logprob_gap(m, batch)
+        res[prefix + "logprob_mean_abs_diff"], res[prefix + "logprob_max_abs_diff"] = gap
         if not prefix:
             greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=args.agree_tokens)
             res["greedy_tokens"] = run(greedy).response_ids.tolist()
         engine.release()
 
 
-def side_hf(args, model, prompts, tokens: int, res: dict, static: bool) -> None:
+def side_hf(args, model, prompts, tokens: int, res: dict, static: bool, eos: list[int]) -> None:
     """HF generate in this fresh process: dynamic cache, or static cache (transformers then
     compiles the decode step with torch.compile itself); first call timed separately."""
-    res["first_call_s"], _ = timed_call(
-        lambda: hf_generate(model, prompts, args.new_tokens, greedy=False, static=static),
-        args.device,
-    )
-    res["s"], _ = timed_call(
-        lambda: hf_generate(model, prompts, args.new_tokens, greedy=False, static=static),
-        args.device,
-    )
-    res["tok_s"] = tokens / res["s"]
+
+    def run():
+        return hf_generate(model, prompts, args.new_tokens, greedy=False, static=static, eos=eos)
+
+    res["first_call_s"], _ = timed_call(run, args.device)
+    res["s"], out = timed_call(run, args.device)
+    res["gen_tokens"] = generated(out, eos) if eos else tokens
+    res["tok_s"] = res["gen_tokens"] / res["s"]
     if not static:
         ref = hf_generate(model, prompts, args.agree_tokens, greedy=True)
         res["greedy_tokens"] = ref.tolist()
+
+
+def generated(out: torch.Tensor, eos: list[int]) -> int:
+    """Tokens HF generated per row up to and including its first stop id, summed."""
+    stop = torch.isin(out, torch.tensor(eos))
+    first = torch.where(stop.any(1), stop.int().argmax(1) + 1, out.shape[1])
+    return int(first.sum())
 
 
 HF_SIDES = ("hf-dynamic", "hf-static")
@@ -237,12 +254,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--sides",
         default="fast,hf-dynamic,hf-static",
-        help=f"comma list of {', '.join(FAST_SIDES + HF_SIDES)}: fast-whole-cache attends "
+        help=f"comma list of {', '.join(FAST_SIDES + HF_SIDES + tuple(VLLM_SIDES))}: "
+        "fast-whole-cache attends "
         "over the whole KV capacity every step (live_chunk=0); fast-compile adds "
         "rollout.compile (the first call compiles); -triton uses rollout.decode_attention: "
         "triton (danka's split-K kernel)",
     )
-    ap.add_argument("--side", choices=FAST_SIDES + HF_SIDES, help="(internal) run one side")
+    ap.add_argument(
+        "--side", choices=FAST_SIDES + HF_SIDES + tuple(VLLM_SIDES), help="(internal) one side"
+    )
+    ap.add_argument(
+        "--eos",
+        action="store_true",
+        help="stop at EOS: chat-formatted GSM8K-style questions and the tokenizer's stop ids "
+        "(--model); tok/s counts the tokens generated",
+    )
     ap.add_argument("--lora", action="store_true", help="fast sides: also with a live LoRA")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=160)
@@ -262,15 +288,24 @@ def one_side(args) -> None:
     """This process runs ``args.side`` and writes its JSON to ``args.out``."""
     model = build_model(args)
     vocab = model.get_output_embeddings().weight.shape[0]
-    prompts = make_prompts(args, vocab)
+    prompts, eos = make_prompts(args, vocab), []
+    if args.eos:  # a random-weight shape stops at an arbitrary id (CPU checks only)
+        prompts, eos = eos_prompts(args.model, args.prompts, args.seed) if args.model else (
+            prompts, [vocab // 2])  # fmt: skip
     tokens = args.prompts * args.new_tokens
-    res: dict = {"side": args.side, "model": args.model or args.shape, "tokens": tokens}
+    res: dict = {"side": args.side, "model": args.model or args.shape, "tokens": tokens,
+                 "eos": bool(eos)}  # fmt: skip
     if args.side.startswith("fast"):
-        side_fast(args, model, prompts, tokens, res)
+        side_fast(args, model, prompts, tokens, res, eos)
+    elif args.side in VLLM_SIDES:
+        side_vllm(args, model, prompts, eos, res, logprob_gap, add_lora)
     else:
-        side_hf(args, model, prompts, tokens, res, static=args.side == "hf-static")
-    if args.device.startswith("cuda"):
+        side_hf(args, model, prompts, tokens, res, static=args.side == "hf-static", eos=eos)
+    if args.device.startswith("cuda"):  # vLLM resets the peak when it starts: see device_used
         res["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        res["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        free_b, total_b = torch.cuda.mem_get_info()
+        res["device_used_gib"] = (total_b - free_b) / 2**30  # this process alone: all of it
     Path(args.out).write_text(json.dumps(res))
     print({k: v for k, v in res.items() if k != "greedy_tokens" and not k.endswith("profile")})
 
@@ -280,6 +315,7 @@ def side_args(args, side: str) -> list[str]:
     cmd = ["--side", side, "--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens)]
     cmd += ["--prompt-len", str(args.prompt_len), "--device", args.device, "--dtype", args.dtype]
     cmd += ["--shape", args.shape] if args.shape else ["--model", args.model]
+    cmd += ["--eos"] if args.eos else []
     fast = side.startswith("fast")
     cmd += ["--lora"] if args.lora and fast else []
     cmd += ["--profile"] if args.profile and fast else []
@@ -301,12 +337,17 @@ def compare(args) -> dict:
     tmp = Path(args.out_dir) / "_sides"
     tmp.mkdir(parents=True, exist_ok=True)
     for side in args.sides.split(","):
+        if side in VLLM_SIDES and (reason := vllm_skip_reason(args.device)):
+            res["sides"][side] = {"skipped": reason}
+            print(side, "skipped:", reason, flush=True)
+            continue
         cmd = bench_command("rollout", *side_args(args, side))
         side_res = res["sides"][side] = run_side(cmd, tmp / f"{side}.json", args.timeout)
         shown = {k: v for k, v in side_res.items() if k != "greedy_tokens" and "profile" not in k}
         print(side, shown, flush=True)
     s = res["sides"]
     fast = s.get("fast", {})
+    vllm_ratios(res, s)  # before the greedy tokens of the other sides are dropped
     for other in VARIANTS:  # engine variants vs the default
         o = s.get(other, {})
         for prefix in PREFIXES:
@@ -330,6 +371,31 @@ def compare(args) -> dict:
         res["greedy_token_agreement"] = sum(map(sum, same)) / sum(map(len, same))
     shutil.rmtree(tmp, ignore_errors=True)
     return res
+
+
+def vllm_ratios(res: dict, s: dict) -> None:
+    """Each vllm side against every other side that ran (plain tok/s; a LoRA side against
+    the fast sides' default LoRA path, ``lora_base_``), and its greedy-token agreement
+    with the fast and HF sides."""
+    for v in VLLM_SIDES:
+        got = s.get(v, {}).get("tok_s")
+        if not got:
+            continue
+        prefix = "lora_base_" if VLLM_SIDES[v] else ""
+        for other in FAST_SIDES + HF_SIDES:
+            base = s.get(other, {}).get(f"{prefix}tok_s" if other in FAST_SIDES else "tok_s")
+            if base and (not prefix or other in FAST_SIDES):
+                name = f"{other}_{prefix}".rstrip("_").replace("-", "_")
+                key = f"{v.replace('-', '_')}_over_{name}"
+                res[key] = ratio(v.replace("-", "_"), got, name, base)
+        mine = s[v].pop("greedy_tokens", None)
+        for other in ("fast", "fast-triton", "hf-dynamic"):
+            theirs = s.get(other, {}).get("greedy_tokens")
+            if mine and theirs and not VLLM_SIDES[v]:
+                same = [[int(x == y) for x, y in zip(ra, rb)] for ra, rb in zip(mine, theirs)]
+                res[f"greedy_token_agreement_{v}_{other}"] = sum(map(sum, same)) / sum(
+                    map(len, same)
+                )
 
 
 def main(argv: list[str] | None = None) -> int:

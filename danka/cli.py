@@ -14,6 +14,8 @@ import traceback
 from danka import __version__
 from danka.commands import COMMANDS, command
 from danka.errors import UserError, as_user_error
+from danka.interrupt import Terminated, exit_on_terminate
+from danka.limits import check_flag_numbers
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -304,7 +306,12 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return COMMANDS.get(args.command).run(args) or 0
+        check_flag_numbers(args)  # integers in range, floats finite (danka/limits.py)
+        with exit_on_terminate():  # SIGTERM unwinds every command (danka/interrupt.py)
+            return COMMANDS.get(args.command).run(args) or 0
+    except Terminated as stop:
+        print(f"danka: terminated ({stop.name})", file=sys.stderr)
+        return int(stop.code)
     except Exception as exc:  # noqa: BLE001 - the user's input (exit 2/3) or a bug (re-raised)
         err = as_user_error(exc)
         if err is None:

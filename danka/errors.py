@@ -127,6 +127,13 @@ def as_user_error(exc: BaseException) -> UserError | None:
             fix="restore the file from the original model or download it again; "
             "check it with python -m json.tool FILE",
         )
+    if "Unrecognized model in" in text and "model_type" in text:
+        folder = re.search(r"Unrecognized model in (.+?)\. Should", text)
+        return UserError(
+            "this folder is not a Hugging Face model folder (no config.json with a model_type)",
+            where=folder.group(1) if folder else None,
+            fix="give a model folder (config.json + weights), a .gguf file or a Hub id",
+        )
     if "contains custom code which must be executed" in text:
         repo = re.search(r"The repository (\S+) contains", text)
         return UserError(
@@ -154,19 +161,20 @@ def as_user_error(exc: BaseException) -> UserError | None:
     return None
 
 
-def output_dir_error(output_dir: Path, err: OSError) -> UserError:
+def output_dir_error(output_dir: Path, err: OSError, flag: str = "output_dir") -> UserError:
     """The message for an output dir danka cannot create or write (read-only filesystem,
-    no permission, a file in the way)."""
+    no permission, a file in the way); ``flag``: what the user set it with (``--output``)."""
     if isinstance(err, (FileExistsError, NotADirectoryError)):
-        what = "output_dir is a file (or a path through a file), not a folder"
+        what = f"{flag} is a file (or a path through a file), not a folder"
     elif err.errno == errno.EROFS:
-        what = "output_dir is on a read-only filesystem"
+        what = f"{flag} is on a read-only filesystem"
     elif isinstance(err, PermissionError):
-        what = "no permission to write in output_dir"
+        what = f"no permission to write in {flag}"
     else:
-        what = f"cannot create or write output_dir ({err.strerror or err})"
-    return UserError(
-        what,
-        where=str(output_dir),
-        fix="set --output-dir (or output_dir:) to a writable folder, e.g. ./runs/my_run",
+        what = f"cannot create or write {flag} ({err.strerror or err})"
+    fix = (
+        "set --output-dir (or output_dir:) to a writable folder, e.g. ./runs/my_run"
+        if flag == "output_dir"
+        else f"give {flag} a path in a writable folder"
     )
+    return UserError(what, where=str(output_dir), fix=fix)

@@ -4,7 +4,6 @@ so a reader (or a resumed run) sees the old file or the new one, never half of o
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -53,30 +52,44 @@ def write_text_atomic(path: Path, text: str, *, sync_dir: bool = False) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def read_json_lines(path: Path) -> list[dict[str, Any]]:
+def read_json_lines(path: Path, *, what: str = "the file", fix: str = "") -> list[dict[str, Any]]:
     """The readable JSON objects of a jsonl file a run writes (metrics, completions), in
     file order; [] when it does not exist. A live run's half-written last line, a broken
-    line and a value that is not an object are skipped (readers of a run in progress)."""
-    path = Path(path)
-    if not path.is_file():
+    line, a line nested too deep or over 16 MiB, and a value that is not an object are
+    skipped (readers of a run in progress). A path that exists but is no regular file (a
+    named pipe, a folder, a symlink loop) is a UserError (danka.safe_read)."""
+    from danka.safe_read import iter_json_lines
+
+    if not os.path.lexists(path):
         return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            value = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            out.append(value)
-    return out
+    return [v for _, v in iter_json_lines(path, what=what, fix=fix) if isinstance(v, dict)]
 
 
 def read_json_object(path: Path) -> dict[str, Any] | None:
     """A JSON object file danka wrote (a marker, a checkpoint's training info), or None when
-    it is missing, broken or not an object."""
-    path = Path(path)
+    it is missing, broken, not an object, or no regular file (never blocks on a pipe)."""
+    from danka.errors import UserError
+    from danka.safe_read import read_json
+
     try:
-        value = json.loads(path.read_text()) if path.is_file() else None
-    except (ValueError, OSError):
+        value = read_json(path)
+    except UserError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def prepare_output_file(path: str | Path, flag: str = "--output") -> Path:
+    """``path`` ready to be written (its folder created), checked before any work starts:
+    UserError when it is a folder, or its folder cannot be made (read-only, no permission,
+    a file in the way)."""
+    from danka.errors import UserError, output_dir_error
+
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} is a folder, not a file", where=str(path),
+                        fix=f"{flag} results/answers.jsonl (a file name)")  # fmt: skip
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise output_dir_error(path.parent, err, flag) from None
+    return path

@@ -2,7 +2,8 @@
 with ``ast``) goes from a module to one of the same or a lower layer. The layers, lowest
 first (a module belongs to the longest prefix listed):
 
-0 foundations: errors, registry, types, io, lifecycle, callbacks (the user's hooks),
+0 foundations: errors, registry, types, io, safe_read (bounded reads), limits (number
+  ranges), interrupt (SIGTERM unwinds), lifecycle, callbacks (the user's hooks),
   usercode (running code the user named: workers, call contracts, process sweeps),
   config.schema, config.dtypes, config.secrets, config.moved (where keys moved)
 1 pure pieces: algorithms, data, checkpoint
@@ -30,6 +31,9 @@ LAYERS = {
     "danka.registry": 0,
     "danka.types": 0,
     "danka.io": 0,
+    "danka.safe_read": 0,
+    "danka.limits": 0,
+    "danka.interrupt": 0,
     "danka.lifecycle": 0,
     "danka.callbacks": 0,
     "danka.config.schema": 0,

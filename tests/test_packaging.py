@@ -70,4 +70,5 @@ def test_license_and_extras():
     assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]
     assert all(PROJECT["optional-dependencies"].values())
     names = {_name(r) for reqs in PROJECT["optional-dependencies"].values() for r in reqs}
-    assert not {"vllm", "liger", "reasoning-gym"} & (names | set(PROJECT["optional-dependencies"]))
+    assert not {"liger", "reasoning-gym"} & (names | set(PROJECT["optional-dependencies"]))
+    assert PROJECT["optional-dependencies"]["vllm"] == ["vllm==0.26.*"]  # rollout.engine: vllm

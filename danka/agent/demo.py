@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.errors import UserError
+from danka.safe_read import MAX_CONFIG_BYTES, read_json
 
 # builtin tool -> (question, arguments) of each example; the tool computes the result
 BUILTIN_DEMOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
@@ -78,16 +79,13 @@ def load_demo(
         return builtin_demo(tool_names, instruction)
     path = Path(spec) if Path(spec).is_absolute() else Path(base_dir) / spec
     fix = 'a JSON list of {"role": "user" | "assistant" | "tool", "content": "..."}'
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise UserError(
             "tool demo file not found",
             where=f"agent.tool_demo: {path}",
             fix=f"auto, none or {fix}",
         )
-    try:
-        messages = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"not valid JSON ({exc})", where=str(path), fix=fix) from None
+    messages = read_json(path, limit=MAX_CONFIG_BYTES, what="the tool demo", fix=fix)
     if not isinstance(messages, list) or not messages:
         raise UserError("the tool demo must be a non-empty JSON list", where=str(path), fix=fix)
     for i, m in enumerate(messages):

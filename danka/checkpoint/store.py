@@ -39,6 +39,7 @@ from danka import __version__
 from danka.errors import DiskFull, UserError
 from danka.io import fsync_dir, write_text_atomic
 from danka.lifecycle import pid_alive
+from danka.safe_read import read_json
 
 log = logging.getLogger("danka.checkpoint")
 
@@ -339,7 +340,15 @@ def _read_manifest(state_dir: Path) -> Manifest:
             fix=_RESUME_FIX,
         )
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_json(path, what=MANIFEST_NAME, fix=_RESUME_FIX)  # bounded, never a pipe
+    except UserError as err:  # not JSON, nested too deep, not UTF-8, too large
+        raise UserError(
+            f"checkpoint {state_dir} is incomplete or corrupted ({MANIFEST_NAME} malformed: "
+            f"{err.what})",
+            where=str(path),
+            fix=_RESUME_FIX,
+        ) from None
+    try:
         manifest = Manifest(
             step=int(raw["step"]),
             config_hash=str(raw["config_hash"]),
@@ -465,7 +474,13 @@ def load_trainer_state(state_dir: Path) -> dict:
 def load_checkpoint_config(state_dir: Path) -> dict | None:
     """The resolved config saved with the checkpoint (None if it was saved without one)."""
     path = Path(state_dir) / CONFIG_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if not path.exists() and not path.is_symlink():
+        return None
+    config = read_json(path, what=f"the checkpoint's {CONFIG_NAME}", fix=_RESUME_FIX)
+    if not isinstance(config, dict):
+        raise UserError(f"the checkpoint's {CONFIG_NAME} is not a JSON object",
+                        where=str(path), fix=_RESUME_FIX)  # fmt: skip
+    return config
 
 
 # ---------------------------------------------------------------- keep_last (verified only)
@@ -519,7 +534,7 @@ def _own_parts(state_dir: Path) -> set[str] | None:
     ``parts.json``); None if neither names them: then the folder is not danka's."""
     for reader in (
         lambda: set(_read_manifest(state_dir).parts),
-        lambda: set(json.loads((state_dir / PARTS_NAME).read_text(encoding="utf-8"))),
+        lambda: set(read_json(state_dir / PARTS_NAME)),
     ):
         try:
             parts = reader()

@@ -156,6 +156,13 @@ def check_rollout(cfg: DankaConfig, at) -> None:
             "this run trains no adapter (lora.enable_lora: false)",
             "remove rollout.lora_compute, or set lora.enable_lora: true",
         )
+    # the HF switch is read as rollout.engine: hf already (config.moved.retire)
+    if cfg.backend.vllm.enable_vllm and r.engine not in ("auto", "vllm"):
+        at.fail(
+            "backend.vllm.enable_vllm",
+            f"true asks for the vLLM engine, which conflicts with rollout.engine: {r.engine}",
+            "set only one of them",
+        )
 
 
 def check_loss_and_optim(cfg: DankaConfig, at) -> None:

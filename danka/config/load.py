@@ -19,6 +19,8 @@ from danka.config.moved import new_key, relocate, retire
 from danka.config.schema import LOADERS, DankaConfig
 from danka.config.validate import freeze, validate
 from danka.errors import UserError
+from danka.limits import check_limits
+from danka.safe_read import MAX_CONFIG_BYTES, decode_utf8, load_yaml, read_bytes
 
 
 def _key_lines(text: str) -> dict[str, int]:
@@ -88,22 +90,16 @@ def read_yaml(path: Path) -> tuple[dict, str]:
             fix="give the YAML file itself, e.g. danka train "
             + str(path / "config.yaml" if (path / "config.yaml").is_file() else "CONFIG.yaml"),
         )
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise UserError(
             "config file not found", where=str(path), fix="check the path (danka train CONFIG.yaml)"
         )
-    raw = path.read_bytes()
+    what, fix = "the config file", "give the YAML config file itself (danka train CONFIG.yaml)"
+    raw = read_bytes(path, limit=MAX_CONFIG_BYTES, what=what, fix=fix)  # never a pipe
+    text = decode_utf8(raw, path, what=what, fix="save the file as UTF-8 (most editors: "
+                       "'Save with encoding')")  # fmt: skip
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        raise UserError(
-            f"the config file is not UTF-8 text (byte {raw[err.start]:#04x} at offset {err.start})",
-            where=f"{path}:{line}",
-            fix="save the file as UTF-8 (most editors: 'Save with encoding')",
-        ) from None
-    try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, where=str(path))  # alias bombs and deep nesting refused
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -154,7 +150,15 @@ def _refuse_duplicate_keys(path: Path, text: str) -> None:
 
 def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
     """Apply ``a.b.c=value`` overrides; values are parsed as YAML (lists, null, numbers)."""
+    if isinstance(overrides, str):  # danka.train(..., overrides="a=1"): one override
+        overrides = [overrides]
     for item in overrides:
+        if not isinstance(item, str):
+            raise UserError(
+                f"an override must be a 'key=value' string, got {_shown(item, 60)}",
+                where="overrides",
+                fix="overrides=['trainer.total_steps=2', ...]",
+            )
         if "=" not in item:
             raise UserError(
                 f"override {item!r} has no '='",
@@ -167,7 +171,9 @@ def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
         if key != written:
             source.written[key] = written
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = (
+                load_yaml(raw, where=f"command-line override {written}") if raw.strip() else None
+            )
         except yaml.YAMLError:
             value = raw
         node = data
@@ -242,7 +248,7 @@ def _coerce(value: Any, tp: Any, key: str, source: _Source) -> Any:
     if tp is float:
         number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
+            number = float(value) if abs(value) < 2**1000 else math.inf  # int past float
         elif isinstance(value, str):  # YAML reads 1e-5 (no dot) as a string
             try:
                 number = float(value)
@@ -252,7 +258,7 @@ def _coerce(value: Any, tp: Any, key: str, source: _Source) -> Any:
             raise _type_error(value, tp, key, source)
         if not math.isfinite(number):  # no setting means anything at NaN or infinity
             raise _NotFinite(
-                f"must be a finite number, got {value!r}",
+                f"must be a finite number, got {_shown(value, 40)}",
                 where=source.where(key),
                 fix=f"set {key} to a finite number (NaN and infinity are never valid)",
             )
@@ -264,29 +270,28 @@ def _coerce(value: Any, tp: Any, key: str, source: _Source) -> Any:
     return value
 
 
+def _shown(value: Any, n: int = 200) -> str:
+    """``repr(value)``, cut to ``n`` characters (a value may be a 100k-item list)."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxstring, short.maxother, short.maxlevel = n, n, 3
+    text = short.repr(value)
+    return text if len(text) <= n else text[:n] + "..."
+
+
 def _type_error(value: Any, tp: Any, key: str, source: _Source, section: bool = False):
     if section:
         return UserError(
-            f"expected a section (mapping), got {value!r}",
+            f"expected a section (mapping), got {_shown(value)}",
             where=source.where(key),
             fix=f"write {key}: followed by indented keys",
         )
     return UserError(
-        f"expected {_type_name(tp)}, got {value!r} ({type(value).__name__})",
+        f"expected {_type_name(tp)}, got {_shown(value)} ({type(value).__name__})",
         where=source.where(key),
         fix=f"set {key} to a value of type {_type_name(tp)}",
     )
-
-
-# Keys of the single-card tutorial that danka does not implement, with what to use instead.
-REJECTED_KEYS = {
-    "backend.vllm.enable_vllm": (
-        True,
-        "vLLM is not used by danka on one card",
-        "set backend.vllm.enable_vllm: false and use rollout.engine: fast (danka's own fast "
-        "rollout, live LoRA weights, no weight sync)",
-    ),
-}
 
 
 def build_dataclass(cls: type, data: dict, source: _Source, prefix: str = "") -> Any:
@@ -303,9 +308,6 @@ def build_dataclass(cls: type, data: dict, source: _Source, prefix: str = "") ->
                 else (f"valid keys here: {', '.join(names)}")
             )
             raise UserError(f"unknown key {full!r}", where=source.where(full), fix=hint)
-        if full in REJECTED_KEYS and value == REJECTED_KEYS[full][0]:
-            _, what, fix = REJECTED_KEYS[full]
-            raise UserError(what, where=source.where(full), fix=fix)
         kwargs[key] = _coerce(value, hints[key], full, source)
     return cls(**kwargs)
 
@@ -351,6 +353,7 @@ def config_from_dict(
     notes = retire(data, source.where)  # the tutorial's retired backend switches
     config = build_dataclass(DankaConfig, data, source)
     source.explicit = set(_dotted_keys(data))
+    check_limits(config, source)  # integers within what each setting counts (danka/limits.py)
     validate(config, source)
     apply_fallbacks(config)  # seed keys that cannot work here: one warning each, see compat
     for note in notes:

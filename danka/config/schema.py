@@ -249,7 +249,12 @@ class FsdpBackend:
 
 @dataclass
 class VllmBackend:
-    enable_vllm: bool = _f(False, "not supported: use rollout.engine: fast")
+    enable_vllm: bool = _f(
+        False,
+        "true = the vLLM rollout engine (rollout.engine: vllm: colocated on the training GPU, "
+        "the policy's weights synced into it every step; pip install 'danka[vllm]'); "
+        "false = rollout.engine decides",
+    )
 
 
 @dataclass
@@ -260,7 +265,11 @@ class BackendConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = _f("auto", "auto (fast on GPU, hf on CPU) | hf | fast")
+    engine: str = _f(
+        "auto",
+        "auto (fast on GPU, hf on CPU) | hf | fast | vllm (optional package, colocated: "
+        "its own weight copy and KV cache for the whole run)",
+    )
     generation_batch_size: int | str = _f(
         0,
         "sequences per generate call, in whole groups of samples_per_prompt (0 = all at "
@@ -298,7 +307,9 @@ class RolloutConfig:
         "B added by one kernel; no weight copy) | adapter (peft's fp32 low-rank matmuls, the "
         "training forward's arithmetic; slower) | merge (W + s*B@A merged into bf16 copies at "
         "every rollout: the speed of a plain model; bf16 rounds away part of small deltas, "
-        "logged as rollout/logprob_gap; models up to ~1 GiB of copies)",
+        "logged as rollout/logprob_gap; models up to ~1 GiB of copies). vllm engine: auto "
+        "(= merge, adapter on a 4-bit base) | merge (W + s*B@A sent into vLLM's weights each "
+        "step) | adapter (the adapter saved and loaded as a vLLM LoRA each step)",
     )
 
 

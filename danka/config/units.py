@@ -20,4 +20,14 @@ def parse_memory(text: str, where: str = "--gpu-memory") -> int:
             fix="write it like 24GB, 80GiB or 40",
         )
     unit = {"": GIB, "g": GIB, "m": 2**20, "t": 2**40}[match.group(2).lower()]
-    return int(float(match.group(1)) * unit)
+    try:
+        size = int(float(match.group(1)) * unit)
+    except ValueError:  # "1.2.3"
+        size = -1
+    if not 0 < size <= 2**60:  # up to an exbibyte: no card holds more
+        raise UserError(
+            f"cannot read memory size {text!r} (a positive size up to 1024 PiB)",
+            where=where,
+            fix="write it like 24GB, 80GiB or 40",
+        )
+    return size

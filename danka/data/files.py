@@ -15,12 +15,14 @@ Nothing here knows about prompt formats; :mod:`danka.data.formats` turns records
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from danka.errors import UserError
 from danka.io import atomic_path, write_text_atomic  # noqa: F401  (re-exported)
+from danka.safe_read import check_regular
 
 DATASET_TYPES = ("json", "jsonl", "parquet", "hf")
 _FILE_SUFFIXES = {".json": "json", ".jsonl": "jsonl", ".parquet": "parquet"}
@@ -88,10 +90,10 @@ def read_records(
 def _resolve(source: str, base_dir: Path | None) -> Path | None:
     """The existing path that ``source`` names, or None."""
     candidate = Path(source).expanduser()
-    if candidate.is_absolute():
-        return candidate if candidate.exists() else None
+    if candidate.is_absolute():  # lexists: a symlink loop is named, not "not found"
+        return candidate if os.path.lexists(candidate) else None
     for root in ([base_dir] if base_dir is not None else []) + [Path.cwd()]:
-        if (root / candidate).exists():
+        if os.path.lexists(root / candidate):
             return root / candidate
     return None
 
@@ -147,6 +149,7 @@ def _is_json_array(path: Path, kind: str) -> bool:
 
 
 def _read_file(path: Path, kind: str, bad_lines: list | None) -> list[Record]:
+    check_regular(path, what="the data file", fix="give a .jsonl, .json or .parquet file")
     if kind == "parquet":
         return _read_parquet(path)
     skip: set[int] = set()
@@ -173,6 +176,9 @@ def _parse_json_array(path: Path, text: str) -> list[Record]:
             "the file must be one JSON array of objects, or one JSON object per line "
             "(check with python -m json.tool)",
         ) from err
+    except (RecursionError, ValueError) as err:  # nested thousands deep; a 5000-digit number
+        raise UserError(f"unreadable JSON ({type(err).__name__}: {str(err)[:100]})", str(path),
+                        "the file must be one JSON array of objects") from None  # fmt: skip
     records = []
     for i, item in enumerate(items):
         where = f"{path}:item {i}"
@@ -198,8 +204,12 @@ def _parse_json_lines(
         where = f"{path}:{lineno}"
         try:
             item = json.loads(line)
-        except json.JSONDecodeError as err:
-            reason = f"invalid JSON: {err.msg} (column {err.colno})"
+        except (json.JSONDecodeError, RecursionError, ValueError) as err:
+            reason = (
+                f"invalid JSON: {err.msg} (column {err.colno})"
+                if isinstance(err, json.JSONDecodeError)
+                else f"unreadable JSON ({type(err).__name__}: {str(err)[:100]})"
+            )
             if bad_lines is None:
                 raise UserError(reason, where, _JSONL_FIX) from err
             bad_lines.append((where, reason))

@@ -39,6 +39,10 @@ T = TypeVar("T")
 _DETECT_ROWS = 20  # rows looked at by load_prompt_rows' auto-detection
 
 
+# The roles of a chat prompt (tool results as "tool", or "ipython" in Llama's templates).
+CHAT_ROLES = ("system", "user", "assistant", "tool", "ipython")
+
+
 class BadRow(ValueError):
     """A row that cannot become a PromptRow; turned into UserError or skipped by the caller."""
 
@@ -212,8 +216,10 @@ def _truth(value: Any, key: str) -> str:
     raise BadRow(f"{key!r} must be a string or number, got {type(value).__name__}")
 
 
-def _prompt(record: dict, key: str) -> str | list[dict[str, str]]:
-    """The prompt column: a non-empty string or a list of {role, content} string messages."""
+def _prompt(record: dict, key: str, *, answerable: bool = True) -> str | list[dict[str, str]]:
+    """The prompt column: a non-empty string or a list of {role, content} string messages
+    with known roles and non-empty content; ``answerable``: holding a user message and
+    not ending with the assistant's (else the model has nothing to answer)."""
     value = _required(record, key)
     if isinstance(value, str):
         if not value.strip():
@@ -229,12 +235,21 @@ def _prompt(record: dict, key: str) -> str | list[dict[str, str]]:
     for i, msg in enumerate(value):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise BadRow(f"{key}[{i}] must be an object with string 'role' and 'content'")
+        if msg["role"] not in CHAT_ROLES:  # it would go into the template as written
+            raise BadRow(f"{key}[{i}] has the role {msg['role'][:40]!r}; a chat message is "
+                         f"one of {', '.join(CHAT_ROLES)}")  # fmt: skip
         if not isinstance(msg.get("content"), str):
             raise BadRow(
                 f"{key}[{i}] ({msg['role']}) needs a string 'content', "
                 f"got {type(msg.get('content')).__name__}"
             )
+        if not msg["content"].strip():
+            raise BadRow(f"{key}[{i}] ({msg['role']}) has an empty 'content'")
         messages.append({"role": msg["role"], "content": msg["content"]})
+    asks = any(m["role"] == "user" for m in messages) and messages[-1]["role"] != "assistant"
+    if answerable and not asks:
+        raise BadRow(f"{key} must hold a user message and end with one (or a tool result) for "
+                     "the model to answer; it has " + " -> ".join(m["role"] for m in messages))  # fmt: skip
     return messages
 
 

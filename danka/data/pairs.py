@@ -72,7 +72,8 @@ class PairColumns:
 def to_pair(record: dict, location: str, columns: PairColumns = PairColumns()) -> PreferencePair:
     """One record as a pair; BadRow says what is wrong with it."""
     c = columns
-    chosen, rejected = _prompt(record, c.chosen_key), _prompt(record, c.rejected_key)
+    chosen = _prompt(record, c.chosen_key, answerable=False)
+    rejected = _prompt(record, c.rejected_key, answerable=False)
     if chosen == rejected:
         raise BadRow(f"{c.chosen_key!r} and {c.rejected_key!r} are identical")
     implicit = record.get(c.prompt_key) is None

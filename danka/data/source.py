@@ -33,3 +33,27 @@ def data_line(cfg: Any, train: list, held: list) -> str:
 def _has_splits(d: Any) -> bool:
     name = d.train_dataset
     return not name.endswith((".json", ".jsonl", ".parquet")) and d.train_split != "train"
+
+
+# More than half of the training prompts repeating another: each step samples the same few
+# questions again (a file written by a loop, the wrong data.prompt_key, a task pool too small).
+REPEAT_SHARE = 0.5
+
+
+def repeats_warning(train: list) -> str | None:
+    """A warning when over half the training prompts repeat another, else None."""
+    import json
+    from collections import Counter
+
+    if len(train) < 2:
+        return None
+    counts = Counter(json.dumps(r.prompt, sort_keys=True) for r in train)
+    repeats = len(train) - len(counts)
+    if repeats <= REPEAT_SHARE * len(train):
+        return None
+    text, top = counts.most_common(1)[0]
+    return (
+        f"{repeats} of {len(train)} training prompts repeat another ({len(counts)} distinct; "
+        f"the most common appears {top} times: {text[:80]}): the run trains on the same few "
+        "questions; deduplicate the data, check data.prompt_key, or widen data.task_kwargs"
+    )

@@ -34,6 +34,8 @@ from danka.types import PromptRow
 ARITHMETIC_SOURCE = "danka/arithmetic"
 ARITHMETIC_TEMPLATE = "What is {a} + {b}? Reply with only the number."
 TEST_FRACTION_PERCENT = 20  # share of (a, b) pairs hashed to the test split
+MAX_POOL = 4_000_000  # (a, b) pairs listed in memory: operands of up to 2000 values
+MAX_OPERAND = 10**9  # a data.task_kwargs number: problems for a language model, not bignums
 
 
 def pair_split(a: int, b: int) -> str:
@@ -56,6 +58,12 @@ def arithmetic_rows(
         raise UserError(f"unknown split {split!r}", "arithmetic task", "use train or test")
     if low > high:
         raise UserError(f"low {low} > high {high}", "arithmetic task", "set low <= high")
+    if (high - low + 1) ** 2 > MAX_POOL:  # every pair is listed below
+        raise UserError(
+            f"operands {low}..{high} make {(high - low + 1) ** 2:,} pairs, over {MAX_POOL:,}",
+            "data.task_kwargs",
+            "narrow low..high (the quickstart uses 10..99)",
+        )
     pool = [
         (a, b)
         for a in range(low, high + 1)
@@ -141,8 +149,8 @@ def chain_rows(
     """
     if split not in ("train", "test"):
         raise UserError(f"unknown split {split!r}", "chain task", "use train or test")
-    if not (1 <= low <= high) or length < 2:
-        raise UserError(f"need 1 <= low <= high and length >= 2, got {low}, {high}, {length}",
+    if not (1 <= low <= high) or not 2 <= length <= 100:
+        raise UserError(f"need 1 <= low <= high and 2 <= length <= 100, got {low}, {high}, {length}",
                         "chain task", "e.g. length 3, low 10, high 99")  # fmt: skip
     rng = random.Random(f"{seed}:chain:{split}")
     rows: list[PromptRow] = []
@@ -150,6 +158,9 @@ def chain_rows(
     misses = 0
     lo0, hi0 = first or (low, high)
     while len(rows) < n:
+        if misses > 1000 * (len(rows) + 1) + 100_000:  # the split holds (almost) no problem
+            raise UserError(f"cannot draw {n} {split} problems with these options",
+                            "data.task_kwargs", "widen low..high or raise length")  # fmt: skip
         terms = [rng.randint(lo0, hi0)]
         for _ in range(length - 1):
             t = rng.randint(low, high)
@@ -219,7 +230,28 @@ def task_rows(
             where="data.task_kwargs",
             fix=f"options of {name}: {', '.join(allowed) or 'none'}",
         )
+    defaults = {p.name: p.default for p in inspect.signature(fn).parameters.values()}
+    for key, value in kwargs.items():
+        _check_option(f"data.task_kwargs.{key}", value, defaults[key])
     return fn(n, seed=seed, split=split, **kwargs)
+
+
+def _check_option(key: str, value: Any, default: Any) -> None:
+    """UserError unless ``value`` has the kind of the option's default: an integer within
+    +-MAX_OPERAND, a bool, a string, a pair of integers (or None where the default is)."""
+    numbers = [value] if isinstance(default, int) and not isinstance(default, bool) else []
+    if isinstance(default, tuple) and all(isinstance(x, int) for x in default):
+        if not isinstance(value, (list, tuple)) or len(value) != len(default):
+            raise UserError(f"expected a list of {len(default)} integers, got {value!r}"[:200],
+                            where=key, fix=f"e.g. {key.rsplit('.', 1)[1]}: {list(default)}")  # fmt: skip
+        numbers = list(value)
+    for x in numbers:
+        if isinstance(x, bool) or not isinstance(x, int) or abs(x) > MAX_OPERAND:
+            raise UserError(f"expected an integer of at most {MAX_OPERAND:,}, got {x!r}"[:200],
+                            where=key, fix=f"e.g. {key.rsplit('.', 1)[1]}: {default!r}")  # fmt: skip
+    if isinstance(default, (bool, str)) and not isinstance(value, type(default)):
+        raise UserError(f"expected {type(default).__name__}, got {value!r}"[:200], where=key,
+                        fix=f"e.g. {key.rsplit('.', 1)[1]}: {default!r}")  # fmt: skip
 
 
 def row_to_record(row: PromptRow) -> dict[str, Any]:

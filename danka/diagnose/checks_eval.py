@@ -8,7 +8,7 @@ from collections import Counter
 
 from danka.diagnose.findings import CHECKS, CheckMeta, Finding
 from danka.diagnose.record import RunRecord
-from danka.diagnose.series import g, pct
+from danka.diagnose.series import finite, g, pct
 from danka.diagnose.settings import add_kl, key
 from danka.rewards.builtin import last_number_in
 
@@ -33,8 +33,7 @@ COMPLETION_STEPS = 5
 
 
 def _number(record: dict, name: str) -> float | None:
-    v = record.get(name)
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+    return finite(record.get(name))
 
 
 def _floor(rec: RunRecord, upto: int) -> float | None:

@@ -165,7 +165,9 @@ def no_reward(rec: RunRecord, at: int) -> Finding | None:
         f"reward 0 on every one of {span(pts)}",
         "the task is too hard for this model (no sampled answer is ever right): pick data "
         "where the base model is right 10-90% of the time, or a larger model; check that "
-        f"the reward reads the answer format the model writes ({key('reward_functions')})",
+        f"the reward reads the answer format the model writes ({key('reward_functions')}); "
+        "if it writes that format only rarely, sample more answers a step "
+        f"({key('batch_size')}, {key('samples_per_prompt')}) so the rare right ones are found",
         step=pts[-1][0],
     )
 

@@ -1,9 +1,13 @@
-"""Small helpers the checks share: a metric's values up to a step, first-steps baseline
-vs trailing window, and number formatting for evidence strings."""
+"""Small helpers the checks share: a metric's values up to a step (:class:`MetricTable`
+keeps a run's metrics as columns so that costs the window, not the run), first-steps
+baseline vs trailing window, and number formatting for evidence strings."""
 
 from __future__ import annotations
 
 import math
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 # The first steps are the base model: in 5 steps LoRA at lr 1e-5..2e-4 has barely moved it,
@@ -13,17 +17,100 @@ BASELINE_STEPS = 5
 WINDOW = 5
 
 
-def _number(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool, not an integer past
+    float's range), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        x = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        return None
+    return x if math.isfinite(x) else None
 
 
-def points(records: list[dict], key: str, upto: int) -> list[tuple[int, float]]:
+class MetricTable(Sequence):
+    """A run's metrics records as columns: per key, the positions of the records where it
+    is a finite number, their steps and those numbers, in arrays (8 bytes each, not a dict
+    per step).
+
+    Why: ``danka doctor`` runs every check at every step, and a check reads a metric's
+    first and last few points up to that step. Over a list of dicts that is a scan per
+    step (quadratic: a 250k-step run never got a verdict) and a dict per step (a 200 MB
+    metrics.jsonl took over 1 GB). Here :meth:`points` is a view found by bisection, and
+    only numbers are kept (what the checks read). ``table[i]`` rebuilds record ``i`` (its
+    ``step`` and numbers); :meth:`append` adds one (the live diagnoser)."""
+
+    def __init__(self, records: Iterable[dict] = ()):
+        self._steps: list[Any] = []
+        self._cols: dict[str, tuple[array, array, array]] = {}  # positions, steps, values
+        for record in records:
+            self.append(record)
+
+    def append(self, record: dict) -> None:
+        i, step = len(self._steps), record.get("step")
+        if not (isinstance(step, int) and not isinstance(step, bool) and abs(step) < 2**62):
+            step = None  # points then count positions (as the list reader does)
+        self._steps.append(step)
+        for key, value in record.items():
+            kind = type(value)
+            if (kind is float and value - value == 0) or (kind is int and abs(value) < 2**62):
+                col = self._cols.get(key)
+                if col is None:
+                    col = self._cols[key] = (array("q"), array("q"), array("d"))
+                col[0].append(i)
+                col[1].append(len(col[0]) - 1 if step is None else int(step))
+                col[2].append(value)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # negative indices, IndexError
+        out: dict[str, Any] = {}
+        for key, (pos, _, vals) in self._cols.items():
+            j = bisect_right(pos, i) - 1
+            if j >= 0 and pos[j] == i:
+                out[key] = vals[j]
+        if self._steps[i] is not None:
+            out["step"] = self._steps[i]
+        return out
+
+    def step_at(self, i: int) -> Any:
+        return self._steps[i]
+
+    def points(self, key: str, upto: int) -> Points:
+        pos, steps, vals = self._cols.get(key) or (array("q"), array("q"), array("d"))
+        return Points(steps, vals, bisect_right(pos, upto))
+
+
+class Points(Sequence):
+    """``(step, value)`` pairs of one metric up to a position: what :func:`points` returns
+    for a :class:`MetricTable`; indexing and slicing cost what they return."""
+
+    def __init__(self, steps: array, vals: array, n: int):
+        self._steps, self._vals, self._n = steps, vals, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            a, b, stride = i.indices(self._n)
+            return list(zip(self._steps[a:b:stride], self._vals[a:b:stride]))
+        j = range(self._n)[i]
+        return self._steps[j], self._vals[j]
+
+
+def points(records: Sequence[dict], key: str, upto: int) -> Sequence[tuple[int, float]]:
     """(step, value) of ``key`` in ``records[: upto + 1]`` where it is a finite number."""
+    if isinstance(records, MetricTable):
+        return records.points(key, upto)
     out = []
     for r in records[: upto + 1]:
-        v = _number(r.get(key))
+        v = finite(r.get(key))
         if v is not None:
             out.append((int(r.get("step", len(out))), v))
     return out

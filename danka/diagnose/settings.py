@@ -42,6 +42,7 @@ SETTINGS: dict[str, tuple[tuple[str, ...], Any]] = {
     "reward_model": (("model.reward_model_name_or_path",), None),
     "reward_model_weight": (("reward.model_weight",), 1.0),
     "dynamic_sampling": (("sampling.dynamic_sampling", "trainer.dynamic_sampling"), False),
+    "result_file": (("logging.result_file",), "result.json"),
 }
 
 _MISSING = object()
@@ -125,12 +126,15 @@ def _short_name(name: str) -> str:
 
 def reward_terms(config: dict) -> list[RewardTerm]:
     """The terms of the reward sum in config order, named as ``reward/<key>`` metrics:
-    the functions (repeated names get ``_2``, ``_3``: danka.rewards.combine._unique), the
+    the functions (by label, else name; repeated names get ``_2``, ``_3``: danka.rewards.combine._unique), the
     reward model, and the DAPO overlong penalty (weight 1) when it is on."""
     taken = {"reward_model"}
     terms: list[RewardTerm] = []
     for k, fn in enumerate(setting(config, "reward_functions") or []):
-        name = _short_name(fn.get("name", "")) if isinstance(fn, dict) else _short_name(fn)
+        if isinstance(fn, dict):  # a label is the logged name (reward.functions[].label)
+            name = fn.get("label") or _short_name(fn.get("name", ""))
+        else:
+            name = _short_name(fn)
         unique, n = name, 2
         while unique in taken:
             unique, n = f"{name}_{n}", n + 1

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.io import write_text_atomic
+from danka.safe_read import iter_lines, open_regular
 
 # loss and reward always come first (``grep reward:`` on train.log); then these; then the
 # remaining keys alphabetically; time/* keys last.
@@ -96,13 +97,27 @@ def _dumps(obj: Any) -> str:
 
 
 def _drop_partial_tail(path: Path) -> None:
-    """A kill in the middle of a write can leave half a line; cut it so appends stay valid."""
-    if not path.exists() or path.stat().st_size == 0:
+    """A kill in the middle of a write can leave half a line; cut it so appends stay valid
+    (the file is read backwards from its end, a chunk at a time: a pipe or a device in its
+    place is a UserError, danka.safe_read)."""
+    if not path.exists() and not path.is_symlink():
         return
-    data = path.read_bytes()
-    if not data.endswith(b"\n"):
-        with open(path, "r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
+    with open_regular(path, what="metrics.jsonl") as f:
+        end = f.seek(0, 2)
+        pos = end
+        while pos > 0:
+            start = max(0, pos - (1 << 20))
+            f.seek(start)
+            chunk = f.read(pos - start)
+            if pos == end and chunk.endswith(b"\n"):
+                return  # whole lines only
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                pos = start + cut + 1
+                break
+            pos = start
+    with open(path, "r+b") as f:
+        f.truncate(pos)
 
 
 class MetricsWriter:
@@ -177,16 +192,17 @@ def truncate_metrics_after(output_dir: Path, step: int) -> int:
     """Drop ``metrics.jsonl`` lines whose step is > ``step`` (and unreadable half-lines);
     rewrite the file atomically. Returns the number of lines removed."""
     path = Path(output_dir) / "metrics.jsonl"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return 0
     kept, removed = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
+    for _, raw in iter_lines(path, what="metrics.jsonl"):  # bounded; a pipe is refused
+        if not raw.strip():
             continue
         try:
+            line = raw.decode("utf-8")
             record = json.loads(line)
             line_step = int(record["step"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             removed += 1
             continue
         if line_step > step:

@@ -23,6 +23,7 @@ from typing import Any
 
 from danka.errors import UserError, first_line
 from danka.io import read_json_object
+from danka.safe_read import check_regular
 
 MARKER = "danka_source.json"  # written last into a complete conversion
 
@@ -59,10 +60,16 @@ def ensure_converted(
     log: Log = print,
 ) -> Path:
     """The plain HF folder of ``gguf_path`` (``target``, default :func:`cache_dir_for`),
-    converting it first if needed. ``info`` is added to the folder's marker file."""
+    converting it first if needed. ``info`` is added to the folder's marker file.
+
+    The conversion is written into ``.tmp-<target name>-<random>`` beside ``target`` and
+    renamed. A signal or an error removes the temporary folder (every command unwinds on
+    SIGTERM: danka.interrupt); one a killed process left is removed by the next
+    conversion (:func:`sweep_orphans`). A cache that cannot be written (read-only, a file
+    in the way) is one message naming ``DANKA_CACHE``."""
     gguf_path = Path(gguf_path).expanduser()
-    if not gguf_path.is_file():
-        raise UserError(f"GGUF file {gguf_path} does not exist", fix="check the path")
+    check_regular(gguf_path, what=f"GGUF file {gguf_path}", fix="give the path of a .gguf "
+                  "model file (a regular file: not a pipe, a device or a folder)")  # fmt: skip
     target = target or cache_dir_for(gguf_path)
     if is_complete(target):
         return target
@@ -72,19 +79,108 @@ def ensure_converted(
             fix=f"delete {target} and run again",
         )
     log(f"Converting {gguf_path.name} to a plain HF folder (one time) in {target}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sweep_orphans(target.parent, log)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+        lock = _hold(tmp)
+    except OSError as err:  # read-only filesystem, no permission, a file in the way
+        raise cache_error(target.parent, err) from None
     try:
         convert(gguf_path, tmp, log, info=info)
+        os.close(lock)
+        lock = -1
+        (tmp / LOCK).unlink()
         try:
             os.rename(tmp, target)
         except OSError:
             if not is_complete(target):  # not a concurrent conversion that won the race
                 raise
     finally:
+        if lock >= 0:
+            os.close(lock)
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+TMP_PREFIX = ".tmp-"  # + the cache folder's name (gguf-..., smollm2-...) + random
+LOCK = ".converting"  # flock'ed inside a temporary folder while its conversion runs
+ORPHAN_AGE_S = 3600  # a temporary folder without a lock, older than this, is an orphan
+
+
+def _hold(folder: Path) -> int:
+    """An open descriptor holding an exclusive ``flock`` on ``folder/LOCK``: the kernel
+    drops it when this process dies, however it dies."""
+    import fcntl
+
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _orphaned(folder: Path) -> bool:
+    """True when no live process converts into ``folder``: its lock is free (the process
+    that held it died), or it has none and is over an hour old (a folder from before
+    locks, or one that crashed between its creation and its lock)."""
+    import fcntl
+    import time
+
+    try:
+        fd = os.open(folder / LOCK, os.O_RDWR)
+    except FileNotFoundError:
+        try:
+            return time.time() - folder.stat().st_mtime > ORPHAN_AGE_S
+        except OSError:
+            return False
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # a live conversion holds it
+    finally:
+        os.close(fd)
+    return True
+
+
+def sweep_orphans(models_dir: Path, log: Log = print) -> list[str]:
+    """Remove the temporary folders of conversions whose process died (``kill -9``, a
+    power cut) from ``models_dir``; never one a live process converts into. Returns the
+    removed names."""
+    removed = []
+    try:
+        entries = [p for p in models_dir.iterdir() if p.name.startswith(TMP_PREFIX)]
+    except OSError:
+        return removed
+    for folder in entries:
+        if folder.is_dir() and not folder.is_symlink() and _orphaned(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    if removed:
+        log(
+            f"Removed {len(removed)} unfinished conversion(s) a stopped process left in {models_dir}"
+        )
+    return removed
+
+
+def cache_error(folder: Path, err: OSError) -> UserError:
+    """The message for a danka cache that cannot be written."""
+    import errno
+
+    if err.errno == errno.EROFS:
+        what = "is on a read-only filesystem"
+    elif isinstance(err, PermissionError):
+        what = "is not writable (no permission)"
+    elif isinstance(err, (FileExistsError, NotADirectoryError)):
+        what = "is a file (or a path through a file), not a folder"
+    else:
+        what = f"cannot be written ({err.strerror or err})"
+    return UserError(
+        f"the danka cache {what}: a .gguf model is converted there once",
+        where=f"{folder} (DANKA_CACHE={os.environ.get('DANKA_CACHE') or 'unset: ~/.cache/danka'})",
+        fix="set DANKA_CACHE to a writable folder, e.g. export DANKA_CACHE=/tmp/danka-cache",
+    )
 
 
 def check_readable(gguf_path: Path) -> None:

@@ -16,6 +16,7 @@ The Hub is probed once with a short timeout before any download, because
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from danka.models.special_tokens import (  # noqa: F401  (re-exported)
     fix_special_tokens,
     sync_special_tokens,
 )
+from danka.safe_read import refuse_special_files
 
 Log = Callable[[str], Any]
 
@@ -104,15 +106,21 @@ def _load(
 ) -> tuple[Any, str]:
     """Run ``loader(source, **kwargs)`` on the first source that works; returns (obj, source)."""
     path = Path(name).expanduser()
-    if path.is_dir():
+    fix = "pass an existing local folder, a .gguf file, or a Hugging Face Hub id"
+    if path.is_dir():  # nothing in it may block or loop the library that reads it
+        refuse_special_files(path, what=f"{what} folder {path}", fix=fix)
         return loader(str(path), **kwargs), str(path)
     if name.endswith(".gguf"):
         folder = gguf.ensure_converted(path, log=log)
         return loader(str(folder), **kwargs), f"{folder} (converted from {path})"
+    if os.path.lexists(path):  # a file, a pipe, a device, a symlink loop: no model
+        kind = "a file" if path.is_file() else "not a folder or a regular file"
+        raise UserError(f"{what} path {name} is {kind}, not a model folder or a .gguf file",
+                        where=name, fix=fix)  # fmt: skip
     if _looks_like_path(name):
         raise UserError(
             f"{what} path {name} does not exist",
-            fix="pass an existing local folder, a .gguf file, or a Hugging Face Hub id",
+            fix=fix,
         )
     hub_id = smollm2.SMOLLM2_ID if smollm2.is_smollm2_id(name) else name
     cached = _cached_snapshot(hub_id)
@@ -303,4 +311,8 @@ def pick_device(name: str = "auto", where: str = "model.device") -> torch.device
             where=where,
             fix="use cpu or auto (danka doctor shows what torch sees)",
         )
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UserError(f"unknown device {name!r}", where=where,
+                        fix="use auto, cpu, cuda or cuda:N") from None  # fmt: skip

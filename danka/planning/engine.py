@@ -23,14 +23,17 @@ def choose_engine(
     free_bytes: int | None = None,
     shape: ModelShape | None = None,
 ) -> tuple[str, str]:
-    """``rollout.engine`` resolved to "hf" or "fast", with the reason to log.
+    """``rollout.engine`` resolved to "hf", "fast" or "vllm", with the reason to log.
 
     Order: an explicit ``rollout.engine`` (the tutorial's ``backend.hf_transformers.
-    enable_hf_transformers: true`` is read as ``hf``); no CUDA device or a quantised base (HF); a model
-    type the fast engine does not run (HF); else fast only when ``danka estimate``'s whole
-    step with the fast engine fits the free GPU memory (``free_bytes``, default: now).
+    enable_hf_transformers: true`` is read as ``hf``); ``backend.vllm.enable_vllm: true``
+    (vLLM); no CUDA device or a quantised base (HF); a model type the fast engine does not
+    run (HF); vLLM where ``danka.planning.vllm.VLLM_FASTER_AT`` says it is faster, it is
+    installed and its step fits; else fast only when ``danka estimate``'s whole step with
+    the fast engine fits the free GPU memory (``free_bytes``, default: now).
     ``shape``: the model's, when the caller read it already (else ``model_config``'s).
     """
+    from danka.planning.vllm import prefers_vllm
     from danka.rollout.fast_weights import SUPPORTED_MODEL_TYPES
 
     r, m = cfg.rollout, cfg.model
@@ -38,6 +41,10 @@ def choose_engine(
     if r.engine != "auto":
         return resolve_engine(r.engine, device.type, quantized=quantized), (
             f"rollout.engine: {r.engine}"
+        )
+    if cfg.backend.vllm.enable_vllm:
+        return resolve_engine("vllm", device.type, quantized=quantized), (
+            "backend.vllm.enable_vllm: true"
         )
     name = resolve_engine("auto", device.type, quantized=quantized)
     if name != "fast":
@@ -51,12 +58,15 @@ def choose_engine(
         return "hf", f"the fast engine does not run model type {shape.model_type!r}"
     if free_bytes is None:
         free_bytes = torch.cuda.mem_get_info(device)[0]
+    faster = prefers_vllm(cfg, shape.model_type, inp.batch_size * inp.samples_per_prompt)
     need = {}
-    for name in ("fast", "hf"):
+    for name in ("vllm", "fast", "hf") if faster else ("fast", "hf"):
         sizes = plan_memory(inp.with_(engine=name), shape, free_bytes).sizes  # auto sizes
         need[name] = price(sizes, shape).need
     text = f"{need['fast'] / GIB:.1f} GiB (HF {need['hf'] / GIB:.1f})"
     free = f"{free_bytes / GIB:.1f} GiB free"
+    if faster and need["vllm"] <= free_bytes:
+        return "vllm", f"{faster}; its step fits: {need['vllm'] / GIB:.1f} GiB of {free}"
     if need["fast"] <= free_bytes:
         return "fast", f"the whole step with the fast engine fits: {text} of {free}"
     return "hf", f"the fast engine's step would need {text}, more than {free}"

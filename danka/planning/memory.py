@@ -54,6 +54,10 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
                     (co-located) parameters: no weight copy; it holds fp32 copies of the
                     LoRA matrices and its KV cache during the rollout and frees them before
                     the update (kept in every phase only with ``rollout.keep_cache: true``)
+* vLLM              ``rollout.engine: vllm`` (or ``backend.vllm.enable_vllm: true``): its
+                    own weight copy, work and KV cache, held for the whole run
+                    (danka.rollout.vllm_memory), so added to every phase; it replaces the
+                    KV cache, logits and prefill terms of the rollout
 * reference         0 with LoRA (adapters off); a frozen copy (params x d) in full mode
 * critic (PPO)      a second LoRA adapter + value head, or a separate model
 
@@ -67,7 +71,7 @@ Estimates are approximate (about +-30 %).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +82,7 @@ from danka.planning.shape import ModelShape, load_model_config, vocab_of
 from danka.rollout.fast_options import FUSE_LIMIT_BYTES, SEQ_ROUND
 from danka.rollout.fast_options import PREFILL_BATCH as PREFILL_PROMPTS
 from danka.rollout.fast_slots import bucket_size
+from danka.rollout.vllm_memory import VllmShare, vllm_share
 
 GIB = 2**30
 OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation
@@ -104,6 +109,21 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Assumptions:
+    """What a plan assumed of the run: the engine, the sizes and the settings."""
+
+    rollout_engine: str  # hf | fast | vllm
+    rollout_cache_kept_for_update: bool  # the rollout's KV cache (and vLLM) held through it
+    quantised_base: str | None  # 4bit | 8bit | None
+    rollout_sequences: int  # sequences per generate call
+    prompt_tokens: int
+    sequence_tokens: int  # prompt + response, at most max_length
+    update_tokens_per_micro_batch: int
+    gradient_checkpointing: bool
+    lora: bool
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     """GPU bytes of one step's every term and phase (module docstring)."""
 
@@ -118,11 +138,12 @@ class MemoryPlan:
     full_logits_would_be: int  # unchunked fp32 head buffers over every response row
     chunk_rows: int
     response_rows: int
-    assumptions: dict[str, Any]  # the engine, sizes and settings it assumed
+    assumptions: Assumptions
     model: str = ""
     shape: dict[str, int] = field(default_factory=dict)
     overhead: int = OVERHEAD_BYTES
     verdict: Verdict | None = None  # with a budget
+    vllm_share: VllmShare | None = None  # the share a vllm engine holds all run
 
     @property
     def need(self) -> int:
@@ -137,8 +158,10 @@ class MemoryPlan:
             "phases": self.phases, "peak_phase": self.peak_phase, "peak": self.peak,
             "overhead": self.overhead, "full_logits_would_be": self.full_logits_would_be,
             "chunk_rows": self.chunk_rows, "response_rows": self.response_rows,
-            "assumptions": self.assumptions, "model": self.model, "shape": self.shape,
+            "assumptions": asdict(self.assumptions), "model": self.model, "shape": self.shape,
         }  # fmt: skip
+        if self.vllm_share is not None:
+            out["vllm_share"] = asdict(self.vllm_share)
         v = self.verdict
         if v is not None:
             out.update(gpu_memory=v.gpu_memory, fits=v.fits, headroom=v.headroom,
@@ -236,11 +259,35 @@ def _persistent(inp: PlanInput, shape: ModelShape, d: int) -> dict[str, int]:
     return c
 
 
-def _rollout(inp: PlanInput, shape: ModelShape, d: int, seq_len: int, prompt_len: int):
-    """The rollout's terms: KV cache, the fast engine's buffers, logits, prefill; and the
-    rows the engine runs."""
+@dataclass(frozen=True)
+class _Rollout:
+    """The rollout's terms (bytes by name), the sequences of one generate call, the engine
+    and what the engine holds through the update."""
+
+    terms: dict[str, int]
+    sequences: int
+    engine: str  # hf | fast | vllm
+    held: int  # bytes kept through prepare and update
+    share: VllmShare | None = None
+
+
+def _rollout(
+    inp: PlanInput, shape: ModelShape, d: int, seq_len: int, prompt_len: int, weights: int
+) -> _Rollout:
+    """The rollout's terms: KV cache, the fast engine's buffers, logits, prefill; or vLLM's
+    share (``weights``: the policy's bytes, which vLLM copies)."""
     n, seqs, fast = inp.samples_per_prompt, inp.sequences_per_call(), uses_fast_engine(inp)
     h, i, q, kv, n_layers = shape.H, shape.I, shape.q, shape.kv, shape.L
+    if inp.engine == "vllm":  # its own weights, work and KV cache, held all run
+        slot = inp.enable_lora and (inp.quantized or inp.lora_compute == "adapter")  # a LoRA
+        share = vllm_share(shape.dims(), dtype_bytes=d, weight_bytes=weights, sequences=seqs,
+                           max_model_len=seq_len,
+                           adapter_bytes=shape.lora_params * d if slot else 0)  # fmt: skip
+        # the rollout's logits and prefill are inside vLLM's work
+        c = {"KV cache (rollout)": share.kv_cache,
+             "vLLM weights + work (held)": share.weights + share.work,
+             "logits (rollout)": 0, "prefill (rollout)": 0}  # fmt: skip
+        return _Rollout(c, seqs, "vllm", share.total, share)
     # the fast engine runs a CUDA-graph batch bucket of rows and a length rounded up to
     # SEQ_ROUND; it prefills each prompt once (at most PREFILL_PROMPTS at a time), HF
     # generate every sequence
@@ -260,7 +307,11 @@ def _rollout(inp: PlanInput, shape: ModelShape, d: int, seq_len: int, prompt_len
         )
     c["logits (rollout)"] = rows * shape.V * 4 * LOGIT_FACTOR_ROLLOUT
     c["prefill (rollout)"] = prefill_rows * prompt_len * d * (4 * h + 2 * i)
-    return c, seqs, fast
+    # the fast engine frees its buffers and KV cache before the update unless
+    # rollout.keep_cache is true (fast_options.keeps_cache)
+    keep = fast and bool(inp.keep_cache)
+    held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if keep else 0
+    return _Rollout(c, seqs, "fast" if fast else "hf", held)
 
 
 def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
@@ -279,12 +330,9 @@ def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
     chunk = min(inp.logprob_chunk_size, micro * inp.max_new_tokens)
     c = _persistent(inp, shape, d)
     persistent = sum(c.values())
-    rollout, seqs, fast = _rollout(inp, shape, d, seq_len, prompt_len)
-    c.update(rollout)
-    # the fast engine frees its buffers and KV cache before the update unless
-    # rollout.keep_cache is true (fast_options.keeps_cache)
-    keep = fast and bool(inp.keep_cache)
-    held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if keep else 0
+    rollout = _rollout(inp, shape, d, seq_len, prompt_len, c["weights"])
+    c.update(rollout.terms)
+    held = rollout.held
     targets = inp.target_modules if inp.enable_lora else None
     per_layer = _layer_bytes_per_token(shape, d, targets)
     full_acts = shape.L * tokens * per_layer
@@ -305,7 +353,7 @@ def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
     else:
         update_acts = full_acts + c["logits (chunked, update)"]
     phases = {
-        "rollout": persistent + sum(rollout.values()),
+        "rollout": persistent + sum(rollout.terms.values()),
         "prepare": persistent + held + tokens * per_layer + chunk * v * head_prepare,
         "update": persistent + held + update_acts,
     }
@@ -317,18 +365,14 @@ def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
         # the same fp32 buffers (z, log-softmax, p, grad) over every response row at once
         full_logits_would_be=micro * inp.max_new_tokens * v * 4 * LOGIT_FACTOR_UPDATE,
         chunk_rows=chunk, response_rows=micro * inp.max_new_tokens,
-        assumptions={
-            "rollout_engine": "fast" if fast else "hf",
-            "rollout_cache_kept_for_update": keep,
-            "quantised_base": inp.quantized,
-            "rollout_sequences": seqs,
-            "prompt_tokens": prompt_len,
-            "sequence_tokens": seq_len,
-            "update_tokens_per_micro_batch": tokens,
-            "gradient_checkpointing": inp.use_gradient_checkpointing,
-            "lora": inp.enable_lora,
-        },
-        model=inp.model, shape=shape.dims(),
+        assumptions=Assumptions(
+            rollout_engine=rollout.engine, rollout_cache_kept_for_update=held > 0,
+            quantised_base=inp.quantized, rollout_sequences=rollout.sequences,
+            prompt_tokens=prompt_len, sequence_tokens=seq_len,
+            update_tokens_per_micro_batch=tokens,
+            gradient_checkpointing=inp.use_gradient_checkpointing, lora=inp.enable_lora,
+        ),
+        model=inp.model, shape=shape.dims(), vllm_share=rollout.share,
     )  # fmt: skip
 
 

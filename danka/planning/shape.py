@@ -32,7 +32,12 @@ def load_model_config(name: str, base_dir: Path | None = None) -> Any:
     then the Hub when it answers."""
     from transformers import AutoConfig
 
+    from danka.safe_read import refuse_special_files
+
     for candidate in (Path(name).expanduser(), (base_dir or Path.cwd()) / name):
+        if candidate.is_dir():  # a pipe inside would block transformers' open
+            refuse_special_files(candidate, what=f"model folder {candidate}",
+                                 fix="give a model folder of regular files")  # fmt: skip
         if candidate.is_dir() and (candidate / "config.json").is_file():
             return AutoConfig.from_pretrained(str(candidate))
         if candidate.is_file() and candidate.suffix == ".gguf":

@@ -37,6 +37,7 @@ from danka.usercode.contract import (  # noqa: F401  (re-exported: the contracts
     VERL_SIGNATURE,
     Kind,
     call_custom,
+    check_user_file,
     contract_of,
     detect_kind,
     load_function_from_file,
@@ -98,12 +99,7 @@ def load_reward_function(spec: str, base_dir: Path, *, timeout_s: float = 30.0) 
     from danka.usercode.worker import Target, Worker  # the worker module imports this one
 
     path, function = resolve_spec(spec, base_dir)
-    if not path.is_file():
-        raise UserError(
-            f"reward function file not found (looking for function {function!r})",
-            where=str(path),
-            fix="check the path; relative paths are resolved against the config file's folder",
-        )
+    check_user_file(path, function)  # missing, or a pipe the worker's import would block on
     where = f"{path}:{function}"
     worker = Worker(Target(str(path), function, "auto", where), timeout_s)
     kind = worker.start()

@@ -106,7 +106,11 @@ class EngineOptions:
     compile: bool = False  # torch.compile the engine's decode layer
     decode_attention: str = "auto"  # the decode step's attention kernel (auto|sdpa|triton)
     shared_prefix: bool = True  # HF: prompt tokens the rows share are prefilled once
-    lora_compute: str = "auto"  # fast: a live LoRA's path (one of LORA_COMPUTE)
+    lora_compute: str = "auto"  # a live LoRA's path: fast LORA_COMPUTE, vllm merge|adapter
+    # an engine with its own memory (EngineMeta.own_memory): its share of the GPU and the
+    # longest prompt + response, from the memory plan (danka.planning.vllm)
+    gpu_memory_fraction: float = 0.0
+    max_model_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,12 @@ class EngineMeta:
     distributed: bool = False  # works under torchrun with a sharded (FSDP2) policy
     reads_weights: bool = False  # reads parameters directly: full weights gathered under FSDP2
     banner: str = ""  # the start-up log line naming it
+    # holds its own weight copy and KV cache for the whole run: the memory plan gives it a
+    # fixed share (EngineOptions.gpu_memory_fraction)
+    own_memory: bool = False
+    # "module:function(device_type)" raising UserError when it cannot run here (an optional
+    # package missing); called when a config names the engine
+    check: str = ""
 
 
 # Entries are "module:Class" (imported when built: no import cycle, and the capability
@@ -157,6 +167,25 @@ ROLLOUT_ENGINES.add(
 )
 
 
+ROLLOUT_ENGINES.add(
+    "vllm",
+    "danka.rollout.vllm_engine:VllmEngine",
+    EngineMeta(
+        options={
+            "generation_batch_size": "max_num_seqs",
+            "lora_compute": "lora_mode",
+            "gpu_memory_fraction": "gpu_memory_utilization",
+            "max_model_len": "max_model_len",
+        },
+        quantized_base=True,
+        reports_logprobs=True,
+        own_memory=True,
+        check="danka.rollout.vllm_calls:check_vllm",
+        banner="Using vLLM backend (colocated, weights synced every step) for inference",
+    ),
+)
+
+
 def register_engine(name: str, meta: EngineMeta | None = None):
     """Class decorator for another engine: ``@register_engine("mine", EngineMeta(...))``."""
 
@@ -186,6 +215,9 @@ def resolve_engine(name: str, device_type: str, *, quantized: bool) -> str:
     that reads quantised weights)."""
     if name != "auto":
         meta = engine_meta(name)
+        if meta.check:  # e.g. vllm: installed, with the torch it was built for
+            module, func = meta.check.split(":")
+            getattr(importlib.import_module(module), func)(device_type)
         if quantized and not meta.quantized_base:
             fits = [n for n, _ in ROLLOUT_ENGINES.items() if ROLLOUT_ENGINES.meta(n).quantized_base]
             raise UserError(

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
 from danka.commands import command
 from danka.errors import UserError
+from danka.io import prepare_output_file, write_text_atomic
 
 
 def _model_args(p: argparse.ArgumentParser, required: bool = False) -> None:
@@ -122,6 +124,8 @@ def _generate(args) -> int:
     _need_model(args)
     if args.file and not Path(args.file).exists():
         raise UserError("prompts file not found", where=args.file, fix="check the path")
+    if args.output:  # a folder or an unwritable place fails before the model loads
+        prepare_output_file(args.output)
     tools = _tool_rollout(args, args.max_new_tokens)
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - keep stdout for answers
     model, tok = load_for_inference(
@@ -133,14 +137,10 @@ def _generate(args) -> int:
     if args.prompt is not None:
         answer = generate_text(model, tok, args.prompt, stream=args.output is None, **gen)
         if args.output:
-            Path(args.output).write_text(
-                json.dumps({"prompt": args.prompt, "completion": answer}, ensure_ascii=False)
-                + "\n",
-                encoding="utf-8",
-            )
+            line = {"prompt": args.prompt, "completion": answer}
+            write_text_atomic(Path(args.output), json.dumps(line, ensure_ascii=False) + "\n")
         return 0
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    if args.output:  # each batch's lines are written (and flushed) as it is done
         with open(args.output, "w", encoding="utf-8") as f:
             count = generate_file(
                 model, tok, args.file, f, tools, batch_size=args.batch_size, **gen
@@ -164,7 +164,7 @@ def _generate_prompt_with_tools(model, tok, args, tools, gen: dict) -> int:
         print(format_turns(turns))
         return 0
     line = {"prompt": args.prompt, "completion": item["completions"][0], "messages": turns}
-    Path(args.output).write_text(json.dumps(line, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text_atomic(Path(args.output), json.dumps(line, ensure_ascii=False) + "\n")
     return 0
 
 
@@ -263,6 +263,8 @@ def _eval(args) -> int:
     print(format_result(result))
     if args.output:
         print(f"wrote {args.output}")
+    if result.get("stopped"):  # a partial result was kept; exit as the signal says
+        return 128 + signal.Signals[result["stopped"]]
     return 0
 
 

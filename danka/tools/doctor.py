@@ -193,7 +193,7 @@ def _optional_checks() -> list[Check]:
         (
             "vllm",
             "vllm",
-            "optional; danka's own fast engine covers rollouts (rollout.engine: fast)",
+            "optional (rollout.engine: vllm); pip install 'danka[vllm]' (pins torch 2.11.0)",
         ),
     )
     for module, dist, fix in optional:

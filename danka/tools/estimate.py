@@ -15,8 +15,8 @@ def format_plan(plan: MemoryPlan, sizes: str | None = None) -> str:
     lines = [
         f"model {plan.model}: {plan.params / 1e9:.3f}B parameters, "
         f"{plan.dtype}; LoRA {plan.lora_params / 1e6:.2f}M parameters",
-        f"rollout: {a['rollout_sequences']} sequences x {a['sequence_tokens']} tokens; "
-        f"update: {a['update_tokens_per_micro_batch']} tokens per micro-batch (worst case: every sequence at max_length)",
+        f"rollout: {a.rollout_sequences} sequences x {a.sequence_tokens} tokens; "
+        f"update: {a.update_tokens_per_micro_batch} tokens per micro-batch (worst case: every sequence at max_length)",
         "",
     ]
     if sizes is not None:  # trainer.micro_batch_size: auto

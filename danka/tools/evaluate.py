@@ -16,8 +16,8 @@ reward): danka.rewards.scoring, the rule the trainer's held-out evaluation uses 
 
 from __future__ import annotations
 
-import json
 import math
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,7 @@ def evaluate_rows(
     base_dir: str | Path = ".",
     temperature: float | None = None,
     log: Any = None,
+    on_progress: Any = None,
 ) -> dict[str, Any]:
     """Generate ``samples`` answers per row (greedy for 1, temperature 1 otherwise; or at
     ``temperature`` when given, top-p 1), ``batch_size`` sequences per generate call, score
@@ -99,7 +100,13 @@ def evaluate_rows(
     ``tools`` (rollout settings) the answers come from the training's agent loop: rewards
     score the final answer (with the turns as ``messages``, as in training),
     and the result holds the ``agent/*`` metrics and each kept answer's ``messages``.
-    ``log``: where progress lines go (``[eval] 48/200 prompts | ...``; None = silent)."""
+    ``log``: where progress lines go (``[eval] 48/200 prompts | ...``; None = silent).
+
+    Each batch is scored as soon as it is generated, and ``on_progress(result)`` gets the
+    summary so far (``partial``: true, ``answered`` of ``prompts``). A stop by signal
+    (SIGTERM under the CLI: danka.interrupt; Ctrl-C) ends generation there and returns
+    the partial result of the prompts answered, with ``stopped`` naming the signal."""
+    from danka.interrupt import stop_code
     from danka.logging.progress import WorkProgress
     from danka.rollout.base import AnswerOptions
     from danka.tools.generate import generate_batch, tool_generate_batch
@@ -114,43 +121,80 @@ def evaluate_rows(
         top_p=1.0,
         batch_size=max(1, batch_size // samples),
     )
-    metrics: dict[str, float] = {}
     kind = "greedy" if gen.temperature <= 0 else f"{samples} sampled at T={gen.temperature:g}"
     if log is not None:
         log(f"[eval] {len(rows)} prompts, {kind}, up to {max_new_tokens} new tokens each")
     progress = WorkProgress(len(rows), "eval", unit="prompts", log=log, enabled=log is not None)
-    if tools is not None:
-        items, metrics = tool_generate_batch(model, tokenizer, rows, tools, gen, base_dir=base_dir)
-        progress.advance(len(rows))
-    else:
-        items = generate_batch(model, tokenizer, rows, gen, progress=progress)
-    kept = [it["row"] for it in items]
-    scores, correct, per_fn = score_samples(
-        kept,
-        [it["prompt"] for it in items],
-        [it["completions"] for it in items],
-        rewards,
-        threshold,
-        messages=[it["trajectories"] for it in items] if tools is not None else None,
-    )
-    result = summarize(
-        correct, [it["response_tokens"] for it in items], [it["truncated"] for it in items], scores
-    )
-    result["correct_per_function"] = per_fn
-    result.update(metrics)
-    result["completions"] = [
-        {
-            "index": it["index"],
-            "prompt": it["prompt"],
-            "completion": str(it["completions"][0]),
-            **({"messages": it["trajectories"][0]} if tools is not None else {}),
-            "ground_truth": it["row"].ground_truth,
-            "reward": s[0],
-            "correct": c[0],
-        }
-        for it, s, c in list(zip(items, scores, correct))[:KEEP_SAMPLES]
-    ]
-    return result
+    done = _Answered(rewards, threshold, tools is not None, len(rows), on_progress)
+    try:
+        if tools is not None:
+            items, done.metrics = tool_generate_batch(
+                model, tokenizer, rows, tools, gen, base_dir=base_dir
+            )
+            progress.advance(len(rows))
+            done.add(items)
+        else:
+            generate_batch(model, tokenizer, rows, gen, progress=progress, on_batch=done.add)
+    except (KeyboardInterrupt, SystemExit) as stop:
+        code = stop_code(stop)
+        if code is None:  # an exit that is no signal
+            raise
+        return done.result(stopped=signal.Signals(code - 128).name)
+    return done.result()
+
+
+class _Answered:
+    """The scored answers so far (one entry per prompt, in order) and the summary of them."""
+
+    def __init__(self, rewards: Any, threshold: float, tools: bool, total: int, on_progress):
+        self.rewards, self.threshold, self.tools, self.total = rewards, threshold, tools, total
+        self.on_progress = on_progress
+        self.items: list[tuple[dict, list[float], list[bool]]] = []
+        self.per_fn: dict[str, float] = {}  # correct answers per reward function
+        self.metrics: dict[str, float] = {}
+
+    def add(self, items: list[dict[str, Any]]) -> None:
+        scores, correct, per_fn = score_samples(
+            [it["row"] for it in items],
+            [it["prompt"] for it in items],
+            [it["completions"] for it in items],
+            self.rewards,
+            self.threshold,
+            messages=[it["trajectories"] for it in items] if self.tools else None,
+        )
+        answers = sum(len(c) for c in correct)
+        for name, fraction in per_fn.items():
+            self.per_fn[name] = self.per_fn.get(name, 0.0) + fraction * answers
+        self.items += list(zip(items, scores, correct))
+        if self.on_progress is not None and len(self.items) < self.total:
+            self.on_progress(self.result())
+
+    def result(self, stopped: str | None = None) -> dict[str, Any]:
+        items = [it for it, _, _ in self.items]
+        scores = [s for _, s, _ in self.items]
+        correct = [c for _, _, c in self.items]
+        result = summarize(correct, [it["response_tokens"] for it in items],
+                           [it["truncated"] for it in items], scores)  # fmt: skip
+        answers = max(1, sum(len(c) for c in correct))
+        result["correct_per_function"] = {k: v / answers for k, v in self.per_fn.items()}
+        result.update(self.metrics)
+        result["completions"] = [
+            {
+                "index": it["index"],
+                "prompt": it["prompt"],
+                "completion": str(it["completions"][0]),
+                **({"messages": it["trajectories"][0]} if self.tools else {}),
+                "ground_truth": it["row"].ground_truth,
+                "reward": s[0],
+                "correct": c[0],
+            }
+            for it, s, c in self.items[:KEEP_SAMPLES]
+        ]
+        if len(self.items) < self.total:  # says so, in the result and in its file
+            result.update(partial=True, answered=len(self.items), prompts=self.total)
+        if stopped:
+            result["stopped"] = stopped
+        return result
 
 
 def _from_config(config: str, overrides: list[str]) -> dict[str, Any]:
@@ -248,6 +292,7 @@ def run_eval(
     ``tools`` (and the tool limits) set or replace the config's ``agent.tools``; a
     config with ``agent.tools`` or ``agent.environment`` is evaluated through them."""
     from danka.rewards.combine import build_reward_computer
+    from danka.tools.eval_result import result_writer
     from danka.tools.generate import load_for_inference
 
     if samples < 1:
@@ -275,6 +320,16 @@ def run_eval(
     flags.update(tool_prompt=tool_prompt, tool_demo=tool_demo)
     agent = _agent_settings(src, tools, flags, budget)
     rows = src["rows"][:n] if n else src["rows"]
+    header = {
+        "model": src["model"],
+        "adapter": adapter,
+        "data": str(src["data"]),
+        "reward": [s.name for s in src["specs"]],
+        **({"scored": "base model"} if base_only else {}),
+        **({"temperature": temperature} if temperature is not None else {}),
+        **({"tools": list(agent.tools)} if agent is not None else {}),
+    }
+    write = result_writer(output, header)  # a bad --output fails before the model loads
     rewards = build_reward_computer(
         src["specs"], base_dir=src["base_dir"], timeout_s=src["timeout_s"], on_error="fail"
     )
@@ -301,24 +356,11 @@ def run_eval(
             base_dir=src["base_dir"],
             temperature=temperature,
             log=log,
+            on_progress=write,  # the result so far, after every batch (partial: true)
         )
     finally:
         rewards.close()
-    result = {
-        "model": src["model"],
-        "adapter": adapter,
-        "data": str(src["data"]),
-        "reward": [s.name for s in src["specs"]],
-        **({"scored": "base model"} if base_only else {}),
-        **({"temperature": temperature} if temperature is not None else {}),
-        **({"tools": list(agent.tools)} if agent is not None else {}),
-        **result,
-    }
-    if output:
-        path = Path(output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
-    return result
+    return write(result)
 
 
 def _scored_checkpoint(model: str | None, adapter: str, log: Any) -> tuple[str | None, str | None]:
@@ -377,6 +419,10 @@ def format_result(result: dict[str, Any]) -> str:
         f"{result['n']} prompts x {result['samples']} sample(s): "
         f"accuracy {100 * result['accuracy']:.1f}%{scored}"
     ]
+    if result.get("partial"):
+        why = f"stopped by {result['stopped']}" if result.get("stopped") else "stopped"
+        lines.insert(0, f"PARTIAL: {why} after {result['answered']} of {result['prompts']} "
+                     "prompts; the numbers below are over those")  # fmt: skip
     for key, value in result.get("pass@k", {}).items():
         lines.append(f"  {key}: {100 * value:.1f}%")
     lines.append(

@@ -54,25 +54,28 @@ def trained_dtype(adapter: str | Path) -> str | None:
     trained: the run's ``Loaded model ... with DTYPE`` log line (it says what ``auto``
     became), else the checkpoint's ``model.torch_dtype`` unless it is ``auto``; None for an
     adapter danka did not train."""
-    import json
     import re
 
     from danka.config.dtypes import canonical_dtype
+    from danka.io import read_json_object
     from danka.logging.runlog import LINE_PREFIX
+    from danka.safe_read import is_regular, open_regular
 
     adapter = Path(adapter).expanduser().resolve()
     run_dir = adapter.parent.parent
     log = run_dir / "logs" / "train.log"
-    if adapter.parent.name == "actor" and log.is_file():
+    if adapter.parent.name == "actor" and is_regular(log):
+        with open_regular(log, what="train.log") as f:  # the line is near the start
+            head = f.read(4 << 20).decode("utf-8", errors="replace")
         line = rf"^{LINE_PREFIX}\[INFO\] Loaded model .* with (\w+)$"
-        found = re.findall(line, log.read_text(), re.M)
+        found = re.findall(line, head, re.M)
         if found:
             return canonical_dtype(found[0])
-    config = run_dir / "state" / adapter.name / "config.json"
-    if config.is_file():
+    config = read_json_object(run_dir / "state" / adapter.name / "config.json")
+    if config is not None:
         try:
-            name = json.loads(config.read_text())["model"]["torch_dtype"]
-        except (ValueError, KeyError, TypeError):
+            name = config["model"]["torch_dtype"]
+        except (KeyError, TypeError):
             return None
         if isinstance(name, str) and canonical_dtype(name) != "auto":
             return canonical_dtype(name)
@@ -114,8 +117,6 @@ def export_merged(
     MergeMismatch if the check fails (nothing is written then). ``adapter`` may be a run
     folder (its newest checkpoint); a full-parameter checkpoint is not merged: it is
     copied (and converted with ``gguf``)."""
-    from peft import PeftModel
-
     from danka.models.loading import (
         dtype_name,
         load_causal_lm,
@@ -123,18 +124,15 @@ def export_merged(
         pick_device,
         resolve_dtype,
     )
+    from danka.tools.adapter_load import attach_adapter
+    from danka.tools.export_output import check_output
     from danka.tools.generate import base_model_of, canonical_dtype
     from danka.tools.locate import is_model, resolve_checkpoint
 
     t0 = time.perf_counter()
     adapter = resolve_checkpoint(adapter)
     output = Path(output).expanduser()
-    if output.exists() and any(output.iterdir()) and not overwrite:
-        raise UserError(
-            "output folder exists and is not empty",
-            where=str(output),
-            fix="choose a new --output folder (or pass --overwrite)",
-        )
+    check_output(output, adapter, overwrite=overwrite)  # never the checkpoint, a run, a file
     if is_model(adapter):  # a full-parameter checkpoint: nothing to merge
         return _export_full(adapter, output, dtype, device, gguf, log)
     base_name = base_model_of(adapter, model)  # also checks the adapter folder
@@ -146,7 +144,7 @@ def export_merged(
     has_tok = (adapter / "tokenizer_config.json").is_file()
     tokenizer = load_tokenizer(str(adapter) if has_tok else base_name, log=log)
     base = load_causal_lm(base_name, dtype=name, device=dev, log=log)
-    peft_model = PeftModel.from_pretrained(base, str(adapter))
+    peft_model = attach_adapter(base, adapter, base_name=base_name)
     peft_model.eval()
 
     seqs = check_ids(tokenizer)
@@ -169,12 +167,8 @@ def export_merged(
             "adapter was trained on",
         )
     log(f"saving the merged model to {output} ...")
-    output.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(str(output))
-    tokenizer.save_pretrained(str(output))
     info = _card_info(adapter, base_name, kind="merged")
-    gguf_path = _write_gguf(merged, tokenizer, output, gguf, info, log)
-    write_folder_card(output, info, what="gguf" if gguf_path else "export")
+    gguf_path = _save(merged, tokenizer, output, gguf, info, log)
     a_bytes, m_bytes = folder_size(adapter), folder_size(output)
     log(
         f"saved {output}: adapter {human_size(a_bytes)} on disk -> merged model "
@@ -211,6 +205,19 @@ def _card_info(folder: Path, base_name: str, *, kind: str) -> dict[str, Any]:
     return {**info, "kind": kind, "exported_from": str(folder)}
 
 
+def _save(model, tokenizer, output: Path, gguf: str | None, info: dict, log: Any):
+    """Model, tokenizer, ``gguf`` and the card, written all at once (export_output); the
+    final path of the ``.gguf`` (None without one)."""
+    from danka.tools.export_output import staged_folder
+
+    with staged_folder(output) as tmp:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        gguf_path = _write_gguf(model, tokenizer, tmp, gguf, info, log)
+        write_folder_card(tmp, info, what="gguf" if gguf_path else "export")
+    return output / gguf_path.name if gguf_path else None
+
+
 def _write_gguf(model, tokenizer, output: Path, gguf: str | None, info: dict, log: Any):
     if not gguf:
         return None
@@ -236,12 +243,8 @@ def _export_full(folder: Path, output: Path, dtype: str, device: str, gguf, log)
     tokenizer = load_tokenizer(str(folder), log=log)
     model = load_causal_lm(str(folder), dtype=name, device=dev, log=log)
     log(f"saving the model to {output} ...")
-    output.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(output))
-    tokenizer.save_pretrained(str(output))
     info = _card_info(folder, str(folder), kind="full")
-    gguf_path = _write_gguf(model, tokenizer, output, gguf, info, log)
-    write_folder_card(output, info, what="gguf" if gguf_path else "export")
+    gguf_path = _save(model, tokenizer, output, gguf, info, log)
     size = folder_size(output)
     log(f"saved {output}: {human_size(size)} in {time.perf_counter() - t0:.0f} s")
     return {

@@ -21,6 +21,7 @@ from danka.config.dtypes import canonical_dtype
 from danka.errors import UserError
 from danka.models.loading import pick_device, stop_ids
 from danka.rollout.base import AnswerOptions
+from danka.safe_read import read_json, refuse_special_files
 from danka.types import PromptRow
 
 EXIT_WORDS = ("/exit", "/quit")
@@ -47,14 +48,12 @@ def read_adapter_config(adapter: str | Path) -> dict[str, Any]:
             where=str(folder),
             fix="give OUTPUT/actor/checkpoint_N of a LoRA run",
         )
-    try:
-        return json.loads(cfg_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise UserError(
-            f"adapter_config.json is not valid JSON ({err})",
-            where=str(cfg_path),
-            fix="re-save the adapter",
-        ) from None
+    fix = "re-save the adapter (danka train writes one)"
+    refuse_special_files(folder, what="the adapter folder", fix=fix)  # peft would block
+    config = read_json(cfg_path, what="adapter_config.json", fix=fix)
+    if not isinstance(config, dict):
+        raise UserError("adapter_config.json is not a JSON object", where=str(cfg_path), fix=fix)
+    return config
 
 
 def base_model_of(adapter: str | Path, model: str | None) -> str:
@@ -83,9 +82,8 @@ def load_for_inference(
     """``(model, tokenizer)`` in eval mode: the base model (``model``, or the adapter's base)
     with the adapter applied (not merged). The tokenizer comes from the adapter folder when
     it holds one, else from the base."""
-    from peft import PeftModel
-
     from danka.models.loading import load_causal_lm, load_tokenizer, sync_special_tokens
+    from danka.tools.adapter_load import attach_adapter
     from danka.tools.locate import is_adapter, resolve_checkpoint
 
     if model and adapter is None and Path(model).expanduser().is_dir():
@@ -110,7 +108,7 @@ def load_for_inference(
         log=log,
     )
     if adapter is not None:
-        net = PeftModel.from_pretrained(net, str(adapter))
+        net = attach_adapter(net, adapter, base_name=model)
         log(f"Loaded adapter {adapter}")
     sync_special_tokens(net, tokenizer)
     net.eval()
@@ -176,11 +174,14 @@ def generate_batch(
     *,
     max_prompt_length: int = 1_000_000,
     progress: Any = None,
+    on_batch: Callable[[list[dict[str, Any]]], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """``opts.n`` answers per row through the HF rollout engine. Returns one dict per row:
     ``{"index", "row", "prompt", "completions": [n texts], "response_tokens": [n],
     "truncated": [n]}`` (``prompt`` is the rendered text the model saw). ``progress``: a
-    :class:`danka.logging.progress.WorkProgress` advanced by each batch's prompts."""
+    :class:`danka.logging.progress.WorkProgress` advanced by each batch's prompts;
+    ``on_batch(items)``: called with each batch's finished dicts as soon as they are (a
+    caller that writes or scores as it goes keeps its work when stopped)."""
     from danka.data.template import encode_prompts
 
     opts = opts or AnswerOptions()
@@ -223,6 +224,8 @@ def generate_batch(
             item["truncated"].append(bool(batch.truncated[k]))
         if progress is not None:
             progress.advance(batch.size // n, tokens=int(batch.response_mask.sum()))
+        if on_batch is not None:
+            on_batch(out[start : start + batch_size])
     return out
 
 
@@ -272,7 +275,8 @@ def generate_file(
     """Answer every prompt of ``path`` (any format danka reads); one JSON line per answer
     on ``output``: ``{"index", "prompt", "completion", "response_tokens", "truncated"}``,
     with ``tools`` (rollout settings) also ``messages``: the turns after the prompt, tool
-    calls and responses included (``completion`` is the final answer).
+    calls and responses included (``completion`` is the final answer). Lines are written
+    (and flushed) batch by batch: a stopped run keeps every answer it finished.
     Returns the number of lines written."""
     from danka.data.formats import load_prompt_rows
     from danka.logging.progress import WorkProgress
@@ -280,25 +284,30 @@ def generate_file(
     rows = load_prompt_rows(path).rows
     opts = AnswerOptions(**kwargs)
     progress = WorkProgress(len(rows), "generate", unit="prompts")  # stderr
+    written = 0
+
+    def write(items: list[dict[str, Any]]) -> None:  # each batch as it is done
+        nonlocal written
+        for item in items:
+            line = {
+                "index": item["index"],
+                "prompt": item["prompt"],
+                "completion": item["completions"][0],
+                "response_tokens": item["response_tokens"][0],
+                "truncated": item["truncated"][0],
+            }
+            if tools is not None:
+                line["messages"] = item["trajectories"][0]
+            output.write(json.dumps(line, ensure_ascii=False) + "\n")
+            written += 1
+        output.flush()
+
     if tools is not None:
         items, _ = tool_generate_batch(model, tokenizer, rows, tools, opts)
         progress.advance(len(rows))
+        write(items)
     else:
-        items = generate_batch(model, tokenizer, rows, opts, progress=progress)
-    written = 0
-    for item in items:
-        line = {
-            "index": item["index"],
-            "prompt": item["prompt"],
-            "completion": item["completions"][0],
-            "response_tokens": item["response_tokens"][0],
-            "truncated": item["truncated"][0],
-        }
-        if tools is not None:
-            line["messages"] = item["trajectories"][0]
-        output.write(json.dumps(line, ensure_ascii=False) + "\n")
-        written += 1
-    output.flush()
+        generate_batch(model, tokenizer, rows, opts, progress=progress, on_batch=write)
     return written
 
 

@@ -1,26 +1,30 @@
 """``danka plot OUTPUT``: PNG curves of a run and one self-contained ``report.html``.
 
-Reads what a run writes (``metrics.jsonl``, ``eval/step_N.json``, ``completions/step_N.jsonl``)
-and works on a run in progress: a half-written last line of ``metrics.jsonl`` is skipped,
-missing metrics simply leave their plot out. Figures are drawn with matplotlib's Agg canvas
+Reads what a run writes (``metrics.jsonl``, ``eval/step_N.json``, ``completions/step_N.jsonl``,
+through the run doctor's :func:`danka.diagnose.read_run_dir`) and works on a run in
+progress: a half-written last line is skipped, missing data simply leave their plot out.
+Held-out accuracy is drawn in percent next to the guess floor; the reward with the spread
+of the sampled rewards around it. The report (:mod:`danka.tools.report`) opens with the
+verdict (:mod:`danka.tools.verdict`). Figures are drawn with matplotlib's Agg canvas
 through the object API (``matplotlib.figure.Figure``), so the caller's pyplot backend and
 global state are never touched.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import json
 import math
-import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from danka.diagnose import RunRecord
 from danka.io import read_json_lines
+from danka.tools.verdict import CORRECT, doctor, number, verdict_of
 
 PLOTS_DIR = "plots"
-REPORT = "report.html"
+# the labelled functions' lines: neither the accuracy's blue nor the guess floor's red
+_FUNCTION_COLOURS = ["tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
+                     "tab:olive", "tab:cyan", "tab:gray"]  # fmt: skip
 _PHASE_ORDER = (
     "time/rollout",
     "time/reward",
@@ -29,28 +33,16 @@ _PHASE_ORDER = (
     "time/advantages",
     "time/update",
 )
-_STEP_FILE = re.compile(r"^step_(\d+)\.jsonl?$")
 
 
 # ------------------------------------------------------------------------------ reading
-
-
-def _number(value: Any) -> float | None:
-    """A finite float from a metrics value (``"inf"`` strings and null -> None)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl`` in file order; unreadable lines (the half-written
     last line of a run in progress) and records without a step are skipped."""
     records = read_json_lines(path)
-    return [r for r in records if _number(r.get("step")) is not None]
+    return [r for r in records if number(r.get("step")) is not None]
 
 
 def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -58,7 +50,7 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[f
     step logged twice (resume) keeps its last value."""
     by_step: dict[float, float] = {}
     for record in records:
-        value = _number(record.get(key))
+        value = number(record.get(key))
         if value is not None:
             by_step[float(record["step"])] = value
     steps = sorted(by_step)
@@ -75,56 +67,83 @@ def ema(values: list[float], weight: float = 0.8) -> list[float]:
     return out
 
 
-def _step_files(folder: Path, suffix: str) -> list[tuple[int, Path]]:
-    if not folder.is_dir():
-        return []
-    found = []
-    for path in folder.iterdir():
-        match = _STEP_FILE.match(path.name)
-        if match and path.suffix == suffix:
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+def eval_curve(
+    run: RunRecord, records: list[dict[str, Any]], key: str = "eval/accuracy", x: str = "step"
+) -> tuple[list[float], list[float]]:
+    """``key`` per evaluation from ``eval/step_N.json`` (older runs: from metrics), against
+    ``x``: the evaluation's step, or ``"eval/minutes"`` (minutes since the run started)."""
+    by_x: dict[float, float] = {}
+    for record in run.evals:
+        at, value = number(record.get(x)), number(record.get(key))
+        if at is not None and value is not None:
+            by_x[at] = value
+    if x == "step":
+        for step, value in zip(*series(records, key)):
+            by_x.setdefault(step, value)
+    xs = sorted(by_x)
+    return xs, [by_x[v] for v in xs]
 
 
-def eval_curve(output_dir: Path, records: list[dict[str, Any]]) -> tuple[list, list]:
-    """Held-out accuracy per step from ``eval/step_N.json``, else from metrics."""
-    by_step: dict[float, float] = {}
-    for step, path in _step_files(Path(output_dir) / "eval", ".json"):
-        try:
-            value = _number(json.loads(path.read_text(encoding="utf-8")).get("eval/accuracy"))
-        except (json.JSONDecodeError, OSError, AttributeError):
-            continue
-        if value is not None:
-            by_step[float(step)] = value
-    for step, value in zip(*series(records, "eval/accuracy")):
-        by_step.setdefault(step, value)
-    steps = sorted(by_step)
-    return steps, [by_step[s] for s in steps]
+@dataclass(frozen=True)
+class Lines:
+    """The data of the accuracy chart, in percent: ``{label: (x, y)}`` and the guess floor."""
+
+    xlabel: str
+    lines: dict[str, tuple[list[float], list[float]]]
+    floor: float | None
 
 
-def _completion_rewards(path: Path) -> list[float]:
-    values = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            value = _number(json.loads(line).get("reward"))
-        except (json.JSONDecodeError, AttributeError):
-            continue
-        if value is not None:
-            values.append(value)
-    return values
+def accuracy_lines(run: RunRecord, records: list[dict[str, Any]], x: str = "step") -> Lines:
+    """Held-out accuracy in percent (``eval/accuracy``, then each labelled function's
+    ``eval/correct/<name>``) against the step or the wall-clock minutes, with the guess
+    floor the evaluations recorded."""
+    lines: dict[str, tuple[list[float], list[float]]] = {}
+    names = dict.fromkeys(k for e in run.evals for k in e if k.startswith(CORRECT))
+    for key in ("eval/accuracy", *names):
+        xs, ys = eval_curve(run, records, key, x)
+        if ys:
+            lines[key.removeprefix(CORRECT)] = (xs, [100 * y for y in ys])
+    floors = [number(e.get("eval/guess_floor")) for e in run.evals]
+    floor = next((100 * f for f in reversed(floors) if f is not None), None)
+    return Lines("step" if x == "step" else "minutes since the start", lines, floor)
 
 
-def reward_distributions(output_dir: Path, records: list[dict[str, Any]]) -> dict[str, list]:
+@dataclass(frozen=True)
+class Spread:
+    """The rewards of one step's saved samples (``completions/step_N.jsonl``)."""
+
+    step: int
+    n: int
+    mean: float
+    std: float  # population standard deviation
+    low: float  # min
+    high: float  # max
+
+
+def reward_spread(run: RunRecord) -> list[Spread]:
+    """Per step with saved completions: how the sampled rewards spread around their mean."""
+    out = []
+    for step, rows in run.completions:
+        values = [v for r in rows if (v := number(r.get("reward"))) is not None]
+        if values:
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+            out.append(Spread(step, len(values), mean, std, min(values), max(values)))
+    return out
+
+
+def reward_distributions(run: RunRecord, records: list[dict[str, Any]]) -> dict[str, list]:
     """Rewards at the start and at the end of the run, for the histogram.
 
     From the per-sample rewards of the first and last ``completions/step_N.jsonl``; without
     completion files, from the per-step mean rewards of the first and last fifth of the
     steps. Returns ``{label: values}`` (empty when there is nothing to compare).
     """
-    files = [(s, p) for s, p in _step_files(Path(output_dir) / "completions", ".jsonl")]
-    files = [(s, v) for s, p in files if (v := _completion_rewards(p))]
-    if len(files) >= 2:
-        (s0, v0), (s1, v1) = files[0], files[-1]
+    saved = [(s, [v for r in rows if (v := number(r.get("reward"))) is not None])
+             for s, rows in run.completions]  # fmt: skip
+    saved = [(s, v) for s, v in saved if v]
+    if len(saved) >= 2:
+        (s0, v0), (s1, v1) = saved[0], saved[-1]
         return {f"step {s0} (samples)": v0, f"step {s1} (samples)": v1}
     _, rewards = series(records, "reward")
     if len(rewards) >= 2:
@@ -169,6 +188,63 @@ def _line_plot(
     return _save(fig, path)
 
 
+def accuracy_figure(data: Lines, title: str):
+    """The accuracy chart: ``eval/accuracy`` bold, each labelled function dashed, the
+    guess floor as a red dotted line; y in percent from 0."""
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+    fig, ax = _figure(title, "held-out accuracy", data.xlabel)
+    main = data.lines.get("eval/accuracy")
+    colours = iter(_FUNCTION_COLOURS * len(data.lines))
+    for label, (xs, ys) in data.lines.items():
+        if label == "eval/accuracy":
+            style = {"linewidth": 2.5, "color": "tab:blue", "zorder": 3, "label": "accuracy"}
+        else:
+            same = " (= accuracy)" if (xs, ys) == main else ""
+            style = {"linewidth": 1.2, "linestyle": "--", "color": next(colours),
+                     "label": label + same}  # fmt: skip
+        ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=4, **style)
+    if data.floor is not None:
+        ax.axhline(data.floor, color="tab:red", linestyle=":", linewidth=1.5,
+                   label=f"guess floor {data.floor:.1f}%")  # fmt: skip
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=100, decimals=0))
+    xs = {x for xs, _ in data.lines.values() for x in xs}
+    if len(xs) == 1:  # one evaluation: a readable axis around it
+        ax.set_xlim(min(xs) - 1, max(xs) + 1)
+    if data.xlabel == "step":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize="small")
+    return fig
+
+
+def reward_figure(steps: list, values: list, spread: list[Spread]):
+    """Mean reward per step (and its EMA) with the saved samples' spread: a band of mean
+    +- 1 std clipped to the samples' min..max, or error bars where few steps saved any."""
+    fig, ax = _figure("Reward per step", "reward")
+    if spread:
+        sx = [s.step for s in spread]
+        lo = [max(s.low, s.mean - s.std) for s in spread]
+        hi = [min(s.high, s.mean + s.std) for s in spread]
+        ns = sorted({s.n for s in spread})
+        per = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+        label = f"saved samples ({per} per step): mean ± 1 std, within min..max"
+        if len(spread) > 2 and len(spread) >= len(steps) / 2:
+            ax.fill_between(sx, lo, hi, alpha=0.2, color="tab:green", label=label)
+        else:
+            ax.errorbar(sx, [s.mean for s in spread],
+                        yerr=[[s.mean - a for s, a in zip(spread, lo)],
+                              [b - s.mean for s, b in zip(spread, hi)]],
+                        fmt="s", color="tab:green", capsize=3, label=label)  # fmt: skip
+    if values:
+        marker = "o" if len(steps) <= 20 else None
+        ax.plot(steps, values, marker=marker, alpha=0.4, label="mean over all samples")
+        if len(values) >= 3:
+            ax.plot(steps, ema(values), linewidth=2, label="smoothed (EMA 0.8)")
+    ax.legend(fontsize="small")
+    return fig
+
+
 def _timing_plot(path: Path, records: list[dict[str, Any]]) -> Path | None:
     """Seconds per step, stacked by phase (time/rollout, time/reward, ...; time/step is
     the total: what the phases do not cover is drawn as "other")."""
@@ -177,9 +253,9 @@ def _timing_plot(path: Path, records: list[dict[str, Any]]) -> Path | None:
     if not phases:
         return None
     steps = [float(r["step"]) for r in records]
-    stacks = [[_number(r.get(k)) or 0.0 for r in records] for k in phases]
+    stacks = [[number(r.get(k)) or 0.0 for r in records] for k in phases]
     labels = [k.removeprefix("time/") for k in phases]
-    totals = [_number(r.get("time/step")) for r in records]
+    totals = [number(r.get("time/step")) for r in records]
     if any(t is not None for t in totals):
         covered = [sum(col) for col in zip(*stacks)]
         stacks.append([max(0.0, (t or c) - c) for t, c in zip(totals, covered)])
@@ -198,95 +274,57 @@ def _histogram(path: Path, dists: dict[str, list]) -> Path:
     return _save(fig, path)
 
 
-# ------------------------------------------------------------------------------ report
-
-
-def _summary(output_dir: Path, records: list[dict[str, Any]]) -> list[str]:
-    lines = [f"{len(records)} steps logged"]
-    for key in ("reward", "kl", "response_length"):
-        steps, values = series(records, key)
-        if values:
-            lines.append(
-                f"{key}: first {values[0]:.4g} -> last {values[-1]:.4g} (step {steps[-1]:g})"
-            )
-    result = Path(output_dir) / "result.json"
-    if result.is_file():
-        try:
-            data = json.loads(result.read_text(encoding="utf-8"))
-            if "before" in data and "after" in data:
-                lines.append(
-                    f"held-out accuracy: before {100 * data['before']:.1f}% -> after "
-                    f"{100 * data['after']:.1f}% ({data.get('n', '?')} problems)"
-                )
-        except (json.JSONDecodeError, TypeError, ValueError):
-            pass
-    return lines
-
-
-def write_report(output_dir: Path, pngs: list[Path], missing: list[str]) -> Path:
-    """``plots/report.html``: the summary and every PNG embedded as base64 (one file that
-    can be mailed or attached to an issue)."""
-    output_dir = Path(output_dir)
-    records = read_metrics(output_dir / "metrics.jsonl")
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>danka run {html.escape(output_dir.name)}</title>",
-        "<style>body{font-family:sans-serif;max-width:900px;margin:auto}"
-        "img{max-width:100%;border:1px solid #ddd;margin:8px 0}</style></head><body>",
-        f"<h1>danka run: {html.escape(str(output_dir))}</h1><ul>",
-        *[f"<li>{html.escape(line)}</li>" for line in _summary(output_dir, records)],
-        "</ul>",
-    ]
-    for png in pngs:
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
-        parts.append(
-            f"<h2>{html.escape(png.stem.replace('_', ' '))}</h2>"
-            f"<img alt='{html.escape(png.stem)}' src='data:image/png;base64,{data}'>"
-        )
-    if missing:
-        parts.append("<p>Not plotted (no data yet): " + html.escape(", ".join(missing)) + "</p>")
-    parts.append("</body></html>")
-    path = output_dir / PLOTS_DIR / REPORT
-    path.write_text("\n".join(parts), encoding="utf-8")
-    return path
+# -------------------------------------------------------------------------------- run
 
 
 def plot_run(output_dir: Path) -> list[Path]:
     """Write ``OUTPUT/plots/*.png`` and ``OUTPUT/plots/report.html``; returns their paths
     (PNGs first, the report last). Plots without data are left out, never an error."""
+    from danka.tools.report import write_report
+
     output_dir = Path(output_dir)
-    records = read_metrics(output_dir / "metrics.jsonl")
+    run, findings, note = doctor(output_dir)
+    if not run.metrics:  # a folder the doctor could not read: its metrics all the same
+        run = replace(run, metrics=read_metrics(output_dir / "metrics.jsonl"))
+    records = run.metrics
     out = output_dir / PLOTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     missing: list[str] = []
 
-    def line(name: str, key: str, title: str, ylabel: str, smooth: bool = False) -> None:
+    def add(name: str, fig) -> None:
+        if fig is None:
+            missing.append(name)
+        else:
+            written.append(_save(fig, out / f"{name}.png"))
+
+    def line(name: str, key: str, title: str, ylabel: str) -> None:
         steps, values = series(records, key)
         if values:
-            written.append(_line_plot(out / f"{name}.png", title, ylabel, steps, values, smooth))
+            written.append(_line_plot(out / f"{name}.png", title, ylabel, steps, values, True))
         else:
             missing.append(name)
 
-    line("reward", "reward", "Mean reward per step", "reward", smooth=True)
-    steps, acc = eval_curve(output_dir, records)
-    if acc:
-        written.append(
-            _line_plot(out / "eval_accuracy.png", "Held-out accuracy", "accuracy", steps, acc)
-        )
-    else:
-        missing.append("eval_accuracy")
-    line("kl", "kl", "KL to the reference policy", "KL (nats/token)", smooth=True)
-    line("entropy", "actor/entropy", "Policy entropy", "nats/token", smooth=True)
-    line("response_length", "response_length", "Mean response length", "tokens", smooth=True)
+    by_step = accuracy_lines(run, records)
+    add("eval_accuracy", accuracy_figure(by_step, "Held-out accuracy") if by_step.lines else None)
+    by_minute = accuracy_lines(run, records, x="eval/minutes")
+    if by_minute.lines:  # runs before eval/minutes have none: no note
+        add("eval_accuracy_minutes", accuracy_figure(by_minute, "Held-out accuracy over time"))
+    steps, rewards = series(records, "reward")
+    spread = reward_spread(run)
+    add("reward", reward_figure(steps, rewards, spread) if rewards or spread else None)
+    line("kl", "kl", "KL to the reference policy", "KL (nats/token)")
+    line("entropy", "actor/entropy", "Policy entropy", "nats/token")
+    line("response_length", "response_length", "Mean response length", "tokens")
     timing = _timing_plot(out / "timings.png", records)
     if timing:
         written.append(timing)
     else:
         missing.append("timings")
-    dists = reward_distributions(output_dir, records)
+    dists = reward_distributions(run, records)
     if dists:
         written.append(_histogram(out / "reward_histogram.png", dists))
     else:
         missing.append("reward_histogram")
-    return [*written, write_report(output_dir, written, missing)]
+    verdict = verdict_of(output_dir, run, findings, note)
+    return [*written, write_report(output_dir, verdict, written, missing)]

@@ -28,11 +28,18 @@ def summary(record: RunRecord) -> str:
     return f"{steps} steps, evaluations at step(s) {evals}, {saved} completions files"
 
 
+def by_severity(findings: list[Finding]) -> list[Finding]:
+    """Problems first, then risks; each group in the doctor's order (config, then step)."""
+    return [f for f in findings if f.severity == "problem"] + [
+        f for f in findings if f.severity == "risk"
+    ]
+
+
 def format_report(run_dir: str, record: RunRecord, findings: list[Finding]) -> str:
     problems = [f for f in findings if f.severity == "problem"]
     risks = [f for f in findings if f.severity == "risk"]
     lines = [f"danka doctor {run_dir}: {summary(record)}"]
-    for f in problems + risks:
+    for f in by_severity(findings):
         when = "config" if f.step is None else f"step {f.step}"
         lines.append(f"[{f.severity}] {f.id} ({when}): {f.what}")
         lines.append(f"    evidence: {f.evidence}")

@@ -16,12 +16,14 @@ import torch
 from danka import distributed as dist
 from danka.agent.loop import AgentLoop
 from danka.config.schema import DankaConfig
-from danka.data.source import data_line
+from danka.data.source import data_line, repeats_warning
 from danka.data.splits import load_rows
 from danka.models.loading import pick_device, resolve_dtype, stop_ids
 from danka.planning.micro import SizePlan
+from danka.planning.shape import ModelShape
+from danka.planning.vllm import engine_memory
 from danka.rewards.combine import reward_specs
-from danka.rollout.base import EngineOptions, build_engine
+from danka.rollout.base import EngineOptions, build_engine, engine_meta
 from danka.trainer.agent import build_agent
 from danka.trainer.budget import memory_budget, model_shape, planned_sizes
 from danka.trainer.checkpointing import Checkpointer
@@ -75,6 +77,8 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
     torch.manual_seed(cfg.trainer.seed)
     train_rows, held_rows = load_rows(cfg, base_dir, output_dir)  # bad rows fail first
     log.info(data_line(cfg, train_rows, held_rows))
+    if warning := repeats_warning(train_rows):  # 100k copies of one prompt trained silently
+        log.warning(warning)
     budget = memory_budget(cfg, device, log)
     shape = model_shape(cfg, base_dir) if budget is not None else None  # read once
     engine_name = choose_engine(cfg, device, log, budget, shape)
@@ -91,7 +95,7 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
         if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
             reward_model = _reward_model(cfg, models, tokenizer, load)
             rewards = build_rule_rewards(cfg, base_dir, specs, train.rows, reward_model)
-        engine = build_engine(engine_name, engine_options(cfg, sizes))
+        engine = build_engine(engine_name, engine_options(cfg, sizes, engine_name, device, shape))
         return assemble(
             cfg, models, engine=engine, rewards=rewards, train=train, held=held,
             tokenizer=tokenizer, log=log, output_dir=output_dir, agent=agent, sizes=sizes,
@@ -102,10 +106,25 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
         raise
 
 
-def engine_options(cfg: DankaConfig, sizes: SizePlan) -> EngineOptions:
-    """The engine's settings; ``sizes``: the planned generation batch where it is auto."""
+def engine_options(
+    cfg: DankaConfig,
+    sizes: SizePlan,
+    engine: str = "",
+    device: torch.device | None = None,
+    shape: ModelShape | None = None,
+) -> EngineOptions:
+    """The engine's settings; ``sizes``: the planned generation batch where it is auto; an
+    engine with its own memory (vllm) also gets its planned share of ``device`` for a model
+    of ``shape``."""
     keys = ("keep_cache", "compile", "decode_attention", "shared_prefix", "lora_compute")
-    return EngineOptions(sizes.generation_batch, **{k: getattr(cfg.rollout, k) for k in keys})
+    own = {}
+    if engine and engine_meta(engine).own_memory and device is not None:
+        if shape is None:  # no budget was planned (the shape was not read yet)
+            shape = model_shape(cfg)
+        if shape is not None:
+            own = engine_memory(cfg, sizes.sizes, shape, device)
+    return EngineOptions(sizes.generation_batch, **{k: getattr(cfg.rollout, k) for k in keys},
+                         **own)  # fmt: skip
 
 
 def assemble(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from danka.errors import UserError
+from danka.safe_read import check_regular
 
 if TYPE_CHECKING:
     from danka.types import PromptRow
@@ -53,6 +54,18 @@ def _user_line(exc: BaseException, path: Path) -> int | None:
     return line
 
 
+def check_user_file(path: Path, function: str) -> None:
+    """UserError unless ``path`` is a regular file: missing, or a pipe (importing it would
+    block), a device, a folder, a symlink loop."""
+    if not path.exists() and not path.is_symlink():
+        raise UserError(
+            f"reward function file not found (looking for function {function!r})",
+            where=str(path),
+            fix="check the path; relative paths are resolved against the config file's folder",
+        )
+    check_regular(path, what="the Python file", fix="give a .py file")
+
+
 def load_function_from_file(path: Path, function: str) -> Callable[..., Any]:
     """Execute ``path`` as a fresh module and return its attribute ``function``.
 
@@ -60,12 +73,7 @@ def load_function_from_file(path: Path, function: str) -> Callable[..., Any]:
     line) or a missing/non-callable attribute.
     """
     expected = f"expected one of:\n    {VERL_SIGNATURE}   (verl)\n    {TRL_SIGNATURE}   (TRL)"
-    if not path.is_file():
-        raise UserError(
-            f"reward function file not found (looking for function {function!r})",
-            where=str(path),
-            fix="check the path; relative paths are resolved against the config file's folder",
-        )
+    check_user_file(path, function)
     # A private, path-derived module name: never shadows or reuses an installed module.
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     mod_name = f"_danka_user_reward_{path.stem}_{digest}"

@@ -93,6 +93,25 @@ def _signal(pids, sig: int) -> None:
             pass
 
 
+def _freeze_descendants(pid: int) -> set[int]:
+    """SIGSTOP every descendant of ``pid`` until a listing finds no new one (one forked
+    while we looked); returns them all."""
+    seen: set[int] = set()
+    for _ in range(20):  # a fork bomb cannot keep this busy forever: each round stops more
+        found = set(descendants(pid)) - seen
+        if not found:
+            break
+        _signal(found, signal.SIGSTOP)
+        seen |= found
+    return seen
+
+
+def kill_descendants(pid: int) -> None:
+    """SIGKILL every descendant of ``pid`` (frozen first), not ``pid`` itself: what a
+    guardian does for the worker it watches (danka/usercode/worker.py)."""
+    _signal(_freeze_descendants(pid), signal.SIGKILL)
+
+
 def kill_tree(pid: int, *, group: bool = True) -> None:
     """SIGKILL ``pid``, every descendant of it, and (``group``) its process group.
 
@@ -101,17 +120,73 @@ def kill_tree(pid: int, *, group: bool = True) -> None:
     SIGKILL. A stopped root still adopts orphans (it stays their subreaper until it dies),
     so nothing escapes between the listing and the kill."""
     _signal([pid], signal.SIGSTOP)
-    seen: set[int] = set()
-    for _ in range(20):  # a fork bomb cannot keep this busy forever: each round stops more
-        found = set(descendants(pid)) - seen
-        if not found:
-            break
-        _signal(found, signal.SIGSTOP)
-        seen |= found
-    _signal(seen, signal.SIGKILL)
+    _signal(_freeze_descendants(pid), signal.SIGKILL)
     if group:
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     _signal([pid], signal.SIGKILL)
+
+
+# ------------------------------------------------------------ the guardian of a worker
+# A SIGKILLed trainer runs no clean-up, and a worker killed by the parent-death signal
+# cannot either: what its user code started outlived both. So the process the trainer
+# starts forks the worker and stays as its guardian, running no user code: the trainer's
+# death reaches it as a signal it waits for, and it kills every descendant.
+
+_GUARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+
+
+def _exit_as(status: int) -> None:
+    """End this process as the child whose wait ``status`` this is ended."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)  # a signal whose default is not to end the process
+    os._exit(os.WEXITSTATUS(status))
+
+
+def _guard(parent_pid: int, worker: int) -> None:
+    """The guardian's life: wait for the worker's end, the parent-death signal (SIGTERM)
+    or a hang-up; reap adopted orphans; end every descendant before exiting. Never
+    returns."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)  # the pipes are the worker's: the guardian holds no end of them
+    os.dup2(devnull, 1)
+    os.closerange(3, 65536)
+    while True:
+        info = signal.sigtimedwait(_GUARDED, 1.0)
+        while True:  # reap: the worker, and orphans of user code adopted as subreaper
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid = 0
+            if pid == 0:
+                break
+            if pid == worker:
+                kill_descendants(os.getpid())  # what the worker left running
+                _exit_as(status)
+        if (info is not None and info.si_signo != signal.SIGCHLD) or os.getppid() != parent_pid:
+            kill_descendants(os.getpid())  # the trainer is gone: the worker and all it started
+            os._exit(1)
+
+
+def fork_guarded(parent_pid: int) -> None:
+    """Fork; this process becomes the guardian of the child (:func:`_guard`, never
+    returns) and the child returns: the worker. The guardian gets SIGTERM when
+    ``parent_pid`` (the trainer) dies and adopts orphans (a subreaper). Linux only;
+    elsewhere there is no guardian (this process is the worker itself)."""
+    if not sys.platform.startswith("linux"):
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)  # pending until sigtimedwait
+    set_parent_death_signal(signal.SIGTERM)
+    become_subreaper()
+    if os.getppid() != parent_pid:  # the trainer died before we asked
+        os._exit(1)
+    worker = os.fork()
+    if worker != 0:
+        _guard(parent_pid, worker)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _GUARDED)

@@ -39,10 +39,20 @@ in its process tree, and :func:`kill_group` freezes and kills that whole tree
 exits, crashes or hangs at import ends or blocks its worker, and loading reports it
 (within :func:`load_timeout`).
 
-Limits: when the trainer is SIGKILLed, the worker dies at once by the parent-death signal,
-and processes its user code detached are not reached. The parent-death signal fires when
-the THREAD that started the worker exits; a worker found dead is restarted before the
-next batch, so calling from short-lived threads costs restarts, not scores.
+A SIGKILLed trainer runs no clean-up, and a worker killed by the kernel's parent-death
+signal cannot run any either: what the user's code started (a ``subprocess.run`` in
+progress, a detached daemon) outlived both. So the process the trainer starts is a
+GUARDIAN that runs no user code: it forks the worker and waits. The trainer's death
+reaches the guardian as a signal it waits for (``sigtimedwait``, never blocked by user
+code), and it SIGKILLs every descendant (frozen first; the worker, what it started,
+orphans it adopted) before it exits. When the worker ends on its own the guardian ends
+its leftovers too and exits as the worker did (its exit code or signal). The trainer's
+view is unchanged: one process (the guardian, whose pid is the group id) with the
+worker's pipes.
+
+Limits: the parent-death signal fires when the THREAD that started the worker exits; a
+worker found dead is restarted before the next batch, so calling from short-lived
+threads costs restarts, not scores.
 """
 
 from __future__ import annotations
@@ -69,6 +79,7 @@ from danka.usercode.contract import call_custom, contract_of, load_function_from
 from danka.usercode.subprocs import (
     become_subreaper,
     descendants,
+    fork_guarded,
     kill_tree,
     set_parent_death_signal,
 )
@@ -112,14 +123,18 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def guard_child(parent_pid: int) -> None:
-    """Call first thing in a worker process started with ``start_new_session=True``:
-    die with the parent (``parent_pid``), adopt orphaned descendants (a ``setsid`` child
-    of user code stays in reach of :func:`kill_group`), leave Ctrl-C to the parent, and
-    watch for its death (the tool worker, danka/agent/worker.py, uses this too)."""
-    _die_with_parent(parent_pid)
-    become_subreaper()
+    """Call first thing in a worker process started with ``start_new_session=True``. This
+    process becomes the guardian (``subprocs.fork_guarded``) and a forked child the
+    worker, which returns from here: it dies with the guardian, adopts orphaned
+    descendants (a ``setsid`` child of user code stays in reach of :func:`kill_group`),
+    leaves Ctrl-C to the trainer and watches for the guardian's death (the tool worker,
+    danka/agent/worker.py, uses this too)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    fork_guarded(parent_pid)  # returns in the forked worker only
+    guardian = os.getppid()
+    _die_with_parent(guardian)
+    become_subreaper()
+    threading.Thread(target=_watch_parent, args=(guardian,), daemon=True).start()
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

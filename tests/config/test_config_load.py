@@ -196,7 +196,10 @@ def test_unknown_key_names_file_line_and_suggestion(tmp_path):
             "trainer:\n  algorithm: grpo\n  samples_per_prompt: 1\n  micro_batch_size: 1\n",
             "samples_per_prompt >= 2",  # GRPO needs a group
         ),
-        ("backend:\n  vllm:\n    enable_vllm: true\n", "rollout.engine: fast"),  # what to use
+        (  # the seed's vLLM switch and another engine: which one?
+            "backend:\n  vllm:\n    enable_vllm: true\nrollout:\n  engine: fast\n",
+            "set only one of them",
+        ),
         ("backend:\n  fsdp:\n    enable_fsdp: true\n", "torchrun"),
         ("reward:\n  on_error: ignore\n", "fail, skip_sample, zero"),  # lists valid values
     ],

@@ -61,7 +61,7 @@ def test_print_config_shows_the_resolved_preset(tmp_path, capsys):
         ("trainer.advantage_estimator=gea", "trainer.advantage_estimator"),
         ("trainer.algorithm=ppo2", "trainer.algorithm"),
         ("trainer.rollout_correction.mode=tis", "trainer.rollout_correction.mode"),
-        ("rollout.engine=vllm", "rollout.engine"),
+        ("rollout.engine=sglang", "rollout.engine"),
     ],
 )
 def test_names_come_from_the_registries(override, key):

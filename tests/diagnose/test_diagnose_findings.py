@@ -91,3 +91,14 @@ def test_settings_read_the_first_path_present_and_name_reward_terms_as_metrics()
     terms = [(t.key, t.weight, t.primary) for t in reward_terms(config)]
     assert terms == [("gsm8k", 1.0, True), ("gsm8k_2", 0.5, False), ("score", 0.2, False),
                      ("reward_model", 0.3, False), ("overlong", 1.0, False)]  # fmt: skip
+
+
+def test_reward_terms_are_named_by_their_label_when_set():
+    # examples/gsm8k_*: one function trained, three logged (reward/strict, reward/flexible...)
+    config = {"reward": {"functions": [
+        {"name": "gsm8k", "weight": 1.0, "label": "strict"},
+        {"name": "gsm8k", "weight": 0.0, "label": "flexible"},
+        {"name": "gsm8k", "weight": 0.0},
+    ]}}  # fmt: skip
+    terms = [(t.key, t.weight) for t in reward_terms(config)]
+    assert terms == [("strict", 1.0), ("flexible", 0.0), ("gsm8k", 0.0)]

@@ -55,8 +55,9 @@ def test_an_option_the_engine_does_not_honour_is_refused():
 
 def test_engines_declare_logprob_reporting():
     assert engine_meta("fast").reports_logprobs and not engine_meta("hf").reports_logprobs
-    with pytest.raises(UserError, match="unknown rollout engine 'vllm'"):
-        build_engine("vllm")
+    assert engine_meta("vllm").reports_logprobs
+    with pytest.raises(UserError, match="unknown rollout engine 'sglang'"):
+        build_engine("sglang")
 
 
 def test_decode_attention_reaches_the_fast_engine_and_is_validated(monkeypatch):

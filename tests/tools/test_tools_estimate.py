@@ -115,8 +115,8 @@ def test_qlora_4bit_base_weights_and_engine(tmp_path, counts_7b):
     expected = int(lin * (0.5 + 1 / 64 + 4 / 16384)) + (params - lin) * 2 + i * h * 2
     assert plan.components["weights"] == expected
     assert 5.6e9 < expected < 5.8e9  # vs ~15.2 GB in bf16
-    assert plan.assumptions["rollout_engine"] == "hf"  # auto: the fast engine needs plain weights
-    assert plan.assumptions["quantised_base"] == "4bit"
+    assert plan.assumptions.rollout_engine == "hf"  # auto: the fast engine needs plain weights
+    assert plan.assumptions.quantised_base == "4bit"
     assert "fast engine weight buffers" not in plan.components
     # bf16 residual stream: the HF engine's KV cache in 2 bytes, 16 sequences x 1024 tokens
     assert plan.components["KV cache (rollout)"] == 28 * 2 * 512 * 1024 * 16 * 2
@@ -180,7 +180,7 @@ def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_di
     cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])
     big = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
     c = big.components
-    assert big.assumptions["rollout_cache_kept_for_update"] is False  # 15 GB of weights
+    assert big.assumptions.rollout_cache_kept_for_update is False  # 15 GB of weights
     acts = c["activations (no checkpointing)"]  # no checkpointing: activations + head
     assert big.phases["update"] == big.persistent + acts + c["logits (chunked, update)"]
     # the rollout phase still holds them
@@ -189,14 +189,14 @@ def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_di
     over = ["rollout.engine=fast"]
     cfg, base = load_config(str(_config(tmp_path, model=str(tiny_dir))), over)
     freed = estimate_memory(cfg, base_dir=base)
-    assert freed.assumptions["rollout_cache_kept_for_update"] is False
+    assert freed.assumptions.rollout_cache_kept_for_update is False
     cfg, base = load_config(
         str(_config(tmp_path, model=str(tiny_dir))), [*over, "rollout.keep_cache=true"]
     )
     small = estimate_memory(cfg, base_dir=base)
     c = small.components
     held = c["KV cache (rollout)"] + c["fast engine weight buffers"]
-    assert small.assumptions["rollout_cache_kept_for_update"] is True
+    assert small.assumptions.rollout_cache_kept_for_update is True
     acts = c["activations (no checkpointing)"]
     update = small.persistent + held + acts + c["logits (chunked, update)"]
     assert small.phases["update"] == update
@@ -287,4 +287,4 @@ def test_generation_batch_size_counts_sequences_in_whole_groups(tmp_path):
         )
         assert PlanInput.of(cfg).sequences_per_call() == seqs, per_call
         plan = estimate_memory(cfg, model_config=qwen2_7b_config())
-        assert plan.assumptions["rollout_sequences"] == seqs
+        assert plan.assumptions.rollout_sequences == seqs

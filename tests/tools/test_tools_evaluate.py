@@ -56,9 +56,9 @@ def test_evaluate_rows_scores_sampled_answers(monkeypatch, tmp_path):
     answers = [["right", "wrong", "wrong", "wrong"], ["right", "right", "wrong", "wrong"]]
     seen = {}
 
-    def fake_generate(model, tok, rows, opts, progress=None):
+    def fake_generate(model, tok, rows, opts, progress=None, on_batch=None):
         seen.update(vars(opts))
-        return [
+        items = [
             {
                 "index": r.index,
                 "row": r,
@@ -69,6 +69,8 @@ def test_evaluate_rows_scores_sampled_answers(monkeypatch, tmp_path):
             }
             for r, a in zip(rows, answers)
         ]
+        on_batch(items)  # one batch: all of them
+        return items
 
     monkeypatch.setattr("danka.tools.generate.generate_batch", fake_generate)
     with build_reward_computer([RewardSpec("r.py:compute_score")], base_dir=tmp_path) as rw:

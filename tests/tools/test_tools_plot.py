@@ -1,11 +1,12 @@
 import json
 
 from danka.cli import main
+from danka.diagnose import read_run_dir
 from danka.tools.plot import ema, plot_run, read_metrics, reward_distributions, series
 
 EXPECTED = [
-    "reward",
     "eval_accuracy",
+    "reward",
     "kl",
     "entropy",
     "response_length",
@@ -57,7 +58,7 @@ def test_ema_is_debiased():
 
 def test_histogram_uses_first_and_last_completions(tmp_path, make_run):
     run = make_run(tmp_path / "run")
-    dists = reward_distributions(run, read_metrics(run / "metrics.jsonl"))
+    dists = reward_distributions(read_run_dir(run), read_metrics(run / "metrics.jsonl"))
     assert list(dists.values()) == [[0, 0, 1, 0], [1, 1, 0, 1]]
     assert list(dists) == ["step 1 (samples)", "step 12 (samples)"]
 

@@ -1,0 +1,218 @@
+"""Configs and numbers a red team writes: YAML alias bombs, recursive aliases, nesting
+deeper than the parser goes, a named pipe as the config, integers of thousands of digits,
+2**70 in every integer setting and every numeric flag. Each is one message naming the
+file (line) or key and the fix, exit 2, in well under a second of work."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from danka.cli import main
+from danka.config import load_config
+from danka.config.load import config_from_dict
+from danka.config.schema import DankaConfig
+from danka.data.tasks import task_rows
+from danka.errors import UserError
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = """\
+model:
+  actor_model_name_or_path: some/model
+data:
+  train_dataset: rows.jsonl
+trainer:
+  total_steps: 2
+"""
+
+
+def _bomb(levels: int = 10, width: int = 9) -> str:
+    """A value that expands to width**levels strings through its aliases (~500 bytes)."""
+    value = "&a0 [" + ", ".join(["x"] * width) + "]"
+    for i in range(1, levels + 1):
+        value = f"&a{i} [" + ", ".join([value] + [f"*a{i - 1}"] * (width - 1)) + "]"
+    return value
+
+
+def _danka(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "danka", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("where", ["top", "data.system_prompt"])
+def test_an_alias_bomb_is_refused_at_once(tmp_path, where):
+    """Before: the duplicate-key and key-line walks followed all 9**10 alias paths (killed
+    after 60 s), at the top level and under a valid key alike."""
+    path = tmp_path / "c.yaml"
+    if where == "top":
+        path.write_text(BASE + f"bomb: {_bomb()}\n")
+    else:
+        path.write_text(
+            BASE.replace("  train_dataset", f"  system_prompt: {_bomb()}\n  train_dataset")
+        )
+    done = _danka("train", str(path), "--print-config", timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{path}:" in done.stderr and "alias" in done.stderr and "fix:" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_alias_bomb_in_an_override_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    with pytest.raises(UserError, match="alias"):
+        load_config(path, [f"data.system_prompt={_bomb()}"])
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("a: &a [*a]\n", ("recursive alias",)),
+        ("a: &a {b: *a}\n", ("recursive alias",)),
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", ("nests deeper",)),
+        ("trainer:\n  seed: " + "9" * 5000 + "\n", (":2", "thousands of digits")),
+    ],
+)
+def test_yaml_that_cannot_be_a_config_is_one_message(tmp_path, text, words):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        load_config(path)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_aliases_that_a_config_uses_still_work(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE + "eval:\n  probe_prompts: &p [a, b]\nrm:\n  chosen_key: chosen\n")
+    cfg, _ = load_config(path, ["eval.probe_prompts=[x, y]"])
+    assert cfg.eval.probe_prompts == ["x", "y"]
+
+
+def test_a_named_pipe_as_the_config_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    done = _danka("train", str(fifo), "--print-config")
+    assert done.returncode == 2, done.stderr
+    assert "named pipe" in done.stderr and str(fifo) in done.stderr
+
+
+def int_keys(cls: type = DankaConfig, prefix: str = "") -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            keys += int_keys(tp, f"{prefix}{f.name}.")
+        elif tp is int or int in typing.get_args(tp):
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+@pytest.mark.parametrize("value", [2**70, -(2**70), 10**399])
+@pytest.mark.parametrize("key", int_keys())
+def test_every_integer_setting_has_a_range(tmp_path, key, value):
+    """Before: seed 2**70 reached torch.manual_seed (traceback), task_train_size 10**12
+    filled memory, a 400-digit total_steps passed --print-config."""
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    with pytest.raises(UserError) as err:
+        load_config(path, [f"{key}={value}"])
+    assert key in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "key, value", [("trainer.seed", 2**32), ("trainer.seed", -1), ("lora.lora_r", 2**17),
+                   ("data.task_train_size", 10**7), ("trainer.max_new_tokens", 2**25)],
+)  # fmt: skip
+def test_ranges_follow_what_a_setting_counts(tmp_path, key, value):
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    with pytest.raises(UserError, match="out of range"):
+        load_config(path, [f"{key}={value}"])
+    load_config(path, ["trainer.seed=4294967295"])  # the largest seed is fine
+
+
+def test_a_float_setting_given_a_huge_integer_is_not_finite(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    with pytest.raises(UserError, match="finite number"):
+        load_config(path, [f"optim.lr={10**400}"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "CONFIG", "--seed", str(2**70), "--print-config"],
+        ["train", "CONFIG", "--nproc", str(10**30)],
+        ["eval", "--data", "x.jsonl", "--temperature", "nan", "--samples", "2"],
+        ["eval", "--data", "x.jsonl", "--n", str(10**30)],
+        ["generate", "--model", "m", "--prompt", "p", "--max-new-tokens", str(2**70)],
+        ["generate", "--model", "m", "--prompt", "p", "--top-p", "inf"],
+        ["generate", "--model", "m", "--prompt", "p", "--top-p", "5"],
+        ["generate", "--model", "m", "--prompt", "p", "--max-new-tokens", "-5"],
+        ["generate", "--model", "m", "--file", "f", "--batch-size", "0"],
+        ["distill", "--data", "d", "--student", "s", "--output", "o", "--lr", "nan"],
+        ["data", "gsm8k-pairs", "--input", "i", "--output", "o", "--test-fraction", "nan"],
+    ],
+)
+def test_numbers_on_the_command_line_are_checked_before_anything_runs(tmp_path, capsys, argv):
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    assert main([str(path) if a == "CONFIG" else a for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert "danka: error: --" in err and "fix:" in err
+
+
+@pytest.mark.parametrize(
+    "task, kwargs, word",
+    [
+        ("arithmetic", {"low": 0, "high": 10**6}, "pairs"),
+        ("arithmetic", {"low": "x"}, "data.task_kwargs.low"),
+        ("arithmetic", {"high": 10**12}, "data.task_kwargs.high"),
+        ("chain", {"length": 10**9}, "length <= 100"),
+        ("calculator", {"a_range": [1]}, "data.task_kwargs.a_range"),
+    ],
+)
+def test_task_options_are_bounded(task, kwargs, word):
+    with pytest.raises(UserError, match=word):
+        task_rows(task, 10, seed=0, split="train", kwargs=kwargs)
+
+
+def test_overrides_given_as_one_string_are_one_override():
+    """Before: danka.train(..., overrides="a=1") iterated the string per character."""
+    data = {"model": {"actor_model_name_or_path": "m"}, "data": {"train_dataset": "r.jsonl"}}
+    cfg = config_from_dict(data, "trainer.total_steps=3")
+    assert cfg.trainer.total_steps == 3
+
+
+def test_an_unknown_device_is_one_message(capsys):
+    """Before: torch's RuntimeError traceback."""
+    from danka.models.loading import pick_device
+
+    with pytest.raises(UserError, match="unknown device 'bogus'"):
+        pick_device("bogus", where="--device")
+
+
+@pytest.mark.parametrize("key", ["reward.timeout_s", "rollout.tool_timeout_s",
+                                 "trainer.max_train_minutes", "eval.every_minutes"])  # fmt: skip
+def test_a_finite_but_endless_duration_is_refused(tmp_path, key):
+    """Before: reward.timeout_s 1e300 passed, then the worker's poll overflowed mid-run."""
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    with pytest.raises(UserError, match="more than a year"):
+        load_config(path, [f"{key}=1e300"])
+
+
+@pytest.mark.parametrize("text", ["1.2.3", "99999999999999999999999TB", "0GB"])
+def test_a_memory_size_that_cannot_be_is_one_message(text):
+    from danka.config.units import parse_memory
+
+    with pytest.raises(UserError, match="cannot read memory size"):
+        parse_memory(text)

@@ -1,0 +1,163 @@
+"""A fake ``vllm`` package for CPU tests: the slice of vLLM 0.26's offline API that
+danka.rollout.vllm_calls uses, backed by a plain HF model and a token-by-token decode loop.
+
+``LLM(model=DIR, load_format="dummy", ...)`` builds its OWN model from ``DIR/config.json``
+with random weights, so only what the weight sync sends makes it generate like the policy;
+``apply_model(fn)`` hands ``fn`` an object whose ``load_weights`` copies ``(HF name,
+tensor)`` pairs into that model and records them; a ``LoRARequest`` is applied by loading
+the saved adapter with peft onto a copy of the model. Install with :func:`install`.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Logprob:
+    logprob: float
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]] | None
+
+
+@dataclass
+class RequestOutput:
+    outputs: list[CompletionOutput]
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 1e-5 and self.n > 1:  # as vLLM: greedy takes n = 1 only
+            raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
+
+
+@dataclass
+class LoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+
+@dataclass
+class Loaded:
+    """What the fake received: every load_weights call's names, and the adapters."""
+
+    weights: list[list[str]] = field(default_factory=list)
+    adapters: list[LoRARequest] = field(default_factory=list)
+    resets: int = 0
+
+
+class _Model:
+    def __init__(self, llm: LLM):
+        self.llm = llm
+
+    def load_weights(self, weights) -> set[str]:
+        state = dict(self.llm.model.named_parameters())
+        names = []
+        for name, tensor in weights:
+            state[name].data.copy_(tensor.to(state[name].dtype))
+            names.append(name)
+        self.llm.loaded.weights.append(names)
+        return set(names)
+
+
+class LLM:
+    instances: list[LLM] = []
+
+    def __init__(self, model: str, **kwargs):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.kwargs = kwargs
+        self.loaded = Loaded()
+        config = AutoConfig.from_pretrained(model)
+        torch.manual_seed(1234)  # "dummy" weights: anything but the policy's
+        dtype = getattr(torch, kwargs.get("dtype", "float32"))
+        self.model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
+        self.generator = torch.Generator().manual_seed(kwargs.get("seed", 0))
+        self._adapters: dict[int, torch.nn.Module] = {}
+        LLM.instances.append(self)
+
+    def apply_model(self, fn):
+        return [fn(_Model(self))]
+
+    def reset_prefix_cache(self, *args) -> bool:
+        self.loaded.resets += 1
+        return True
+
+    def _with_adapter(self, req: LoRARequest | None) -> torch.nn.Module:
+        if req is None:
+            return self.model
+        if req.lora_int_id not in self._adapters:
+            from peft import PeftModel
+
+            self.loaded.adapters.append(req)
+            base = copy.deepcopy(self.model)
+            self._adapters = {req.lora_int_id: PeftModel.from_pretrained(base, req.lora_path)}
+        return self._adapters[req.lora_int_id]
+
+    @torch.no_grad()
+    def generate(self, prompts, sampling_params, *, use_tqdm=True, lora_request=None):
+        sp = sampling_params
+        model = self._with_adapter(lora_request)
+        stop = set(sp.stop_token_ids or [])
+        out = []
+        for prompt in prompts:
+            comps = []
+            for j in range(sp.n):
+                ids = list(prompt["prompt_token_ids"])
+                toks, lps = [], []
+                for _ in range(sp.max_tokens):
+                    logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+                    if sp.temperature < 1e-5:
+                        tok = int(logits.argmax())
+                        lp = torch.log_softmax(logits, -1)[tok]
+                    else:
+                        logp = torch.log_softmax(logits / sp.temperature, -1)
+                        tok = int(torch.multinomial(logp.exp(), 1, generator=self.generator))
+                        lp = logp[tok]
+                    toks.append(tok)
+                    lps.append({tok: Logprob(float(lp))})
+                    ids.append(tok)
+                    if tok in stop:
+                        break
+                comps.append(CompletionOutput(j, toks, lps if sp.logprobs is not None else None))
+            out.append(RequestOutput(list(reversed(comps))))  # any order: danka sorts by index
+        return out
+
+
+def install(monkeypatch) -> types.ModuleType:
+    """Put the fake ``vllm``, ``vllm.lora`` and ``vllm.lora.request`` into sys.modules."""
+    vllm = types.ModuleType("vllm")
+    vllm.LLM, vllm.SamplingParams, vllm.__version__ = LLM, SamplingParams, "0.26.0"
+    lora = types.ModuleType("vllm.lora")
+    request = types.ModuleType("vllm.lora.request")
+    request.LoRARequest = LoRARequest
+    lora.request = request
+    vllm.lora = lora
+    for name, mod in (("vllm", vllm), ("vllm.lora", lora), ("vllm.lora.request", request)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    LLM.instances = []
+    return vllm

@@ -31,7 +31,7 @@ from danka.trainer.forward import (
     trim,
 )
 from danka.trainer.models import build_models
-from danka.trainer.records import ON_POLICY, TrainBatch
+from danka.trainer.records import ON_POLICY, Prepared, Scored, StepResult, TrainBatch
 from danka.trainer.run import PromptSet, Run
 from danka.trainer.setup import assemble_run, build_model_set, build_run, load_rows
 from danka.trainer.setup import reward_specs as _reward_specs
@@ -117,12 +117,15 @@ def packed_length(run: Run) -> int | None:
     return run.pack_len
 
 
-def stages_of(run: Run, *, fused_head: bool | None = None) -> Stages:
+def stages_of(run: Run, *, fused_head: bool | None = None, chunk: int | None = None) -> Stages:
     """The run's step stages (``build_stages``), the log-prob head's fused chunks on or off
-    when ``fused_head`` is given (``trainer.fused_logprob_head`` for this run)."""
+    when ``fused_head`` is given (``trainer.fused_logprob_head`` for this run) and its
+    chunk of ``chunk`` rows when given (``speed.logprob_chunk_size``)."""
     s = build_stages(run)
-    if fused_head is not None:
-        fwd = dataclasses.replace(s.updating.forward, fused_head=fused_head)
+    changes = {"fused_head": fused_head, "chunk_size": chunk}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if changes:
+        fwd = dataclasses.replace(s.updating.forward, **changes)
         s.updating = dataclasses.replace(s.updating, forward=fwd)
         s.preparing = dataclasses.replace(s.preparing, forward=fwd)
     return s
@@ -132,6 +135,96 @@ def train_step(run: Run, step: int) -> tuple[dict[str, float], RolloutBatch]:
     """One step of the training loop: (its metrics, its samples)."""
     result = _fit.train_step(stages_of(run), step)
     return _fit.metrics_of(run, result), result.scored.batch
+
+
+# the stage calls of one step and the phase the loop's clock charges each to
+STAGE_PHASES = {"sample": "rollout", "score": "reward", "old_and_ref": "logprobs",
+                "values": "values", "advantages": "advantages", "update": "update"}  # fmt: skip
+
+
+class _Hooked:
+    """A step's stages whose phase calls go through ``hook(phase, call)`` (``call()`` runs
+    the stage); every other attribute is the stages' own."""
+
+    def __init__(self, stages: Stages, hook) -> None:
+        self._stages, self._hook = stages, hook
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._stages, name)
+        phase = STAGE_PHASES.get(name)
+        if phase is None:
+            return attr
+        return lambda *a, **k: self._hook(phase, lambda: attr(*a, **k))
+
+
+def step_result(run: Run, step: int, hook=None) -> StepResult:
+    """One step of the training loop (``train_step``): its typed result (samples, phase
+    seconds and peaks, the prepared batch). ``hook(phase, call)``, when given, runs each
+    phase's stage call (``call()``) inside the loop's own clock, e.g. under a profiler."""
+    s = stages_of(run)
+    return _fit.train_step(_Hooked(s, hook) if hook else s, step)
+
+
+def first_rows(scored: Scored, n: int) -> Scored:
+    """The first ``n`` samples of a scored rollout (whole groups when ``n`` is a multiple of
+    samples_per_prompt: a prompt's samples are adjacent)."""
+    idx = torch.arange(min(n, scored.batch.size))
+    r = scored.rollout
+    env = None if r.env_rewards is None else r.env_rewards[idx]
+    rollout = dataclasses.replace(r, batch=r.batch.select(idx), completions=r.completions[:n],
+                                  shown=r.shown[:n], env_rewards=env)  # fmt: skip
+    return dataclasses.replace(
+        scored, rollout=rollout, rewards=scored.rewards[idx], valid=scored.valid[idx],
+        parts={k: v[idx] for k, v in scored.parts.items()},
+    )  # fmt: skip
+
+
+def prepare_and_update(run: Run, scored: Scored, step: int, *, chunk: int | None = None):
+    """Steps 4-7 of ``train_step`` (log-probs, values, advantages, update) on an already
+    scored rollout, timed by the loop's own clock: ``(seconds, peaks GiB, prepared)`` per
+    phase."""
+    s = stages_of(run, chunk=chunk)
+    clock = _fit.PhaseClock()
+    with clock("logprobs"):
+        logp = s.old_and_ref(scored)
+    with clock("values"):
+        values = s.values(scored)
+    with clock("advantages"):
+        prepared = s.advantages(scored, logp, values)
+    with clock("update"):
+        s.update(prepared, step)
+    return dict(clock.seconds), dict(clock.peaks), prepared
+
+
+def logprob_passes(prepared: Prepared) -> int:
+    """Forward passes of the log-probs phase: pi_old unless on-policy, pi_ref with a KL
+    term."""
+    o = prepared.old_and_ref
+    return int(o.old is not ON_POLICY) + int(o.ref is not None)
+
+
+def needs_critic(run: Run) -> bool:
+    return run.algo.needs_critic
+
+
+def micro_batch(run: Run) -> int:
+    """The micro-batch the run is at (out-of-memory retries halve it)."""
+    return run.state.micro_batch_size
+
+
+def logprob_chunk(run: Run) -> int:
+    """Rows per chunk of the run's log-prob head (``speed.logprob_chunk_size``, planned)."""
+    return stages_of(run).updating.forward.chunk_size
+
+
+def set_checkpointing(run: Run, on: bool) -> None:
+    """Gradient checkpointing of the trained models on or off (non-reentrant)."""
+    models = [run.models.policy, run.models.critic_model]
+    for m in {id(m): m for m in models if m is not None}.values():
+        if on:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            m.gradient_checkpointing_disable()
 
 
 def train_batch(batch: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:

@@ -20,6 +20,20 @@ engine ran in the same process understates HF 3-4x, so every side runs in a fres
 ``python -m bench rollout --side NAME`` process; the result JSON holds both sides of every
 ratio and the greedy-token agreement of fast vs HF. ``--profile`` (fast sides) adds the top
 CUDA kernels of one more call (``bench/kernel_profile.py``).
+
+The real shape (the GSM8K rollout of examples/gsm8k_*.yaml):
+
+    python -m bench rollout --model qwen2.5-coder-0.5b-instruct.gguf \
+        --prompts-from data/gsm8k/train.jsonl --prompts 256 --new-tokens 512 --eos both \
+        --lora --lora-modes auto --lora-rank 32 --sides fast-default,hf-static --profile
+
+``--model`` loads real weights (a .gguf converted once to its HF folder), ``--prompts-from``
+takes real questions at their own lengths through the chat template with the example's
+instruction, ``--eos both`` times each call without end tokens (``tok_s``: equal work on
+every side) and with the model's (``eos_tok_s``: tokens actually generated). Side
+``fast-default`` is the engine ``danka train`` builds with every ``rollout.*`` option at its
+default (Triton decode attention on a GPU; ``lora_auto_``: ``rollout.lora_compute: auto``).
+``goals`` holds the rollout goals: >= 4x HF's static cache and >= 50k generated tokens/s.
 """
 
 from __future__ import annotations
@@ -42,7 +56,7 @@ from bench.common import (
 )
 from bench.kernel_profile import profile_or_error
 from danka.data.template import left_pad
-from danka.rollout.base import SamplingParams
+from danka.rollout.base import EngineOptions, SamplingParams, build_engine
 from danka.rollout.fast import FastEngine
 
 SHAPES = {
@@ -67,7 +81,7 @@ SHAPES = {
 
 FAST_SIDES = (
     "fast", "fast-whole-cache", "fast-compile", "fast-triton", "fast-compile-triton",
-    "fast-triton-unfused",
+    "fast-triton-unfused", "fast-default",
 )  # fmt: skip
 
 
@@ -94,26 +108,75 @@ def build_model(args) -> torch.nn.Module:
 
 
 def make_prompts(args, vocab: int) -> list[list[int]]:
-    """Random token ids, lengths uniform in [0.8 L, L] (so left padding is exercised)."""
+    """Random token ids, lengths uniform in [0.8 L, L] (so left padding is exercised); with
+    ``--prompts-from`` the file's first ``--prompts`` GSM8K questions as danka renders them
+    (the model's chat template, ``--instruction`` appended), at their own lengths."""
+    if args.prompts_from:
+        return gsm8k_prompts(args)
     g = torch.Generator().manual_seed(args.seed)
     lo = max(1, int(0.8 * args.prompt_len))
     lens = torch.randint(lo, args.prompt_len + 1, (args.prompts,), generator=g).tolist()
     return [torch.randint(100, vocab - 100, (n,), generator=g).tolist() for n in lens]
 
 
+def example_instruction() -> str:
+    """``data.instruction`` of examples/gsm8k_grpo.yaml (verl's "####" instruction)."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "gsm8k_grpo.yaml"
+    return yaml.safe_load(path.read_text())["data"]["instruction"]
+
+
+def gsm8k_prompts(args) -> list[list[int]]:
+    """The first ``--prompts`` rows of ``--prompts-from`` (repeated when it has fewer)."""
+    from danka.data.formats import Columns, load_prompt_rows
+    from danka.data.template import encode_prompts
+
+    rows = load_prompt_rows(args.prompts_from, Columns(fmt="gsm8k")).rows
+    rows = (rows * (args.prompts // len(rows) + 1))[: args.prompts]
+    instruction = example_instruction() if args.instruction is None else args.instruction
+    enc = encode_prompts(tokenizer(args), rows, max_prompt_length=1 << 16, instruction=instruction)
+    return enc.input_ids
+
+
+def tokenizer(args):
+    from danka.models.loading import load_tokenizer
+
+    return load_tokenizer(args.model, log=lambda *_: None)
+
+
+def eos_ids(args) -> list[int]:
+    """The ids that end an answer for ``--model`` (danka's own stop ids)."""
+    from danka.models.loading import stop_ids
+
+    return stop_ids(tokenizer(args))
+
+
+def generated_tokens(response_ids: torch.Tensor, eos: list[int]) -> int:
+    """Tokens up to and including each row's first end token (all of a row without one)."""
+    if not eos:
+        return response_ids.numel()
+    hit = torch.isin(response_ids, torch.tensor(eos))
+    first = torch.where(hit.any(1), hit.float().argmax(1) + 1, response_ids.shape[1])
+    return int(first.sum())
+
+
 @torch.no_grad()
-def hf_generate(model, prompts, new_tokens: int, greedy: bool, static: bool = False):
+def hf_generate(model, prompts, new_tokens: int, greedy: bool, static: bool = False, eos=()):
     """HF generate (dynamic cache, or static cache + transformers' automatic torch.compile);
-    EOS suppressed via min_new_tokens."""
+    EOS suppressed via min_new_tokens, or with ``eos`` ids the answers end at them."""
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, 0)
     plen = ids.shape[1]
     kw = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_p=1.0)
+    if eos:
+        kw["eos_token_id"] = list(eos)
+    else:
+        kw["min_new_tokens"] = new_tokens
     out = model.generate(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
         max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
         pad_token_id=0,
         top_k=None,
         cache_implementation="static" if static else None,
@@ -156,41 +219,64 @@ def add_lora(model, rank: int = 16):
     return model.eval()
 
 
+LORA_PREFIX = {"adapter": "lora_", "base": "lora_base_", "merge": "lora_merge_",
+               "auto": "lora_auto_"}  # fmt: skip
+
+
+def eos_modes(args) -> list[tuple[str, list[int]]]:
+    """(key prefix, end ids) of each timed call: EOS off (every sequence runs all
+    ``--new-tokens``: equal work on every side) and/or on (the model's end tokens)."""
+    off, on = ("", []), ("eos_", eos_ids(args) if args.eos != "off" else [])
+    return {"off": [off], "on": [on], "both": [off, on]}[args.eos]
+
+
 def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
-    """danka's engine: first call (weights + graph capture), then a timed call; plain model
-    and, with --lora, the same model with a live LoRA adapter (unmerged): ``lora_`` with the
-    low-rank path in the adapter's fp32 (exact), ``lora_base_`` in bf16 folded into the base
-    GEMMs (engine option ``lora_compute="base"``), ``lora_merge_`` merged into bf16 copies of
-    the weights at every call (``lora_compute="merge"``)."""
+    """danka's engine: first call (weights + graph capture), then a timed call per EOS mode;
+    plain model and, with --lora, the same model with a live LoRA adapter (unmerged) per
+    ``--lora-modes``: ``lora_`` with the low-rank path in the adapter's fp32 (exact),
+    ``lora_base_`` in bf16 folded into the base GEMMs (engine option
+    ``lora_compute="base"``), ``lora_merge_`` merged into bf16 copies of the weights at
+    every call (``lora_compute="merge"``), ``lora_auto_`` the default (``auto``). Side
+    ``fast-default`` builds the engine as ``danka train`` does with every rollout option
+    at its default."""
     sample = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens)
-    lora = [("lora_", "adapter"), ("lora_base_", "base"), ("lora_merge_", "merge")]
-    variants = [("", "adapter")] + lora * args.lora
+    modes = [m.strip() for m in args.lora_modes.split(",") if m.strip()]
+    variants = [("", "adapter")] + [(LORA_PREFIX[m], m) for m in modes] * args.lora
     lora_model = None
     for prefix, mode in variants:
         if prefix and lora_model is None:
-            lora_model = add_lora(model)
+            lora_model = add_lora(model, args.lora_rank)
         m = lora_model if prefix else model
-        engine = FastEngine(
-            use_cuda_graph=not args.no_cuda_graph,
-            max_batch=max(256, args.prompts),
-            lora_compute=mode,
-            live_chunk=0 if args.side == "fast-whole-cache" else 64,
-            compile_step=args.side.startswith("fast-compile"),
-            attention="triton" if "-triton" in args.side else "sdpa",
-            fused_step=False if args.side.endswith("-unfused") else None,
-        )
+        if args.side == "fast-default":  # what danka train builds with rollout.* unset
+            engine = build_engine("fast", EngineOptions(lora_compute=mode if prefix else "auto"))
+        else:
+            engine = FastEngine(
+                use_cuda_graph=not args.no_cuda_graph,
+                max_batch=max(256, args.prompts),
+                lora_compute=mode,
+                live_chunk=0 if args.side == "fast-whole-cache" else 64,
+                compile_step=args.side.startswith("fast-compile"),
+                attention="triton" if "-triton" in args.side else "sdpa",
+                fused_step=False if args.side.endswith("-unfused") else None,
+            )
 
-        def run(params, m=m, engine=engine):
-            return engine.generate(m, prompts, params, eos_ids=[], pad_id=0)
+        def run(params, m=m, engine=engine, eos=()):
+            return engine.generate(m, prompts, params, eos_ids=list(eos), pad_id=0)
 
         res[prefix + "first_call_s"], _ = timed_call(lambda: run(sample), args.device)
         res[prefix + "capture_s"] = engine.stats.get("capture_s", 0.0)
-        res[prefix + "s"], batch = timed_call(lambda: run(sample), args.device)
-        res[prefix + "tok_s"] = tokens / res[prefix + "s"]
+        for tag, eos in eos_modes(args):
+            key = tag + prefix
+            res[key + "s"], batch = timed_call(lambda eos=eos: run(sample, eos=eos), args.device)
+            n = tokens if not eos else float(batch.response_mask.sum())
+            res[key + "tokens"], res[key + "tok_s"] = n, n / res[key + "s"]
         if args.profile:  # one more call under torch.profiler: where its time goes
+            step_s = res.get(prefix + "s") or res.get("eos_" + prefix + "s")
             res[prefix + "profile"] = profile_or_error(
-                lambda: run(sample), args.device, steps=1, step_s=res[prefix + "s"]
+                lambda: run(sample), args.device, steps=1, step_s=step_s
             )
+        rows = torch.arange(min(batch.size, args.check_rows or batch.size))
+        batch = batch.select(rows)
         train_lp = training_logprobs(m, batch)
         diff = (batch.rollout_logprobs - train_lp).abs() * batch.response_mask
         res[prefix + "logprob_mean_abs_diff"] = float(diff.sum() / batch.response_mask.sum())
@@ -203,16 +289,17 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
 
 def side_hf(args, model, prompts, tokens: int, res: dict, static: bool) -> None:
     """HF generate in this fresh process: dynamic cache, or static cache (transformers then
-    compiles the decode step with torch.compile itself); first call timed separately."""
-    res["first_call_s"], _ = timed_call(
-        lambda: hf_generate(model, prompts, args.new_tokens, greedy=False, static=static),
-        args.device,
-    )
-    res["s"], _ = timed_call(
-        lambda: hf_generate(model, prompts, args.new_tokens, greedy=False, static=static),
-        args.device,
-    )
-    res["tok_s"] = tokens / res["s"]
+    compiles the decode step with torch.compile itself); first call timed separately, then
+    a timed call per EOS mode."""
+
+    def gen(eos=()):
+        return hf_generate(model, prompts, args.new_tokens, greedy=False, static=static, eos=eos)
+
+    res["first_call_s"], _ = timed_call(gen, args.device)
+    for tag, eos in eos_modes(args):
+        res[tag + "s"], out = timed_call(lambda eos=eos: gen(eos), args.device)
+        n = tokens if not eos else generated_tokens(out, eos)
+        res[tag + "tokens"], res[tag + "tok_s"] = n, n / res[tag + "s"]
     if not static:
         ref = hf_generate(model, prompts, args.agree_tokens, greedy=True)
         res["greedy_tokens"] = ref.tolist()
@@ -220,8 +307,9 @@ def side_hf(args, model, prompts, tokens: int, res: dict, static: bool) -> None:
 
 HF_SIDES = ("hf-dynamic", "hf-static")
 VARIANTS = FAST_SIDES[1:]  # engine variants, compared with the default fast side
-# plain, LoRA live, LoRA folded (lora_compute base), LoRA merged (lora_compute merge)
-PREFIXES = ("", "lora_", "lora_base_", "lora_merge_")
+# plain, LoRA live, LoRA folded (lora_compute base), LoRA merged (lora_compute merge), LoRA
+# in the default mode; each with EOS off ("") and on ("eos_")
+PREFIXES = tuple(e + p for e in ("", "eos_") for p in ("", *LORA_PREFIX.values()))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -239,6 +327,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--side", choices=FAST_SIDES + HF_SIDES, help="(internal) run one side")
     ap.add_argument("--lora", action="store_true", help="fast sides: also with a live LoRA")
+    ap.add_argument("--lora-modes", default="adapter,base,merge",
+                    help="--lora: the adapter's compute modes (adapter, base, merge, auto)")  # fmt: skip
+    ap.add_argument("--lora-rank", type=int, default=16, help="--lora: rank (all-linear)")
+    ap.add_argument("--prompts-from", help="GSM8K jsonl: real questions as danka renders them "
+                    "(needs --model for the tokenizer)")  # fmt: skip
+    ap.add_argument("--instruction", help="--prompts-from: text appended to each question "
+                    "(default: examples/gsm8k_grpo.yaml's data.instruction)")  # fmt: skip
+    ap.add_argument("--eos", default="off", choices=["off", "on", "both"],
+                    help="timed calls without end tokens (equal work), with the model's, or "
+                    "both (on needs --model)")  # fmt: skip
+    ap.add_argument("--check-rows", type=int, default=0, help="fast sides: rows of the "
+                    "log-prob check against a training forward (0: all)")  # fmt: skip
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=160)
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -250,7 +350,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="(with --side) the side's JSON")
     add_output_args(ap, timeout=300)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if (args.prompts_from or args.eos != "off") and not args.model:
+        ap.error("--prompts-from and --eos on|both need --model (its tokenizer)")
+    return args
 
 
 def one_side(args) -> None:
@@ -259,7 +362,10 @@ def one_side(args) -> None:
     vocab = model.get_output_embeddings().weight.shape[0]
     prompts = make_prompts(args, vocab)
     tokens = args.prompts * args.new_tokens
-    res: dict = {"side": args.side, "model": args.model or args.shape, "tokens": tokens}
+    lens = [len(p) for p in prompts]
+    res: dict = {"side": args.side, "model": args.model or args.shape, "tokens": tokens,
+                 "prompt_tokens": {"min": min(lens), "mean": sum(lens) / len(lens),
+                                   "max": max(lens)}}  # fmt: skip
     if args.side.startswith("fast"):
         side_fast(args, model, prompts, tokens, res)
     else:
@@ -275,8 +381,13 @@ def side_args(args, side: str) -> list[str]:
     cmd = ["--side", side, "--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens)]
     cmd += ["--prompt-len", str(args.prompt_len), "--device", args.device, "--dtype", args.dtype]
     cmd += ["--shape", args.shape] if args.shape else ["--model", args.model]
+    cmd += ["--eos", args.eos, "--seed", str(args.seed)]
+    cmd += ["--prompts-from", args.prompts_from] if args.prompts_from else []
+    cmd += ["--instruction", args.instruction] if args.instruction is not None else []
     fast = side.startswith("fast")
-    cmd += ["--lora"] if args.lora and fast else []
+    cmd += ["--lora", "--lora-modes", args.lora_modes, "--lora-rank", str(args.lora_rank)] if (
+        args.lora and fast) else []  # fmt: skip
+    cmd += ["--check-rows", str(args.check_rows)] if fast else []
     cmd += ["--profile"] if args.profile and fast else []
     return cmd + (["--no-cuda-graph"] if args.no_cuda_graph else [])
 
@@ -289,8 +400,11 @@ def compare(args) -> dict:
         "prompts": args.prompts,
         "new_tokens": args.new_tokens,
         "prompt_len": args.prompt_len,
-        "settings": "bf16, sampling temperature 1, EOS off (every sequence generates "
-        "new_tokens), each side in its own fresh process; HF sides on the plain model",
+        "prompts_from": args.prompts_from,
+        "eos": args.eos,
+        "settings": "bf16, sampling temperature 1; EOS off: every sequence generates "
+        "new_tokens (keys without eos_), EOS on: the model's end tokens (keys eos_*, tokens = "
+        "those generated); each side in its own fresh process; HF sides on the plain model",
         "sides": {},
     }
     tmp = Path(args.out_dir) / "_sides"
@@ -310,10 +424,10 @@ def compare(args) -> dict:
                     other, o[f"{prefix}tok_s"], "fast", fast[f"{prefix}tok_s"]
                 )
         o.pop("greedy_tokens", None)
-    for hf in HF_SIDES:  # every fast variant against each HF path
-        base = s.get(hf, {}).get("tok_s")
+    for hf in HF_SIDES:  # every fast variant against each HF path, EOS off and on
         for side in FAST_SIDES:
             for prefix in PREFIXES:
+                base = s.get(hf, {}).get(f"{'eos_' if prefix.startswith('eos_') else ''}tok_s")
                 got = s.get(side, {}).get(f"{prefix}tok_s")
                 if base and got:
                     key = f"{side.replace('-', '_')}_{prefix}over_{hf.replace('-', '_')}"
@@ -323,8 +437,32 @@ def compare(args) -> dict:
     if a and b:
         same = [[int(x == y) for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
         res["greedy_token_agreement"] = sum(map(sum, same)) / sum(map(len, same))
+    res["goals"] = goals(res)
     shutil.rmtree(tmp, ignore_errors=True)
     return res
+
+
+GOAL_OVER_HF_STATIC, GOAL_TOK_S = 4.0, 50_000
+
+
+def goals(res: dict) -> dict:
+    """The rollout goals, for the engine ``danka train`` builds (side ``fast-default``; else
+    ``fast``) with a live LoRA in the default mode when measured: >= 4x HF's static cache
+    and >= 50k generated tokens/s, EOS off (equal work) and on."""
+    side = "fast-default" if "fast-default" in res["sides"] else "fast"
+    fast, hf = res["sides"].get(side, {}), res["sides"].get("hf-static", {})
+    prefix = next((p for p in ("lora_auto_", "lora_base_", "") if f"{p}tok_s" in fast), "")
+    out: dict = {"side": side, "variant": prefix.rstrip("_") or "plain",
+                 "over_hf_static_goal": GOAL_OVER_HF_STATIC, "tok_s_goal": GOAL_TOK_S}  # fmt: skip
+    for tag in ("", "eos_"):
+        got, base = fast.get(f"{tag}{prefix}tok_s"), hf.get(f"{tag}tok_s")
+        name = "eos_on" if tag else "eos_off"
+        if got:
+            out[name] = {"tok_s": got, "tok_s_met": got >= GOAL_TOK_S}
+            if base:
+                out[name].update(over_hf_static=got / base,
+                                 over_met=got / base >= GOAL_OVER_HF_STATIC)  # fmt: skip
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,6 @@ from bench.common import GIB, ROOT, child_env, error_text, fmt, free
 from bench.flops import FORMULA, Counts, mfu, mfu_6nt, phase_flops
 from bench.kernel_profile import profile_call
 from bench.ppo_memory import compare
-from bench.training import synthetic_gsm8k
 from danka.config import load_config
 
 EXAMPLES = ROOT / "examples"
@@ -76,7 +75,10 @@ def inputs(args, tmp: Path) -> tuple[str, str]:
     if args.tiny:
         from danka.models.tiny import save_tiny_model
 
-        return str(save_tiny_model(tmp / "model")), str(synthetic_gsm8k(tmp / "g.jsonl", 16, 1))
+        rows = tmp / "g.jsonl"  # short questions: the tiny tokenizer is one token a character
+        rows.write_text("".join(json.dumps({"question": f"What is {i} + 3?",
+                        "answer": f"{i} + 3 = {i + 3}\n#### {i + 3}"}) + "\n" for i in range(16)))  # fmt: skip
+        return str(save_tiny_model(tmp / "model")), str(rows)
     if not args.gsm8k_model:
         raise ValueError("gsm8k_step needs --gsm8k-model (a .gguf file or an HF folder)")
     model = args.gsm8k_model
@@ -298,7 +300,7 @@ def variant_one(dev, run, cfg, scored, step: int, v: dict, base_micro: int) -> d
     return rec
 
 
-def lora_variants(args, dev, run, cfg, scored, step: int, specs, out: dict, t0: float) -> int:
+def lora_variants(args, dev, run, cfg, scored, step: int, specs, out: dict, t0: float, save):
     """The variants of ``specs`` that keep the run's LoRA, on ``run``, uncapped; the run's
     planned micro-batch (the full-parameter variants start from it too)."""
     base_micro = ds.micro_batch(run)
@@ -307,10 +309,11 @@ def lora_variants(args, dev, run, cfg, scored, step: int, specs, out: dict, t0: 
     for spec, v in specs:
         out[spec] = _guarded(args, t0, lambda v=v: variant_one(
             dev, run, cfg, scored, step, v, base_micro))  # fmt: skip
+        save()
     return base_micro
 
 
-def full_variants(args, dev, log, config, over, scored, step, specs, base_micro, out, t0) -> None:
+def full_variants(args, dev, log, config, over, scored, step, specs, base_micro, out, t0, save):
     """The full-parameter variants on a second run of the same config without LoRA (lr
     1e-6, uncapped), built after the LoRA run was freed."""
     if time.perf_counter() - t0 > args.variants_budget_s:
@@ -327,6 +330,7 @@ def full_variants(args, dev, log, config, over, scored, step, specs, base_micro,
         for spec, v in specs:
             out[spec] = _guarded(args, t0, lambda v=v: variant_one(
                 dev, run, cfg, scored, step, v, base_micro))  # fmt: skip
+            save()
     finally:
         ds.close_run(run)
 
@@ -345,14 +349,16 @@ def _guarded(args, t0: float, fn) -> dict:
 # ------------------------------------------------------------------------- the section
 
 
-def one_algo(args, dev, log, algo: str, model: str, data: str, tmp: Path) -> dict:
+def one_algo(args, dev, log, algo: str, model: str, data: str, tmp: Path, out: dict, save):
+    """One algorithm's steps, plan and variants into ``out``; ``save()`` writes what is
+    measured so far."""
     config = EXAMPLES / f"gsm8k_{algo}.yaml"
     over = step_overrides(args, dev, algo, model, data, tmp / algo)
     cfg, base_dir = load_config(str(config), over)
     budget = cfg.speed.gpu_memory or ("24GiB" if dev.type != "cuda" else None)
     plan_proc = start_estimate(config, over, budget)
-    out: dict = {"config": str(config.relative_to(ROOT)), "overrides": over,
-                 "lora": cfg.lora.enable_lora, "lora_r": cfg.lora.lora_r}  # fmt: skip
+    out.update(config=str(config.relative_to(ROOT)), overrides=over,
+               lora=cfg.lora.enable_lora, lora_r=cfg.lora.lora_r)  # fmt: skip
     t = cfg.trainer
     specs = [(s, parse_variant(s)) for s in args.step_variants.split(",") if s.strip()]
     if algo not in args.variants_for.split(","):
@@ -368,6 +374,10 @@ def one_algo(args, dev, log, algo: str, model: str, data: str, tmp: Path) -> dic
         res, scored = measure_steps(args, dev, run, cfg)
         out.update(res)
         out["micro_batch_after"] = ds.micro_batch(run)
+        out["plan"] = read_estimate(plan_proc)
+        if "error" not in out["plan"] and out.get("phase_peak_gib"):
+            out["vs_plan"] = compare(out["plan"], out)
+        save()
         if specs:
             mini = (t.mini_batch_size or t.batch_size) * t.samples_per_prompt
             scored = ds.first_rows(scored, min(mini, args.variant_seqs or mini))
@@ -376,7 +386,7 @@ def one_algo(args, dev, log, algo: str, model: str, data: str, tmp: Path) -> dic
             out["variants"], t0 = {}, time.perf_counter()
             lora = [(s, v) for s, v in specs if not v["full"]]
             base_micro = lora_variants(args, dev, run, cfg, scored, args.step_steps + 1, lora,
-                                       out["variants"], t0)  # fmt: skip
+                                       out["variants"], t0, save)  # fmt: skip
     finally:
         ds.close_run(run)
     del run
@@ -384,11 +394,7 @@ def one_algo(args, dev, log, algo: str, model: str, data: str, tmp: Path) -> dic
     full = [(s, v) for s, v in specs if v["full"]]
     if full:
         full_variants(args, dev, log, config, over, scored, args.step_steps + 1, full,
-                      base_micro, out["variants"], t0)  # fmt: skip
-    out["plan"] = read_estimate(plan_proc)
-    if "error" not in out["plan"] and out.get("phase_peak_gib"):
-        out["vs_plan"] = compare(out["plan"], out)
-    return out
+                      base_micro, out["variants"], t0, save)  # fmt: skip
 
 
 def gsm8k_step(args, dev: torch.device, log) -> dict:
@@ -396,10 +402,18 @@ def gsm8k_step(args, dev: torch.device, log) -> dict:
     model, data = inputs(args, tmp)
     out: dict = {"model": args.gsm8k_model or "tiny", "model_folder": model, "data": data,
                  "flops_formula": FORMULA, "algos": {}}  # fmt: skip
+    partial = getattr(args, "partial", None)  # bench train's: writes the JSON as it goes
+
+    def save() -> None:
+        if partial is not None:
+            partial("gsm8k_step", out)
+
     for algo in [a.strip() for a in args.step_algos.split(",") if a.strip()]:
         print(f"[gsm8k_step] {algo} ...", file=sys.stderr, flush=True)
+        out["algos"][algo] = {"status": "running"}
         try:
-            out["algos"][algo] = one_algo(args, dev, log, algo, model, data, tmp)
+            one_algo(args, dev, log, algo, model, data, tmp, out["algos"][algo], save)
+            out["algos"][algo].pop("status")
         except Exception as err:  # noqa: BLE001 - one algorithm failing keeps the other
             import traceback
 

@@ -53,6 +53,7 @@ from bench.common import (
     run_side,
     sides_main,
     timed_call,
+    write_result,
 )
 from bench.kernel_profile import profile_or_error
 from danka.data.template import left_pad
@@ -414,6 +415,9 @@ def compare(args) -> dict:
         side_res = res["sides"][side] = run_side(cmd, tmp / f"{side}.json", args.timeout)
         shown = {k: v for k, v in side_res.items() if k != "greedy_tokens" and "profile" not in k}
         print(side, shown, flush=True)
+        partial = {**res, "partial": True, "sides": {k: {x: y for x, y in v.items()
+                   if x != "greedy_tokens"} for k, v in res["sides"].items()}}  # fmt: skip
+        write_result(partial, args.out_dir, result_name(args))  # a run cut short keeps it
     s = res["sides"]
     fast = s.get("fast", {})
     for other in VARIANTS:  # engine variants vs the default
@@ -465,7 +469,12 @@ def goals(res: dict) -> dict:
     return out
 
 
+def result_name(args) -> str:
+    if args.name:
+        return args.name
+    return f"rollout_{Path(str(args.shape or args.model)).stem}_{args.prompts}x{args.new_tokens}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    model = Path(str(args.shape or args.model)).stem
-    return sides_main(args, one_side, compare, f"rollout_{model}_{args.prompts}x{args.new_tokens}")
+    return sides_main(args, one_side, compare, result_name(args))

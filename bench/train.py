@@ -281,6 +281,13 @@ def run(args) -> dict:
     result = {"bench": "train", "sections": args.only, "environment": environment(),
               "result": report}  # fmt: skip
     name = args.name or "train_" + args.only.replace(",", "_")
+
+    def partial(section: str, results: dict) -> None:
+        """What a long section measured so far, written now (a run cut short keeps it)."""
+        report["sections"][section] = {"status": "partial", "results": results}
+        write_result(result, args.out_dir, name)
+
+    args.partial = partial
     for section in [s.strip() for s in args.only.split(",") if s.strip()]:
         t0 = time.perf_counter()
         if section not in SECTIONS:

@@ -64,6 +64,7 @@ from bench.common import (
     parser,
     run_side,
     sides_main,
+    write_result,
 )
 
 PROMPT = "What is {a} + {b}? Reply with only the number.\n"
@@ -102,7 +103,8 @@ def settings(args) -> dict:
     the checkpointing. Both tasks: one optimizer step per rollout (the example takes two)."""
     import yaml
 
-    if args.task == "gsm8k":
+    task, gc = getattr(args, "task", "sum"), getattr(args, "gc", "auto")
+    if task == "gsm8k":
         ex = yaml.safe_load(GSM8K_EXAMPLE.read_text())
         out = {"lr_lora": float(ex["optim"]["lr"]), "lr_full": 1e-6,
                "beta": float(ex["loss"]["kl"]["coef"]), "lora_r": ex["lora"]["lora_r"],
@@ -112,8 +114,8 @@ def settings(args) -> dict:
     else:
         out = {"lr_lora": 2e-4, "lr_full": 1e-5, "beta": 0.0, "lora_r": 16, "lora_alpha": 32,
                "gc": True, "max_length": args.new_tokens + 128, "instruction": None}  # fmt: skip
-    if args.gc != "auto":
-        out["gc"] = args.gc == "on"
+    if gc != "auto":
+        out["gc"] = gc == "on"
     out["lr"] = out["lr_lora"] if args.variant == "lora" else out["lr_full"]
     return out
 
@@ -260,7 +262,7 @@ def side_trl(args, model_path: str, work: Path) -> dict:
 
 
 def danka_config(args, model_path: str, data_path: Path, out_dir: Path) -> dict:
-    lora = args.variant == "lora"
+    lora, task = args.variant == "lora", getattr(args, "task", "sum")
     z = settings(args)
     raw = {
         "model": {
@@ -290,7 +292,7 @@ def danka_config(args, model_path: str, data_path: Path, out_dir: Path) -> dict:
         },
         "output_dir": str(out_dir),
     }
-    if args.task == "gsm8k":  # the example's data and reward (its prompts: no length cap)
+    if task == "gsm8k":  # the example's data and reward (its prompts: no length cap)
         raw["data"] = {"train_dataset": str(data_path), "format": "gsm8k",
                        "instruction": z["instruction"], "overlong_prompt": "drop"}  # fmt: skip
         raw["reward"] = {"functions": [{"name": "gsm8k",
@@ -471,6 +473,8 @@ def compare(args) -> dict:
             path = tmp / f"trl_{variant}_{side}.json"
             sides[side] = run_side(bench_command("trl", *cmd, *common), path, args.timeout)
             print(variant, side, {k: v for k, v in sides[side].items() if k != "step_s"})
+            res["variants"][variant] = {"sides": sides}  # a run cut short keeps what it has
+            write_result({**res, "partial": True}, args.out_dir, result_name(args))
         entry: dict = {"sides": sides}
         t, d = (sides.get(s, {}).get("median_step_s") for s in ("trl", "danka"))
         if t and d:
@@ -489,7 +493,11 @@ def compare(args) -> dict:
     return res
 
 
+def result_name(args) -> str:
+    model = "tiny" if args.tiny else Path(args.model).stem
+    return args.name or f"trl_{model}_{args.prompts}x{args.generations}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    model = "tiny" if args.tiny else Path(args.model).stem
-    return sides_main(args, one_side, compare, f"trl_{model}_{args.prompts}x{args.generations}")
+    return sides_main(args, one_side, compare, result_name(args))

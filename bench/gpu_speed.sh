@@ -16,9 +16,9 @@
 # time it needs before DEADLINE, item 5's share kept):
 #   1. where the real step's time goes: GRPO (64 x 8 x <= 512) then PPO (256 x 1) of
 #      examples/gsm8k_*.yaml, 1 warm-up + 2 timed steps, the last profiled per phase; GRPO
-#      variants base, mb16, mb32, chunk1024, full on one mini-batch           (~130 + ~90 s)
+#      variants base, mb16, mb32, chunk1024, full on one mini-batch          (~165 + ~105 s)
 #   2. the update's MFU at 0.5B, LoRA and full-parameter, real weights, 16 x 512 tokens;
-#      the log-prob head at 8 x 512 and 8 x 1024 response tokens                      (~50 s)
+#      the log-prob head at 8 x 512 and 8 x 1024 response tokens                      (~45 s)
 #   3. rollout at the real shape: 256 GSM8K prompts x <= 512 new tokens, EOS off and on,
 #      LoRA r32 live (lora_compute auto) vs HF static cache, each side fresh; profile (~100 s)
 #   4. TRL vs danka, GSM8K settings, 8 x 8, LoRA, 3 steps: only when time is left (the
@@ -100,19 +100,19 @@ prep() {
 
 part_all() {
   prep
-  item "1a. gsm8k_step GRPO" 180 360 python3 -m bench train --name gsm8k_step_grpo \
+  item "1a. gsm8k_step GRPO" 180 370 python3 -m bench train --name gsm8k_step_grpo \
     --only gsm8k_step --step-algos grpo --gsm8k-model "$GGUF" --gsm8k-data "$DATA" --profile \
     --step-variants base,mb16,mb32,chunk1024,full --variants-budget-s 50
-  item "1b. gsm8k_step PPO" 110 270 python3 -m bench train --name gsm8k_step_ppo \
+  item "1b. gsm8k_step PPO" 130 265 python3 -m bench train --name gsm8k_step_ppo \
     --only gsm8k_step --step-algos ppo --gsm8k-model "$GGUF" --gsm8k-data "$DATA" --profile
-  item "2. update MFU + log-prob head" 75 220 python3 -m bench train --name update_05b_real \
+  item "2. update MFU + log-prob head" 70 220 python3 -m bench train --name update_05b_real \
     --only update_05b,logprob_memory --gsm8k-model "$GGUF" \
-    --update-variants mb16+lora,mb16,mb8 --head-responses 512,1024 --profile --profile-steps 2
+    --update-variants mb16+lora,mb16 --head-responses 512,1024 --profile --profile-steps 2
   item "3. rollout 256 x 512" 130 120 python3 -m bench rollout --timeout 120 \
     --name rollout_qwen05_gsm8k_256x512 --model "$GGUF" --prompts-from "$DATA" --prompts 256 \
     --new-tokens 512 --eos both --lora --lora-modes auto --lora-rank 32 \
     --sides fast-default,hf-static --check-rows 16 --profile
-  item "4. TRL vs danka (small)" 150 150 python3 -m bench trl --name trl_qwen05_gsm8k_8x8_lora \
+  item "4. TRL vs danka (small)" 150 140 python3 -m bench trl --name trl_qwen05_gsm8k_8x8_lora \
     --model "$GGUF" --task gsm8k --gsm8k-data "$DATA" --variants lora --prompts 8 \
     --generations 8 --new-tokens 512 --micro 8 --steps 3 --timeout 140
   item "5. plan vs measured" 170 0 python3 -m bench plan-check --gguf "$GGUF" \

@@ -130,7 +130,9 @@ def profiler_hook(dev, phases: set[str], phase_s: dict[str, float], profiles: di
     """A ``danka_side.step_result`` hook: each phase in ``phases`` runs under its own
     profiler (CUDA activity only), its top 20 kernels as shares of ``phase_s[phase]`` (the
     unprofiled step's seconds) stored in ``profiles``. A profiler failure is recorded and
-    the phase runs as usual; the phase's own errors propagate."""
+    the phase runs as usual; the phase's own errors propagate. Should the device-only trace
+    come back without kernels, the later phases record the CPU operators too."""
+    cpu_ops = [False]
 
     def hook(phase: str, call):
         if phase not in phases:
@@ -145,8 +147,9 @@ def profiler_hook(dev, phases: set[str], phase_s: dict[str, float], profiles: di
 
         try:
             _, profiles[phase] = profile_call(
-                run, dev, steps=1, top=20, step_s=phase_s.get(phase), cpu_ops=False
+                run, dev, steps=1, top=20, step_s=phase_s.get(phase), cpu_ops=cpu_ops[0]
             )
+            cpu_ops[0] = cpu_ops[0] or "note" in profiles[phase]  # no kernel seen: see above
         except Exception as err:  # noqa: BLE001 - the profiler, not the phase
             profiles[phase] = {"error": error_text(err)}
         if "error" in box:

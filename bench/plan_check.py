@@ -303,6 +303,9 @@ def measure(args) -> dict:
             cmd, folder, over = qwen_command(args, name, model, work)
             plan = start_estimate(ROOT / "examples" / QWEN_RUNS[name], over, "24GiB")
             runs[name] = (cmd, folder, plan, over)
+    write_result(
+        {"bench": "plan-check", "partial": True, **out}, args.out_dir, args.name or "plan_check"
+    )  # the rows read from gsm8k_step, at once
     procs: dict[str, subprocess.Popen] = {}
     card = None
     order = list(runs) + (["small-card"] if "small-card" in names else [])

@@ -184,8 +184,9 @@ def step_record(result, counts: Counts, run, cfg) -> dict:
 def phase_rows(rec: dict, counts: Counts) -> dict[str, dict]:
     """Per phase of a step record: seconds, share, tokens, tok/s, TFLOP, MFU, peak."""
     tokens = rec["prompt_tokens"] + rec["response_tokens"]
-    per_phase_tokens = {"rollout": rec["response_tokens"], "logprobs": tokens,
-                        "values": tokens, "update": tokens}  # fmt: skip
+    per_phase_tokens = {"rollout": rec["response_tokens"], "logprobs": tokens, "update": tokens}
+    if rec["flops"].get("values"):  # a critic's forward (GRPO has none)
+        per_phase_tokens["values"] = tokens
     step_s = rec["seconds"].get("step")
     rows = {}
     order = [*PHASES, "step"] + sorted(set(rec["seconds"]) - {*PHASES, "step"})
@@ -471,6 +472,8 @@ def report(algo: str, r: dict) -> str:
     for phase, prof in r.get("profile", {}).items():
         if "error" in prof:
             lines.append(f"profile {phase}: {prof['error']}")
+            continue
+        if not prof.get("kernels"):  # e.g. GRPO's values: no critic, nothing ran
             continue
         busy = _pct(prof.get("gpu_busy_frac"))
         classes = ", ".join(f"{k} {v:.0f} ms" for k, v in list(prof["classes"].items())[:4])

@@ -43,13 +43,15 @@ import torch
 from bench import danka_side as ds
 from bench.common import GIB, ROOT, child_env, error_text, fmt, free
 from bench.flops import FORMULA, Counts, mfu, mfu_6nt, phase_flops
+from bench.gsm8k_data import data_path
 from bench.kernel_profile import profile_call
 from bench.ppo_memory import compare
+from bench.step_report import report
+from bench.step_variants import full_variants, lora_variants, parse_variant
 from danka.config import load_config
 
 EXAMPLES = ROOT / "examples"
 PHASES = ("rollout", "reward", "logprobs", "values", "advantages", "update")
-TRAINED = ("logprobs", "values", "update")  # the phases a variant reruns (+ advantages)
 
 
 def step_overrides(args, dev, algo: str, model: str, data: str, out_dir: Path) -> list[str]:
@@ -86,9 +88,7 @@ def inputs(args, tmp: Path) -> tuple[str, str]:
         from danka.models.gguf import ensure_converted
 
         model = str(ensure_converted(model))
-    data = Path(args.gsm8k_data)
-    if not data.is_absolute():
-        data = data if data.exists() else ROOT / data
+    data = data_path(args.gsm8k_data)
     if not data.is_file():
         raise FileNotFoundError(f"GSM8K rows not found: {args.gsm8k_data}")
     return model, str(data)
@@ -249,107 +249,6 @@ def _median_seconds(records: list[dict]) -> dict[str, float]:
     return {k: statistics.median(r["seconds"].get(k, 0.0) for r in records) for k in keys}
 
 
-# ----------------------------------------------------------------------- the variants
-
-
-def parse_variant(spec: str) -> dict:
-    """``mb16+gc`` -> {"micro": 16, "chunk": None, "gc": True, "full": False}."""
-    out: dict = {"micro": None, "chunk": None, "gc": False, "full": False}
-    for part in spec.split("+"):
-        if part.startswith("mb"):
-            out["micro"] = int(part[2:])
-        elif part.startswith("chunk"):
-            out["chunk"] = int(part[5:])
-        elif part in ("gc", "full"):
-            out[part] = True
-        elif part != "base":
-            raise ValueError(f"unknown variant part {part!r} in {spec!r} (mbN, chunkN, gc, full)")
-    return out
-
-
-def variant_one(dev, run, cfg, scored, step: int, v: dict, base_micro: int) -> dict:
-    """Steps 4-7 on ``scored`` at the variant's sizes; the run's sizes restored after."""
-    counts = Counts.of(ds.policy_of(run))
-    micro = v["micro"] or base_micro
-    ds.set_micro_batch(run, micro)
-    if v["gc"]:
-        ds.set_checkpointing(run, True)
-    try:
-        seconds, peaks, prepared = ds.prepare_and_update(run, scored, step, chunk=v["chunk"])
-    finally:
-        if v["gc"] and not cfg.model.use_gradient_checkpointing:
-            ds.set_checkpointing(run, False)
-        after = ds.micro_batch(run)
-        ds.set_micro_batch(run, base_micro)
-    b = scored.batch
-    prompt, response = float(b.prompt_mask.sum()), float(b.response_mask.sum())
-    flops = phase_flops(
-        counts, prompt=prompt, response=response, sequences=b.size,
-        logprob_passes=ds.logprob_passes(prepared), critic=ds.needs_critic(run),
-        full=v["full"], epochs=cfg.trainer.ppo_epochs,
-    )  # fmt: skip
-    seconds["trained"] = sum(seconds.get(p, 0.0) for p in TRAINED)
-    rec = {"micro_batch": micro, "micro_batch_after": after,
-           "logprob_chunk": v["chunk"] or ds.logprob_chunk(run), "gc": v["gc"],
-           "full": v["full"], "sequences": b.size, "tokens": prompt + response,
-           "seconds": seconds, "peaks_gib": peaks,
-           "peak_gib": max(peaks.values()) if peaks else None, "flops": flops}  # fmt: skip
-    rec["phases"] = {
-        p: {"s": seconds.get(p), "tok_s": (prompt + response) / seconds[p] if seconds.get(p)
-            else None, "mfu": mfu(flops[p], seconds.get(p)) if flops.get(p) else None}
-        for p in TRAINED if p in seconds and (p != "values" or flops["values"])
-    }  # fmt: skip
-    if v["full"]:
-        rec["phases"]["update"]["mfu_6nt"] = mfu_6nt(counts, prompt + response, seconds["update"])
-    return rec
-
-
-def lora_variants(args, dev, run, cfg, scored, step: int, specs, out: dict, t0: float, save):
-    """The variants of ``specs`` that keep the run's LoRA, on ``run``, uncapped; the run's
-    planned micro-batch (the full-parameter variants start from it too)."""
-    base_micro = ds.micro_batch(run)
-    if dev.type == "cuda":
-        ds.cap_process(1 << 60, dev)  # uncapped: see the module docstring
-    for spec, v in specs:
-        out[spec] = _guarded(args, t0, lambda v=v: variant_one(
-            dev, run, cfg, scored, step, v, base_micro))  # fmt: skip
-        save()
-    return base_micro
-
-
-def full_variants(args, dev, log, config, over, scored, step, specs, base_micro, out, t0, save):
-    """The full-parameter variants on a second run of the same config without LoRA (lr
-    1e-6, uncapped), built after the LoRA run was freed."""
-    if time.perf_counter() - t0 > args.variants_budget_s:
-        out.update({spec: {"skipped": "variants budget spent"} for spec, _ in specs})
-        return
-    try:
-        extra = ["lora.enable_lora=false", "optim.lr=1e-6", "speed.gpu_memory=null"]
-        cfg, base_dir = load_config(str(config), over + extra)
-        run = ds.build_run_from_config(cfg, base_dir, Path(cfg.output_dir), log)
-    except Exception as err:  # noqa: BLE001
-        out.update({spec: {"error": error_text(err)} for spec, _ in specs})
-        return
-    try:
-        for spec, v in specs:
-            out[spec] = _guarded(args, t0, lambda v=v: variant_one(
-                dev, run, cfg, scored, step, v, base_micro))  # fmt: skip
-            save()
-    finally:
-        ds.close_run(run)
-
-
-def _guarded(args, t0: float, fn) -> dict:
-    if time.perf_counter() - t0 > args.variants_budget_s:
-        return {"skipped": "variants budget spent"}
-    try:
-        return fn()
-    except Exception as err:  # noqa: BLE001 - one variant failing keeps the others
-        return {"error": error_text(err)}
-    finally:
-        free(torch.device("cuda") if torch.cuda.is_available() else "cpu")
-
-
 # ------------------------------------------------------------------------- the section
 
 
@@ -425,104 +324,4 @@ def gsm8k_step(args, dev: torch.device, log) -> dict:
             out["algos"][algo] = {"error": error_text(err)}
         free(dev)
         print(report(algo, out["algos"][algo]), flush=True)
-    return out
-
-
-# ------------------------------------------------------------------------- the tables
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _k(x) -> str:
-    return "-" if x is None else f"{x / 1e3:.1f}k"
-
-
-def report(algo: str, r: dict) -> str:
-    """The readable summary of one algorithm: phases, plan vs measured, top kernels,
-    variants."""
-    if "error" in r:
-        return f"\n== gsm8k_step {algo}: ERROR {r['error']}"
-    z = r["sizes"]
-    lines = [
-        f"\n== gsm8k_step {algo.upper()}: {r['config']}, {z['prompts']} x "
-        f"{z['samples_per_prompt']} x <= {z['max_new_tokens']} new tokens, micro-batch "
-        f"{z['micro_batch']}, log-prob chunk {z['logprob_chunk']}, "
-        f"{'LoRA r' + str(r['lora_r']) if r['lora'] else 'full-parameter'}; timed steps "
-        f"{r['timed_steps']} (median)",
-        f"{'phase':<11}{'s':>8}{'share':>8}{'tokens':>10}{'tok/s':>9}{'TFLOP':>8}"
-        f"{'MFU':>7}{'peak GiB':>10}  top kernel (% of phase)",
-    ]
-    for phase, row in r["phases"].items():
-        prof = r.get("profile", {}).get(phase, {})
-        top = (prof.get("kernels") or [{}])[0]
-        top_s = f"{top['name'][:48]} ({fmt(top.get('pct_of_step'), '{:.0f}')}%)" if top else ""
-        lines.append(
-            f"{phase:<11}{fmt(row['s']):>8}{_pct(row['share']):>8}"
-            f"{fmt(row.get('tokens'), '{:,.0f}'):>10}{_k(row.get('tok_s')):>9}"
-            f"{fmt(row.get('tflop'), '{:.1f}'):>8}{_pct(row.get('mfu')):>7}"
-            f"{fmt(row.get('peak_gib')):>10}  {top_s}"
-        )
-    vs = r.get("vs_plan")
-    if vs:
-        cells = [f"{k} {fmt(v['estimate_gib'])}/{fmt(v['measured_gib'])} "
-                 f"({fmt(v['rel_error'], '{:+.0%}')})" for k, v in vs.items() if k != "within_15pct"]  # fmt: skip
-        lines.append("plan/measured GiB: " + ", ".join(cells))
-    for phase, prof in r.get("profile", {}).items():
-        if "error" in prof:
-            lines.append(f"profile {phase}: {prof['error']}")
-            continue
-        if not prof.get("kernels"):  # e.g. GRPO's values: no critic, nothing ran
-            continue
-        busy = _pct(prof.get("gpu_busy_frac"))
-        classes = ", ".join(f"{k} {v:.0f} ms" for k, v in list(prof["classes"].items())[:4])
-        lines.append(f"profile {phase}: kernels {fmt(prof['kernel_ms_per_step'], '{:.0f}')} ms, "
-                     f"GPU busy {busy}: {classes}")  # fmt: skip
-        for k in prof["kernels"][:5]:
-            lines.append(
-                f"    {fmt(k['pct_of_step'], '{:5.1f}')}%  {k['calls']:>7.0f} x  {k['name'][:90]}"
-            )
-    if r.get("variants"):
-        on = r["variants_on"]
-        lines.append(f"variants: steps 4-7 on {on['sequences']} of {on['of']} sequences, uncapped")
-        lines.append(f"{'variant':<16}{'micro':>6}{'chunk':>6}{'logprobs s':>11}{'update s':>9}"
-                     f"{'upd tok/s':>10}{'upd MFU':>8}{'6NT':>7}{'peak GiB':>9}")  # fmt: skip
-        for name, v in r["variants"].items():
-            if "phases" not in v:
-                lines.append(f"{name:<16}{v.get('error') or v.get('skipped')}")
-                continue
-            up = v["phases"].get("update", {})
-            lines.append(
-                f"{name:<16}{v['micro_batch']:>6}{v['logprob_chunk']:>6}"
-                f"{fmt(v['seconds'].get('logprobs')):>11}{fmt(v['seconds'].get('update')):>9}"
-                f"{_k(up.get('tok_s')):>10}{_pct(up.get('mfu')):>8}{_pct(up.get('mfu_6nt')):>7}"
-                f"{fmt(v['peak_gib']):>9}"
-            )
-    return "\n".join(lines)
-
-
-def rows(res: dict) -> list[tuple[str, str, str]]:
-    """(metric, value, reference) rows for ``python -m bench train``'s final table."""
-    out = []
-    for algo, r in res["algos"].items():
-        if "error" in r:
-            out.append((f"{algo}", "ERROR", r["error"][:60]))
-            continue
-        step = r["phases"].get("step", {})
-        out.append((f"{algo} step s | peak GiB", f"{fmt(step.get('s'))} | "
-                    f"{fmt((r['phase_peak_gib'] or {}).get('step'))}",
-                    f"micro {r['sizes']['micro_batch']}, chunk {r['sizes']['logprob_chunk']}"))  # fmt: skip
-        for phase in ("rollout", "logprobs", "values", "update"):
-            row = r["phases"].get(phase)
-            if row and row["s"] > 0.0005:
-                out.append((f"{algo} {phase} s | tok/s | MFU",
-                            f"{fmt(row['s'])} | {_k(row.get('tok_s'))} | {_pct(row.get('mfu'))}",
-                            f"peak {fmt(row.get('peak_gib'))} GiB"))  # fmt: skip
-        for name, v in (r.get("variants") or {}).items():
-            up = (v.get("phases") or {}).get("update", {})
-            value = (f"{fmt(v['seconds']['trained'])} | {_pct(up.get('mfu'))}" if "phases" in v
-                     else (v.get("error") or v.get("skipped") or "")[:40])  # fmt: skip
-            out.append((f"{algo} variant {name} s(4-7) | upd MFU", value,
-                        f"peak {fmt(v.get('peak_gib'))} GiB" if "phases" in v else ""))  # fmt: skip
     return out

@@ -54,6 +54,7 @@ from bench.common import (
     parser,
     write_result,
 )
+from bench.gsm8k_data import data_path
 from bench.gsm8k_step import read_estimate, start_estimate
 from bench.ppo_memory import SIZES, compare, save_checkpoint, step_overrides, with_estimate
 
@@ -112,8 +113,7 @@ def seed_data(args, work: Path) -> Path:
     from danka.cli import main as danka_main
 
     out = work / "mini_gsm8k.json"
-    src = Path(args.gsm8k_data)
-    src = src if src.is_absolute() or src.exists() else ROOT / src
+    src = data_path(args.gsm8k_data)
     if danka_main(["data", "seed-mini", "--input", str(src), "--output", str(out)]) != 0:
         raise RuntimeError("danka data seed-mini failed")
     return out
@@ -146,8 +146,7 @@ def qwen_command(args, name: str, model: str, work: Path) -> tuple[list[str], Pa
     (``--tiny``: a few short samples on the CPU)."""
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
-    src = Path(args.gsm8k_data)
-    src = src if src.is_absolute() or src.exists() else ROOT / src
+    src = data_path(args.gsm8k_data)
     over = [f"model.actor_model_name_or_path={model}", f"data.train_dataset={src}",
             "data.eval_dataset=null", f"trainer.total_steps={args.steps}",
             "trainer.max_train_minutes=null", "checkpoint.save_minutes=null",

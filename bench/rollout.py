@@ -56,6 +56,7 @@ from bench.common import (
     write_result,
 )
 from bench.kernel_profile import profile_or_error
+from bench.rollout_real import eos_ids, generated_tokens, goals, gsm8k_prompts
 from danka.data.template import left_pad
 from danka.rollout.base import EngineOptions, SamplingParams, build_engine
 from danka.rollout.fast import FastEngine
@@ -118,48 +119,6 @@ def make_prompts(args, vocab: int) -> list[list[int]]:
     lo = max(1, int(0.8 * args.prompt_len))
     lens = torch.randint(lo, args.prompt_len + 1, (args.prompts,), generator=g).tolist()
     return [torch.randint(100, vocab - 100, (n,), generator=g).tolist() for n in lens]
-
-
-def example_instruction() -> str:
-    """``data.instruction`` of examples/gsm8k_grpo.yaml (verl's "####" instruction)."""
-    import yaml
-
-    path = Path(__file__).resolve().parents[1] / "examples" / "gsm8k_grpo.yaml"
-    return yaml.safe_load(path.read_text())["data"]["instruction"]
-
-
-def gsm8k_prompts(args) -> list[list[int]]:
-    """The first ``--prompts`` rows of ``--prompts-from`` (repeated when it has fewer)."""
-    from danka.data.formats import Columns, load_prompt_rows
-    from danka.data.template import encode_prompts
-
-    rows = load_prompt_rows(args.prompts_from, Columns(fmt="gsm8k")).rows
-    rows = (rows * (args.prompts // len(rows) + 1))[: args.prompts]
-    instruction = example_instruction() if args.instruction is None else args.instruction
-    enc = encode_prompts(tokenizer(args), rows, max_prompt_length=1 << 16, instruction=instruction)
-    return enc.input_ids
-
-
-def tokenizer(args):
-    from danka.models.loading import load_tokenizer
-
-    return load_tokenizer(args.model, log=lambda *_: None)
-
-
-def eos_ids(args) -> list[int]:
-    """The ids that end an answer for ``--model`` (danka's own stop ids)."""
-    from danka.models.loading import stop_ids
-
-    return stop_ids(tokenizer(args))
-
-
-def generated_tokens(response_ids: torch.Tensor, eos: list[int]) -> int:
-    """Tokens up to and including each row's first end token (all of a row without one)."""
-    if not eos:
-        return response_ids.numel()
-    hit = torch.isin(response_ids, torch.tensor(eos))
-    first = torch.where(hit.any(1), hit.float().argmax(1) + 1, response_ids.shape[1])
-    return int(first.sum())
 
 
 @torch.no_grad()
@@ -444,29 +403,6 @@ def compare(args) -> dict:
     res["goals"] = goals(res)
     shutil.rmtree(tmp, ignore_errors=True)
     return res
-
-
-GOAL_OVER_HF_STATIC, GOAL_TOK_S = 4.0, 50_000
-
-
-def goals(res: dict) -> dict:
-    """The rollout goals, for the engine ``danka train`` builds (side ``fast-default``; else
-    ``fast``) with a live LoRA in the default mode when measured: >= 4x HF's static cache
-    and >= 50k generated tokens/s, EOS off (equal work) and on."""
-    side = "fast-default" if "fast-default" in res["sides"] else "fast"
-    fast, hf = res["sides"].get(side, {}), res["sides"].get("hf-static", {})
-    prefix = next((p for p in ("lora_auto_", "lora_base_", "") if f"{p}tok_s" in fast), "")
-    out: dict = {"side": side, "variant": prefix.rstrip("_") or "plain",
-                 "over_hf_static_goal": GOAL_OVER_HF_STATIC, "tok_s_goal": GOAL_TOK_S}  # fmt: skip
-    for tag in ("", "eos_"):
-        got, base = fast.get(f"{tag}{prefix}tok_s"), hf.get(f"{tag}tok_s")
-        name = "eos_on" if tag else "eos_off"
-        if got:
-            out[name] = {"tok_s": got, "tok_s_met": got >= GOAL_TOK_S}
-            if base:
-                out[name].update(over_hf_static=got / base,
-                                 over_met=got / base >= GOAL_OVER_HF_STATIC)  # fmt: skip
-    return out
 
 
 def result_name(args) -> str:

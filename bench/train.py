@@ -49,9 +49,9 @@ from bench.common import (
     write_result,
 )
 from bench.gsm8k_step import gsm8k_step
-from bench.gsm8k_step import rows as gsm8k_step_rows
 from bench.packing import packing, packing_rows, packing_step, packing_step_rows
 from bench.ppo_memory import ppo_7b, ppo_rows
+from bench.step_report import rows as gsm8k_step_rows
 from bench.training import gc_active, pick_size, run_steps, synthetic_gsm8k
 from bench.update_mfu import logprob_memory, logprob_rows, update_05b, update_rows
 from danka.config import load_config

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import flops, gsm8k_step, plan_check, rollout, train, vs_trl
+from bench import flops, plan_check, rollout, step_variants, train, vs_trl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,12 +51,12 @@ def test_tiny_gsm8k_step_phases_profile_variants_and_plan(tmp_path):
 
 
 def test_variant_names_parse():
-    assert gsm8k_step.parse_variant("mb32+gc") == {
+    assert step_variants.parse_variant("mb32+gc") == {
         "micro": 32, "chunk": None, "gc": True, "full": False}  # fmt: skip
-    assert gsm8k_step.parse_variant("full+chunk512")["chunk"] == 512
-    assert gsm8k_step.parse_variant("base") == gsm8k_step.parse_variant("base")
+    assert step_variants.parse_variant("full+chunk512")["chunk"] == 512
+    assert step_variants.parse_variant("base") == step_variants.parse_variant("base")
     with pytest.raises(ValueError, match="mbN, chunkN"):
-        gsm8k_step.parse_variant("micro8")
+        step_variants.parse_variant("micro8")
 
 
 def test_flops_worked_by_hand():
@@ -116,7 +116,7 @@ def test_gpu_speed_script_commands_parse():
         args = parsers[sub](argv)  # an unknown flag or a bad value exits here
         if sub == "train":
             for spec in (args.step_variants or "").split(","):
-                gsm8k_step.parse_variant(spec)
+                step_variants.parse_variant(spec)
             assert set(args.only.split(",")) <= set(train.SECTIONS)
 
 

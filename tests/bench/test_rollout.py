@@ -65,7 +65,7 @@ def test_real_shape_path_gsm8k_prompts_eos_both_default_engine(tmp_path):
 
 
 def test_generated_tokens_stop_at_the_first_end_token():
-    from bench.rollout import generated_tokens
+    from bench.rollout_real import generated_tokens
 
     ids = torch.tensor([[5, 9, 2, 9], [5, 5, 5, 5], [9, 0, 0, 0]])
     assert generated_tokens(ids, [9]) == 2 + 4 + 1

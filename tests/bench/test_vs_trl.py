@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from bench import danka_side, vs_trl
+from bench.gsm8k_data import GSM8K_EXAMPLE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,7 +116,7 @@ def test_gsm8k_task_is_the_examples_settings_on_both_sides(tmp_path, variant):
     from danka.config import load_config
 
     args = _gsm8k_args(tmp_path, variant)
-    example, _ = load_config(str(vs_trl.GSM8K_EXAMPLE), [])
+    example, _ = load_config(str(GSM8K_EXAMPLE), [])
     raw = vs_trl.danka_config(args, "HuggingFaceTB/SmolLM2-135M-Instruct",
                               vs_trl.gsm8k_data(args), tmp_path)  # fmt: skip
     path = tmp_path / "c.yaml"
@@ -136,7 +137,7 @@ def test_gsm8k_task_is_the_examples_settings_on_both_sides(tmp_path, variant):
 
 def test_gsm8k_rows_and_strict_reward_as_danka_scores_them(tmp_path):
     args = _gsm8k_args(tmp_path, "lora")
-    rows = vs_trl.gsm8k_rows(args, 3)
+    rows = vs_trl.trl_rows(args, 3)
     assert [r["answer"] for r in rows] == ["0", "1", "2"]
     (msg,) = rows[1]["prompt"]  # one user message: the question, then the instruction
     assert msg["role"] == "user" and msg["content"].startswith("Tom has 1 apples. How many? ")

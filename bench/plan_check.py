@@ -216,7 +216,7 @@ def with_plan(res: dict, plan: dict) -> dict:
 
 def small_card(args, work: Path, dev: torch.device) -> tuple[subprocess.Popen, Path]:
     cmd = bench_command("small-card", "--budget", args.budget, "--out-dir", str(work),
-                        "--name", "small_card", "--steps", str(args.steps))  # fmt: skip
+                        "--name", "plan_check_small_card", "--steps", str(args.steps))  # fmt: skip
     cmd += ["--tiny", "--device", "cpu"] if args.tiny else []
     folder = work / "small-card"
     folder.mkdir(parents=True, exist_ok=True)
@@ -228,7 +228,7 @@ def small_card_result(work: Path, dev: torch.device, tiny: bool) -> dict:
     from bench.training import shape
     from danka.models import tiny as tiny_models
 
-    res = json.loads((work / "small_card.json").read_text())
+    res = json.loads((work / "plan_check_small_card.json").read_text())
     z = SimpleNamespace(**SIZES[1 if tiny else 0])
     over = step_overrides(z, dev, res["micro_batch_final"])
     engine = next(o.split("=")[1] for o in res["overrides"] if o.startswith("rollout.engine="))

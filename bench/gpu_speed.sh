@@ -108,7 +108,7 @@ part_all() {
   item "2. update MFU + log-prob head" 70 220 python3 -m bench train --name update_05b_real \
     --only update_05b,logprob_memory --gsm8k-model "$GGUF" \
     --update-variants mb16+lora,mb16 --head-responses 512,1024 --profile --profile-steps 2
-  item "3. rollout 256 x 512" 130 120 python3 -m bench rollout --timeout 120 \
+  item "3. rollout 256 x 512" 160 120 python3 -m bench rollout --timeout 110 \
     --name rollout_qwen05_gsm8k_256x512 --model "$GGUF" --prompts-from "$DATA" --prompts 256 \
     --new-tokens 512 --eos both --lora --lora-modes auto --lora-rank 32 \
     --sides fast-default,hf-static --check-rows 16 --profile

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Speed and memory where users feel them: the real GSM8K step on Qwen2.5-Coder-0.5B-Instruct,
 # on one H200. Run from the repository root, the GGUF already on the machine (its chunks
-# travel as for bench/gpu_gsm8k.sh: `bash bench/gpu_speed.sh chunk N`, one call each, then
+# travel as for bench/gpu_gsm8k.sh: `bash bench/gpu_speed.sh chunk GGUF N`, one call each, then
 # the first `prep`/`all` joins and checks them); carry .whl (gguf) and .whl_trl (TRL 1.16.0 +
 # datasets, dill, multiprocess) and data (data/gsm8k/*.jsonl).
 #   bash bench/gpu_speed.sh chunk GGUF N      # N = 1..9: .carry/cN -> GGUF's folder
@@ -16,7 +16,7 @@
 # time it needs before DEADLINE, item 5's share kept):
 #   1. where the real step's time goes: GRPO (64 x 8 x <= 512) then PPO (256 x 1) of
 #      examples/gsm8k_*.yaml, 1 warm-up + 2 timed steps, the last profiled per phase; GRPO
-#      variants base, mb16, mb32, chunk1024, full on one mini-batch          (~165 + ~105 s)
+#      variants base, mb16, mb32, chunk1024 on one mini-batch                (~145 + ~105 s)
 #   2. the update's MFU at 0.5B, LoRA and full-parameter, real weights, 16 x 512 tokens;
 #      the log-prob head at 8 x 512 and 8 x 1024 response tokens                      (~45 s)
 #   3. rollout at the real shape: 256 GSM8K prompts x <= 512 new tokens, EOS off and on,
@@ -26,7 +26,9 @@
 #   5. memory plan vs measured: the seed's single_card_ppo.yaml verbatim at the Qwen2-7B
 #      shape (micro-batch auto under 24 GiB, and 4 uncapped), the 7B bench config
 #      (small-card), the 0.5B GSM8K configs from item 1; runs in parallel        (~120 s)
-# Left out of `all` to fit (run by `trl`): variants chunk512, mb16+gc, mb32+gc, full+mb16.
+# Left out of `all` to fit (run by `trl`): variants chunk512, mb16+gc, mb32+gc, full, full+mb16
+# (item 2 has the full-parameter update on 16 x 512). Expected: ~15 s prep, then 145, 105, 45,
+# 100, (4 skipped), 120: ~530 s.
 # Writes JSON to bench/results/ (copies in $OUT) and the log to $OUT/gpu_speed_<part>.log.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -102,7 +104,7 @@ part_all() {
   prep
   item "1a. gsm8k_step GRPO" 180 370 python3 -m bench train --name gsm8k_step_grpo \
     --only gsm8k_step --step-algos grpo --gsm8k-model "$GGUF" --gsm8k-data "$DATA" --profile \
-    --step-variants base,mb16,mb32,chunk1024,full --variants-budget-s 50
+    --step-variants base,mb16,mb32,chunk1024 --variants-budget-s 40
   item "1b. gsm8k_step PPO" 130 265 python3 -m bench train --name gsm8k_step_ppo \
     --only gsm8k_step --step-algos ppo --gsm8k-model "$GGUF" --gsm8k-data "$DATA" --profile
   item "2. update MFU + log-prob head" 70 220 python3 -m bench train --name update_05b_real \
@@ -137,7 +139,7 @@ part_trl() {
   item "1c. GRPO variants left out of all" 200 0 python3 -m bench train \
     --name gsm8k_step_grpo_more --only gsm8k_step --step-algos grpo --step-steps 1 \
     --gsm8k-model "$GGUF" --gsm8k-data "$DATA" \
-    --step-variants base,chunk512,mb16+gc,mb32+gc,full+mb16 --variants-budget-s 120
+    --step-variants base,chunk512,mb16+gc,mb32+gc,full,full+mb16 --variants-budget-s 120
 }
 
 part_tests() {

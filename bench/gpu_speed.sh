@@ -8,8 +8,8 @@
 #   bash bench/gpu_speed.sh prep GGUF         # join + sha256 if needed, wheels, convert once
 #                                             # (~1-2 min when not converted yet)
 #   bash bench/gpu_speed.sh all GGUF          # items 1-5 below, ~9 min (DEADLINE=560 s)
-#   bash bench/gpu_speed.sh trl GGUF          # TRL vs danka at the GSM8K shape, LoRA + full,
-#                                             # TRL_PROMPTS x 8 (default 32), then the step
+#   bash bench/gpu_speed.sh trl GGUF          # TRL vs danka at the GSM8K settings, LoRA + full,
+#                                             # TRL_PROMPTS x 8 (default 16), then the step
 #                                             # variants `all` leaves out; ~8 min
 #   bash bench/gpu_speed.sh tests GGUF        # the plan-vs-measured GPU test matrix (~6 min)
 # `all`, in order (expected seconds on a solo H200; each capped, none started without the
@@ -124,18 +124,21 @@ part_all() {
 
 part_trl() {
   prep
-  local p=${TRL_PROMPTS:-32}
-  # expected at 32 x 8: TRL ~110 s + danka ~85 s a variant (TRL's HF generate runs until the
-  # longest answer ends); the example's 64 x 8 would be ~250 s a variant. Each side is capped
-  # at 140 s: a side over it is recorded as timed out and the other side still runs.
-  item "4. TRL vs danka ${p} x 8, LoRA" 290 200 python3 -m bench trl \
-    --name "trl_qwen05_gsm8k_${p}x8_lora" --model "$GGUF" --task gsm8k --gsm8k-data "$DATA" \
-    --variants lora --prompts "$p" --generations 8 --new-tokens 512 --micro 8 --steps 3 \
-    --timeout 140
-  item "4. TRL vs danka ${p} x 8, full" 290 60 python3 -m bench trl \
-    --name "trl_qwen05_gsm8k_${p}x8_full" --model "$GGUF" --task gsm8k --gsm8k-data "$DATA" \
-    --variants full --prompts "$p" --generations 8 --new-tokens 512 --micro 8 --steps 3 \
-    --timeout 140
+  # expected at 16 x 8 (TRL_PROMPTS): TRL ~90 s + danka ~70 s a variant (TRL's HF generate
+  # runs until the longest answer ends: ~15 s a rollout here); 32 x 8 ~150 + 90 s, the
+  # example's 64 x 8 ~250 + 110 s (then one variant a call: TRL_PROMPTS=64 TRL_SIDE_S=300
+  # TRL_VARIANTS=lora, then =full).
+  # Each side is capped at TRL_SIDE_S (180 s): one over it is recorded as timed out and
+  # the other side still runs; the JSON names the batch that was used.
+  local p=${TRL_PROMPTS:-16} side=${TRL_SIDE_S:-180} variants=(${TRL_VARIANTS:-lora full})
+  local i
+  for i in "${!variants[@]}"; do
+    local v=${variants[$i]} later=$(( ${#variants[@]} - i - 1 ))
+    item "4. TRL vs danka ${p} x 8, ${v}" $(( 2 * side + 30 )) $(( 130 + 170 * later )) \
+      python3 -m bench trl --name "trl_qwen05_gsm8k_${p}x8_${v}" --model "$GGUF" --task gsm8k \
+      --gsm8k-data "$DATA" --variants "$v" --prompts "$p" --generations 8 --new-tokens 512 \
+      --micro 8 --steps 3 --timeout "$side"
+  done
   item "1c. GRPO variants left out of all" 200 0 python3 -m bench train \
     --name gsm8k_step_grpo_more --only gsm8k_step --step-algos grpo --step-steps 1 \
     --gsm8k-model "$GGUF" --gsm8k-data "$DATA" \

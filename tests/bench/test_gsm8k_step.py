@@ -94,7 +94,7 @@ def _commands(script: Path) -> list[tuple[str, list[str]]]:
     """Every ``python3 -m bench SUB ARGS`` of a driver script, its variables filled in."""
     text = re.sub(r"\\\n\s*", " ", script.read_text())
     subs = {"$GGUF": "/w/q.gguf", "$DATA": "data/gsm8k/train.jsonl", "$R": "bench/results",
-            "${p}": "32", "$p": "32"}  # fmt: skip
+            "${p}": "16", "$p": "16", "${v}": "lora", "$v": "lora", "$side": "180"}  # fmt: skip
     out = []
     for m in re.finditer(r"python3 -m bench (\S+) ([^\n]*)", text):
         line = m.group(2)
@@ -111,7 +111,7 @@ def test_gpu_speed_script_commands_parse():
                "plan-check": plan_check.parse}  # fmt: skip
     cmds = _commands(script)
     assert [c for c, _ in cmds] == ["train", "train", "train", "rollout", "trl", "plan-check",
-                                    "trl", "trl", "train"]  # fmt: skip
+                                    "trl", "train"]  # fmt: skip
     for sub, argv in cmds:
         args = parsers[sub](argv)  # an unknown flag or a bad value exits here
         if sub == "train":

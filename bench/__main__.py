@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "decode-attention": ("bench.decode_attention", "decode-attention kernels (CUDA)"),
     "shared-prefix": ("bench.shared_prefix", "shared-prefix prefill and training forward"),
     "small-card": ("bench.small_card", "a 24/12 GiB card simulated: micro-batch auto, peaks"),
+    "plan-check": ("bench.plan_check", "memory plan vs measured per phase: seed, 7B, Qwen 0.5B"),
     "scale": ("bench.scale", "1 vs 2 GPUs: same weights, step throughput"),
     "calc-baseline": ("bench.calc_tool_baseline", "untrained calculator accuracy, no tool/tool"),
     "calc-prompt": ("bench.calc_tool_prompt", "untrained valid-call rate per tool prompt design"),

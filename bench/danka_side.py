@@ -35,7 +35,14 @@ from danka.trainer.forward import (
     trim,
 )
 from danka.trainer.models import build_models
-from danka.trainer.records import ON_POLICY, StepResult, TrainBatch
+from danka.trainer.records import (
+    ON_POLICY,
+    Prepared,
+    Scored,
+    StepResult,
+    TrainBatch,
+    select_rollout,
+)
 from danka.trainer.run import PromptSet
 from danka.trainer.setup import build_model_set
 from danka.trainer.stages import Stages
@@ -143,12 +150,15 @@ def packed_length(run: BenchRun) -> int | None:
     return run.built.stages.updating.forward.pack_len
 
 
-def stages_of(run: BenchRun, *, fused_head: bool | None = None) -> Stages:
+def stages_of(run: BenchRun, *, fused_head: bool | None = None, chunk: int | None = None) -> Stages:
     """The run's step stages, the log-prob head's fused chunks on or off when
-    ``fused_head`` is given (``speed.fused_logprob_head`` for this run)."""
+    ``fused_head`` is given (``speed.fused_logprob_head`` for this run) and its chunk of
+    ``chunk`` rows when given (``speed.logprob_chunk_size``)."""
     s = run.built.stages
-    if fused_head is not None:
-        fwd = dataclasses.replace(s.updating.forward, fused_head=fused_head)
+    changes = {"fused_head": fused_head, "chunk_size": chunk}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if changes:
+        fwd = dataclasses.replace(s.updating.forward, **changes)
         s = dataclasses.replace(
             s,
             updating=dataclasses.replace(s.updating, forward=fwd),
@@ -160,14 +170,100 @@ def stages_of(run: BenchRun, *, fused_head: bool | None = None) -> Stages:
 def train_step(run: BenchRun, step: int) -> StepResult:
     """Step ``step`` of the training loop: its typed result (samples, phase seconds,
     peaks); the micro-batch it ended at is the run's from now on."""
-    result = _fit.train_step(stages_of(run), dataclasses.replace(run.state, step=step - 1))
-    run.state = dataclasses.replace(run.state, step=step, micro=result.micro)
-    return result
+    return step_result(run, step)
 
 
 def packing_ratio(run: BenchRun, batch: RolloutBatch) -> float:
     """``packing/effective_token_ratio`` of ``batch`` as the run's update packs it."""
     return effective_token_ratio(batch, run.state.micro, packed_length(run))
+
+
+# the stage calls of one step and the phase the loop's clock charges each to
+STAGE_PHASES = {"sample": "rollout", "score": "reward", "old_and_ref": "logprobs",
+                "values": "values", "advantages": "advantages", "update": "update"}  # fmt: skip
+
+
+class _Hooked:
+    """A step's stages whose phase calls go through ``hook(phase, call)`` (``call()`` runs
+    the stage); every other attribute is the stages' own."""
+
+    def __init__(self, stages: Stages, hook) -> None:
+        self._stages, self._hook = stages, hook
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._stages, name)
+        phase = STAGE_PHASES.get(name)
+        if phase is None:
+            return attr
+        return lambda *a, **k: self._hook(phase, lambda: attr(*a, **k))
+
+
+def step_result(run: BenchRun, step: int, hook=None) -> StepResult:
+    """Step ``step`` of the training loop (``fit.train_step``): its typed result (samples,
+    phase seconds and peaks, the prepared batch); the micro-batch it ended at is the run's
+    from now on. ``hook(phase, call)``, when given, runs each phase's stage call
+    (``call()``, its value returned) inside the loop's own clock, e.g. under a profiler."""
+    s = stages_of(run)
+    state = dataclasses.replace(run.state, step=step - 1)
+    result = _fit.train_step(_Hooked(s, hook) if hook else s, state)
+    run.state = dataclasses.replace(run.state, step=step, micro=result.micro)
+    return result
+
+
+def first_rows(scored: Scored, n: int) -> Scored:
+    """The first ``n`` samples of a scored rollout (whole groups when ``n`` is a multiple of
+    samples_per_prompt: a prompt's samples are adjacent)."""
+    idx = torch.arange(min(n, scored.batch.size))
+    rollout = select_rollout(scored.rollout, idx, scored.batch.group_index[idx])
+    return dataclasses.replace(
+        scored, rollout=rollout, rewards=scored.rewards[idx], valid=scored.valid[idx],
+        parts={k: v[idx] for k, v in scored.parts.items()},
+    )  # fmt: skip
+
+
+def prepare_and_update(run: BenchRun, scored: Scored, step: int, *, chunk: int | None = None):
+    """Steps 4-7 of ``fit.train_step`` (log-probs, values, advantages, update of step
+    ``step``) on an already scored rollout at the run's micro-batch, timed by the loop's own
+    clock: ``(seconds, peaks GiB, prepared)`` per phase. The micro-batch the update ended
+    at (an out-of-memory retry halves it) is the run's from now on."""
+    s, micro = stages_of(run, chunk=chunk), run.state.micro
+    clock = _fit.PhaseClock()
+    with clock("logprobs"):
+        logp, micro = s.old_and_ref(scored, micro)
+    with clock("values"):
+        values, micro = s.values(scored, micro)
+    with clock("advantages"):
+        prepared = s.advantages(scored, logp, values)
+    with clock("update"):
+        _, micro = s.update(prepared, step, micro)
+    run.state = dataclasses.replace(run.state, micro=micro)
+    return dict(clock.seconds), dict(clock.peaks), prepared
+
+
+def logprob_passes(prepared: Prepared) -> int:
+    """Forward passes of the log-probs phase: pi_old unless on-policy, pi_ref with a KL
+    term."""
+    o = prepared.old_and_ref
+    return int(o.old is not ON_POLICY) + int(o.ref is not None)
+
+
+def needs_critic(run: BenchRun) -> bool:
+    return run.built.stages.algo.needs_critic
+
+
+def logprob_chunk(run: BenchRun) -> int:
+    """Rows per chunk of the run's log-prob head (``speed.logprob_chunk_size``, planned)."""
+    return run.built.stages.updating.forward.chunk_size
+
+
+def set_checkpointing(run: BenchRun, on: bool) -> None:
+    """Gradient checkpointing of the trained models on or off (non-reentrant)."""
+    ms = run.built.stages.models
+    for m in {id(m): m for m in (ms.policy, ms.critic_model) if m is not None}.values():
+        if on:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            m.gradient_checkpointing_disable()
 
 
 def train_batch(batch: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:

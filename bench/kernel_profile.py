@@ -7,7 +7,7 @@ are not in the trace) and returns a JSON-ready dict:
 * ``kernels``: the ``top`` CUDA kernels by total device time, each with ``name`` (cut at
   160 characters), ``calls`` (per step), ``total_ms`` (per step) and ``pct_of_step``
   (share of the step's wall time: ``step_s`` when given, i.e. an unprofiled timing, else
-  the profiled wall time per step);
+  the profiled wall time per step) and ``pct_of_kernels`` (share of all kernel time);
 * ``classes``: the same time summed by kernel class (gemm, attention, norm/softmax/reduce,
   copy/cast/fill, elementwise/other), ``kernel_ms_per_step`` (all kernels) and
   ``gpu_busy_frac`` = kernel time / step time: below 1 the GPU waits on the host (launches,
@@ -66,6 +66,7 @@ def summarize(
                 "calls": calls / steps,
                 "total_ms": us / 1e3 / steps,
                 "pct_of_step": 100 * us / 1e3 / steps / step_ms if step_ms > 0 else None,
+                "pct_of_kernels": 100 * us / 1e3 / steps / total_ms if total_ms > 0 else None,
             }
             for name, (calls, us) in rows[:top]
         ],
@@ -83,16 +84,39 @@ def top_kernels(
 ) -> dict[str, object]:
     """Profile ``steps`` calls of ``fn`` (already warmed up) on ``device``; see the module
     docstring for the fields."""
+
+    def run() -> None:
+        for _ in range(steps):
+            fn()
+
+    return profile_call(run, device, steps=steps, top=top, step_s=step_s)[1]
+
+
+def profile_call(
+    fn: Callable[[], object],
+    device: torch.device | str,
+    *,
+    steps: int = 1,
+    top: int = 15,
+    step_s: float | None = None,
+    cpu_ops: bool = True,
+) -> tuple[object, dict[str, object]]:
+    """``(fn(), report)``: one call of ``fn`` (which runs ``steps`` steps) under the
+    profiler, and the report of :func:`top_kernels`. ``cpu_ops=False`` records only the
+    device's activity on CUDA (a fraction of the events: a whole training phase has
+    hundreds of thousands of kernels, and the CPU operators would triple what the profiler
+    has to post-process)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.device(device).type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    activities = [ProfilerActivity.CUDA] if cuda else []
+    if cpu_ops or not cuda:
+        activities.insert(0, ProfilerActivity.CPU)
     if cuda:
         torch.cuda.synchronize()
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
+        result = fn()
         if cuda:
             torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - t0) * 1e3 / steps
@@ -114,7 +138,7 @@ def top_kernels(
     out["profiled_step_ms"] = wall_ms
     if cuda and not times:
         out["note"] = "no CUDA kernel events recorded (CUPTI unavailable?)"
-    return out
+    return result, out
 
 
 def profile_or_error(fn: Callable[[], object], device, **kwargs) -> dict[str, object]:

@@ -22,6 +22,7 @@ measured of the step peak and of each phase (prepare = max of log-probs and valu
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -227,7 +228,7 @@ def estimate(overrides: list[str], model_config) -> dict:
         "peak_gib": plan.peak / GIB,
         "peak_phase": plan.peak_phase,
         "components_gib": {k: v / GIB for k, v in plan.components.items()},
-        "assumptions": plan.assumptions,
+        "assumptions": dataclasses.asdict(plan.assumptions),
     }
 
 

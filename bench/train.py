@@ -1,20 +1,23 @@
 """Training-side benchmarks of danka on one GPU: step time, update MFU, memory.
 
-    python -m bench train --only update_05b,logprob_memory --update-variants mb16,mb16+gc
-    python -m bench train --only ppo_7b --ppo-engines hf,fast --name train_ppo_7b
-    python -m bench train --tiny --device cpu --only update_05b,packing   # CPU check
+   python -m bench train --only update_05b,logprob_memory --update-variants mb16,mb16+gc
+   python -m bench train --only ppo_7b --ppo-engines hf,fast --name train_ppo_7b
+   python -m bench train --tiny --device cpu --only update_05b,packing   # CPU check
 
 Sections (``--only a,b``), each failing on its own (the error goes to the JSON and table):
 
-1. ``grpo_step``: danka's GRPO step at TRL's settings (SmolLM2-135M-Instruct, 8 prompts x 8
-   samples, 256 new tokens, LoRA r16 all-linear or full-parameter, gradient checkpointing,
-   beta 0): median step time (first step excluded), per-phase times and peak memory.
-2. ``update_05b`` and 4. ``logprob_memory``: the full-parameter update and the log-prob head
-   on the Qwen2.5-0.5B shape (``bench/update_mfu.py``).
-3. ``ppo_7b``: the whole PPO step on the Qwen2-7B shape per rollout engine, against ``danka
-   estimate`` (``bench/ppo_memory.py``).
-5. ``packing`` and 6. ``packing_step``: the effective-token ratio and the update with
-   ``speed.packing`` on vs off (``bench/packing.py``).
+- ``grpo_step``: danka's GRPO step at TRL's settings (SmolLM2-135M-Instruct, 8 prompts x 8
+  samples, 256 new tokens, LoRA r16 all-linear or full-parameter, gradient checkpointing,
+  beta 0): median step time (first step excluded), per-phase times and peak memory.
+- ``gsm8k_step``: danka's GRPO and PPO step of ``examples/gsm8k_*.yaml`` on the real model
+  and GSM8K rows, per phase: time, tokens/s, MFU, peak, top CUDA kernels; variants;
+  the memory plan against the peaks (``bench/gsm8k_step.py``).
+- ``update_05b`` and ``logprob_memory``: the full-parameter update and the log-prob head
+  on the Qwen2.5-0.5B shape (``bench/update_mfu.py``).
+- ``ppo_7b``: the whole PPO step on the Qwen2-7B shape per rollout engine, against ``danka
+  estimate`` (``bench/ppo_memory.py``).
+- ``packing`` and ``packing_step``: the effective-token ratio and the update with
+  ``speed.packing`` on vs off (``bench/packing.py``).
 
 ``--tiny --device cpu`` swaps every model for a small one (danka.models.tiny) and every size
 for a small one, so each code path runs on a laptop; timings then mean nothing. The result
@@ -25,7 +28,6 @@ run cut short keeps the sections it finished.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -46,9 +48,11 @@ from bench.common import (
     variant_rows,
     write_result,
 )
+from bench.gsm8k_step import gsm8k_step
 from bench.packing import packing, packing_rows, packing_step, packing_step_rows
 from bench.ppo_memory import ppo_7b, ppo_rows
-from bench.training import gc_active, pick_size, run_steps
+from bench.step_report import rows as gsm8k_step_rows
+from bench.training import gc_active, pick_size, run_steps, synthetic_gsm8k
 from bench.update_mfu import logprob_memory, logprob_rows, update_05b, update_rows
 from danka.config import load_config
 from danka.models import tiny
@@ -69,22 +73,6 @@ def quiet_log(verbose: bool) -> logging.Logger:
     if not log.handlers:
         log.addHandler(logging.StreamHandler(sys.stderr))
     return log
-
-
-def synthetic_gsm8k(path: Path, rows: int, sentences: int) -> Path:
-    """GSM8K-format rows (question/answer '#### n'); ``sentences`` x ~16 tokens per question."""
-    g = torch.Generator().manual_seed(0)
-    names = ["Tom", "Maria", "Ali", "Chen", "Priya", "Lena", "Omar", "Kofi"]
-    with path.open("w") as f:
-        for i in range(rows):
-            parts = []
-            for s in range(sentences):
-                a, b, c = torch.randint(2, 99, (3,), generator=g).tolist()
-                parts.append(f"{names[(i + s) % 8]} buys {a} boxes of {b} pencils each and then "
-                             f"gives {c} pencils to a friend at school.")  # fmt: skip
-            q = " ".join(parts) + " How many pencils are left in total?"
-            f.write(json.dumps({"question": q, "answer": f"Work it out. #### {i}"}) + "\n")
-    return path
 
 
 def grpo_step(args, dev: torch.device, log) -> dict:
@@ -169,6 +157,7 @@ def grpo_rows(res: dict) -> list[tuple[str, str, str]]:
 # name -> (section, its table rows)
 SECTIONS = {
     "grpo_step": (grpo_step, grpo_rows),
+    "gsm8k_step": (gsm8k_step, gsm8k_step_rows),
     "update_05b": (update_05b, update_rows),
     "ppo_7b": (ppo_7b, ppo_rows),
     "logprob_memory": (logprob_memory, logprob_rows),
@@ -206,6 +195,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--only", default="update_05b,ppo_7b,logprob_memory", help="sections: "
                     + ",".join(SECTIONS))  # fmt: skip
     ap.add_argument("--model", default=SMOLLM2, help="grpo_step policy (hub id or folder)")
+    ap.add_argument("--gsm8k-model", help="gsm8k_step's model (.gguf or HF folder), also "
+                    "update_05b's and logprob_memory's shape (and update_05b's weights) when "
+                    "given")  # fmt: skip
+    ap.add_argument("--gsm8k-data", default="data/gsm8k/train.jsonl", help="gsm8k_step rows")
+    ap.add_argument("--step-algos", default="grpo,ppo", help="gsm8k_step: examples/gsm8k_<algo>")
+    ap.add_argument("--step-steps", type=int, default=3, help="gsm8k_step: steps per algorithm "
+                    "(1 warm-up; with --profile the last is profiled)")  # fmt: skip
+    ap.add_argument("--step-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="gsm8k_step: a config override for every algorithm")  # fmt: skip
+    ap.add_argument("--profile-phases", default="logprobs,values,update",
+                    help="gsm8k_step: the phases profiled (rollout too: bench rollout profiles "
+                    "it on its own)")  # fmt: skip
+    ap.add_argument("--step-variants", default="base,mb16,mb32,mb32+gc,chunk512,chunk1024,"
+                    "full,full+mb16", help="gsm8k_step: steps 4-7 at other sizes, "
+                    "mbN|chunkN|gc|full joined by +")  # fmt: skip
+    ap.add_argument("--variants-for", default="grpo", help="gsm8k_step: algorithms with variants")
+    ap.add_argument("--variant-seqs", type=int, default=0, help="gsm8k_step: sequences a "
+                    "variant trains (0: one mini-batch)")  # fmt: skip
+    ap.add_argument(
+        "--variants-budget-s",
+        type=float,
+        default=150.0,
+        help="gsm8k_step: no variant starts after this many seconds of variants",
+    )
     ap.add_argument("--data", help="GSM8K jsonl (question/answer); default synthetic prompts")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="small models and sizes (CPU check)")
@@ -216,7 +229,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--update-variants",
         default="mb16,mb8,mb16+gc,mb8+gc",
-        help="update_05b: mb<micro-batch>[+gc][+compile][+eager_head], comma-separated "
+        help="update_05b: mb<micro-batch>[+gc][+compile][+eager_head][+lora], comma-separated "
         "(+compile: speed.compile, stays on for the variants after it; +eager_head: the "
         "log-prob head's per-chunk work eager instead of compiled)",
     )
@@ -227,7 +240,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--ckpt-dir", help="ppo_7b qlora: where the random 7B checkpoint goes "
                     "(default /dev/shm when it has room, else the temp dir)")  # fmt: skip
-    ap.add_argument("--profile", action="store_true", help="update_05b: top CUDA kernels")
+    ap.add_argument("--profile", action="store_true", help="update_05b, gsm8k_step: top "
+                    "CUDA kernels")  # fmt: skip
+    ap.add_argument("--update-shape", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b",
+                    "qwen2.5-coder-0.5b"], help="update_05b's random weights without "
+                    "--gsm8k-model (coder: the untied output head)")  # fmt: skip
+    ap.add_argument("--head-responses", help="logprob_memory: response lengths, e.g. 512,1024 "
+                    "(default: 8,192 rows at chunk 1024)")  # fmt: skip
+    ap.add_argument("--head-micro", type=int, default=8, help="logprob_memory: sequences")
+    ap.add_argument("--head-chunk", type=int, default=128, help="logprob_memory: chunk rows "
+                    "with --head-responses")  # fmt: skip
     ap.add_argument("--packing-shapes", default="smollm2-135m,qwen2-0.5b", help="packing_step")
     ap.add_argument("--packing-variants", default="mb8,mb8+pack,mb16,mb16+pack,mb64,mb64+pack",
                     help="packing_step: mb<micro-batch>[+pack][+gc], comma-separated")  # fmt: skip
@@ -259,6 +281,13 @@ def run(args) -> dict:
     result = {"bench": "train", "sections": args.only, "environment": environment(),
               "result": report}  # fmt: skip
     name = args.name or "train_" + args.only.replace(",", "_")
+
+    def partial(section: str, results: dict) -> None:
+        """What a long section measured so far, written now (a run cut short keeps it)."""
+        report["sections"][section] = {"status": "partial", "results": results}
+        write_result(result, args.out_dir, name)
+
+    args.partial = partial
     for section in [s.strip() for s in args.only.split(",") if s.strip()]:
         t0 = time.perf_counter()
         if section not in SECTIONS:

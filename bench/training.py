@@ -9,6 +9,7 @@ device in the benchmark's dtype.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from bench.common import is_cuda, reset_peak
 
@@ -83,3 +84,23 @@ def run_steps(run, steps: int, dev) -> dict:
     return {"steps": per_step, "median": med, "first_step_s": per_step[0]["time/step"],
             "median_step_s": med["time/step"],
             "phase_peak_gib": dict(peaks) if is_cuda(dev) else None}  # fmt: skip
+
+
+def synthetic_gsm8k(path: Path, rows: int, sentences: int) -> Path:
+    """GSM8K-format rows (question/answer '#### n'); ``sentences`` x ~16 tokens per question."""
+    import json
+
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    names = ["Tom", "Maria", "Ali", "Chen", "Priya", "Lena", "Omar", "Kofi"]
+    with path.open("w") as f:
+        for i in range(rows):
+            parts = []
+            for s in range(sentences):
+                a, b, c = torch.randint(2, 99, (3,), generator=g).tolist()
+                parts.append(f"{names[(i + s) % 8]} buys {a} boxes of {b} pencils each and then "
+                             f"gives {c} pencils to a friend at school.")  # fmt: skip
+            q = " ".join(parts) + " How many pencils are left in total?"
+            f.write(json.dumps({"question": q, "answer": f"Work it out. #### {i}"}) + "\n")
+    return path

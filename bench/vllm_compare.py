@@ -96,7 +96,7 @@ def rollout_cell(args, prompts: int, eos: bool, model: str | None) -> dict:
             "--prompt-len", str(args.prompt_len), "--device", args.device,
             "--out-dir", str(Path(args.out_dir) / "_vllm_cells"), "--timeout", str(args.timeout)]  # fmt: skip
     argv += ["--model", model] if model else ["--shape", "tiny", "--dtype", "float32"]
-    argv += ["--eos"] if eos else []
+    argv += ["--eos", "on" if eos else "off"]
     return rollout.compare(rollout.parse(argv))
 
 

@@ -56,9 +56,10 @@ def eos_prompts(model_name: str, count: int, seed: int) -> tuple[list[list[int]]
 VLLM_SIDES = {"vllm": None, "vllm-lora-merge": "merge", "vllm-lora-adapter": "adapter"}
 
 
-def side_vllm(args, model, prompts, eos_ids: list[int], res: dict, logprob_gap, add_lora) -> None:
+def side_vllm(args, model, prompts, modes, res: dict, logprob_gap, add_lora) -> None:
     """The vllm engine on ``model`` (with a live LoRA adapter on the ``vllm-lora-*`` sides):
-    first call, timed call, log-prob gap, greedy tokens. ``logprob_gap(model, batch) ->
+    first call, a timed call per EOS mode (``modes``: rollout.py's ``eos_modes``, key
+    prefix and end ids), log-prob gap, greedy tokens. ``logprob_gap(model, batch) ->
     (mean, max)`` and ``add_lora(model)`` are rollout.py's."""
     from bench.common import timed_call
     from danka.rollout.vllm_engine import VllmEngine
@@ -68,14 +69,15 @@ def side_vllm(args, model, prompts, eos_ids: list[int], res: dict, logprob_gap, 
     engine = VllmEngine(max_num_seqs=len(prompts), lora_mode=mode or "auto")
     sample = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens)
 
-    def run(params):
-        return engine.generate(m, prompts, params, eos_ids=eos_ids, pad_id=0)
+    def run(params, eos=()):
+        return engine.generate(m, prompts, params, eos_ids=list(eos), pad_id=0)
 
     res["first_call_s"], _ = timed_call(lambda: run(sample), args.device)
     res["first_sync_s"] = engine.stats["sync_s"]  # every weight, into vLLM's dummy ones
-    res["s"], batch = timed_call(lambda: run(sample), args.device)
-    res["gen_tokens"] = int(batch.response_mask.sum())
-    res["tok_s"] = res["gen_tokens"] / res["s"]
+    for tag, eos in modes:
+        res[tag + "s"], batch = timed_call(lambda eos=eos: run(sample, eos), args.device)
+        res[tag + "tokens"] = int(batch.response_mask.sum())
+        res[tag + "tok_s"] = res[tag + "tokens"] / res[tag + "s"]
     res["gpu_memory_utilization"] = engine.spec.gpu_memory_utilization
     res["sync_s"] = engine.stats["sync_s"]  # the timed call's (nothing changed: near 0)
     res["logprob_mean_abs_diff"], res["logprob_max_abs_diff"] = logprob_gap(m, batch)

@@ -6,6 +6,16 @@
         --danka-set rollout.lora_compute=adapter --danka-set speed.logprob_chunk_size=1024
     python -m bench trl --tiny --variants lora --prompts 2 --generations 2 --new-tokens 8 \
         --micro 4 --steps 2                      # CPU check of the bench
+    python -m bench trl --model qwen2.5-coder-0.5b-instruct.gguf --task gsm8k \
+        --prompts 32 --generations 8 --new-tokens 512 --micro 8 --steps 3   # the GSM8K shape
+
+``--task gsm8k`` runs examples/gsm8k_grpo.yaml's settings on both sides (GSM8K questions with
+its instruction through the chat template, verl's strict reward, its LoRA lr, rank and KL
+coefficient as beta; full-parameter lr 1e-6; no gradient checkpointing), one optimizer step
+per rollout; ``--prompts`` is the batch (the example's is 64: pick what lets TRL's steps
+finish in the time there is; the JSON records it). A ``.gguf`` ``--model`` is converted once
+(danka's ``ensure_converted``) and both sides load the HF folder: TRL cannot read GGUF.
+TRL's rollout seconds are its ``generate`` calls inside each step (timed in its process).
 
 Each variant and side runs in its own fresh process (``--side trl|danka``):
 
@@ -54,6 +64,14 @@ from bench.common import (
     parser,
     run_side,
     sides_main,
+    write_result,
+)
+from bench.trl_settings import (
+    gsm8k_data,
+    gsm8k_strict_reward,
+    settings,
+    time_generate,
+    trl_rows,
 )
 
 PROMPT = "What is {a} + {b}? Reply with only the number.\n"
@@ -98,11 +116,15 @@ def side_trl(args, model_path: str, work: Path) -> dict:
     cuda = torch.cuda.is_available()
     times: list[float] = []
     lengths: list[float] = []
+    gen_s: list[float] = []
+    time_generate(gen_s, cuda)
+    z = settings(args)
 
     class Timer(TrainerCallback):
         def on_step_begin(self, *a, **k):
             if cuda:
                 torch.cuda.synchronize()
+            gen_s.append(0.0)
             self.t0 = time.perf_counter()
 
         def on_step_end(self, *a, **k):
@@ -122,10 +144,10 @@ def side_trl(args, model_path: str, work: Path) -> dict:
         num_generations=args.generations,
         max_completion_length=args.new_tokens,
         temperature=1.0,
-        beta=0.0,
-        learning_rate=2e-4 if args.variant == "lora" else 1e-5,
+        beta=z["beta"],
+        learning_rate=z["lr"],
         lr_scheduler_type="constant",
-        gradient_checkpointing=True,
+        gradient_checkpointing=z["gc"],
         bf16=cuda,
         use_cpu=not cuda,
         max_steps=args.steps,
@@ -137,9 +159,13 @@ def side_trl(args, model_path: str, work: Path) -> dict:
     )
     peft_config = None
     if args.variant == "lora":
-        peft_config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")
-    data = Dataset.from_list(prompts(args.prompts * args.steps, args.seed))
-    trainer = GRPOTrainer(model=model_path, reward_funcs=last_number_reward, args=config,
+        peft_config = LoraConfig(r=z["lora_r"], lora_alpha=z["lora_alpha"],
+                                 target_modules="all-linear")  # fmt: skip
+    gsm8k = args.task == "gsm8k"
+    n = args.prompts * args.steps
+    data = Dataset.from_list(trl_rows(args, n) if gsm8k else prompts(n, args.seed))
+    reward = gsm8k_strict_reward if gsm8k else last_number_reward
+    trainer = GRPOTrainer(model=model_path, reward_funcs=reward, args=config,
                           train_dataset=data, peft_config=peft_config,
                           callbacks=[Timer()])  # fmt: skip
     if cuda:
@@ -150,19 +176,22 @@ def side_trl(args, model_path: str, work: Path) -> dict:
     return {
         "step_s": times,
         "completion_len": lengths,
+        "rollout_s": gen_s[: len(times)],
         "peak_gib": _peak_gib(),
         "trl": trl.__version__,
         "loss_type": config.loss_type,
+        "settings": z,
     }
 
 
 def danka_config(args, model_path: str, data_path: Path, out_dir: Path) -> dict:
-    lora = args.variant == "lora"
-    return {
+    lora, task = args.variant == "lora", getattr(args, "task", "sum")
+    z = settings(args)
+    raw = {
         "model": {
             "actor_model_name_or_path": model_path,
             "torch_dtype": "auto",
-            "use_gradient_checkpointing": True,
+            "use_gradient_checkpointing": z["gc"],
         },
         "trainer": {
             "algorithm": "grpo",
@@ -170,29 +199,38 @@ def danka_config(args, model_path: str, data_path: Path, out_dir: Path) -> dict:
             "batch_size": args.prompts,
             "samples_per_prompt": args.generations,
             "micro_batch_size": args.micro,
-            "max_length": args.new_tokens + 128,
+            "max_length": z["max_length"],
             "max_new_tokens": args.new_tokens,
-            "lr": 2e-4 if lora else 1e-5,
+            "lr": z["lr"],
             "temperature": 1.0,
-            "kl": {"coef": 0.0},
+            "kl": {"coef": z["beta"]},
         },
         "data": {"train_dataset": str(data_path), "format": "trl", "max_prompt_length": 128},
         "reward": {"functions": [{"name": "last_number"}]},
         "lora": {
             "enable_lora": lora,
-            "lora_r": 16,
-            "lora_alpha": 32,
+            "lora_r": z["lora_r"],
+            "lora_alpha": z["lora_alpha"],
             "target_modules": "all-linear",
         },
         "output_dir": str(out_dir),
     }
+    if task == "gsm8k":  # the example's data and reward (its prompts: no length cap)
+        raw["data"] = {"train_dataset": str(data_path), "format": "gsm8k",
+                       "instruction": z["instruction"], "overlong_prompt": "drop"}  # fmt: skip
+        raw["reward"] = {"functions": [{"name": "gsm8k",
+                                        "kwargs": {"method": "strict", "format_score": 0.0}}]}  # fmt: skip
+    return raw
 
 
 def side_danka(args, model_path: str, work: Path) -> dict:
     import yaml
 
-    data = work / "prompts.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in prompts(args.prompts * args.steps)))
+    if args.task == "gsm8k":
+        data = gsm8k_data(args)
+    else:
+        data = work / "prompts.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in prompts(args.prompts * args.steps)))
     out_dir = work / "danka"
     cfg = work / "danka.yaml"
     cfg.write_text(yaml.safe_dump(danka_config(args, model_path, data, out_dir)))
@@ -216,6 +254,7 @@ def side_danka(args, model_path: str, work: Path) -> dict:
     }
     return {
         "step_s": [r["time/step"] for r in rows],
+        "rollout_s": [r["time/rollout"] for r in rows if "time/rollout" in r],
         "completion_len": lens,
         "peak_gib": max(peaks) if peaks else None,
         "phases": phases,
@@ -226,13 +265,19 @@ def side_danka(args, model_path: str, work: Path) -> dict:
 
 
 def summarise(res: dict, args) -> dict:
+    """Medians over the steps after the first (a warm-up): step seconds, rollout seconds,
+    completion tokens per step second and per rollout second (generated tok/s)."""
     steps = res["step_s"][1:] or res["step_s"]  # the first step warms up
     res["median_step_s"] = statistics.median(steps) if steps else None
+    rollout = res.get("rollout_s", [])[1:] or res.get("rollout_s", [])
+    res["median_rollout_s"] = statistics.median(rollout) if rollout else None
     if res.get("completion_len"):
         res["mean_completion_len"] = statistics.mean(res["completion_len"])
+        toks = args.prompts * args.generations * res["mean_completion_len"]
         if res["median_step_s"]:
-            toks = args.prompts * args.generations * res["mean_completion_len"]
             res["completion_tok_per_step_s"] = toks / res["median_step_s"]
+        if res["median_rollout_s"]:
+            res["generated_tok_s"] = toks / res["median_rollout_s"]
     return res
 
 
@@ -252,6 +297,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--micro", type=int, default=16, help="sequences per forward/backward")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps (first = warm-up)")
+    ap.add_argument("--task", default="sum", choices=["sum", "gsm8k"],
+                    help="sum: a + b prompts (the TRL anchor); gsm8k: examples/gsm8k_grpo.yaml's "
+                    "prompts, reward and settings (see settings())")  # fmt: skip
+    ap.add_argument("--gsm8k-data", default="data/gsm8k/train.jsonl", help="--task gsm8k rows")
+    ap.add_argument("--gc", default="auto", choices=["auto", "on", "off"],
+                    help="gradient checkpointing on both sides (auto: the task's)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--danka-set", action="append", default=[], metavar="KEY=VALUE",
@@ -305,17 +356,34 @@ def compare(args) -> dict:
     common = ["--prompts", str(args.prompts), "--generations", str(args.generations)]
     common += ["--new-tokens", str(args.new_tokens), "--micro", str(args.micro)]
     common += ["--steps", str(args.steps), "--seed", str(args.seed)]
-    common += ["--tiny"] if args.tiny else ["--model", args.model]
+    common += ["--task", args.task, "--gsm8k-data", args.gsm8k_data, "--gc", args.gc]
+    model = args.model
+    if model and model.endswith(".gguf"):  # TRL cannot read GGUF: both sides get its HF folder
+        from danka.models.gguf import ensure_converted
+
+        model = str(ensure_converted(model))
+    common += ["--tiny"] if args.tiny else ["--model", model]
     common += ["--random-weights"] if args.random_weights else []
     common += [f"--danka-set={o}" for o in args.danka_set]
     res: dict = {
         "bench": "trl",
         "model": "tiny" if args.tiny else args.model,
+        "model_folder": None if args.tiny else model,
         "random_weights": args.random_weights,
-        "settings": f"GRPO, {args.prompts} prompts x {args.generations} generations, "
-        f"{args.new_tokens} max new tokens, micro-batch {args.micro}, gradient checkpointing, "
-        "bf16 on a GPU, beta 0, temperature 1, LoRA r16 all-linear (lora) or full-parameter; "
-        "median step s after the first step; peak = torch.cuda.max_memory_allocated",
+        "task": args.task,
+        "batch": {
+            "prompts": args.prompts,
+            "generations": args.generations,
+            "new_tokens": args.new_tokens,
+            "micro": args.micro,
+            "steps": args.steps,
+        },
+        "settings": f"GRPO ({args.task}), {args.prompts} prompts x {args.generations} "
+        f"generations, {args.new_tokens} max new tokens, micro-batch {args.micro}, bf16 on a "
+        "GPU, temperature 1, one optimizer step per rollout; learning rates, beta, LoRA "
+        "rank and checkpointing per task (each side's 'settings'); median step s after the "
+        "first step; rollout s: TRL's generate calls / danka's time/rollout; peak = "
+        "torch.cuda.max_memory_allocated",
         "variants": {},
     }
     tmp = Path(args.out_dir) / "_sides"
@@ -328,10 +396,15 @@ def compare(args) -> dict:
             path = tmp / f"trl_{variant}_{side}.json"
             sides[side] = run_side(bench_command("trl", *cmd, *common), path, args.timeout)
             print(variant, side, {k: v for k, v in sides[side].items() if k != "step_s"})
+            res["variants"][variant] = {"sides": sides}  # a run cut short keeps what it has
+            write_result({**res, "partial": True}, args.out_dir, result_name(args))
         entry: dict = {"sides": sides}
         t, d = (sides.get(s, {}).get("median_step_s") for s in ("trl", "danka"))
         if t and d:
             entry["trl_over_danka_step_time"] = t / d
+        gt, gd = (sides.get(s, {}).get("generated_tok_s") for s in ("trl", "danka"))
+        if gt and gd:
+            entry["danka_over_trl_generated_tok_s"] = gd / gt
         pt, pd = (sides.get(s, {}).get("peak_gib") for s in ("trl", "danka"))
         if pt and pd:
             entry["danka_over_trl_peak"] = pd / pt
@@ -343,7 +416,11 @@ def compare(args) -> dict:
     return res
 
 
+def result_name(args) -> str:
+    model = "tiny" if args.tiny else Path(args.model).stem
+    return args.name or f"trl_{model}_{args.prompts}x{args.generations}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    model = "tiny" if args.tiny else Path(args.model).stem
-    return sides_main(args, one_side, compare, f"trl_{model}_{args.prompts}x{args.generations}")
+    return sides_main(args, one_side, compare, result_name(args))

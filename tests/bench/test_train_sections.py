@@ -101,7 +101,7 @@ def test_kernel_summary_hand_computed():
     assert out["kernel_ms_per_step"] == 4.0  # 8000 us / 2 steps
     assert out["gpu_busy_frac"] == 0.4
     assert out["kernels"] == [{"name": "sm90_xmma_gemm_bf16", "calls": 2.0, "total_ms": 3.0,
-                               "pct_of_step": 30.0}]  # fmt: skip
+                               "pct_of_step": 30.0, "pct_of_kernels": 75.0}]  # fmt: skip
     assert out["classes"] == {"gemm": 3.0, "copy/cast/fill": 1.0}
     assert kernel_profile.kernel_class("flash_fwd_kernel") == "attention"
     assert kernel_profile.kernel_class("vectorized_elementwise_kernel") == "elementwise/other"

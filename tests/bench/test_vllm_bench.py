@@ -24,12 +24,12 @@ def test_vllm_side_runs_with_a_fake_vllm(tmp_path, monkeypatch):
     out = tmp_path / "side.json"
     args = rollout.parse(["--shape", "tiny", "--side", "vllm", "--prompts", "3",
                           "--new-tokens", "4", "--prompt-len", "6", "--device", "cpu",
-                          "--dtype", "float32", "--agree-tokens", "3", "--eos",
+                          "--dtype", "float32", "--agree-tokens", "3", "--eos", "on",
                           "--out", str(out)])  # fmt: skip
     rollout.one_side(args)
     res = json.loads(out.read_text())
-    assert res["side"] == "vllm" and res["eos"] and res["gen_tokens"] <= 3 * 4
-    assert res["tok_s"] == pytest.approx(res["gen_tokens"] / res["s"])
+    assert res["side"] == "vllm" and res["eos"] == "on" and res["eos_tokens"] <= 3 * 4
+    assert res["eos_tok_s"] == pytest.approx(res["eos_tokens"] / res["eos_s"])
     assert res["logprob_mean_abs_diff"] < 1e-4  # fp32: the synced engine is the policy
     assert len(res["greedy_tokens"]) == 3 and len(res["greedy_tokens"][0]) <= 3
     llm = fake_vllm.LLM.instances[0]

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from bench import danka_side, vs_trl
+from bench.gsm8k_data import GSM8K_EXAMPLE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,3 +101,62 @@ def test_random_weights_copy_keeps_config_and_tokenizer(tmp_path):
     assert wa.shape == wb.shape and not torch.allclose(wa, wb)
     tok_a, tok_b = AutoTokenizer.from_pretrained(str(src)), AutoTokenizer.from_pretrained(str(out))
     assert tok_a.chat_template == tok_b.chat_template and len(tok_a) == len(tok_b)
+
+
+def _gsm8k_args(tmp_path, variant: str, gc: str = "auto") -> SimpleNamespace:
+    rows = tmp_path / "g.jsonl"
+    rows.write_text("".join(json.dumps({"question": f"Tom has {i} apples. How many?",
+                    "answer": f"He has {i}.\n#### {i}"}) + "\n" for i in range(4)))  # fmt: skip
+    return SimpleNamespace(variant=variant, steps=3, prompts=2, generations=8, micro=8,
+                           new_tokens=512, task="gsm8k", gc=gc, gsm8k_data=str(rows))  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["lora", "full"])
+def test_gsm8k_task_is_the_examples_settings_on_both_sides(tmp_path, variant):
+    from danka.config import load_config
+
+    args = _gsm8k_args(tmp_path, variant)
+    example, _ = load_config(str(GSM8K_EXAMPLE), [])
+    raw = vs_trl.danka_config(args, "HuggingFaceTB/SmolLM2-135M-Instruct",
+                              vs_trl.gsm8k_data(args), tmp_path)  # fmt: skip
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cfg, _ = load_config(str(path), [])  # danka's own validation accepts it
+    assert cfg.data.format == "gsm8k" and cfg.data.instruction == example.data.instruction
+    assert cfg.reward.functions[0].name == "gsm8k"
+    assert cfg.reward.functions[0].kwargs == {"method": "strict", "format_score": 0.0}
+    assert cfg.loss.kl.coef == example.loss.kl.coef and not cfg.model.use_gradient_checkpointing
+    assert cfg.trainer.max_length == example.trainer.max_length
+    z = vs_trl.settings(args)  # what the TRL side is given
+    assert (z["beta"], z["gc"]) == (cfg.loss.kl.coef, False)
+    assert z["lr"] == cfg.optim.lr == (example.optim.lr if variant == "lora" else 1e-6)
+    if variant == "lora":
+        assert (z["lora_r"], z["lora_alpha"]) == (cfg.lora.lora_r, cfg.lora.lora_alpha) == (32, 64)
+    assert vs_trl.settings(_gsm8k_args(tmp_path, variant, gc="on"))["gc"] is True
+
+
+def test_gsm8k_rows_and_strict_reward_as_danka_scores_them(tmp_path):
+    args = _gsm8k_args(tmp_path, "lora")
+    rows = vs_trl.trl_rows(args, 3)
+    assert [r["answer"] for r in rows] == ["0", "1", "2"]
+    (msg,) = rows[1]["prompt"]  # one user message: the question, then the instruction
+    assert msg["role"] == "user" and msg["content"].startswith("Tom has 1 apples. How many? ")
+    assert msg["content"].endswith(vs_trl.settings(args)["instruction"])
+    done = [[{"role": "assistant", "content": "so #### 7"}], "#### 7.", "7", "#### 8 then #### 7"]
+    assert vs_trl.gsm8k_strict_reward(done, answer=["7"] * 4) == [1.0, 0.0, 0.0, 1.0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed")
+def test_trl_and_danka_sides_gsm8k_task(tmp_path):
+    args = _gsm8k_args(tmp_path, "lora")
+    cmd = [sys.executable, "-m", "bench", "trl", "--out-dir", str(tmp_path), "--name", "t"]
+    cmd += ["--tiny", "--task", "gsm8k", "--gsm8k-data", args.gsm8k_data, "--variants", "lora"]
+    cmd += ["--prompts", "2", "--generations", "2", "--new-tokens", "8", "--micro", "4"]
+    subprocess.run(cmd + ["--steps", "2"], cwd=ROOT, check=True, capture_output=True, timeout=900)
+    res = json.loads((tmp_path / "t.json").read_text())
+    assert res["task"] == "gsm8k" and res["batch"]["prompts"] == 2 and "partial" not in res
+    sides = res["variants"]["lora"]["sides"]
+    assert "error" not in sides["trl"] and "error" not in sides["danka"], sides
+    assert len(sides["trl"]["rollout_s"]) == 2 and sides["trl"]["generated_tok_s"] > 0
+    assert sides["danka"]["generated_tok_s"] > 0 and sides["trl"]["settings"]["beta"] == 0.001

@@ -22,6 +22,7 @@ def choose_engine(
     model_config=None,
     free_bytes: int | None = None,
     shape: ModelShape | None = None,
+    prompt_tokens: int | None = None,
 ) -> tuple[str, str]:
     """``rollout.engine`` resolved to "hf", "fast" or "vllm", with the reason to log.
 
@@ -31,7 +32,8 @@ def choose_engine(
     run (HF); vLLM where ``danka.planning.vllm.VLLM_FASTER_AT`` says it is faster, it is
     installed and its step fits; else fast only when ``danka estimate``'s whole step with
     the fast engine fits the free GPU memory (``free_bytes``, default: now).
-    ``shape``: the model's, when the caller read it already (else ``model_config``'s).
+    ``shape``: the model's, when the caller read it already (else ``model_config``'s);
+    ``prompt_tokens``: the longest training prompt, when the data has been read.
     """
     from danka.planning.vllm import prefers_vllm
     from danka.rollout.fast_weights import SUPPORTED_MODEL_TYPES
@@ -50,7 +52,7 @@ def choose_engine(
     if name != "fast":
         why = "a quantised base" if quantized else f"device {device.type}"
         return name, f"rollout.engine: auto picks {name} for {why}"
-    inp = PlanInput.of(cfg)
+    inp = PlanInput.of(cfg, prompt_tokens)
     if shape is None:
         config = model_config or load_model_config(m.actor_model_name_or_path)
         shape = ModelShape.of(config, inp.target_modules, inp.lora_r)

@@ -34,6 +34,8 @@ class PlanInput:
     max_length: int = _key("trainer.max_length")
     max_new_tokens: int = _key("trainer.max_new_tokens")
     max_prompt_length: int | None = _key("data.max_prompt_length")
+    # the longest training prompt as encoded (None: not known, the config's bound is priced)
+    data_prompt_tokens: int | None = _key("data.train_dataset", None)
     needs_critic: bool = _key("trainer.advantage_estimator")  # the estimator's metadata
     reference: bool = _key("loss.kl.coef")  # a KL term: coef > 0
     enable_lora: bool = _key("lora.enable_lora")
@@ -48,7 +50,10 @@ class PlanInput:
     fused_logprob_head: bool = _key("speed.fused_logprob_head")
 
     @classmethod
-    def of(cls, cfg: DankaConfig) -> PlanInput:
+    def of(cls, cfg: DankaConfig, data_prompt_tokens: int | None = None) -> PlanInput:
+        """The plan's input of ``cfg``; ``data_prompt_tokens``: the longest training prompt
+        as encoded, when the data has been read (the plan then prices sequences of that
+        prompt plus ``max_new_tokens``, not of ``max_length``)."""
         t, m, r, lo = cfg.trainer, cfg.model, cfg.rollout, cfg.lora
         meta = estimator_meta(cfg)
         n = t.samples_per_prompt
@@ -62,7 +67,8 @@ class PlanInput:
             samples_per_prompt=n if n is not None else (8 if meta.grouped else 1),
             mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
             max_length=t.max_length, max_new_tokens=t.max_new_tokens,
-            max_prompt_length=cfg.data.max_prompt_length, needs_critic=meta.needs_critic,
+            max_prompt_length=cfg.data.max_prompt_length,
+            data_prompt_tokens=data_prompt_tokens, needs_critic=meta.needs_critic,
             reference=cfg.loss.kl.coef > 0, enable_lora=lo.enable_lora,
             target_modules=lo.target_modules, lora_r=lo.lora_r, engine=r.engine,
             generation_batch_size=r.generation_batch_size, lora_compute=r.lora_compute,

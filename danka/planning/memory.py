@@ -61,6 +61,12 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
 * reference         0 with LoRA (adapters off); a frozen copy (params x d) in full mode
 * critic (PPO)      a second LoRA adapter + value head, or a separate model
 
+Sequences: a micro-batch is padded to its longest sequence, so the plan prices sequences of
+the longest training prompt as encoded (``danka train`` and ``danka estimate`` read the data
+first: :func:`prompt_tokens`) plus ``max_new_tokens``, at most ``max_length``; without the
+data, or for a tool rollout whose sequences grow turn by turn, the config's bound
+(``data.max_prompt_length``, or ``max_length - max_new_tokens``).
+
 Phases: rollout = persistent + KV cache + rollout logits + prefill; prepare (log-probs and
 values, no grad) = persistent + one layer + logits; update = persistent + activations +
 logits (with checkpointing: layer inputs + the larger of one layer and the logits). The
@@ -117,6 +123,7 @@ class Assumptions:
     quantised_base: str | None  # 4bit | 8bit | None
     rollout_sequences: int  # sequences per generate call
     prompt_tokens: int
+    prompt_tokens_from: str  # "data" (the longest training prompt) | the config key bounding it
     sequence_tokens: int  # prompt + response, at most max_length
     update_tokens_per_micro_batch: int
     gradient_checkpointing: bool
@@ -314,6 +321,19 @@ def _rollout(
     return _Rollout(c, seqs, "fast" if fast else "hf", held)
 
 
+def prompt_tokens(inp: PlanInput) -> tuple[int, str]:
+    """The prompt length the plan prices, and where it comes from: the longest training
+    prompt as encoded when the data has been read (a micro-batch is padded to its longest
+    sequence, so no micro-batch is longer than that prompt + ``max_new_tokens``), else the
+    config's bound (``data.max_prompt_length``, or ``max_length - max_new_tokens``). A
+    tool or environment rollout grows its sequences turn by turn: the bound is priced."""
+    bound = inp.max_prompt_length or max(1, inp.max_length - inp.max_new_tokens)
+    key = "data.max_prompt_length" if inp.max_prompt_length else "trainer.max_length"
+    if inp.data_prompt_tokens and not inp.tools:
+        return min(inp.data_prompt_tokens, bound), "data"
+    return bound, key
+
+
 def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
     """The byte counts of every term and phase (see the module docstring) of ``inp``, whose
     sizes are numbers (danka.planning.micro resolves the ``auto`` ones first)."""
@@ -322,7 +342,7 @@ def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
             raise TypeError(f"the plan prices a numeric {name} (danka.planning.micro)")
     dtype, d = _dtype_bytes(inp)
     h, i, v = shape.H, shape.I, shape.V
-    prompt_len = inp.max_prompt_length or max(1, inp.max_length - inp.max_new_tokens)
+    prompt_len, prompt_from = prompt_tokens(inp)
     seq_len = min(inp.max_length, prompt_len + inp.max_new_tokens)
     micro = min(inp.micro_batch_size, inp.batch_size * inp.samples_per_prompt)
     tokens = micro * seq_len
@@ -368,7 +388,7 @@ def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
         assumptions=Assumptions(
             rollout_engine=rollout.engine, rollout_cache_kept_for_update=held > 0,
             quantised_base=inp.quantized, rollout_sequences=rollout.sequences,
-            prompt_tokens=prompt_len, sequence_tokens=seq_len,
+            prompt_tokens=prompt_len, prompt_tokens_from=prompt_from, sequence_tokens=seq_len,
             update_tokens_per_micro_batch=tokens,
             gradient_checkpointing=inp.use_gradient_checkpointing, lora=inp.enable_lora,
         ),

@@ -367,7 +367,11 @@ def _doctor(args) -> int:
 
 
 def _estimate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="training config (only the model's config.json is read)")
+    p.add_argument(
+        "config",
+        help="training config (the model's config.json is read, and the "
+        "training prompts for their longest length)",
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides for the config")
     p.add_argument("--gpu-memory", help="GPU memory, e.g. 24GB (default: this GPU's, else 24GB)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -394,7 +398,15 @@ def _estimate(args) -> int:
             if torch.cuda.is_available()
             else parse_memory("24GB")
         )
-    inp = PlanInput.of(cfg)
+    from danka.trainer.budget import data_prompt_tokens
+
+    tools = bool(cfg.agent.tools or cfg.agent.environment)  # sequences grow: the bound
+    longest = (
+        None
+        if tools
+        else data_prompt_tokens(cfg, base_dir, log=lambda msg: print(msg, file=sys.stderr))
+    )
+    inp = PlanInput.of(cfg, longest)
     config = load_model_config(inp.model, base_dir)  # read once
     shape = ModelShape.of(config, inp.target_modules, inp.lora_r)
     sizes = plan_memory(inp, shape, budget)  # the sizes that are auto

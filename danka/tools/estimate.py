@@ -7,6 +7,12 @@ from danka.planning.memory import GIB, MARGIN, MemoryPlan
 __all__ = ["format_plan"]
 
 
+def _prompt_source(source: str) -> str:
+    if source == "data":
+        return "the longest training prompt"
+    return f"the bound {source} allows"
+
+
 def format_plan(plan: MemoryPlan, sizes: str | None = None) -> str:
     """The plan as aligned text: components, phases, verdict and fixes; ``sizes``: the
     line of the sizes ``auto`` planned (danka.planning.micro.SizePlan.line)."""
@@ -15,7 +21,8 @@ def format_plan(plan: MemoryPlan, sizes: str | None = None) -> str:
     lines = [
         f"model {plan.model}: {plan.params / 1e9:.3f}B parameters, "
         f"{plan.dtype}; LoRA {plan.lora_params / 1e6:.2f}M parameters",
-        f"rollout: {a.rollout_sequences} sequences x {a.sequence_tokens} tokens; "
+        f"rollout: {a.rollout_sequences} sequences x {a.sequence_tokens} tokens (prompts up to "
+        f"{a.prompt_tokens}: {_prompt_source(a.prompt_tokens_from)}); "
         f"update: {a.update_tokens_per_micro_batch} tokens per micro-batch (worst case: every sequence at max_length)",
         "",
     ]

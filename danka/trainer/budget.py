@@ -72,13 +72,16 @@ def planned_sizes(
     shape: ModelShape | None = None,
     base_dir=None,
     log=None,
+    prompt_tokens: int | None = None,
 ) -> SizePlan:
     """The run's micro-batch, and the sizes of ``rollout.generation_batch_size`` and
     ``speed.logprob_chunk_size`` where they are ``auto``: the largest the memory plan fits
     in ``budget`` with ``engine`` for a model of ``shape`` (danka.planning.micro; budget
     None: a CPU run, the defaults); exit 2 when the smallest do not fit. An explicit
-    micro-batch the plan cannot fit is refused (danka.planning.micro.check_fits)."""
-    inp, world = PlanInput.of(cfg).with_(engine=engine), dist.world_size()
+    micro-batch the plan cannot fit is refused (danka.planning.micro.check_fits).
+    ``prompt_tokens``: the longest training prompt as encoded (the plan prices it plus
+    ``max_new_tokens``; None: the config's bound)."""
+    inp, world = PlanInput.of(cfg, prompt_tokens).with_(engine=engine), dist.world_size()
     auto = set(candidates(inp))
     if budget is not None and shape is None and auto - {"logprob_chunk_size"}:
         config = load_model_config(inp.model, base_dir)  # the plan needs the model: why it
@@ -98,3 +101,29 @@ def planned_sizes(
     if log is not None and auto:
         log.info(f"{', '.join(k for k, _ in plan.planned)}: auto -> {plan.line()}")
     return plan
+
+
+def data_prompt_tokens(cfg: DankaConfig, base_dir, log=None) -> int | None:
+    """The longest training prompt of ``cfg``'s data as ``danka train`` encodes it (the
+    length the run's plan prices), for ``danka estimate``; None where the data or the
+    tokenizer cannot be read here (the plan then prices the config's bound), saying why
+    through ``log``. Nothing is written (bad-row reports go to a temporary folder)."""
+    import tempfile
+    from pathlib import Path
+
+    from danka.data.splits import load_rows
+    from danka.trainer.setup import build_prompts, build_tokenizer
+
+    quiet = logging.getLogger("danka.estimate.data")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            train_rows, _ = load_rows(cfg, Path(base_dir), Path(tmp))
+        tokenizer = build_tokenizer(cfg, quiet)
+        train, _ = build_prompts(cfg, tokenizer, train_rows, [])
+    except (UserError, OSError, ValueError) as e:
+        if log is not None:
+            log(f"prompts priced at the config's bound: the training prompts were not read ({e})")
+        return None
+    return max((len(ids) for ids in train.ids), default=None)

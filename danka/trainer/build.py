@@ -79,15 +79,16 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
     log.info(data_line(cfg, train_rows, held_rows))
     if warning := repeats_warning(train_rows):  # 100k copies of one prompt trained silently
         log.warning(warning)
-    budget = memory_budget(cfg, device, log)
-    shape = model_shape(cfg, base_dir) if budget is not None else None  # read once
-    engine_name = choose_engine(cfg, device, log, budget, shape)
-    sizes = planned_sizes(cfg, budget, engine=engine_name, shape=shape, base_dir=base_dir,
-                          log=log)  # fmt: skip
     tokenizer = build_tokenizer(cfg, log)
     agent = build_agent(cfg, tokenizer, base_dir)  # None unless agent.tools / environment
     try:
         train, held = build_prompts(cfg, tokenizer, train_rows, held_rows, agent)
+        budget = memory_budget(cfg, device, log)
+        shape = model_shape(cfg, base_dir) if budget is not None else None  # read once
+        longest = longest_prompt(train)  # the plan prices this prompt + max_new_tokens
+        engine_name = choose_engine(cfg, device, log, budget, shape, longest)
+        sizes = planned_sizes(cfg, budget, engine=engine_name, shape=shape, base_dir=base_dir,
+                              log=log, prompt_tokens=longest)  # fmt: skip
         specs = reward_specs(cfg, train.rows)
         rewards = build_rule_rewards(cfg, base_dir, specs, train.rows)
         models, load = build_model_set(cfg, device, log)
@@ -104,6 +105,11 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
         if agent is not None:  # stop the tool worker process
             agent.close()
         raise
+
+
+def longest_prompt(prompts: PromptSet) -> int | None:
+    """Tokens of the longest encoded training prompt (None without prompts)."""
+    return max((len(ids) for ids in prompts.ids), default=None)
 
 
 def engine_options(

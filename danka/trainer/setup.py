@@ -86,11 +86,14 @@ def choose_engine(
     log: logging.Logger,
     budget: int | None = None,
     shape: ModelShape | None = None,
+    prompt_tokens: int | None = None,
 ) -> str:
     """The rollout engine by its registered capabilities (device, quantised base, the
     log-probs a rollout correction needs); ``budget``: the bytes its memory plan may use
-    for a model of ``shape``."""
-    name, reason = choose_rollout_engine(cfg, device, free_bytes=budget, shape=shape)
+    for a model of ``shape`` whose longest training prompt is ``prompt_tokens``."""
+    name, reason = choose_rollout_engine(
+        cfg, device, free_bytes=budget, shape=shape, prompt_tokens=prompt_tokens
+    )
     if dist.is_active():
         dist.check_config(cfg, name)
     mode = cfg.trainer.rollout_correction.mode

@@ -68,12 +68,12 @@ def ema(values: list[float], weight: float = 0.8) -> list[float]:
 
 
 def eval_curve(
-    run: RunRecord, records: list[dict[str, Any]], key: str = "eval/accuracy", x: str = "step"
+    rec: RunRecord, records: list[dict[str, Any]], key: str = "eval/accuracy", x: str = "step"
 ) -> tuple[list[float], list[float]]:
     """``key`` per evaluation from ``eval/step_N.json`` (older runs: from metrics), against
     ``x``: the evaluation's step, or ``"eval/minutes"`` (minutes since the run started)."""
     by_x: dict[float, float] = {}
-    for record in run.evals:
+    for record in rec.evals:
         at, value = number(record.get(x)), number(record.get(key))
         if at is not None and value is not None:
             by_x[at] = value
@@ -93,17 +93,17 @@ class Lines:
     floor: float | None
 
 
-def accuracy_lines(run: RunRecord, records: list[dict[str, Any]], x: str = "step") -> Lines:
+def accuracy_lines(rec: RunRecord, records: list[dict[str, Any]], x: str = "step") -> Lines:
     """Held-out accuracy in percent (``eval/accuracy``, then each labelled function's
     ``eval/correct/<name>``) against the step or the wall-clock minutes, with the guess
     floor the evaluations recorded."""
     lines: dict[str, tuple[list[float], list[float]]] = {}
-    names = dict.fromkeys(k for e in run.evals for k in e if k.startswith(CORRECT))
+    names = dict.fromkeys(k for e in rec.evals for k in e if k.startswith(CORRECT))
     for key in ("eval/accuracy", *names):
-        xs, ys = eval_curve(run, records, key, x)
+        xs, ys = eval_curve(rec, records, key, x)
         if ys:
             lines[key.removeprefix(CORRECT)] = (xs, [100 * y for y in ys])
-    floors = [number(e.get("eval/guess_floor")) for e in run.evals]
+    floors = [number(e.get("eval/guess_floor")) for e in rec.evals]
     floor = next((100 * f for f in reversed(floors) if f is not None), None)
     return Lines("step" if x == "step" else "minutes since the start", lines, floor)
 
@@ -120,10 +120,10 @@ class Spread:
     high: float  # max
 
 
-def reward_spread(run: RunRecord) -> list[Spread]:
+def reward_spread(rec: RunRecord) -> list[Spread]:
     """Per step with saved completions: how the sampled rewards spread around their mean."""
     out = []
-    for step, rows in run.completions:
+    for step, rows in rec.completions:
         values = [v for r in rows if (v := number(r.get("reward"))) is not None]
         if values:
             mean = sum(values) / len(values)
@@ -132,7 +132,7 @@ def reward_spread(run: RunRecord) -> list[Spread]:
     return out
 
 
-def reward_distributions(run: RunRecord, records: list[dict[str, Any]]) -> dict[str, list]:
+def reward_distributions(rec: RunRecord, records: list[dict[str, Any]]) -> dict[str, list]:
     """Rewards at the start and at the end of the run, for the histogram.
 
     From the per-sample rewards of the first and last ``completions/step_N.jsonl``; without
@@ -140,7 +140,7 @@ def reward_distributions(run: RunRecord, records: list[dict[str, Any]]) -> dict[
     steps. Returns ``{label: values}`` (empty when there is nothing to compare).
     """
     saved = [(s, [v for r in rows if (v := number(r.get("reward"))) is not None])
-             for s, rows in run.completions]  # fmt: skip
+             for s, rows in rec.completions]  # fmt: skip
     saved = [(s, v) for s, v in saved if v]
     if len(saved) >= 2:
         (s0, v0), (s1, v1) = saved[0], saved[-1]
@@ -283,10 +283,10 @@ def plot_run(output_dir: Path) -> list[Path]:
     from danka.tools.report import write_report
 
     output_dir = Path(output_dir)
-    run, findings, note = doctor(output_dir)
-    if not run.metrics:  # a folder the doctor could not read: its metrics all the same
-        run = replace(run, metrics=read_metrics(output_dir / "metrics.jsonl"))
-    records = run.metrics
+    rec, findings, note = doctor(output_dir)
+    if not rec.metrics:  # a folder the doctor could not read: its metrics all the same
+        rec = replace(rec, metrics=read_metrics(output_dir / "metrics.jsonl"))
+    records = rec.metrics
     out = output_dir / PLOTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
@@ -305,13 +305,13 @@ def plot_run(output_dir: Path) -> list[Path]:
         else:
             missing.append(name)
 
-    by_step = accuracy_lines(run, records)
+    by_step = accuracy_lines(rec, records)
     add("eval_accuracy", accuracy_figure(by_step, "Held-out accuracy") if by_step.lines else None)
-    by_minute = accuracy_lines(run, records, x="eval/minutes")
+    by_minute = accuracy_lines(rec, records, x="eval/minutes")
     if by_minute.lines:  # runs before eval/minutes have none: no note
         add("eval_accuracy_minutes", accuracy_figure(by_minute, "Held-out accuracy over time"))
     steps, rewards = series(records, "reward")
-    spread = reward_spread(run)
+    spread = reward_spread(rec)
     add("reward", reward_figure(steps, rewards, spread) if rewards or spread else None)
     line("kl", "kl", "KL to the reference policy", "KL (nats/token)")
     line("entropy", "actor/entropy", "Policy entropy", "nats/token")
@@ -321,10 +321,10 @@ def plot_run(output_dir: Path) -> list[Path]:
         written.append(timing)
     else:
         missing.append("timings")
-    dists = reward_distributions(run, records)
+    dists = reward_distributions(rec, records)
     if dists:
         written.append(_histogram(out / "reward_histogram.png", dists))
     else:
         missing.append("reward_histogram")
-    verdict = verdict_of(output_dir, run, findings, note)
+    verdict = verdict_of(output_dir, rec, findings, note)
     return [*written, write_report(output_dir, verdict, written, missing)]

@@ -133,14 +133,14 @@ def _functions(evals: list[dict[str, Any]], config: dict) -> tuple[Function, ...
     return tuple(out)
 
 
-def _lengths(run: RunRecord, first: dict | None, last: dict | None):
+def _lengths(rec: RunRecord, first: dict | None, last: dict | None):
     """(length, truncated, source): held-out answers when the evaluations have them, else
     the training samples' first -> last step."""
     length = _change(first, last, "eval/response_length")
     truncated = _change(first, last, "eval/truncated")
     if length is not None or truncated is not None:
         return length, truncated, "held-out answers"
-    rows = [m for m in run.metrics if number(m.get("response_length")) is not None]
+    rows = [m for m in rec.metrics if number(m.get("response_length")) is not None]
     if len(rows) < 2:
         return None, None, "training samples"
     a, b = rows[0], rows[-1]
@@ -157,35 +157,35 @@ def doctor(folder: Path) -> tuple[RunRecord, tuple[Finding, ...], str | None]:
     """The run as the doctor reads it and its findings (problems first, then risks), or an
     empty record and the reason when the folder cannot be diagnosed."""
     try:
-        run = read_run_dir(folder)
+        rec = read_run_dir(folder)
     except UserError as err:
         return RunRecord(), (), f"the run doctor could not read this folder: {err}"
     try:
-        return run, tuple(by_severity(diagnose(run))), None
+        return rec, tuple(by_severity(diagnose(rec))), None
     except Exception as err:  # noqa: BLE001 - a report must never fail on a run's content
-        return run, (), f"the run doctor failed: {type(err).__name__}: {err}"
+        return rec, (), f"the run doctor failed: {type(err).__name__}: {err}"
 
 
-def verdict_of(folder: Path, run: RunRecord, findings: tuple[Finding, ...],
+def verdict_of(folder: Path, rec: RunRecord, findings: tuple[Finding, ...],
                doctor_note: str | None = None) -> Verdict:  # fmt: skip
     """The verdict of the run in ``folder`` (read for its result file only)."""
-    evals = [e for e in run.evals if number(e.get("eval/accuracy")) is not None]
+    evals = [e for e in rec.evals if number(e.get("eval/accuracy")) is not None]
     first, last = (evals[0], evals[-1]) if evals else (None, None)
     accuracy = _change(first, last, "eval/accuracy")
     ns = [n for n in (_n(first), _n(last)) if n]  # the middle ones may be on a subset
     noise = noise_floor(accuracy.before, accuracy.after, min(ns)) if accuracy and ns else None
-    length, truncated, source = _lengths(run, first, last)
-    steps = [int(s) for m in run.metrics if (s := number(m.get("step"))) is not None]
+    length, truncated, source = _lengths(rec, first, last)
+    steps = [int(s) for m in rec.metrics if (s := number(m.get("step"))) is not None]
     return Verdict(
         steps=max(steps, default=0),
         eval_steps=tuple(int(number(e.get("step")) or 0) for e in evals),
-        finished=_finished(Path(folder), run.config),
+        finished=_finished(Path(folder), rec.config),
         accuracy=accuracy,
         latest=last,
         first=first,
         floor=_floor(evals),
         noise=noise,
-        functions=_functions(evals, run.config),
+        functions=_functions(evals, rec.config),
         length=length,
         truncated=truncated,
         length_source=source,

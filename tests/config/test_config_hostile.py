@@ -5,11 +5,9 @@ file (line) or key and the fix, exit 2, in well under a second of work."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
-import typing
 from pathlib import Path
 
 import pytest
@@ -17,19 +15,11 @@ import pytest
 from danka.cli import main
 from danka.config import load_config
 from danka.config.load import config_from_dict
-from danka.config.schema import DankaConfig
 from danka.data.tasks import task_rows
 from danka.errors import UserError
+from tests.config.bad_config import BASE, keys_of_type, load_error, write_config
 
 REPO = Path(__file__).resolve().parents[2]
-BASE = """\
-model:
-  actor_model_name_or_path: some/model
-data:
-  train_dataset: rows.jsonl
-trainer:
-  total_steps: 2
-"""
 
 
 def _bomb(levels: int = 10, width: int = 9) -> str:
@@ -64,8 +54,7 @@ def test_an_alias_bomb_is_refused_at_once(tmp_path, where):
 
 
 def test_an_alias_bomb_in_an_override_is_refused(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text(BASE)
+    path = write_config(tmp_path)
     with pytest.raises(UserError, match="alias"):
         load_config(path, [f"data.system_prompt={_bomb()}"])
 
@@ -80,12 +69,9 @@ def test_an_alias_bomb_in_an_override_is_refused(tmp_path):
     ],
 )
 def test_yaml_that_cannot_be_a_config_is_one_message(tmp_path, text, words):
-    path = tmp_path / "c.yaml"
-    path.write_text(text)
-    with pytest.raises(UserError) as err:
-        load_config(path)
+    err = load_error(write_config(tmp_path, text))
     for word in words:
-        assert word in str(err.value)
+        assert word in str(err)
 
 
 def test_aliases_that_a_config_uses_still_work(tmp_path):
@@ -103,28 +89,13 @@ def test_a_named_pipe_as_the_config_is_refused_without_blocking(tmp_path):
     assert "named pipe" in done.stderr and str(fifo) in done.stderr
 
 
-def int_keys(cls: type = DankaConfig, prefix: str = "") -> list[str]:
-    keys = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            keys += int_keys(tp, f"{prefix}{f.name}.")
-        elif tp is int or int in typing.get_args(tp):
-            keys.append(f"{prefix}{f.name}")
-    return keys
-
-
 @pytest.mark.parametrize("value", [2**70, -(2**70), 10**399])
-@pytest.mark.parametrize("key", int_keys())
+@pytest.mark.parametrize("key", keys_of_type(int))
 def test_every_integer_setting_has_a_range(tmp_path, key, value):
     """Before: seed 2**70 reached torch.manual_seed (traceback), task_train_size 10**12
     filled memory, a 400-digit total_steps passed --print-config."""
-    path = tmp_path / "c.yaml"
-    path.write_text(BASE)
-    with pytest.raises(UserError) as err:
-        load_config(path, [f"{key}={value}"])
-    assert key in str(err.value), str(err.value)
+    err = load_error(write_config(tmp_path), [f"{key}={value}"])
+    assert key in str(err), str(err)
 
 
 @pytest.mark.parametrize(
@@ -132,16 +103,14 @@ def test_every_integer_setting_has_a_range(tmp_path, key, value):
                    ("data.task_train_size", 10**7), ("trainer.max_new_tokens", 2**25)],
 )  # fmt: skip
 def test_ranges_follow_what_a_setting_counts(tmp_path, key, value):
-    path = tmp_path / "c.yaml"
-    path.write_text(BASE)
+    path = write_config(tmp_path)
     with pytest.raises(UserError, match="out of range"):
         load_config(path, [f"{key}={value}"])
     load_config(path, ["trainer.seed=4294967295"])  # the largest seed is fine
 
 
 def test_a_float_setting_given_a_huge_integer_is_not_finite(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text(BASE)
+    path = write_config(tmp_path)
     with pytest.raises(UserError, match="finite number"):
         load_config(path, [f"optim.lr={10**400}"])
 
@@ -163,8 +132,7 @@ def test_a_float_setting_given_a_huge_integer_is_not_finite(tmp_path):
     ],
 )
 def test_numbers_on_the_command_line_are_checked_before_anything_runs(tmp_path, capsys, argv):
-    path = tmp_path / "c.yaml"
-    path.write_text(BASE)
+    path = write_config(tmp_path)
     assert main([str(path) if a == "CONFIG" else a for a in argv]) == 2
     err = capsys.readouterr().err
     assert "danka: error: --" in err and "fix:" in err
@@ -204,8 +172,7 @@ def test_an_unknown_device_is_one_message(capsys):
                                  "trainer.max_train_minutes", "eval.every_minutes"])  # fmt: skip
 def test_a_finite_but_endless_duration_is_refused(tmp_path, key):
     """Before: reward.timeout_s 1e300 passed, then the worker's poll overflowed mid-run."""
-    path = tmp_path / "c.yaml"
-    path.write_text(BASE)
+    path = write_config(tmp_path)
     with pytest.raises(UserError, match="more than a year"):
         load_config(path, [f"{key}=1e300"])
 

@@ -5,87 +5,49 @@ Loading only: no model is built, so each case takes milliseconds."""
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
-import typing
 from pathlib import Path
 
 import pytest
 
 from danka.cli import main
-from danka.config import load_config
-from danka.config.schema import DankaConfig
-from danka.errors import UserError
+from tests.config.bad_config import BASE, keys_of_type, load_error, write_config
 
 REPO = Path(__file__).resolve().parents[2]
 
-BASE = """\
-model:
-  actor_model_name_or_path: some/model
-data:
-  train_dataset: rows.jsonl
-trainer:
-  total_steps: 2
-"""
-
-
-def _write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "c.yaml"
-    path.write_text(text)
-    return path
-
-
-def _error(path: Path | None, overrides: list[str] = ()) -> UserError:
-    with pytest.raises(UserError) as err:
-        load_config(path, list(overrides))
-    return err.value
-
-
-def float_keys(cls: type = DankaConfig, prefix: str = "") -> list[str]:
-    """Every dotted key whose type is float (or float | None), nested sections included."""
-    keys = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            keys += float_keys(tp, f"{prefix}{f.name}.")
-        elif tp is float or float in typing.get_args(tp):
-            keys.append(f"{prefix}{f.name}")
-    return keys
-
 
 def test_the_red_teams_float_settings_are_among_the_checked_keys():
-    keys = set(float_keys())
+    keys = set(keys_of_type(float))
     for key in ("optim.lr", "sampling.temperature", "optim.max_grad_norm", "loss.kl.coef",
                 "reward.timeout_s", "agent.tool_timeout_s"):  # fmt: skip
         assert key in keys
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "nan", "inf"])
-@pytest.mark.parametrize("key", float_keys())
+@pytest.mark.parametrize("key", keys_of_type(float))
 def test_nan_and_infinity_are_refused_for_every_float_setting(tmp_path, key, value):
-    err = _error(_write(tmp_path, BASE), [f"{key}={value}"])
+    err = load_error(write_config(tmp_path, BASE), [f"{key}={value}"])
     assert "finite number" in str(err) and key in str(err), str(err)
 
 
 def test_nan_in_the_file_names_the_line(tmp_path):
-    path = _write(tmp_path, BASE + "reward:\n  timeout_s: .nan\n")
-    err = _error(path)
+    path = write_config(tmp_path, BASE + "reward:\n  timeout_s: .nan\n")
+    err = load_error(path)
     assert f"{path}:8: key reward.timeout_s" in str(err) and "finite number" in str(err)
 
 
 def test_duplicate_keys_are_refused_with_both_lines(tmp_path):
     text = BASE + "  batch_size: 2\n  lr: 1.0e-5\n  mini_batch_size: 2\n  total_steps: 500\n"
-    path = _write(tmp_path, text)  # total_steps on line 6 and line 10
-    err = _error(path)
+    path = write_config(tmp_path, text)  # total_steps on line 6 and line 10
+    err = load_error(path)
     assert str(err).startswith(f"{path}:10: duplicate key 'trainer.total_steps'"), str(err)
     assert "line 6" in str(err) and "line 10" in str(err)
 
 
 def test_duplicate_top_level_sections_are_refused(tmp_path):
-    path = _write(tmp_path, BASE + "model:\n  device: cpu\n")
-    err = _error(path)
+    path = write_config(tmp_path, BASE + "model:\n  device: cpu\n")
+    err = load_error(path)
     assert "duplicate key 'model'" in str(err) and "line 1" in str(err) and "line 7" in str(err)
 
 
@@ -114,7 +76,7 @@ def test_a_folder_given_as_the_config(tmp_path, capsys):
 
 
 def test_top_p_zero_names_top_p(tmp_path):
-    err = _error(_write(tmp_path, BASE), ["trainer.top_p=0"])
+    err = load_error(write_config(tmp_path, BASE), ["trainer.top_p=0"])
     assert "trainer.top_p" in str(err) and "temperature" not in str(err)
 
 
@@ -126,16 +88,16 @@ def test_grpo_with_one_sample_per_prompt_says_so(tmp_path):
         "trainer.batch_size=2",
         "trainer.micro_batch_size=4",
     ]
-    err = _error(_write(tmp_path, BASE), overrides)
+    err = load_error(write_config(tmp_path, BASE), overrides)
     assert "trainer.samples_per_prompt" in str(err)
     assert "GRPO needs >= 2 samples per prompt" in str(err)
     assert "micro_batch" not in str(err)
 
 
 def test_an_unknown_section_on_the_command_line_is_reported_there(tmp_path):
-    path = _write(tmp_path, BASE)
-    err = _error(path, ["trainr.lr=1e-5"])
+    path = write_config(tmp_path, BASE)
+    err = load_error(path, ["trainr.lr=1e-5"])
     assert str(err).startswith("command-line override trainr.lr: unknown key 'trainr'"), str(err)
     assert str(path) not in str(err)
-    err = _error(path, ["trainer.kll.coef=1"])
+    err = load_error(path, ["trainer.kll.coef=1"])
     assert "command-line override trainer.kll.coef" in str(err) and "trainer.kl" in str(err)

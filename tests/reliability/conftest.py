@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +74,18 @@ def danka(*args: str, timeout: float = 300, env: dict | None = None, cwd: Path =
         start_new_session=True,
     )
     return Done(proc.returncode, proc.stdout, time.monotonic() - t0)
+
+
+@contextmanager
+def running(cmd: list[str], **popen) -> Iterator[subprocess.Popen]:
+    """``cmd`` as a child (text mode) that never outlives the test: a check that fails
+    while it runs kills it instead of leaving it to hang or to write into the next test."""
+    proc = subprocess.Popen(cmd, text=True, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def assert_user_error(done: Done, *words: str) -> None:

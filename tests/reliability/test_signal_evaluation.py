@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .conftest import REPO, child_env, one_step_config, wait_until
+from .conftest import REPO, child_env, one_step_config, running, wait_until
 
 # Test hook: Outputs.evaluate at step DANKA_TEST_EVAL_STEP writes a marker, then sleeps.
 HOOK = """
@@ -58,16 +58,11 @@ def test_sigterm_during_an_evaluation_exits_143_and_says_so(tmp_path, model_dir,
     env = child_env(DANKA_TEST_EVAL_MARK=str(mark), DANKA_TEST_EVAL_STEP=str(step))
     env["PYTHONPATH"] = f"{hook}{os.pathsep}{REPO}"
     cmd = [sys.executable, "-m", "danka", "train", str(config), "--output-dir", str(out)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
+    with running(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
         assert wait_until(mark.exists, 240), "never evaluated"
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         text, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 143, text[-3000:]
     assert "Traceback" not in text
     assert said in (out / "logs" / "train.log").read_text()

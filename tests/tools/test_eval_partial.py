@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.reliability.conftest import running
+
 REPO = Path(__file__).resolve().parents[2]
 # the first batch (16 prompts) is scored at once; the second one's reward hangs
 SLOW_REWARD = """
@@ -33,9 +35,8 @@ def test_sigterm_leaves_a_valid_partial_result(tiny_dir, tmp_path):
     argv = ["eval", "--model", str(tiny_dir), "--data", str(data), "--reward",
             f"{tmp_path / 'r.py'}:compute_score", "--max-new-tokens", "2", "--output", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "danka", *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
+    cmd = [sys.executable, "-m", "danka", *argv]
+    with running(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         end = time.monotonic() + 180
         while not out.exists() and proc.poll() is None and time.monotonic() < end:
             time.sleep(0.2)
@@ -44,9 +45,6 @@ def test_sigterm_leaves_a_valid_partial_result(tiny_dir, tmp_path):
         assert first["partial"] is True and first["answered"] == 16 and first["prompts"] == 20
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 143, stderr[-3000:]
     assert "Traceback" not in stderr
     result = json.loads(out.read_text())

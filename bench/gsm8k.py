@@ -26,12 +26,11 @@ import math
 from pathlib import Path
 
 from bench.learning import (
-    add_run_args,
     doctor_findings,
+    parse_train_or_summarize,
     read_evals,
     read_metrics,
     run_danka_train,
-    run_paths,
     write_result,
 )
 
@@ -189,15 +188,10 @@ def verdict_line(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("config", nargs="?", help="training config (omit with --run-dir)")
-    p.add_argument("--model", required=True, help="the model file (.gguf) or folder trained")
-    p.add_argument("--run-dir", help="summarize this finished run instead of training")
-    add_run_args(p, out_help="result JSON (a .png is written beside it)", minutes_required=False)
-    args = p.parse_intermixed_args(argv)
-    if (args.config is None) == (args.run_dir is None):
-        p.error("give a CONFIG to train, or --run-dir DIR to summarize (not both)")
-    out, run_dir = run_paths(args)
+    def model_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", required=True, help="the model file (.gguf) or folder trained")
+
+    args, out, run_dir = parse_train_or_summarize(__doc__, argv, model_arg)
     model = Path(args.model)
     cmd, wall = ["(existing run)", str(args.run_dir)], 0.0
     if args.config is not None:

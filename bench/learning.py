@@ -46,6 +46,27 @@ def run_paths(args) -> tuple[Path, Path]:
     return out, Path(args.output_dir or f"output/{out.stem}")
 
 
+def parse_train_or_summarize(
+    doc: str,
+    argv: list[str] | None,
+    add_args: Callable[[argparse.ArgumentParser], object] | None = None,
+) -> tuple[argparse.Namespace, Path, Path]:
+    """The command line of a learning benchmark that trains CONFIG or summarizes the finished
+    run in --run-dir (one of the two): (args, the result file, the run's output folder).
+    ``add_args`` adds the benchmark's own flags (after CONFIG)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("config", nargs="?", help="training config (omit with --run-dir)")
+    if add_args is not None:
+        add_args(p)
+    p.add_argument("--run-dir", help="summarize this finished run instead of training")
+    add_run_args(p, out_help="result JSON (a .png is written beside it)", minutes_required=False)
+    args = p.parse_intermixed_args(argv)
+    if (args.config is None) == (args.run_dir is None):
+        p.error("give a CONFIG to train, or --run-dir DIR to summarize (not both)")
+    out, run_dir = run_paths(args)
+    return args, out, run_dir
+
+
 def run_danka_train(
     config: str, minutes: float | None, run_dir: Path, overrides: list[str]
 ) -> tuple[list[str], int, float]:
@@ -249,14 +270,7 @@ def run_learning(config: str | None, run_dir: Path, out: Path, minutes: float | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("config", nargs="?", help="training config (omit with --run-dir)")
-    p.add_argument("--run-dir", help="summarize this finished run instead of training")
-    add_run_args(p, out_help="result JSON (a .png is written beside it)", minutes_required=False)
-    args = p.parse_intermixed_args(argv)
-    if (args.config is None) == (args.run_dir is None):
-        p.error("give a CONFIG to train, or --run-dir DIR to summarize (not both)")
-    out, run_dir = run_paths(args)
+    args, out, run_dir = parse_train_or_summarize(__doc__, argv)
     if args.run_dir:
         return run_learning(None, Path(args.run_dir), out, None, [])
     return run_learning(args.config, run_dir, out, args.minutes, args.overrides)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from danka.errors import UserError
+from danka.models.dims import dims, text_config
 
 
 def _known_shapes() -> dict[str, Callable[[], Any]]:
@@ -68,11 +69,6 @@ def load_model_config(name: str, base_dir: Path | None = None) -> Any:
     )
 
 
-def _text_config(config: Any) -> Any:
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
-
-
 def count_parameters(config: Any, target_modules: list[str] | str, rank: int) -> tuple[int, int]:
     """``(params, lora_params)`` of the model ``config`` describes, built on the meta device.
 
@@ -101,23 +97,7 @@ def count_parameters(config: Any, target_modules: list[str] | str, rank: int) ->
 
 def vocab_of(config: Any) -> int | None:
     """The vocabulary size of a transformers config (None for no config)."""
-    return None if config is None else _text_config(config).vocab_size
-
-
-def dims(config: Any) -> dict[str, int]:
-    """H, I, L, V, q and kv of a transformers config (see :class:`ModelShape`)."""
-    tc = _text_config(config)
-    heads = tc.num_attention_heads
-    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads
-    kv_heads = getattr(tc, "num_key_value_heads", None) or heads
-    return {
-        "H": tc.hidden_size,
-        "I": getattr(tc, "intermediate_size", 4 * tc.hidden_size),
-        "L": tc.num_hidden_layers,
-        "V": tc.vocab_size,
-        "q": heads * head_dim,
-        "kv": kv_heads * head_dim,
-    }
+    return None if config is None else text_config(config).vocab_size
 
 
 @dataclass(frozen=True)

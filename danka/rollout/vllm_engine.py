@@ -32,10 +32,11 @@ from pathlib import Path
 import torch
 
 from danka.errors import UserError
+from danka.models.dims import dims
 from danka.models.unwrap import unwrap_causal_lm
 from danka.rollout.base import RolloutEngine, Sampled
 from danka.rollout.vllm_calls import VllmCalls, VllmSpec, lora_rank
-from danka.rollout.vllm_memory import GIB, shape_of, vllm_share
+from danka.rollout.vllm_memory import GIB, vllm_share
 from danka.rollout.vllm_sync import WeightSync, peft_model
 
 # rollout.lora_compute for this engine: auto = merge on a 16/32-bit base, adapter on 4-bit
@@ -169,7 +170,7 @@ class VllmEngine(RolloutEngine):
         params = sum(p.numel() for n, p in hf.named_parameters() if "lora_" not in n)
         adapter = rank * sum(m.in_features + m.out_features for m in _adapted(hf)) * d
         share = vllm_share(
-            shape_of(hf.config),
+            dims(hf.config),
             dtype_bytes=d,
             weight_bytes=params * d,
             sequences=seqs,

@@ -58,7 +58,7 @@ def vllm_share(
     max_model_len: int,
     adapter_bytes: int = 0,
 ) -> VllmShare:
-    """vLLM's share for a model of ``shape`` (H, I, L, V, q, kv as in danka.planning.memory)
+    """vLLM's share for a model of ``shape`` (H, I, L, V, q, kv as danka.models.dims reads them)
     generating ``sequences`` at once, each up to ``max_model_len`` tokens."""
     d, h, i, v = dtype_bytes, shape["H"], shape["I"], shape["V"]
     q, kv = shape["q"], shape["kv"]
@@ -67,19 +67,3 @@ def vllm_share(
     batched = max(VLLM_BATCHED_TOKENS, max_model_len)
     work = batched * d * (3 * h + q + 2 * kv + 3 * i) + sequences * v * 4 * 3 + RESERVE_BYTES
     return VllmShare(weights=weight_bytes + adapter_bytes, kv_cache=kv_cache, work=work)
-
-
-def shape_of(config) -> dict[str, int]:
-    """H, I, L, V, q, kv of a transformers config (its text part for a multimodal one)."""
-    get = getattr(config, "get_text_config", None)
-    tc = get() if callable(get) else config
-    heads = tc.num_attention_heads
-    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads
-    return {
-        "H": tc.hidden_size,
-        "I": getattr(tc, "intermediate_size", 4 * tc.hidden_size),
-        "L": tc.num_hidden_layers,
-        "V": tc.vocab_size,
-        "q": heads * head_dim,
-        "kv": (getattr(tc, "num_key_value_heads", None) or heads) * head_dim,
-    }

@@ -17,6 +17,8 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -61,6 +63,19 @@ def first_line(err: BaseException) -> str:
     UserError keeps of a library's error, without the traceback."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+@contextmanager
+def library_errors(
+    kinds: tuple[type[Exception], ...], what: str, where: str, fix: str
+) -> Iterator[None]:
+    """Inside the block, a library's error of ``kinds`` (a file or model it cannot take)
+    becomes a UserError ``what: <its first line>`` with ``where`` and ``fix``; the
+    library's message is kept, its traceback is not."""
+    try:
+        yield
+    except kinds as err:
+        raise UserError(f"{what}: {first_line(err)}", where=where, fix=fix) from err
 
 
 def _frames(exc: BaseException):

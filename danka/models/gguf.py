@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from danka.errors import UserError, first_line
+from danka.errors import UserError, library_errors
 from danka.io import read_json_object
 from danka.safe_read import check_regular
 
@@ -227,18 +227,17 @@ def convert(gguf_path: Path, out: Path, log: Log = print, *, info: dict | None =
     from danka.models.special_tokens import fix_special_tokens, sync_special_tokens
 
     check_readable(gguf_path)
-    try:
+    with library_errors(
+        (ValueError, KeyError, OSError),
+        f"transformers cannot read the GGUF file {gguf_path}",
+        where=str(gguf_path),
+        fix="use a GGUF of an architecture transformers supports (llama, mistral, qwen2, "
+        "qwen3, ...), or the model's Hugging Face folder",
+    ):
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf_path.parent), gguf_file=gguf_path.name
         )
-    except (ValueError, KeyError, OSError) as err:
-        raise UserError(
-            f"transformers cannot read the GGUF file {gguf_path}: {first_line(err)}",
-            where=str(gguf_path),
-            fix="use a GGUF of an architecture transformers supports (llama, mistral, qwen2, "
-            "qwen3, ...), or the model's Hugging Face folder",
-        ) from err
     for change in fix_special_tokens(tokenizer):
         log(f"  tokenizer: {change}")
     for change in sync_special_tokens(model, tokenizer):

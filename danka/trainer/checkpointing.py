@@ -33,7 +33,7 @@ from danka.checkpoint.resume_changes import (
 )
 from danka.config.schema import DankaConfig
 from danka.config.secrets import mask_secrets
-from danka.errors import UserError, first_line
+from danka.errors import UserError, library_errors
 from danka.lifecycle import check_run_lock
 from danka.model_card import hub_ready_writers
 from danka.models.value_head import load_value_head, save_value_head
@@ -201,17 +201,16 @@ class Checkpointer:
                 where=str(state_dir),
                 fix="set model.actor_model_name_or_path to the checkpoint's model",
             )
-        try:
+        # why: a checkpoint without config.json, or a layout check missed a case; torch's
+        # message (size mismatch, missing keys) is kept, its traceback is not
+        with library_errors(
+            (RuntimeError, ValueError, KeyError),
+            "the checkpoint does not fit this model or config",
+            where=str(state_dir),
+            fix="resume with the model, lora and algorithm settings the checkpoint "
+            "was trained with, or start a new output_dir",
+        ):
             self._load_parts(parts, state, state_dir)
-        except (RuntimeError, ValueError, KeyError) as err:
-            # why: a checkpoint without config.json, or a layout check missed a case; torch's
-            # message (size mismatch, missing keys) is kept, its traceback is not
-            raise UserError(
-                f"the checkpoint does not fit this model or config: {first_line(err)}",
-                where=str(state_dir),
-                fix="resume with the model, lora and algorithm settings the checkpoint "
-                "was trained with, or start a new output_dir",
-            ) from err
         if old_cfg:
             apply_resume_changes(old_cfg, new_cfg, self.opts, self.kl_ctl)
             changes = describe_changes(old_cfg, new_cfg)

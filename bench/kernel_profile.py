@@ -24,6 +24,7 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -75,21 +76,16 @@ def summarize(
 
 
 def top_kernels(
-    fn: Callable[[], object],
-    device: torch.device | str,
-    *,
-    steps: int = 3,
-    top: int = 15,
-    step_s: float | None = None,
+    fn: Callable[[], object], device: torch.device | str, *, steps: int = 3, **options: Any
 ) -> dict[str, object]:
     """Profile ``steps`` calls of ``fn`` (already warmed up) on ``device``; see the module
-    docstring for the fields."""
+    docstring for the fields. ``options`` (``top``, ``step_s``) are :func:`profile_call`'s."""
 
     def run() -> None:
         for _ in range(steps):
             fn()
 
-    return profile_call(run, device, steps=steps, top=top, step_s=step_s)[1]
+    return profile_call(run, device, steps=steps, **options)[1]
 
 
 def profile_call(

@@ -21,6 +21,7 @@ SHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 GGUF=$W/qwen2.5-coder-0.5b-instruct.gguf
 mkdir -p "$W/results" "$W/logs"
 site() { export PYTHONPATH=/tmp/site; }
+source "$(dirname "$0")/gpu_common.sh"
 
 case "${1:-}" in
 begin)
@@ -57,13 +58,7 @@ runs)
   done
   ;;
 wait)
-  end=$(( $(date +%s) + $2 ))
-  while [ "$(date +%s)" -lt "$end" ]; do
-    pgrep -f "bench gsm8k" > /dev/null || break
-    sleep 10
-  done
-  for f in "$W"/logs/*.log; do echo "== $f"; grep -E "held-out|step [0-9]+ \||exit|goals|Error|error" "$f" | tail -6; done
-  nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv
+  wait_for_jobs "$2" "bench gsm8k" 6 -E "held-out|step [0-9]+ \||exit|goals|Error|error"
   ;;
 collect)
   # the runs' logs, metrics, evaluations and completions; not their checkpoints (~1 GB)

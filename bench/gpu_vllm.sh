@@ -24,6 +24,7 @@ SHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 GGUF=$W/qwen2.5-coder-0.5b-instruct.gguf
 case "${1:-}" in begin|put|install|bench|wait|collect) mkdir -p "$W/in" "$W/results" "$W/logs" ;; esac
 site() { export PYTHONPATH=/tmp/site:/tmp/vllm_site DANKA_CACHE=$W/cache; }
+source "$(dirname "$0")/gpu_common.sh"
 
 case "${1:-}" in
 begin)
@@ -64,13 +65,7 @@ bench)
   echo "started: python -m bench vllm --model $GGUF $*"
   ;;
 wait)
-  end=$(( $(date +%s) + $2 ))
-  while [ "$(date +%s)" -lt "$end" ]; do
-    pgrep -f "bench vllm|test_vllm_gpu.py" > /dev/null || break
-    sleep 10
-  done
-  for f in "$W"/logs/*.log; do echo "== $f"; grep -vE "^\s*$" "$f" | tail -8; done
-  nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv
+  wait_for_jobs "$2" "bench vllm|test_vllm_gpu.py" 8 -vE "^\s*$"
   ;;
 collect)
   cd "$W" && tar czf "$OUT/vllm_session.tar.gz" results logs 2>/dev/null

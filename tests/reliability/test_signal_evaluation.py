@@ -14,14 +14,14 @@ import pytest
 
 from .conftest import REPO, child_env, one_step_config, running, wait_until
 
-# Test hook: Outputs.evaluate at step DANKA_TEST_EVAL_STEP writes a marker, then sleeps.
+# Test hook: the evaluation stage (danka.trainer.evaluate.Evaluator) at step DANKA_TEST_EVAL_STEP writes a marker, then sleeps.
 HOOK = """
 import importlib.abc, importlib.util, os, sys, time
 _MARK, _STEP = os.environ.get("DANKA_TEST_EVAL_MARK"), os.environ.get("DANKA_TEST_EVAL_STEP")
 
 class _Hook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "danka.trainer.outputs":
+        if name != "danka.trainer.evaluate":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -29,15 +29,15 @@ class _Hook(importlib.abc.MetaPathFinder):
 
         def exec_module(m):
             run(m)
-            real = m.Outputs.evaluate
+            real = m.Evaluator.__call__
 
-            def slow(self, r, step, **kw):
+            def slow(self, step, *a, **kw):
                 if step == int(_STEP):
                     open(_MARK, "w").write("x")
                     time.sleep(8)
-                return real(self, r, step, **kw)
+                return real(self, step, *a, **kw)
 
-            m.Outputs.evaluate = slow
+            m.Evaluator.__call__ = slow
 
         spec.loader.exec_module = exec_module
         return spec

@@ -214,6 +214,7 @@ def _data(args) -> int:
         policy=cfg.data.overlong_prompt,
         system_prompt=cfg.data.system_prompt,
         instruction=cfg.data.instruction,
+        examples=cfg.data.examples,
     )
     print(describe_first_batch(tok, rows, enc, n=args.n))
     return 0

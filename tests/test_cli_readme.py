@@ -6,7 +6,7 @@ The commands are read from the files, so the test follows the README as it chang
 it changes, each for a stated reason:
 
 - scale (2 CPU cores): the quickstart trains 2 steps of 2 x 2 samples, so
-  ``checkpoint_10`` reads ``checkpoint_2``; ``--n 200`` reads ``--n 4``; generation gets
+  ``checkpoint_8`` reads ``checkpoint_2``; ``--n 200`` reads ``--n 4``; generation gets
   ``--max-new-tokens 16``; ``danka rm``/``distill`` and the other trainings run 1-2 tiny
   steps (:data:`SCALE`);
 - placeholders (``M``, ``DIR``, ``OUT``, ``my_config.yaml``, ``my.jsonl``...) are the
@@ -67,7 +67,7 @@ PLACEHOLDERS = {  # a whole argument -> what it is here
     "M": SMOL,
     "DIR": CKPT,
 }
-PATH_PARTS = {"OUT/actor/checkpoint_60": CKPT, "checkpoint_10": "checkpoint_2"}  # inside paths
+PATH_PARTS = {"OUT/actor/checkpoint_60": CKPT, "checkpoint_8": "checkpoint_2"}  # inside paths
 SCALE_TRAIN = [
     "trainer.total_steps=2", "trainer.batch_size=2", "trainer.samples_per_prompt=2",
     "trainer.micro_batch_size=4", "data.eval_size=4", "logging.progress=false",

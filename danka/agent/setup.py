@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -94,15 +95,18 @@ def build_agent_loop(
 
 
 def prompt_messages(
-    rows: list[Any], *, system_prompt: str | None = None, instruction: str | None = None
+    rows: list[Any],
+    *,
+    system_prompt: str | None = None,
+    instruction: str | None = None,
+    examples: Sequence[Mapping[str, str]] = (),
 ) -> list[list[dict[str, str]]]:
-    """The chat messages of each row (data.system_prompt / data.instruction applied), the
-    ``prompt_messages`` argument of ``AgentLoop.rollout``."""
+    """The chat messages of each row (data.system_prompt / instruction / examples applied),
+    the ``prompt_messages`` argument of ``AgentLoop.rollout``."""
     from danka.data.template import build_messages
 
-    return [
-        build_messages(r.prompt, system_prompt=system_prompt, instruction=instruction) for r in rows
-    ]
+    style = {"system_prompt": system_prompt, "instruction": instruction, "examples": examples}
+    return [build_messages(r.prompt, **style) for r in rows]
 
 
 def validate_agent(agent: Any, *, base_dir: Path | str, max_new_tokens: int) -> None:
@@ -168,7 +172,9 @@ def agent_generate(
     opts = opts or AnswerOptions()
     n = opts.n
     gen, params = opts.start(engine, opts.batch_size * n)
-    msgs = prompt_messages(rows, system_prompt=opts.system, instruction=opts.instruction)
+    msgs = prompt_messages(
+        rows, system_prompt=opts.system, instruction=opts.instruction, examples=opts.examples
+    )
     out = loop.rollout(  # every row at once: the engine splits each turn into batches
         gen, model, rows, msgs, params, eos_ids=stop_ids(tokenizer), pad_id=tokenizer.pad_token_id
     )

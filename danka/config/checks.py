@@ -38,6 +38,36 @@ def check_data(cfg: DankaConfig, at) -> None:
         )
     if d.eval_size < 0 or d.task_train_size < 1:
         at.fail("data.eval_size", "sizes must be >= 0", "e.g. data.eval_size: 200")
+    check_examples(d.examples, at)
+
+
+EXAMPLE_FIX = (
+    "write data.examples as [{role: user, content: 'What is 36 + 47?'}, "
+    "{role: assistant, content: '36 + 47 = 83'}]: user and assistant turns in turn, "
+    "ending with the assistant's"
+)
+
+
+def check_examples(examples, at) -> None:
+    """data.examples: user/assistant turns in turn, each with text, ending with the
+    assistant's answer (a trailing question would be answered by nobody; a system turn
+    belongs in data.system_prompt)."""
+
+    def bad(what: str) -> None:
+        at.fail("data.examples", what[:200], EXAMPLE_FIX)
+
+    if not isinstance(examples, list):
+        bad(f"expected a list of messages, got {examples!r}")
+    for i, m in enumerate(examples):
+        want = "user" if i % 2 == 0 else "assistant"
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            bad(f"turn {i} is not a {{role, content}} message: {m!r}")
+        elif m["role"] != want:  # a system role included: data.system_prompt says that
+            bad(f"turn {i} has role {m['role']!r}, expected {want!r}")
+        elif not isinstance(m["content"], str) or not m["content"].strip():
+            bad(f"turn {i} ({want}) has no text")
+    if len(examples) % 2:
+        bad(f"the {len(examples)} turns end with a user turn, not the assistant's answer")
 
 
 def check_trainer_sizes(cfg: DankaConfig, at) -> None:

@@ -382,6 +382,12 @@ class DataConfig:
     answer_key: str | None = _f(None, "column holding the ground-truth answer")
     system_prompt: str | None = _f(None, "system message added to every prompt")
     instruction: str | None = _f(None, "text appended to every user prompt")
+    examples: list[dict[str, Any]] = _f(
+        [],
+        "worked turns before every prompt (few-shot, as lm-eval-harness's): [{role: user, "
+        "content: ...}, {role: assistant, content: ...}, ...], alternating, ending with the "
+        "assistant; after data.system_prompt, in training, evaluation and danka eval CONFIG",
+    )
     max_prompt_length: int | None = _f(None, "prompt tokens (null = max_length - max_new_tokens)")
     overlong_prompt: str = _f("error", "error | drop | truncate_left")
     on_bad_row: str = _f("error", "error | skip (bad rows go to OUTPUT/bad_rows.jsonl)")

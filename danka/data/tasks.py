@@ -1,6 +1,7 @@
 """Offline tasks: generated problems with exact answers, no download.
 
-``arithmetic`` (the quickstart): "What is a + b? Reply with only the number."
+``arithmetic`` (the quickstart): "What is a + b? Reply with only the number." (or its own
+``template``: the quickstart asks "What is a + b?" after a worked example in data.examples).
 ``chain``: a short chain of additions and subtractions worked out one step per line and
 answered after "####" ("What is 64 - 17? ..." -> "64 - 17 = 47\n#### 47"), after one
 worked example turn: the reasoning example.
@@ -46,9 +47,17 @@ def pair_split(a: int, b: int) -> str:
 
 
 def arithmetic_rows(
-    n: int, *, seed: int, split: str = "train", low: int = 10, high: int = 99
+    n: int,
+    *,
+    seed: int,
+    split: str = "train",
+    low: int = 10,
+    high: int = 99,
+    template: str = ARITHMETIC_TEMPLATE,
 ) -> list[PromptRow]:
-    """``n`` problems "What is a + b?" with ``low <= a, b <= high`` from ``split``'s pairs.
+    """``n`` problems "What is a + b?" with ``low <= a, b <= high`` from ``split``'s pairs,
+    asked as ``template`` (with ``{a}`` and ``{b}``; e.g. without the "Reply with only the
+    number." when a worked example in data.examples shows the answer's form).
 
     Deterministic for ``seed``. Pairs are distinct while ``n`` fits the split's pool
     (about 80% / 20% of the ``(high - low + 1)**2`` ordered pairs); beyond that the pool
@@ -58,6 +67,11 @@ def arithmetic_rows(
         raise UserError(f"unknown split {split!r}", "arithmetic task", "use train or test")
     if low > high:
         raise UserError(f"low {low} > high {high}", "arithmetic task", "set low <= high")
+    try:  # a typo in the template fails here, before any model loads
+        template.format(a=low, b=high)
+    except (KeyError, IndexError, ValueError) as e:
+        raise UserError(f"template {template!r} cannot be filled: {e!r}"[:200],
+                        "data.task_kwargs.template", 'e.g. "What is {a} + {b}?"') from None  # fmt: skip
     if (high - low + 1) ** 2 > MAX_POOL:  # every pair is listed below
         raise UserError(
             f"operands {low}..{high} make {(high - low + 1) ** 2:,} pairs, over {MAX_POOL:,}",
@@ -83,7 +97,7 @@ def arithmetic_rows(
     return [
         PromptRow(
             index=i,
-            prompt=ARITHMETIC_TEMPLATE.format(a=a, b=b),
+            prompt=template.format(a=a, b=b),
             ground_truth=str(a + b),
             data_source=ARITHMETIC_SOURCE,
             extra={"a": a, "b": b, "split": split},

@@ -7,6 +7,7 @@ text is encoded with the tokenizer's defaults (a BOS where the model wants one).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +28,13 @@ def build_messages(
     *,
     system_prompt: str | None = None,
     instruction: str | None = None,
+    examples: Sequence[Mapping[str, str]] = (),
 ) -> list[dict[str, str]]:
     """Chat messages for ``prompt``: a string becomes one user message; ``system_prompt``
-    is prepended unless the messages already have a system message; ``instruction`` is
-    appended (after a space) to the last user message unless it already ends with it.
+    is prepended unless the messages already have a system message; ``examples``
+    (data.examples: worked user/assistant turns, few-shot) go after the system message and
+    before the prompt's own, as written; ``instruction`` is appended (after a space) to the
+    last user message (the prompt's) unless it already ends with it.
     """
     messages = (
         [{"role": "user", "content": prompt}]
@@ -39,6 +43,9 @@ def build_messages(
     )
     if system_prompt and not any(m["role"] == "system" for m in messages):
         messages.insert(0, {"role": "system", "content": system_prompt})
+    if examples:  # a small model copies the form of its "own" earlier answer
+        at = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+        messages[at:at] = [{"role": m["role"], "content": m["content"]} for m in examples]
     if instruction:
         for msg in reversed(messages):
             if msg["role"] == "user":
@@ -54,12 +61,15 @@ def render_prompt(
     *,
     system_prompt: str | None = None,
     instruction: str | None = None,
+    examples: Sequence[Mapping[str, str]] = (),
 ) -> str:
     """The exact prompt text: the chat template with ``add_generation_prompt=True`` when the
     tokenizer has one, else the message contents joined by blank lines (a plain string
-    prompt with no system prompt or instruction comes back unchanged).
+    prompt with no system prompt, instruction or examples comes back unchanged).
     """
-    messages = build_messages(prompt, system_prompt=system_prompt, instruction=instruction)
+    messages = build_messages(
+        prompt, system_prompt=system_prompt, instruction=instruction, examples=examples
+    )
     if has_chat_template(tokenizer):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "\n\n".join(m["content"] for m in messages)
@@ -86,6 +96,7 @@ def encode_prompts(
     policy: str = "error",
     system_prompt: str | None = None,
     instruction: str | None = None,
+    examples: Sequence[Mapping[str, str]] = (),
     location: str = "data",
 ) -> EncodedPrompts:
     """Render and tokenize ``rows``; prompts longer than ``max_prompt_length`` tokens are
@@ -99,10 +110,8 @@ def encode_prompts(
             f"use one of {', '.join(OVERLONG_POLICIES)}",
         )
     templated = has_chat_template(tokenizer)
-    texts = [
-        render_prompt(tokenizer, r.prompt, system_prompt=system_prompt, instruction=instruction)
-        for r in rows
-    ]
+    style = {"system_prompt": system_prompt, "instruction": instruction, "examples": examples}
+    texts = [render_prompt(tokenizer, r.prompt, **style) for r in rows]
     all_ids = tokenizer(texts, add_special_tokens=not templated)["input_ids"] if texts else []
     out = EncodedPrompts([], [], [], templated)
     for row, text, ids in zip(rows, texts, all_ids):

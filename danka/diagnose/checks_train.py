@@ -16,7 +16,7 @@ from danka.diagnose.settings import add_kl, key, reward_terms, setting
 # concise rarely loses 70% of its length in a few dozen steps.
 LENGTH_RATIO = 0.3
 # Answers that started under 32 tokens (a sentence) had no reasoning to lose: shrinking
-# them to a bare number is what a task like the quickstart's "Reply with only the number"
+# them to a bare number is what a task like "What is a + b? Reply with only the number."
 # asks for, not a shortcut.
 MIN_REASONING_LENGTH = 32
 # "rises": the trailing mean reward is above the first steps' by at least this (a point on

@@ -3,8 +3,8 @@
     score_i = sum_k w_k * r_k(completion_i, row_i) + w_rm * rm(prompt_i, completion_i)
 
 The reward model reads prompt_i as the policy read it: the row's prompt with
-``data.system_prompt`` and ``data.instruction`` applied (as chat messages, which it renders
-with its own tokenizer's chat template), so that an RM trained by ``danka rm`` on pairs
+``data.system_prompt``, ``data.instruction`` and ``data.examples`` applied (as chat
+messages, which it renders with its own tokenizer's chat template), so that an RM trained by ``danka rm`` on pairs
 whose prompt carries the instruction scores the same text at RL time.
 
 Each r_k is a builtin rule reward or a user function (``file.py:function``), called
@@ -22,7 +22,7 @@ plus a warning). ``reward.on_error`` is not involved (see guard.py); ``valid`` s
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,18 +94,24 @@ class RewardComputer:
         *,
         system_prompt: str | None = None,
         instruction: str | None = None,
+        examples: Sequence[Mapping[str, str]] = (),
     ):
         self.terms = terms
         self.reward_model, self.reward_model_weight = reward_model, float(reward_model_weight)
         self.system_prompt, self.instruction = system_prompt, instruction
+        self.examples = examples
 
     def reward_model_prompt(self, row: PromptRow) -> Any:
-        """The prompt the reward model reads for ``row``: the policy's (``data.system_prompt``
-        and ``data.instruction`` applied, as chat messages); the row's own when neither is set."""
-        if not (self.system_prompt or self.instruction):
+        """The prompt the reward model reads for ``row``: the policy's (``data.system_prompt``,
+        ``data.instruction`` and ``data.examples`` applied, as chat messages); the row's own
+        when none is set."""
+        if not (self.system_prompt or self.instruction or self.examples):
             return row.prompt
         return build_messages(
-            row.prompt, system_prompt=self.system_prompt, instruction=self.instruction
+            row.prompt,
+            system_prompt=self.system_prompt,
+            instruction=self.instruction,
+            examples=self.examples,
         )
 
     @property
@@ -249,10 +255,11 @@ def build_reward_computer(
     reward_model_weight: float = 1.0,
     system_prompt: str | None = None,
     instruction: str | None = None,
+    examples: Sequence[Mapping[str, str]] = (),
 ) -> RewardComputer:
     """Resolve every spec (builtin name or ``file.py:function`` relative to ``base_dir``,
-    the config file's folder) and wrap it in a :class:`GuardedReward`. ``system_prompt`` and
-    ``instruction`` (``data.*``) make the reward model's prompts the policy's. UserError for an
+    the config file's folder) and wrap it in a :class:`GuardedReward`. ``system_prompt``,
+    ``instruction`` and ``examples`` (``data.*``) make the reward model's prompts the policy's. UserError for an
     unknown builtin or builtin option (see specs.check_reward_specs), a bad
     file/function, or nothing to compute."""
     if not specs and reward_model is None:
@@ -285,4 +292,5 @@ def build_reward_computer(
         reward_model_weight,
         system_prompt=system_prompt,
         instruction=instruction,
+        examples=examples,
     )

@@ -19,7 +19,7 @@ The saved folder is a reward model for RL: ``model.reward_model_name_or_path: OU
 with ``model.reward_model_type: classifier``. The texts are built exactly as
 :class:`~danka.rewards.model.ClassifierReward` builds them when it scores rollouts, cut at
 the same ``max_length``. At RL time the prompt it reads is the one the policy read
-(``data.system_prompt`` and ``data.instruction`` applied, see
+(``data.system_prompt``, ``data.instruction`` and ``data.examples`` applied, see
 :class:`~danka.rewards.combine.RewardComputer`): write the pairs' prompts that way (as
 ``danka data gsm8k-pairs`` does with danka's GSM8K instruction).
 """

@@ -268,6 +268,7 @@ class AnswerOptions:
 
     system: str | None = None  # system prompt (None: the chat template's default)
     instruction: str | None = None  # text added to every prompt, as data.instruction
+    examples: tuple[dict[str, str], ...] = ()  # worked turns before every prompt: data.examples
     max_new_tokens: int = 256  # per answer (per turn with tools)
     temperature: float = 0.7  # 0 means greedy
     top_p: float = 0.95

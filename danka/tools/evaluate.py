@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ def evaluate_rows(
     max_new_tokens: int = 256,
     system: str | None = None,
     instruction: str | None = None,
+    examples: Sequence[Mapping[str, str]] = (),
     threshold: float = 1.0,
     seed: int = 0,
     batch_size: int = 16,
@@ -114,6 +116,7 @@ def evaluate_rows(
     gen = AnswerOptions(
         system=system,
         instruction=instruction,
+        examples=tuple(dict(m) for m in examples),
         max_new_tokens=max_new_tokens,
         n=samples,
         seed=seed,
@@ -213,6 +216,7 @@ def _from_config(config: str, overrides: list[str]) -> dict[str, Any]:
         "specs": reward_specs(cfg, rows),
         "system": cfg.data.system_prompt,
         "instruction": cfg.data.instruction,
+        "examples": cfg.data.examples,
         "timeout_s": cfg.reward.timeout_s,
         "max_new_tokens": cfg.eval.max_new_tokens or t.max_new_tokens,
         "data": cfg.data.eval_dataset or cfg.data.task or cfg.data.train_dataset,
@@ -255,6 +259,7 @@ def _from_args(
         "specs": [RewardSpec(name=reward)],
         "system": None,
         "instruction": None,
+        "examples": [],
         "timeout_s": 30.0,
         "max_new_tokens": 256,
         "data": data,
@@ -351,6 +356,7 @@ def run_eval(
             max_new_tokens=budget,
             system=src["system"],
             instruction=src["instruction"],
+            examples=src["examples"],
             seed=seed,
             tools=agent,
             base_dir=src["base_dir"],

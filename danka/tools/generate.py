@@ -193,6 +193,7 @@ def generate_batch(
         max_prompt_length=max_prompt_length,
         system_prompt=opts.system,
         instruction=opts.instruction,
+        examples=opts.examples,
     )
     out: list[dict[str, Any]] = []
     for row, text in zip(enc.rows, enc.texts):

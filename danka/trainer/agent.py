@@ -1,7 +1,7 @@
 """``danka train`` with ``agent.tools`` / ``agent.environment``: the multi-turn agent
 loop (danka/agent) in place of the single-turn ``engine.generate``.
 
-* prompts are chat messages (``data.system_prompt`` / ``data.instruction`` applied),
+* prompts are chat messages (``data.system_prompt`` / ``instruction`` / ``examples`` applied),
   encoded by the loop with the tool schemas (:func:`encode_agent_prompts`);
 * step 2 (danka/trainer/sample.py) returns the same ``Rollout`` as single-turn sampling,
   with ``loss_mask`` 0 on tool and environment tokens, the final answers for the rewards,
@@ -41,7 +41,9 @@ def encode_agent_prompts(
     An over-long prompt follows ``data.overlong_prompt``: ``drop`` leaves it out, anything
     else refuses it (cutting the tool schema off would change the task)."""
     d = cfg.data
-    msgs = prompt_messages(rows, system_prompt=d.system_prompt, instruction=d.instruction)
+    msgs = prompt_messages(
+        rows, system_prompt=d.system_prompt, instruction=d.instruction, examples=d.examples
+    )
     kept, texts, ids = [], [], []
     for row, m in zip(rows, msgs):
         enc = agent.encode_prompt(m)

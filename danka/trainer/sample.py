@@ -6,6 +6,7 @@ through the same function with greedy settings.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -37,8 +38,9 @@ class SampleContext:
     sizes: Sizes  # for an out-of-memory message (at the run's micro-batch)
     agent: AgentLoop | None = None
     environment: bool = False  # agent.environment: its step rewards are a reward part
-    system_prompt: str | None = None  # data.system_prompt / data.instruction, for the agent
+    system_prompt: str | None = None  # data.system_prompt / instruction / examples (agent)
     instruction: str | None = None
+    examples: Sequence[Mapping[str, str]] = ()
     chunk: int = 256  # prompts per call where a caller splits a long list (evaluation)
 
 
@@ -81,7 +83,9 @@ def _agent(ctx: SampleContext, prompt_idx: list[int]) -> Rollout:
     read each sample's final answer, the log shows its messages."""
     assert ctx.agent is not None
     rows = [ctx.prompts.rows[i] for i in prompt_idx]
-    msgs = prompt_messages(rows, system_prompt=ctx.system_prompt, instruction=ctx.instruction)
+    msgs = prompt_messages(
+        rows, system_prompt=ctx.system_prompt, instruction=ctx.instruction, examples=ctx.examples
+    )
     out = ctx.agent.rollout(
         ctx.engine,
         ctx.models.policy,

@@ -48,6 +48,7 @@ def encode(cfg: DankaConfig, tokenizer, rows: list[PromptRow], location: str = "
         policy=d.overlong_prompt,
         system_prompt=d.system_prompt,
         instruction=d.instruction,
+        examples=d.examples,
         location=location,
     )
     return PromptSet(rows=enc.rows, texts=enc.texts, ids=enc.input_ids)
@@ -171,6 +172,7 @@ def build_rule_rewards(
         reward_model_weight=cfg.reward.model_weight,
         system_prompt=cfg.data.system_prompt,  # the RM reads the prompt the policy read
         instruction=cfg.data.instruction,
+        examples=cfg.data.examples,
     )
     rewards.check(rows[:4])
     return rewards

@@ -238,6 +238,7 @@ class Sampling:
             tokenizer=self.tokenizer, eos_ids=self.eos_ids, pad_id=self.pad_id,
             sizes=sizes(cfg), agent=self.agent, environment=bool(cfg.agent.environment),
             system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
+            examples=cfg.data.examples,
         )  # fmt: skip
 
 

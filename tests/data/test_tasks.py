@@ -39,6 +39,23 @@ def test_rows_are_correct_deterministic_and_distinct():
     assert len({r.prompt for r in rows}) == 50
 
 
+def test_arithmetic_template_through_task_kwargs():
+    # the quickstart asks without "Reply with only the number.": its worked example shows the form
+    rows = task_rows(
+        "arithmetic", 5, seed=7, split="test", kwargs={"template": "What is {a} + {b}?"}
+    )
+    default = arithmetic_rows(5, seed=7, split="test")
+    assert [r.prompt for r in rows] == [
+        f"What is {r.extra['a']} + {r.extra['b']}?" for r in default
+    ]  # the same problems, only the question's wording differs
+    assert [r.ground_truth for r in rows] == [r.ground_truth for r in default]
+    with pytest.raises(UserError, match="cannot be filled") as err:
+        task_rows("arithmetic", 5, seed=7, split="test", kwargs={"template": "What is {x}?"})
+    assert err.value.where == "data.task_kwargs.template"
+    with pytest.raises(UserError, match="expected str"):
+        task_rows("arithmetic", 5, seed=7, split="test", kwargs={"template": 3})
+
+
 def test_more_rows_than_pairs_repeats_the_pool():
     # operands 1..3: 9 ordered pairs in all, so 30 rows must repeat some
     rows = arithmetic_rows(30, seed=0, split="train", low=1, high=3) + arithmetic_rows(

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from danka.data.gsm8k import GSM8K_INSTRUCTION
-from danka.data.template import encode_prompts, left_pad, render_prompt
+from danka.data.template import build_messages, encode_prompts, left_pad, render_prompt
 from danka.errors import UserError
 from danka.types import PromptRow
 
@@ -28,9 +28,49 @@ def test_instruction_appended_to_last_user_message_once(chat_tokenizer):
     assert msgs[1]["content"] == "Q?"  # the row's messages are not mutated
 
 
+EXAMPLES = [
+    {"role": "user", "content": "What is 36 + 47?"},
+    {"role": "assistant", "content": "36 + 47 = 83"},
+]
+
+
+def test_examples_go_after_the_system_prompt_and_before_the_prompt():
+    # data.examples: few-shot turns, as written (the instruction ends only the prompt's turn)
+    got = build_messages(
+        "What is 12 + 34?", system_prompt="S", instruction="Be brief.", examples=EXAMPLES
+    )
+    assert got == [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "What is 36 + 47?"},
+        {"role": "assistant", "content": "36 + 47 = 83"},
+        {"role": "user", "content": "What is 12 + 34? Be brief."},
+    ]
+    # a row with its own system message keeps it first; the examples follow it
+    own = [{"role": "system", "content": "own"}, {"role": "user", "content": "Q?"}]
+    assert [m["content"] for m in build_messages(own, examples=EXAMPLES)] == [
+        "own", "What is 36 + 47?", "36 + 47 = 83", "Q?",
+    ]  # fmt: skip
+    assert own[1] == {"role": "user", "content": "Q?"} and EXAMPLES[0]["content"].endswith("?")
+
+
+def test_examples_are_rendered_and_encoded(chat_tokenizer):
+    text = render_prompt(chat_tokenizer, "What is 12 + 34?", examples=EXAMPLES)
+    assert text == (
+        "<|im_start|>user\nWhat is 36 + 47?<|im_end|>\n"
+        "<|im_start|>assistant\n36 + 47 = 83<|im_end|>\n"
+        "<|im_start|>user\nWhat is 12 + 34?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    enc = encode_prompts(chat_tokenizer, [PromptRow(0, "What is 12 + 34?")], max_prompt_length=99,
+                         examples=EXAMPLES)  # fmt: skip
+    assert enc.texts == [text] and chat_tokenizer.decode(enc.input_ids[0]) == text
+
+
 def test_no_template_returns_raw_text(plain_tokenizer):
     assert render_prompt(plain_tokenizer, "What is 2 + 3?") == "What is 2 + 3?"
     assert render_prompt(plain_tokenizer, "Q?", instruction="Think.") == "Q? Think."
+    shot = render_prompt(plain_tokenizer, "Q?", examples=EXAMPLES)
+    assert shot == "What is 36 + 47?\n\n36 + 47 = 83\n\nQ?"
 
 
 def test_encode_with_template_adds_no_extra_special_tokens(chat_tokenizer):

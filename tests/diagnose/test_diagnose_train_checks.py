@@ -46,7 +46,7 @@ def test_length_collapse_while_reward_rises():
 def test_length_collapse_needs_a_rising_reward_and_reasoning_to_lose():
     flat = RunRecord(metrics=_history(response_length=[200] * 5 + [40] * 5, reward=[0.1] * 10))
     assert _first(length_collapse, flat)[0] is None  # reward 0.1 -> 0.1: not rising
-    # 14 -> 3 tokens (the quickstart's "reply with only the number"): under 32 at the start
+    # 14 -> 3 tokens (a "reply with only the number" task): under 32 at the start
     short = RunRecord(metrics=_history(response_length=[14] * 5 + [3] * 5,
                                        reward=[0.2] * 5 + [0.6] * 5))  # fmt: skip
     assert _first(length_collapse, short)[0] is None

@@ -49,8 +49,9 @@ def test_gsm8k_grpo_collapse_is_flagged_without_eval_files(tmp_path, capsys):
 
 @pytest.mark.skipif(not QUICKSTART.exists(), reason="fixture not built")
 def test_quickstart_is_not_flagged(capsys):
+    # examples/quickstart.yaml on 2 CPU cores: 36.5% -> 64.5% held out; KL on, nothing cut
     rc, report = _json(capsys, str(QUICKSTART))
-    assert rc == 0 and report["problems"] == 0, report["findings"]
+    assert rc == 0 and report["problems"] == 0 and report["risks"] == 0, report["findings"]
 
 
 @pytest.mark.parametrize("name", ["reasoning_grpo_h200", "reasoning_ppo_h200"])

@@ -142,6 +142,28 @@ def test_cli_eval_from_config_with_pass_at_k(tiny_dir, prompts_file, yes_reward,
     assert result["pass@k"] == {"pass@1": 0.5, "pass@2": 0.5}
 
 
+def test_cli_eval_from_config_puts_data_examples_before_each_prompt(
+    tiny_dir, prompts_file, yes_reward, tmp_path
+):
+    shot = [{"role": "user", "content": "What is 36 + 47?"},
+            {"role": "assistant", "content": "36 + 47 = 83"}]  # fmt: skip
+    cfg = {
+        "model": {"actor_model_name_or_path": str(tiny_dir), "device": "cpu"},
+        "trainer": {"max_new_tokens": 2, "max_length": 128},
+        "data": {"train_dataset": str(prompts_file), "examples": shot},
+        "reward": {"functions": [{"name": f"{yes_reward}:compute_score"}]},
+        "output_dir": str(tmp_path / "out"),
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "e.json"
+    assert main(["eval", str(path), "--n", "1", "--output", str(out)]) == 0
+    [answer] = json.loads(out.read_text())["completions"]
+    # the rendered prompt the model saw: the worked turn, then the row's question
+    assert answer["prompt"].index("What is 36 + 47?") < answer["prompt"].index("36 + 47 = 83")
+    assert answer["prompt"].index("36 + 47 = 83") < answer["prompt"].index("What is 1 + 1?")
+
+
 def test_cli_eval_bad_input(tiny_dir, prompts_file, tmp_path, capsys):
     assert (
         main(

@@ -1,0 +1,42 @@
+"""danka/trainer/setup.py: the prompts a run trains and evaluates on, as the model reads
+them (data.examples, data.system_prompt, data.instruction applied)."""
+
+from __future__ import annotations
+
+from danka.config import load_config
+from danka.models.loading import load_tokenizer
+from danka.trainer.setup import build_prompts
+from danka.trainer.stages import Sampling
+from danka.types import PromptRow
+
+from .conftest import make_config
+
+SHOT = [
+    {"role": "user", "content": "What is 36 + 47?"},
+    {"role": "assistant", "content": "36 + 47 = 83"},
+]
+
+
+def test_data_examples_reach_the_training_and_the_held_out_prompts(tmp_path, tiny_model_dir):
+    path = make_config(
+        tmp_path, tiny_model_dir, data={"examples": SHOT, "system_prompt": "S", "eval_size": 1}
+    )
+    cfg, _ = load_config(path)
+    tok = load_tokenizer(str(tiny_model_dir))
+    rows = [PromptRow(0, "What is 1 + 2?"), PromptRow(1, "What is 1 + 2?")]  # batch_size 2
+    train, held = build_prompts(cfg, tok, rows, [PromptRow(2, "Q?")])
+    assert held is not None
+    # the tiny model's template is ChatML: system, the worked turn, then the row's question
+    shot = (
+        "<|im_start|>user\nWhat is 36 + 47?<|im_end|>\n"
+        "<|im_start|>assistant\n36 + 47 = 83<|im_end|>\n"
+    )
+    head = "<|im_start|>system\nS<|im_end|>\n" + shot
+    assert train.texts == 2 * [
+        head + "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
+    ]
+    assert held.texts == [head + "<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n"]
+    assert tok.decode(train.ids[0]) == train.texts[0]
+    # the agent loop builds its prompts from the sampling context: the same examples
+    stage = Sampling(engine=None, models=None, tokenizer=tok, eos_ids=[0], pad_id=0)
+    assert list(stage.context(cfg, train, params=None).examples) == SHOT

@@ -53,7 +53,7 @@ def test_every_committed_result_file_reads():
     assert "`train_ppo_7b.json`" in table and "`equivalence_2x.json`" in table
     assert "`gsm8k_floors.json`" in table and "mean answer 17 -> 17 tokens" in table
     assert "`small_card_12gib.json`" in table and "LoRA merge" in table
-    assert "20.50% -> 60.50% (guess floor 2.50%), mean answer 13 -> 12 tokens" in table
+    assert "36.50% -> 64.50% (guess floor 2.50%), mean answer 12 -> 12 tokens" in table
 
 
 def test_danka_only_runs_and_the_eager_head_side_get_their_own_rows(tmp_path):

@@ -126,8 +126,9 @@ def write_result(res: dict, out_dir: str | Path, name: str) -> Path:
     out = Path(out_dir) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2, default=str))
-    if os.environ.get("OUT"):
-        shutil.copy(out, Path(os.environ["OUT"]) / out.name)
+    copy = Path(os.environ["OUT"]) / out.name if os.environ.get("OUT") else None
+    if copy is not None and not (copy.exists() and copy.samefile(out)):  # --out-dir $OUT
+        shutil.copy(out, copy)
     print(f"wrote {out}", flush=True)
     return out
 

@@ -126,4 +126,10 @@ def data_prompt_tokens(cfg: DankaConfig, base_dir, log=None) -> int | None:
         if log is not None:
             log(f"prompts priced at the config's bound: the training prompts were not read ({e})")
         return None
-    return max((len(ids) for ids in train.ids), default=None)
+    return longest_prompt(train)
+
+
+def longest_prompt(prompts) -> int | None:
+    """Tokens of the longest encoded prompt of a ``PromptSet`` (None without prompts): the
+    prompt length the memory plan prices (danka.planning.memory.prompt_tokens)."""
+    return max((len(ids) for ids in prompts.ids), default=None)

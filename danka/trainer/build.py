@@ -25,7 +25,7 @@ from danka.planning.vllm import engine_memory
 from danka.rewards.combine import reward_specs
 from danka.rollout.base import EngineOptions, build_engine, engine_meta
 from danka.trainer.agent import build_agent
-from danka.trainer.budget import memory_budget, model_shape, planned_sizes
+from danka.trainer.budget import longest_prompt, memory_budget, model_shape, planned_sizes
 from danka.trainer.checkpointing import Checkpointer
 from danka.trainer.evaluate import Evaluator, build_evaluator
 from danka.trainer.run import PromptSet
@@ -105,11 +105,6 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
         if agent is not None:  # stop the tool worker process
             agent.close()
         raise
-
-
-def longest_prompt(prompts: PromptSet) -> int | None:
-    """Tokens of the longest encoded training prompt (None without prompts)."""
-    return max((len(ids) for ids in prompts.ids), default=None)
 
 
 def engine_options(

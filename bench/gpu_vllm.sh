@@ -15,6 +15,9 @@
 #                                          # /tmp/vllm_site, load its kernels, start the GPU tests
 #   bash bench/gpu_vllm.sh bench [ARGS]    # after c9: join + sha256, convert once, wait for the
 #                                          # tests, start `python -m bench vllm --model GGUF ARGS`
+#   bash bench/gpu_vllm.sh queue           # after c9, instead of `bench`: join, convert, then in
+#                                          # the background the plan-vs-measured GPU tests and,
+#                                          # once the GPU is free, the timed runs of QUEUE below
 #   bash bench/gpu_vllm.sh wait SECONDS    # wait for the tests / the bench, show progress
 #   bash bench/gpu_vllm.sh collect         # results + logs as one tar.gz in $OUT
 set -uo pipefail
@@ -22,7 +25,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_ENABLE_V1_MULTIPROCE
 W=/root/work
 SHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 GGUF=$W/qwen2.5-coder-0.5b-instruct.gguf
-case "${1:-}" in begin|put|install|bench|wait|collect) mkdir -p "$W/in" "$W/results" "$W/logs" ;; esac
+case "${1:-}" in begin|put|install|bench|queue|run-queue|wait|collect) mkdir -p "$W/in" "$W/results" "$W/logs" ;; esac
 site() { export PYTHONPATH=/tmp/site:/tmp/vllm_site DANKA_CACHE=$W/cache; }
 source "$(dirname "$0")/gpu_common.sh"
 
@@ -30,7 +33,7 @@ case "${1:-}" in
 begin)
   nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv
   ldd --version | head -1  # llguidance's wheel needs glibc 2.31, cryptography's 2.34
-  if ls .whl/*.whl > /dev/null 2>&1; then
+  if ls .whl/*.whl > /dev/null 2>&1; then  # gguf, datasets, dill, multiprocess, trl
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
   fi
   rm -rf "$W/repo" && mkdir -p "$W/repo" && cp -a . "$W/repo/" && rm -rf "$W/repo/.carry"
@@ -43,13 +46,60 @@ put)
 install)
   cd "$W/repo" && bash scripts/vllm_install_parts.sh "$W/in" /tmp/vllm_site || exit 1
   rm -f "$W"/in/p[0-9]*
+  [ -n "${2:-}" ] && cp ".carry/$2" "$W/in/"  # the first GGUF chunk, in the same call
   site
   python3 -c "import numba, numpy; print('numba', numba.__version__, 'numpy', numpy.__version__)"
+  # the whole GPU suite, vLLM's tests included (the plan matrix skips here without the
+  # GGUF: `queue` runs it)
   setsid bash -c "timeout 1200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
-      tests/rollout/test_vllm_gpu.py --junitxml=$W/results/vllm_gpu_tests.xml \
-      > $W/logs/vllm_gpu_tests.log 2>&1; echo exit \$? >> $W/logs/vllm_gpu_tests.log" \
+      tests --junitxml=$W/results/gpu_tests.xml \
+      > $W/logs/gpu_tests.log 2>&1; echo exit \$? >> $W/logs/gpu_tests.log" \
       < /dev/null > /dev/null 2>&1 &
-  echo "vLLM GPU tests started"
+  echo "GPU tests started (whole suite)"
+  ;;
+queue)
+  [ -f "$GGUF" ] || { cat "$W"/in/c{1,2,3,4,5,6,7,8,9} > "$GGUF" && echo "$SHA  $GGUF" | sha256sum -c || exit 1; }
+  rm -f "$W"/in/c?
+  cd "$W/repo" && site
+  python3 -c "from danka.models.gguf import ensure_converted; ensure_converted('$GGUF')" || exit 1
+  touch "$W/results/.since"
+  setsid bash -c "bash bench/gpu_vllm.sh run-queue > $W/logs/queue.log 2>&1" < /dev/null > /dev/null 2>&1 &
+  echo "queue started"
+  ;;
+run-queue)
+  # QUEUE, in order of what the open issues need most; each item capped, run with the GPU
+  # to itself (the plan tests measure memory only: they run beside the end of the suite)
+  cd "$W/repo" && site
+  R=$W/results D=$W/repo/data/gsm8k/train.jsonl
+  DANKA_BENCH_GGUF=$GGUF DANKA_BENCH_DATA=$D timeout 420 python3 -m pytest -m gpu -q \
+      -p no:cacheprovider -rs tests/bench/test_plan_gpu.py --junitxml=$R/plan_gpu_tests.xml \
+      > "$W/logs/plan_gpu_tests.log" 2>&1
+  while pgrep -f "pytest -m gpu -q -p no:cacheprovider -rs tests " > /dev/null; do sleep 5; done
+  q() { local cap=$1 name=$2; shift 2; local s=$(date +%s); echo "== $name (cap $cap s) $(date +%T)"
+        timeout "$cap" "$@" > "$W/logs/q_$name.log" 2>&1
+        echo "== $name: rc $? $(( $(date +%s) - s )) s"; }
+  q 480 rollout python3 -m bench rollout --name vllm_vs_fast_qwen05_gsm8k_256x512 --model "$GGUF" \
+      --prompts-from $D --prompts 256 --new-tokens 512 --eos both --lora --lora-modes auto \
+      --lora-rank 32 --sides vllm,vllm-lora-adapter,fast-default,hf-static --check-rows 16 \
+      --profile --timeout 200 --out-dir $R
+  q 420 grpo_lora python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
+      --grpo-steps 3 --data $D --name vllm_vs_fast_qwen05_grpo_lora --timeout 240 --out-dir $R
+  q 300 trl_lora env PYTHONPATH=/tmp/site python3 -m bench trl --name trl_qwen05_gsm8k_16x8_lora \
+      --model "$GGUF" --task gsm8k --gsm8k-data $D --variants lora --prompts 16 --generations 8 \
+      --new-tokens 512 --micro 8 --steps 3 --timeout 180 --out-dir $R
+  q 300 grpo_full python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
+      --grpo-steps 2 --data $D --name vllm_vs_fast_qwen05_grpo_full --timeout 150 --out-dir $R \
+      --grpo-set lora.enable_lora=false --grpo-set optim.lr=1e-6
+  q 150 mfu env PYTHONPATH=/tmp/site python3 -m bench train --name update_05b_real --only \
+      update_05b,logprob_memory --gsm8k-model "$GGUF" --update-variants mb16+lora,mb16,mb32 \
+      --head-responses 512,1024 --profile --profile-steps 2 --out-dir $R
+  q 300 trl_full env PYTHONPATH=/tmp/site python3 -m bench trl --name trl_qwen05_gsm8k_16x8_full \
+      --model "$GGUF" --task gsm8k --gsm8k-data $D --variants full --prompts 16 --generations 8 \
+      --new-tokens 512 --micro 8 --steps 3 --timeout 180 --out-dir $R
+  q 200 step env PYTHONPATH=/tmp/site python3 -m bench train --name gsm8k_step_grpo --only \
+      gsm8k_step --step-algos grpo --gsm8k-model "$GGUF" --gsm8k-data $D --profile \
+      --step-variants base --out-dir $R
+  echo "== queue done $(date +%T)"
   ;;
 bench)
   shift
@@ -65,10 +115,10 @@ bench)
   echo "started: python -m bench vllm --model $GGUF $*"
   ;;
 wait)
-  wait_for_jobs "$2" "bench vllm|test_vllm_gpu.py" 8 -vE "^\s*$"
+  wait_for_jobs "$2" "bench vllm|bench |pytest|run-queue" 6 -vE "^\s*$|Warning|warn\("
   ;;
 collect)
-  cd "$W" && tar czf "$OUT/vllm_session.tar.gz" results logs 2>/dev/null
+  cd "$W" && tar czf "$OUT/vllm_session.tar.gz" --exclude='_*' results logs 2>/dev/null
   ls -la "$OUT"
   ;;
 *)

@@ -444,11 +444,13 @@ def compare(args) -> dict:
 
 def vllm_ratios(res: dict, s: dict) -> None:
     """Each vllm side against every other side that ran, EOS off and on (plain tok/s; a
-    LoRA side against the fast sides' default LoRA path, ``lora_base_``), and its
+    LoRA side against each LoRA path of the fast sides, ``lora_auto_`` the default), and its
     greedy-token agreement with the fast and HF sides."""
     for v in VLLM_SIDES:
-        prefix = "lora_base_" if VLLM_SIDES[v] else ""
-        for tag in ("", "eos_"):
+        # a LoRA side against every LoRA path of the fast sides that ran (lora_auto_: what
+        # danka train runs); the plain side against the plain fast and HF sides
+        prefixes = LORA_PREFIX.values() if VLLM_SIDES[v] else ("",)
+        for tag, prefix in ((t, p) for t in ("", "eos_") for p in prefixes):
             got = s.get(v, {}).get(f"{tag}tok_s")
             if not got:
                 continue

@@ -51,8 +51,9 @@ def test_vllm_ratios_keep_both_sides():
     res: dict = {}
     sides = {
         "vllm": {"tok_s": 30.0, "greedy_tokens": [[1, 2, 3]]},
-        "vllm-lora-merge": {"tok_s": 20.0},
+        "vllm-lora-merge": {"tok_s": 20.0, "eos_tok_s": 12.0},
         "fast-triton": {"tok_s": 40.0, "lora_base_tok_s": 25.0, "greedy_tokens": [[1, 2, 4]]},
+        "fast-default": {"eos_lora_auto_tok_s": 16.0},
         "hf-static": {"tok_s": 10.0},
     }
     rollout.vllm_ratios(res, sides)
@@ -60,6 +61,8 @@ def test_vllm_ratios_keep_both_sides():
         "vllm_tok_s": 30.0, "fast_triton_tok_s": 40.0, "ratio": 0.75}  # fmt: skip
     assert res["vllm_over_hf_static"]["ratio"] == 3.0
     assert res["vllm_lora_merge_over_fast_triton_lora_base"]["ratio"] == 0.8
+    # against what danka train runs: the fast side's LoRA in the default (auto) mode
+    assert res["vllm_lora_merge_eos_over_fast_default_eos_lora_auto"]["ratio"] == 0.75
     assert "vllm_lora_merge_over_hf_static" not in res  # HF ran the plain model only
     assert res["greedy_token_agreement_vllm_fast-triton"] == pytest.approx(2 / 3)
 

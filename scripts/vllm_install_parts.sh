@@ -19,8 +19,21 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$TARGET" "
 rm -rf "$WORK"
 export PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" VLLM_ENABLE_V1_MULTIPROCESSING=0
 python3 - <<'EOF'
+import importlib
+
 import torch
-import vllm, vllm._C  # noqa: E401,F401  compiled ops: built for this torch?
+import vllm
+
+# compiled ops built for this torch? (0.26 ships them as the stable-ABI _C_stable_libtorch)
+for name in ("vllm._C", "vllm._C_stable_libtorch"):
+    try:
+        importlib.import_module(name)
+        print("loaded", name)
+        break
+    except ModuleNotFoundError:
+        continue
+else:
+    raise SystemExit("vLLM's compiled ops (vllm._C / vllm._C_stable_libtorch) are missing")
 from vllm.vllm_flash_attn import flash_attn_interface as fa
 
 print("vllm", vllm.__version__, "torch", torch.__version__, "cuda", torch.version.cuda)

@@ -207,7 +207,13 @@ class VllmCalls:
         prompt blocks (computed with the old weights)."""
         if not pairs:
             return
-        self.llm.apply_model(lambda model: model.load_weights(iter(pairs)))
+
+        def load(model) -> None:
+            names = {n for n, _ in model.named_parameters()}
+            packed = getattr(model, "packed_modules_mapping", None) or {}
+            model.load_weights(iter(lora_base_names(pairs, names, packed)))
+
+        self.llm.apply_model(load)
         self.llm.reset_prefix_cache()
 
     def adapter(self, path: str, adapter_id: int):
@@ -226,6 +232,25 @@ class VllmCalls:
         if self._owns_dist and "vllm.distributed.parallel_state" in sys.modules:
             # its process group and model-parallel state, so a later engine starts afresh
             sys.modules["vllm.distributed.parallel_state"].cleanup_dist_env_and_memory()
+
+
+def lora_base_names(
+    pairs: list[tuple[str, torch.Tensor]], names: set[str], packed: dict[str, list[str]]
+) -> list[tuple[str, torch.Tensor]]:
+    """``pairs`` under the names vLLM's ``load_weights`` finds. With ``enable_lora`` vLLM
+    wraps its linears before danka loads the weights, so a base weight lives at
+    ``...qkv_proj.base_layer.weight`` and the HF name ``...q_proj.weight`` is refused
+    ("no module or parameter named"). ``names``: vLLM's parameter names; ``packed``: its
+    ``packed_modules_mapping`` (``qkv_proj`` <- q/k/v_proj): an HF name gets
+    ``.base_layer`` where vLLM's (packed) module has one; vLLM then packs it as usual."""
+    out = []
+    for name, tensor in pairs:
+        module, _, leaf = name.rpartition(".")
+        parent, _, sub = module.rpartition(".")
+        vsub = next((k for k, subs in packed.items() if sub in subs), sub)
+        wrapped = ".".join(x for x in (parent, vsub, "base_layer", leaf) if x)
+        out.append((f"{module}.base_layer.{leaf}" if wrapped in names else name, tensor))
+    return out
 
 
 def _sampled_logprobs(lps, ids: list[int]) -> list[float]:

@@ -70,16 +70,40 @@ class Loaded:
     resets: int = 0
 
 
+# vLLM's Qwen2/Llama packing and the linears its LoRA manager wraps (all of them)
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 class _Model:
+    """The model ``apply_model`` hands out, named as vLLM names it: q/k/v and gate/up
+    packed, and with ``enable_lora`` every linear's weight under ``.base_layer`` (vLLM wraps
+    them at start-up), where ``load_weights`` looks for it."""
+
+    packed_modules_mapping = PACKED
+
     def __init__(self, llm: LLM):
         self.llm = llm
+
+    def _wrapped(self, hf: str) -> bool:
+        return bool(self.llm.kwargs.get("enable_lora")) and hf.split(".")[-2] in LINEARS
+
+    def named_parameters(self):
+        for hf, p in self.llm.model.named_parameters():
+            module, _, leaf = hf.rpartition(".")
+            parent, _, sub = module.rpartition(".")
+            sub = next((k for k, v in PACKED.items() if sub in v), sub)
+            yield f"{parent}.{sub}{'.base_layer' if self._wrapped(hf) else ''}.{leaf}", p
 
     def load_weights(self, weights) -> set[str]:
         state = dict(self.llm.model.named_parameters())
         names = []
         for name, tensor in weights:
-            state[name].data.copy_(tensor.to(state[name].dtype))
-            names.append(name)
+            hf = name.replace(".base_layer.", ".")
+            if hf not in state or (".base_layer." in name) != self._wrapped(hf):
+                raise ValueError(f"There is no module or parameter named {name!r}")
+            state[hf].data.copy_(tensor.to(state[hf].dtype))
+            names.append(hf)
         self.llm.loaded.weights.append(names)
         return set(names)
 

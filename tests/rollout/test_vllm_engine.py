@@ -178,3 +178,28 @@ def test_lora_compute_base_is_refused():
 
     with pytest.raises(UserError, match="lora_compute"):
         VllmEngine(lora_mode="base")
+
+
+def test_base_weights_go_under_base_layer_where_vllm_wrapped_the_linear():
+    from danka.rollout.vllm_calls import lora_base_names
+
+    t = torch.zeros(1)
+    names = {  # vLLM's own names with enable_lora (packed q/k/v, gate/up; lm_head wrapped)
+        "model.layers.0.self_attn.qkv_proj.base_layer.weight",
+        "model.layers.0.self_attn.qkv_proj.base_layer.bias",
+        "model.layers.0.mlp.down_proj.base_layer.weight",
+        "model.layers.0.input_layernorm.weight",
+        "lm_head.base_layer.weight",
+    }
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    pairs = [(n, t) for n in ("model.layers.0.self_attn.k_proj.bias",
+                              "model.layers.0.mlp.down_proj.weight",
+                              "model.layers.0.input_layernorm.weight", "lm_head.weight",
+                              "model.layers.0.mlp.up_proj.weight")]  # fmt: skip
+    assert [n for n, _ in lora_base_names(pairs, names, packed)] == [
+        "model.layers.0.self_attn.k_proj.base_layer.bias",  # vLLM packs it into qkv_proj
+        "model.layers.0.mlp.down_proj.base_layer.weight",
+        "model.layers.0.input_layernorm.weight",  # not wrapped: as it was
+        "lm_head.base_layer.weight",
+        "model.layers.0.mlp.up_proj.weight",  # gate_up_proj not wrapped here: as it was
+    ]

@@ -268,7 +268,7 @@ class RolloutConfig:
     engine: str = _f(
         "auto",
         "auto (fast on GPU, hf on CPU) | hf | fast | vllm (optional package, colocated: "
-        "its own weight copy and KV cache for the whole run)",
+        "its own weight copy and KV cache, held all run unless rollout.keep_cache: false)",
     )
     generation_batch_size: int | str = _f(
         0,
@@ -280,7 +280,10 @@ class RolloutConfig:
         None,
         "fast engine: keep its KV cache, buffers and CUDA graphs between calls (true), or free "
         "them before every update (null or false, the default: the update gets the memory; "
-        "the next rollout captures its one graph again, milliseconds)",
+        "the next rollout captures its one graph again, milliseconds); vllm engine: false = "
+        "vLLM's sleep mode, its KV cache and weights freed after every rollout and the weights "
+        "sent again before the next (the update gets the memory), null or true = vLLM keeps "
+        "its share all run",
     )
     compile: bool = _f(
         False,

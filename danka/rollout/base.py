@@ -173,6 +173,7 @@ ROLLOUT_ENGINES.add(
     EngineMeta(
         options={
             "generation_batch_size": "max_num_seqs",
+            "keep_cache": "keep_cache",
             "lora_compute": "lora_mode",
             "gpu_memory_fraction": "gpu_memory_utilization",
             "max_model_len": "max_model_len",

@@ -123,6 +123,7 @@ class VllmSpec:
     quantization: str | None = None  # "bitsandbytes": a 4-bit base loaded by vLLM itself
     lora_rank: int = 0  # > 0: enable_lora with this max_lora_rank
     enforce_eager: bool = False  # no CUDA graphs, no torch.compile
+    sleep: bool = False  # enable_sleep_mode: weights and KV cache freed between rollouts
     attention_backend: str | None = "FLASH_ATTN"  # None: vLLM picks
 
     def llm_kwargs(self) -> dict:
@@ -140,7 +141,7 @@ class VllmSpec:
             enable_prefix_caching=True,  # a group's n samples share their prompt's blocks
             logprobs_mode="processed_logprobs",  # after temperature, as the training forward
             load_format="dummy" if self.dummy_weights else "auto",
-            enable_sleep_mode=False,
+            enable_sleep_mode=self.sleep,
         )
         if self.quantization:
             kw["quantization"] = self.quantization
@@ -221,6 +222,18 @@ class VllmCalls:
         adapters by id: a new id loads the new weights); cached prompt blocks forgotten."""
         self.llm.reset_prefix_cache()
         return self._lora_request(f"danka-{adapter_id}", adapter_id, path)
+
+    def sleep(self, level: int) -> None:
+        """Free vLLM's KV cache and its weights (``level`` 2: discarded, to be sent again;
+        1: offloaded to the CPU and back on waking) until ``wake_up``."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str]) -> None:
+        """Map the memory of ``tags`` ("weights", "kv_cache") again; torch's cached free
+        blocks are given back first (vLLM allocates outside torch's allocator)."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.llm.wake_up(tags=tags)
 
     def close(self) -> None:
         """Shut the engine down and give its GPU memory back."""

@@ -16,7 +16,12 @@ own fast engine on the same step. Optional: ``pip install 'danka[vllm]'``.
    itself as a vLLM LoRA (``lora_compute: adapter``, the only way on a 4-bit base);
 3. generate: token ids in, token ids and each sampled token's log-prob out, stopping at
    danka's stop ids; packed by ``finish_batch`` into the same ``RolloutBatch`` as every
-   engine. The trainer computes its log-probs with its own forward as with every engine.
+   engine. The trainer computes its log-probs with its own forward as with every engine;
+4. sleep (``rollout.keep_cache: false``): after every generate vLLM's sleep mode frees its
+   KV cache and weights (level 2: discarded; a 4-bit base that vLLM loaded itself is
+   offloaded to the CPU instead, level 1), so the update has the memory; before the next
+   generate the weights wake up and everything is sent again (as TRL's colocate mode does).
+   ``null`` or ``true``: vLLM keeps its share all run.
 
 Every vLLM call is in :mod:`danka.rollout.vllm_calls` (``VllmCalls``), which tests replace.
 """
@@ -54,6 +59,7 @@ class VllmEngine(RolloutEngine):
         lora_mode: str = "auto",
         gpu_memory_utilization: float = 0.0,
         max_model_len: int = 0,
+        keep_cache: bool | None = None,
         enforce_eager: bool = False,
         attention_backend: str | None = "FLASH_ATTN",
         calls: type = VllmCalls,
@@ -61,6 +67,7 @@ class VllmEngine(RolloutEngine):
         # max_num_seqs (rollout.generation_batch_size): sequences vLLM runs at once, 0 = a
         # call's all; gpu_memory_utilization and max_model_len: from the memory plan
         # (danka.planning.vllm), 0 = sized at the first call from the live model;
+        # keep_cache (rollout.keep_cache): false = sleep between rollouts (step 4 above);
         # enforce_eager: no CUDA graphs; attention_backend: vLLM's (None: it picks);
         # calls: the vLLM adapter (a fake in tests).
         if lora_mode not in VLLM_LORA:
@@ -74,6 +81,8 @@ class VllmEngine(RolloutEngine):
         self.lora_mode = lora_mode
         self.gpu_memory_utilization = float(gpu_memory_utilization)
         self.max_model_len = int(max_model_len)
+        self.sleeps = keep_cache is False
+        self._asleep = False
         self.enforce_eager = enforce_eager
         self.attention_backend = attention_backend
         self._calls_cls = calls
@@ -87,14 +96,24 @@ class VllmEngine(RolloutEngine):
         if self.calls is None:
             self._start(model, prompt_ids, params, generator)
         t0 = time.perf_counter()
+        if self._asleep:  # the weights' memory first: what the sync writes into
+            self.calls.wake_up(["weights"])
+            self.sync.forget()
         update = self.sync.update(model)
         self.calls.load_weights(update.tensors)
         if update.adapter_path is not None:
             self._lora = self.calls.adapter(update.adapter_path, self.sync.adapter_id)
+        if self._asleep:
+            self.calls.wake_up(["kv_cache"])
+            self._asleep = False
         self.stats["synced_tensors"] = len(update.tensors)
         self.stats["sync_s"] = time.perf_counter() - t0  # host time; the copies may still run
         lora = self._lora if self.sync.lora_mode == "adapter" else None
-        return self.calls.generate(prompt_ids, params, eos_ids, lora)
+        out = self.calls.generate(prompt_ids, params, eos_ids, lora)
+        if self.sleeps:  # level 2 discards what the next sync sends again anyway
+            self.calls.sleep(2 if self.spec.dummy_weights else 1)
+            self._asleep = True
+        return out
 
     def _start(self, model, prompt_ids, params, generator) -> None:
         hf = unwrap_causal_lm(model)
@@ -119,6 +138,7 @@ class VllmEngine(RolloutEngine):
             quantization="bitsandbytes" if quantized else None,
             lora_rank=rank,
             enforce_eager=self.enforce_eager,
+            sleep=self.sleeps,
             attention_backend=self.attention_backend,
         )
         _check_free(self.spec, hf)
@@ -186,6 +206,7 @@ class VllmEngine(RolloutEngine):
         if self.sync is not None:
             self.sync.close()
         self.calls = self.sync = None
+        self._asleep = False
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
         if torch.cuda.is_available():

@@ -94,6 +94,11 @@ class WeightSync:
         if self._adapter_dir is not None:
             shutil.rmtree(self._adapter_dir, ignore_errors=True)
 
+    def forget(self) -> None:
+        """The engine lost what it was sent (vLLM slept): the next update sends everything
+        again, the adapter under a fresh id."""
+        self.synced = False
+
     def _changed(self, params: list[nn.Parameter]) -> set[int]:
         """Ids of ``params`` changed since the last call (all of them the first time)."""
         stepped = self.marks.take()

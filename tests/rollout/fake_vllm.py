@@ -5,7 +5,8 @@ danka.rollout.vllm_calls uses, backed by a plain HF model and a token-by-token d
 with random weights, so only what the weight sync sends makes it generate like the policy;
 ``apply_model(fn)`` hands ``fn`` an object whose ``load_weights`` copies ``(HF name,
 tensor)`` pairs into that model and records them; a ``LoRARequest`` is applied by loading
-the saved adapter with peft onto a copy of the model. Install with :func:`install`.
+the saved adapter with peft onto a copy of the model; ``sleep``/``wake_up`` drop the
+adapters and (level 2) the weights as vLLM's sleep mode does. Install with :func:`install`.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Loaded:
     weights: list[list[str]] = field(default_factory=list)
     adapters: list[LoRARequest] = field(default_factory=list)
     resets: int = 0
+    calls: list[str] = field(default_factory=list)  # generate / sleep N / wake TAGS, in order
 
 
 # vLLM's Qwen2/Llama packing and the linears its LoRA manager wraps (all of them)
@@ -122,10 +124,30 @@ class LLM:
         self.model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
         self.generator = torch.Generator().manual_seed(kwargs.get("seed", 0))
         self._adapters: dict[int, torch.nn.Module] = {}
+        self.asleep: set[str] = set()
         LLM.instances.append(self)
 
     def apply_model(self, fn):
+        if "weights" in self.asleep:  # vLLM writes into unmapped memory (TRL issue 5142)
+            raise RuntimeError("load_weights while vLLM's weights sleep")
         return [fn(_Model(self))]
+
+    def sleep(self, level: int = 1) -> None:
+        """As vLLM's sleep mode: the KV cache is dropped (and with it every LoRA slot here),
+        the weights offloaded (level 1) or discarded (level 2: random again)."""
+        assert self.kwargs.get("enable_sleep_mode"), "sleep() needs enable_sleep_mode=True"
+        self.loaded.calls.append(f"sleep {level}")
+        self.asleep = {"weights", "kv_cache"}
+        self._adapters = {}
+        if level == 2:
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(99))
+
+    def wake_up(self, tags=None) -> None:
+        tags = tags or ["weights", "kv_cache"]
+        self.loaded.calls.append("wake " + ",".join(tags))
+        self.asleep -= set(tags)
 
     def reset_prefix_cache(self, *args) -> bool:
         self.loaded.resets += 1
@@ -144,6 +166,9 @@ class LLM:
 
     @torch.no_grad()
     def generate(self, prompts, sampling_params, *, use_tqdm=True, lora_request=None):
+        if self.asleep:
+            raise RuntimeError(f"generate while vLLM sleeps ({sorted(self.asleep)})")
+        self.loaded.calls.append("generate")
         sp = sampling_params
         model = self._with_adapter(lora_request)
         stop = set(sp.stop_token_ids or [])

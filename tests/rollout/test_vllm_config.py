@@ -105,6 +105,20 @@ def test_plan_holds_vllms_share_in_every_phase():
     assert vllm.phases["rollout"] >= vllm.persistent + share.total
 
 
+def test_a_sleeping_vllm_holds_only_its_work_through_the_update():
+    config = qwen2_0_5b_config()
+    fast = estimate_memory(cfg(rollout__engine="fast"), model_config=config)
+    awake = estimate_memory(cfg(rollout__engine="vllm"), model_config=config)
+    asleep = estimate_memory(cfg(rollout__engine="vllm", rollout__keep_cache=False),
+                             model_config=config)  # fmt: skip
+    share = asleep.vllm_share
+    assert share == awake.vllm_share  # the same engine while it generates
+    assert asleep.phases["rollout"] == awake.phases["rollout"]
+    for phase in ("prepare", "update"):  # weights and KV cache freed: graphs, workspaces stay
+        assert asleep.phases[phase] - fast.phases[phase] == pytest.approx(share.work)
+        assert awake.phases[phase] - asleep.phases[phase] == share.weights + share.kv_cache
+
+
 def test_engine_gets_gpu_memory_utilization_from_the_plan(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * GIB, 140 * GIB))
     c = cfg()

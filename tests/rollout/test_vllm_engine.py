@@ -173,6 +173,44 @@ def test_lora_adapter_mode_sends_a_fresh_adapter_after_each_step(fake):
     assert engine.calls is None
 
 
+def test_sleeping_between_rollouts_sends_everything_again(fake):
+    """rollout.keep_cache: false: vLLM sleeps (level 2) after each generate, so the next
+    call wakes the weights, sends all of them again (nothing changed here, yet the engine
+    lost them), wakes the KV cache and only then generates."""
+    model = policy()
+    engine = vllm_engine(keep_cache=False)
+    first = run(engine, model)
+    llm = fake.LLM.instances[0]
+    assert llm.kwargs["enable_sleep_mode"] is True
+    assert llm.loaded.calls == ["generate", "sleep 2"]
+    again = run(engine, model)  # no optimiser step in between
+    assert llm.loaded.calls[2:] == ["wake weights", "wake kv_cache", "generate", "sleep 2"]
+    assert set(llm.loaded.weights[1]) == hf_names(model)  # all again, not "nothing changed"
+    same_batch(again, first)
+    same_batch(again, run(HFGenerateEngine(), model))
+
+
+def test_sleeping_adapter_mode_loads_the_adapter_again(fake):
+    model = lora_policy()
+    engine = vllm_engine(lora_mode="adapter", keep_cache=False)
+    run(engine, model)
+    got = run(engine, model)
+    llm = fake.LLM.instances[0]
+    assert [a.lora_int_id for a in llm.loaded.adapters] == [1, 2]  # a fresh id after waking
+    same_batch(got, run(HFGenerateEngine(), model))
+
+
+def test_keep_cache_unset_keeps_vllm_awake(fake):
+    model = policy()
+    engine = vllm_engine()
+    run(engine, model)
+    run(engine, model)
+    llm = fake.LLM.instances[0]
+    assert llm.kwargs["enable_sleep_mode"] is False
+    assert llm.loaded.calls == ["generate", "generate"]
+    assert llm.loaded.weights[1:] == []  # nothing changed, nothing sent
+
+
 def test_lora_compute_base_is_refused():
     from danka.errors import UserError
 

@@ -210,9 +210,12 @@ class VllmCalls:
             return
 
         def load(model) -> None:
-            names = {n for n, _ in model.named_parameters()}
-            packed = getattr(model, "packed_modules_mapping", None) or {}
-            model.load_weights(iter(lora_base_names(pairs, names, packed)))
+            named = pairs
+            if self.spec.lora_rank:  # only vLLM's LoRA manager wraps (renames) the linears
+                names = {n for n, _ in model.named_parameters()}
+                packed = getattr(model, "packed_modules_mapping", None) or {}
+                named = lora_base_names(pairs, names, packed)
+            model.load_weights(iter(named))
 
         self.llm.apply_model(load)
         self.llm.reset_prefix_cache()

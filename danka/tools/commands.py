@@ -400,12 +400,7 @@ def _estimate(args) -> int:
         )
     from danka.trainer.budget import data_prompt_tokens
 
-    tools = bool(cfg.agent.tools or cfg.agent.environment)  # sequences grow: the bound
-    longest = (
-        None
-        if tools
-        else data_prompt_tokens(cfg, base_dir, log=lambda msg: print(msg, file=sys.stderr))
-    )
+    longest = data_prompt_tokens(cfg, base_dir, log=lambda msg: print(msg, file=sys.stderr))
     inp = PlanInput.of(cfg, longest)
     config = load_model_config(inp.model, base_dir)  # read once
     shape = ModelShape.of(config, inp.target_modules, inp.lora_r)

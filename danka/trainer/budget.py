@@ -107,16 +107,21 @@ def data_prompt_tokens(cfg: DankaConfig, base_dir, log=None) -> int | None:
     """The longest training prompt of ``cfg``'s data as ``danka train`` encodes it (the
     length the run's plan prices), for ``danka estimate``; None where the data or the
     tokenizer cannot be read here (the plan then prices the config's bound), saying why
-    through ``log``. Nothing is written (bad-row reports go to a temporary folder)."""
+    through ``log``, and for a tool or environment rollout (its sequences grow turn by turn:
+    the plan prices the bound, danka.planning.memory.prompt_tokens). Nothing is written
+    (bad-row reports go to a temporary folder)."""
     import tempfile
     from pathlib import Path
 
     from danka.data.splits import load_rows
     from danka.trainer.setup import build_prompts, build_tokenizer
 
+    if cfg.agent.tools or cfg.agent.environment:
+        return None
     quiet = logging.getLogger("danka.estimate.data")
-    quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
+    if not quiet.handlers:  # once per process, not once per call
+        quiet.addHandler(logging.NullHandler())
     try:
         with tempfile.TemporaryDirectory() as tmp:
             train_rows, _ = load_rows(cfg, Path(base_dir), Path(tmp))

@@ -170,6 +170,54 @@ def peak_gib(dev) -> float | None:
     return torch.cuda.max_memory_allocated(dev) / GIB if is_cuda(dev) else None
 
 
+class DevicePeak:
+    """The most bytes the device had in use while the block ran, sampled every ``every``
+    seconds on a thread: every allocation of the process, whoever made it (torch's cached
+    blocks, the CUDA context, vLLM's own pool). ``torch.cuda.max_memory_allocated`` cannot
+    stand in: vLLM's sleep mode unmaps its pool behind torch's allocator, which still counts
+    the bytes as allocated. ``used``: a callable giving the bytes in use now (default: the
+    device's total minus its free bytes)."""
+
+    def __init__(self, dev=None, every: float = 0.002, used: Callable[[], int] | None = None):
+        import threading
+
+        self._used = used or _device_used(dev)
+        self.every = every
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while True:
+            self.peak = max(self.peak, self._used())
+            if self._stop.wait(self.every):
+                self.peak = max(self.peak, self._used())
+                return
+
+    def __enter__(self) -> DevicePeak:
+        self.peak = self._used()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def gib(self) -> float:
+        return self.peak / GIB
+
+
+def _device_used(dev) -> Callable[[], int]:
+    import torch
+
+    def used() -> int:
+        free_b, total_b = torch.cuda.mem_get_info(dev)
+        return total_b - free_b
+
+    return used
+
+
 def free(dev) -> None:
     import torch
 

@@ -69,8 +69,8 @@ queue)
 run-queue)
   # QUEUE, in order of what the open issues need most; each item capped, run with the GPU
   # to itself (the plan tests measure memory only: they run beside the end of the suite).
-  # The 2026-12-03 session ran the vLLM-vs-fast rollout, both GRPO steps, the update's MFU
-  # and TRL's full-parameter side (bench/results/INDEX.md); this list is what is left.
+  # The first 2026-12-03 session ran the vLLM-vs-fast rollout at 256, both GRPO steps, the
+  # update's MFU and TRL's full-parameter side (bench/results/INDEX.md); this is what is left.
   cd "$W/repo" && site
   R=$W/results D=$W/repo/data/gsm8k/train.jsonl
   DANKA_BENCH_GGUF=$GGUF DANKA_BENCH_DATA=$D timeout 420 python3 -m pytest -m gpu -q \
@@ -80,24 +80,20 @@ run-queue)
   q() { local cap=$1 name=$2; shift 2; local s=$(date +%s); echo "== $name (cap $cap s) $(date +%T)"
         timeout "$cap" "$@" > "$W/logs/q_$name.log" 2>&1
         echo "== $name: rc $? $(( $(date +%s) - s )) s"; }
-  # 1. issue 38: the fixes of 2026-12-03 (adapter sync, sleep mode) and the memory goal
-  q 300 grpo_sleep python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm \
-      --grpo-steps 3 --data $D --name vllm_sleep_qwen05_grpo_lora --timeout 240 --out-dir $R \
+  # issue 38: the sleep mode against the fast engine (both sides in one run; the device's own
+  # peak beside torch's), the 64-sequence cells, then the vLLM LoRA sides at 256
+  q 420 grpo_sleep python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
+      --grpo-steps 3 --data $D --name vllm_sleep_qwen05_grpo_lora --timeout 200 --out-dir $R \
       --grpo-set rollout.keep_cache=false
-  q 300 grpo_full_sleep python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm \
-      --grpo-steps 2 --data $D --name vllm_sleep_qwen05_grpo_full --timeout 150 --out-dir $R \
+  q 400 grpo_full_sleep python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
+      --grpo-steps 3 --data $D --name vllm_sleep_qwen05_grpo_full --timeout 190 --out-dir $R \
       --grpo-set rollout.keep_cache=false --grpo-set lora.enable_lora=false --grpo-set optim.lr=1e-6
-  q 420 rollout python3 -m bench rollout --name vllm_lora_qwen05_gsm8k_256x512 --model "$GGUF" \
+  q 330 rollout64 python3 -m bench rollout --name vllm_vs_fast_qwen05_gsm8k_64x512 --model "$GGUF" \
+      --prompts-from $D --prompts 64 --new-tokens 512 --eos both --lora --lora-modes auto \
+      --lora-rank 32 --sides vllm,fast-default,hf-static --timeout 150 --out-dir $R
+  q 330 rollout256 python3 -m bench rollout --name vllm_lora_qwen05_gsm8k_256x512 --model "$GGUF" \
       --prompts-from $D --prompts 256 --new-tokens 512 --eos both --lora --lora-modes auto \
-      --lora-rank 32 --sides vllm-lora-adapter,vllm-lora-merge,fast-default --timeout 200 \
-      --out-dir $R
-  # 2. issue 35's follow-ups: TRL at the GSM8K shape, both sides
-  q 330 trl_lora env PYTHONPATH=/tmp/site python3 -m bench trl --name trl_qwen05_gsm8k_16x8_lora \
-      --model "$GGUF" --task gsm8k --gsm8k-data $D --variants lora --prompts 16 --generations 8 \
-      --new-tokens 512 --micro 8 --steps 3 --timeout 180 --out-dir $R
-  q 330 trl_full env PYTHONPATH=/tmp/site python3 -m bench trl --name trl_qwen05_gsm8k_16x8_full \
-      --model "$GGUF" --task gsm8k --gsm8k-data $D --variants full --prompts 16 --generations 8 \
-      --new-tokens 512 --micro 8 --steps 3 --timeout 180 --out-dir $R
+      --lora-rank 32 --sides vllm-lora-adapter,fast-default --timeout 160 --out-dir $R
   echo "== queue done $(date +%T)"
   ;;
 bench)

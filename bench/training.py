@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import is_cuda, reset_peak
+from bench.common import DevicePeak, is_cuda, reset_peak
 
 
 def pick_size(args, sizes: tuple[dict, dict]):
@@ -55,16 +55,22 @@ def gc_active(model) -> bool:
 def run_steps(run, steps: int, dev) -> dict:
     """``steps`` steps of the training loop; median over steps 2.. and per-phase peaks, as
     the loop itself measures them (``StepResult.seconds`` and ``.peaks_gib``, written as
-    ``time/<phase>`` and ``memory/<phase>_peak_gib``)."""
+    ``time/<phase>`` and ``memory/<phase>_peak_gib``); on CUDA also the device's own peak
+    per step (``DevicePeak``: every byte in use, the CUDA context and vLLM's pool too)."""
     import statistics
     from collections import defaultdict
 
     from bench.danka_side import packing_ratio, train_step
 
-    per_step, peaks = [], defaultdict(float)
+    per_step, peaks, device = [], defaultdict(float), []
     reset_peak(dev)
     for step in range(1, steps + 1):
-        result = train_step(run, step)
+        if is_cuda(dev):  # the device's own count too: vLLM's sleeping pool is in torch's
+            with DevicePeak(dev) as seen:
+                result = train_step(run, step)
+            device.append(seen.gib)
+        else:
+            result = train_step(run, step)
         batch, stats = result.scored.batch, result.scored.stats
         keep = {f"time/{phase}": s for phase, s in result.seconds.items()}
         keep["throughput/gen_tokens_per_s"] = result.scored.rollout.generated_tokens / max(
@@ -83,7 +89,9 @@ def run_steps(run, steps: int, dev) -> dict:
     med = {k: statistics.median(s[k] for s in later) for k in later[0]}
     return {"steps": per_step, "median": med, "first_step_s": per_step[0]["time/step"],
             "median_step_s": med["time/step"],
-            "phase_peak_gib": dict(peaks) if is_cuda(dev) else None}  # fmt: skip
+            "phase_peak_gib": dict(peaks) if is_cuda(dev) else None,
+            "device_peak_gib": max(device) if device else None,
+            "device_peak_gib_by_step": device or None}  # fmt: skip
 
 
 def synthetic_gsm8k(path: Path, rows: int, sentences: int) -> Path:

@@ -172,6 +172,10 @@ def grpo_compare(args, res: dict) -> None:
     steps = {e: v.get("median_step_s") for e, v in res["grpo"].items()}
     if steps.get("vllm") and steps.get("fast"):
         res["grpo_step_fast_over_vllm"] = steps["vllm"] / steps["fast"]  # > 1: fast is faster
+    for key in ("peak_gib", "device_peak_gib"):  # torch's count; the device's (all bytes)
+        peak = {e: v.get(key) for e, v in res["grpo"].items()}
+        if peak.get("vllm") and peak.get("fast"):
+            res[f"grpo_{key}_vllm_over_fast"] = peak["vllm"] / peak["fast"]  # goal: <= 1.10
 
 
 def save(args, res: dict) -> None:

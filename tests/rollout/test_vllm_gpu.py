@@ -83,40 +83,80 @@ def test_vllm_kernels_import_against_this_torch():
         assert fa.FA3_AVAILABLE, fa.FA3_UNAVAILABLE_REASON  # an H200's (FA2 may be left out)
 
 
-def follow(mode: str) -> dict:
+def used() -> int:
+    """Bytes in use on the device (vLLM's pool included, which torch's count is not fit for:
+    a sleeping pool is still 'allocated' to torch)."""
+    free_b, total_b = torch.cuda.mem_get_info()
+    return total_b - free_b
+
+
+def follow(mode: str, sleep: bool = False) -> dict:
     """One engine (its own process: vLLM engines started one after another in a process
     broke the third's start-up with an illegal memory access on the H200, 2026-12-03, and
-    with it every later CUDA test): the log-prob gap before and after an optimiser step."""
+    with it every later CUDA test): the log-prob gap before and after an optimiser step, and
+    what vLLM holds on the device between the two rollouts (asleep with ``sleep``)."""
     from danka.rollout.vllm_engine import VllmEngine
 
     model = policy(lora=mode != "full")
-    engine = VllmEngine(lora_mode="auto" if mode == "full" else mode)
+    engine = VllmEngine(lora_mode="auto" if mode == "full" else mode,
+                        keep_cache=False if sleep else None)  # fmt: skip
+    torch.cuda.empty_cache()
+    before_start = used()
     try:
         first = engine.generate(model, PROMPTS, SAMPLE, eos_ids=[], pad_id=0)
+        torch.cuda.empty_cache()
+        held = used() - before_start
+        woke = pool = 0
+        if sleep:  # what waking maps again is what sleeping gave back
+            from vllm.device_allocator.cumem import CuMemAllocator
+
+            pool = CuMemAllocator.get_instance().get_current_usage()  # weights + KV cache
+            asleep = used()
+            engine.calls.wake_up(["weights", "kv_cache"])  # behind the engine's back ...
+            woke = used() - asleep
+            engine.calls.sleep(2)  # ... and asleep again, as the engine left it
         before = gap(model, first)
         step(model)
         second = engine.generate(model, PROMPTS, SAMPLE, eos_ids=[], pad_id=0)
         after = gap(model, second)
     finally:
         engine.release()
+    share = engine.spec.gpu_memory_utilization
     return {"shape": list(first.response_ids.shape), "before": before, "after": after,
-            "share": engine.spec.gpu_memory_utilization}  # fmt: skip
+            "share": share, "share_gib": share * torch.cuda.mem_get_info()[1] / 2**30,
+            "held_gib": held / 2**30, "pool_gib": pool / 2**30,
+            "woke_gib": woke / 2**30}  # fmt: skip
+
+
+def run_follow(mode: str, sleep: bool, tmp_path) -> dict:
+    out = tmp_path / "follow.json"
+    code = ("import json, pathlib; from tests.rollout.test_vllm_gpu import follow; "
+            f"pathlib.Path({str(out)!r}).write_text(json.dumps(follow({mode!r}, {sleep!r})))")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
 @pytest.mark.parametrize("mode", ["full", "merge", "adapter"])
 def test_engine_logprobs_follow_the_policy_after_each_sync(mode, tmp_path):
     _vllm_or_skip()
-    out = tmp_path / "follow.json"
-    code = ("import json, pathlib; from tests.rollout.test_vllm_gpu import follow; "
-            f"pathlib.Path({str(out)!r}).write_text(json.dumps(follow({mode!r})))")  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(out.read_text())
+    got = run_follow(mode, False, tmp_path)
     assert got["shape"] == [32, 32]
     assert got["before"] < 0.05, got  # bf16 noise, not another model
     assert got["after"] < 0.05, got  # vLLM generates from the stepped policy
     assert 0 < got["share"] < 0.5  # sized from the model and the call, not a fixed 0.9
+
+
+@pytest.mark.parametrize("mode", ["full", "adapter"])
+def test_a_sleeping_engine_gives_its_share_back_and_wakes_in_sync(mode, tmp_path):
+    _vllm_or_skip()
+    got = run_follow(mode, True, tmp_path)
+    assert got["shape"] == [32, 32]
+    assert got["before"] < 0.05, got
+    assert got["after"] < 0.05, got  # woken, every weight sent again, the adapter re-added
+    assert got["pool_gib"] > 0, got  # vLLM's weights and KV cache live in its sleep pool
+    assert got["woke_gib"] >= 0.9 * got["pool_gib"], got  # asleep, the pool was given back
 
 
 def test_grpo_trains_with_the_vllm_engine(tmp_path):

@@ -41,12 +41,12 @@ begin)
   ;;
 put)
   cp ".carry/$2" "$W/in/" && ls "$W/in" | tr '\n' ' ' && echo
-  tail -c 600 "$W/logs/vllm_gpu_tests.log" 2>/dev/null
+  tail -c 300 "$W/logs/gpu_tests.log" 2>/dev/null; true
   ;;
 install)
+  [ -n "${2:-}" ] && cp ".carry/$2" "$W/in/"  # the first GGUF chunk, in the same call
   cd "$W/repo" && bash scripts/vllm_install_parts.sh "$W/in" /tmp/vllm_site || exit 1
   rm -f "$W"/in/p[0-9]*
-  [ -n "${2:-}" ] && cp ".carry/$2" "$W/in/"  # the first GGUF chunk, in the same call
   site
   python3 -c "import numba, numpy; print('numba', numba.__version__, 'numpy', numpy.__version__)"
   # the whole GPU suite, vLLM's tests included (the plan matrix skips here without the
@@ -73,10 +73,12 @@ run-queue)
   # update's MFU and TRL's full-parameter side (bench/results/INDEX.md); this is what is left.
   cd "$W/repo" && site
   R=$W/results D=$W/repo/data/gsm8k/train.jsonl
+  # the suite first, alone: vLLM's start-up refuses to size its KV cache while another
+  # process frees GPU memory ("Error in memory profiling", 2026-12-03, second session)
+  while pgrep -f "[p]ytest -m gpu" > /dev/null; do sleep 2; done
   DANKA_BENCH_GGUF=$GGUF DANKA_BENCH_DATA=$D timeout 420 python3 -m pytest -m gpu -q \
       -p no:cacheprovider -rs tests/bench/test_plan_gpu.py --junitxml=$R/plan_gpu_tests.xml \
       > "$W/logs/plan_gpu_tests.log" 2>&1
-  while pgrep -f "pytest -m gpu -q -p no:cacheprovider -rs tests " > /dev/null; do sleep 5; done
   q() { local cap=$1 name=$2; shift 2; local s=$(date +%s); echo "== $name (cap $cap s) $(date +%T)"
         timeout "$cap" "$@" > "$W/logs/q_$name.log" 2>&1
         echo "== $name: rc $? $(( $(date +%s) - s )) s"; }
@@ -111,6 +113,8 @@ bench)
   ;;
 wait)
   wait_for_jobs "$2" "bench vllm|bench |pytest|run-queue" 6 -vE "^\s*$|Warning|warn\("
+  # what is done so far comes back with every wait: a machine taken back loses nothing
+  cd "$W" && tar czf "$OUT/vllm_session.tar.gz" --exclude='_*' results logs 2>/dev/null
   ;;
 collect)
   cd "$W" && tar czf "$OUT/vllm_session.tar.gz" --exclude='_*' results logs 2>/dev/null

@@ -109,6 +109,19 @@ def lora_rank(r: int) -> int:
     return fit[0]
 
 
+def batched_tokens(max_num_seqs: int, max_model_len: int) -> int:
+    """vLLM's ``max_num_batched_tokens``: ``VLLM_BATCHED_TOKENS``, but never more than all
+    ``max_num_seqs`` sequences at full length, and never less than one sequence.
+
+    vLLM's start-up (FlashInfer's autotune) runs one dummy batch of ``max_num_batched_tokens``
+    tokens spread over at most ``max_num_seqs`` requests, whose block tables are only
+    ``max_model_len`` long. With 32 sequences of 37 tokens each of them got 256 tokens, and
+    that dummy run's FlashAttention call faulted (an illegal memory access, H200, 2026-12-03,
+    with sleep mode or a LoRA adapter; vLLM warns "max_num_batched_tokens exceeds
+    max_num_seqs * max_model_len")."""
+    return max(max_model_len, min(VLLM_BATCHED_TOKENS, max_num_seqs * max_model_len))
+
+
 @dataclass(frozen=True)
 class VllmSpec:
     """How the vLLM engine is started (``LLM(...)``'s arguments)."""
@@ -136,7 +149,7 @@ class VllmSpec:
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=max(VLLM_BATCHED_TOKENS, self.max_model_len),
+            max_num_batched_tokens=batched_tokens(self.max_num_seqs, self.max_model_len),
             enforce_eager=self.enforce_eager,
             enable_prefix_caching=True,  # a group's n samples share their prompt's blocks
             logprobs_mode="processed_logprobs",  # after temperature, as the training forward

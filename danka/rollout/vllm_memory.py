@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from danka.rollout.vllm_calls import VLLM_BATCHED_TOKENS, VLLM_BLOCK
+from danka.rollout.vllm_calls import VLLM_BLOCK, batched_tokens
 
 GIB = 2**30
 RESERVE_BYTES = GIB
@@ -64,6 +64,6 @@ def vllm_share(
     q, kv = shape["q"], shape["kv"]
     blocks = -(-max_model_len // VLLM_BLOCK) * VLLM_BLOCK
     kv_cache = shape["L"] * 2 * kv * d * sequences * blocks
-    batched = max(VLLM_BATCHED_TOKENS, max_model_len)
+    batched = batched_tokens(sequences, max_model_len)
     work = batched * d * (3 * h + q + 2 * kv + 3 * i) + sequences * v * 4 * 3 + RESERVE_BYTES
     return VllmShare(weights=weight_bytes + adapter_bytes, kv_cache=kv_cache, work=work)

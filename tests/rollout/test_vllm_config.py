@@ -167,3 +167,14 @@ def test_danka_train_with_enable_vllm_on_a_cpu_exits_2_before_loading(tmp_path, 
     assert code == 2
     err = capsys.readouterr().err
     assert "rollout.engine: vllm needs a CUDA GPU" in err and "fix:" in err
+
+
+def test_vllms_work_is_priced_at_the_tokens_it_batches():
+    from danka.models.dims import dims
+    from danka.rollout.vllm_memory import RESERVE_BYTES, vllm_share
+
+    d = dims(qwen2_0_5b_config())
+    # 4 sequences x 100 tokens: vLLM batches 400 tokens at once, not 8192
+    share = vllm_share(d, dtype_bytes=2, weight_bytes=0, sequences=4, max_model_len=100)
+    per_token = 2 * (3 * d["H"] + d["q"] + 2 * d["kv"] + 3 * d["I"])
+    assert share.work == 400 * per_token + 4 * d["V"] * 4 * 3 + RESERVE_BYTES

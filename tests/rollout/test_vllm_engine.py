@@ -241,3 +241,16 @@ def test_base_weights_go_under_base_layer_where_vllm_wrapped_the_linear():
         "lm_head.base_layer.weight",
         "model.layers.0.mlp.up_proj.weight",  # gate_up_proj not wrapped here: as it was
     ]
+
+
+def test_batched_tokens_never_spread_past_the_sequences_block_tables():
+    from danka.rollout.vllm_calls import VllmSpec, batched_tokens
+
+    # the GPU test's engine: 8 prompts x 4 samples, 5 + 32 tokens: 32 x 37 = 1184, not 8192
+    # (8192 over 32 dummy requests = 256 tokens each, past a 37-token block table)
+    assert batched_tokens(32, 37) == 1184
+    assert batched_tokens(512, 768) == 8192  # the GSM8K example: vLLM's chunk as before
+    assert batched_tokens(1, 9000) == 9000  # one sequence longer than the chunk: it fits
+    spec = VllmSpec(model="m", dtype="bfloat16", gpu_memory_utilization=0.1,
+                    max_model_len=37, max_num_seqs=32, seed=0)  # fmt: skip
+    assert spec.llm_kwargs()["max_num_batched_tokens"] == 1184

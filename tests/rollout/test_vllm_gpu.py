@@ -91,10 +91,10 @@ def used() -> int:
 
 
 def follow(mode: str, sleep: bool = False) -> dict:
-    """One engine (its own process: vLLM engines started one after another in a process
-    broke the third's start-up with an illegal memory access on the H200, 2026-12-03, and
-    with it every later CUDA test): the log-prob gap before and after an optimiser step, and
-    what vLLM holds on the device between the two rollouts (asleep with ``sleep``)."""
+    """One engine in its own process (a CUDA fault poisons the process that meets it: on the
+    H200, 2026-12-03, one engine's start-up fault failed every later CUDA test of the
+    suite): the log-prob gap before and after an optimiser step, and what vLLM holds on the
+    device between the two rollouts (asleep with ``sleep``)."""
     from danka.rollout.vllm_engine import VllmEngine
 
     model = policy(lora=mode != "full")

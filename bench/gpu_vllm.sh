@@ -16,9 +16,10 @@
 #   bash bench/gpu_vllm.sh bench [ARGS]    # after c9: join + sha256, convert once, wait for the
 #                                          # tests, start `python -m bench vllm --model GGUF ARGS`
 #   bash bench/gpu_vllm.sh queue           # after c9, instead of `bench`: join, convert, then in
-#                                          # the background the plan-vs-measured GPU tests and,
-#                                          # once the GPU is free, the timed runs of QUEUE below
-#   bash bench/gpu_vllm.sh wait SECONDS    # wait for the tests / the bench, show progress
+#                                          # the background, once the suite is done, the timed
+#                                          # runs of QUEUE below, the plan GPU tests last
+#   bash bench/gpu_vllm.sh wait SECONDS    # wait for the tests / the bench, show progress; the
+#                                          # results so far come back as a tar.gz in $OUT
 #   bash bench/gpu_vllm.sh collect         # results + logs as one tar.gz in $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_ENABLE_V1_MULTIPROCESSING=0
@@ -67,35 +68,45 @@ queue)
   echo "queue started"
   ;;
 run-queue)
-  # QUEUE, in order of what the open issues need most; each item capped, run with the GPU
-  # to itself (the plan tests measure memory only: they run beside the end of the suite).
-  # The first 2026-12-03 session ran the vLLM-vs-fast rollout at 256, both GRPO steps, the
-  # update's MFU and TRL's full-parameter side (bench/results/INDEX.md); this is what is left.
+  # QUEUE, in order of what issue 38 needs most, each item capped and run with the GPU to
+  # itself. The first 2026-12-03 session ran the vLLM-vs-fast rollout at 256, both GRPO
+  # steps without sleep, the update's MFU and TRL's full-parameter side
+  # (bench/results/INDEX.md); this is what is left.
   cd "$W/repo" && site
   R=$W/results D=$W/repo/data/gsm8k/train.jsonl
   # the suite first, alone: vLLM's start-up refuses to size its KV cache while another
   # process frees GPU memory ("Error in memory profiling", 2026-12-03, second session)
   while pgrep -f "[p]ytest -m gpu" > /dev/null; do sleep 2; done
-  DANKA_BENCH_GGUF=$GGUF DANKA_BENCH_DATA=$D timeout 420 python3 -m pytest -m gpu -q \
-      -p no:cacheprovider -rs tests/bench/test_plan_gpu.py --junitxml=$R/plan_gpu_tests.xml \
-      > "$W/logs/plan_gpu_tests.log" 2>&1
   q() { local cap=$1 name=$2; shift 2; local s=$(date +%s); echo "== $name (cap $cap s) $(date +%T)"
         timeout "$cap" "$@" > "$W/logs/q_$name.log" 2>&1
         echo "== $name: rc $? $(( $(date +%s) - s )) s"; }
-  # issue 38: the sleep mode against the fast engine (both sides in one run; the device's own
-  # peak beside torch's), the 64-sequence cells, then the vLLM LoRA sides at 256
-  q 420 grpo_sleep python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
-      --grpo-steps 3 --data $D --name vllm_sleep_qwen05_grpo_lora --timeout 200 --out-dir $R \
-      --grpo-set rollout.keep_cache=false
-  q 400 grpo_full_sleep python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
-      --grpo-steps 3 --data $D --name vllm_sleep_qwen05_grpo_full --timeout 190 --out-dir $R \
-      --grpo-set rollout.keep_cache=false --grpo-set lora.enable_lora=false --grpo-set optim.lr=1e-6
+  sleep_step() {  # NAME CAP SIDE_TIMEOUT [--grpo-set K=V ...]: both engines, vLLM asleep
+    local name=$1 cap=$2 side=$3; shift 3
+    q "$cap" "$name" python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
+        --grpo-steps 3 --data $D --name "vllm_sleep_qwen05_$name" --timeout "$side" \
+        --out-dir $R --grpo-set rollout.keep_cache=false "$@"; }
+  over() {  # the device peak of vLLM over the fast engine's in result NAME (0 if missing)
+    python3 -c "import json,sys; d=json.load(open('$R/vllm_sleep_qwen05_$1.json')); \
+print(d.get('grpo_device_peak_gib_vllm_over_fast', 0))" 2>/dev/null || echo 0; }
+  # 1. the memory goal: the GSM8K example's step, vLLM asleep through the update
+  sleep_step grpo_lora 420 200
+  sleep_step grpo_full 400 190 --grpo-set lora.enable_lora=false --grpo-set optim.lr=1e-6
+  # 2. the 64-sequence cells
   q 330 rollout64 python3 -m bench rollout --name vllm_vs_fast_qwen05_gsm8k_64x512 --model "$GGUF" \
       --prompts-from $D --prompts 64 --new-tokens 512 --eos both --lora --lora-modes auto \
       --lora-rank 32 --sides vllm,fast-default,hf-static --timeout 150 --out-dir $R
+  # 3. asleep, vLLM still holds what is not in its sleep pool (graphs, per-sequence
+  # buffers): if that misses the goal, the same step generating 128 sequences a call
+  r=$(over grpo_lora); echo "== LoRA, asleep: vLLM / fast device peak $r"
+  if python3 -c "import sys; sys.exit(not float('$r') > 1.10)"; then
+    sleep_step grpo_lora_gbs128 420 200 --grpo-set rollout.generation_batch_size=128
+  fi
+  # 4. the vLLM LoRA adapter side at 256, then the plan tests (they need the GGUF)
   q 330 rollout256 python3 -m bench rollout --name vllm_lora_qwen05_gsm8k_256x512 --model "$GGUF" \
       --prompts-from $D --prompts 256 --new-tokens 512 --eos both --lora --lora-modes auto \
       --lora-rank 32 --sides vllm-lora-adapter,fast-default --timeout 160 --out-dir $R
+  q 420 plan_tests env DANKA_BENCH_GGUF=$GGUF DANKA_BENCH_DATA=$D python3 -m pytest -m gpu -q \
+      -p no:cacheprovider -rs tests/bench/test_plan_gpu.py --junitxml=$R/plan_gpu_tests.xml
   echo "== queue done $(date +%T)"
   ;;
 bench)

@@ -174,9 +174,9 @@ class DevicePeak:
     """The most bytes the device had in use while the block ran, sampled every ``every``
     seconds on a thread: every allocation of the process, whoever made it (torch's cached
     blocks, the CUDA context, vLLM's own pool). ``torch.cuda.max_memory_allocated`` cannot
-    stand in: vLLM's sleep mode unmaps its pool behind torch's allocator, which still counts
-    the bytes as allocated. ``used``: a callable giving the bytes in use now (default: the
-    device's total minus its free bytes)."""
+    stand in: vLLM's sleep mode unmaps its pool behind torch's allocator, whose counts do
+    not see it. ``used``: a callable giving the bytes in use now (default: ``_device_used``,
+    the bytes nvidia-smi shows in use)."""
 
     def __init__(self, dev=None, every: float = 0.002, used: Callable[[], int] | None = None):
         import threading
@@ -209,11 +209,43 @@ class DevicePeak:
 
 
 def _device_used(dev) -> Callable[[], int]:
+    """The device's bytes in use, read through NVML (the driver's library, as nvidia-smi
+    reads it): it never enters the CUDA runtime, so the polling thread cannot disturb a CUDA
+    graph another thread is capturing. Without NVML, ``torch.cuda.mem_get_info``."""
     import torch
+
+    nvml = _nvml_used(str(torch.cuda.get_device_properties(dev).uuid))
+    if nvml is not None:
+        return nvml
 
     def used() -> int:
         free_b, total_b = torch.cuda.mem_get_info(dev)
         return total_b - free_b
+
+    return used
+
+
+def _nvml_used(uuid: str) -> Callable[[], int] | None:
+    """NVML's used bytes of the GPU ``uuid`` (torch's form, without "GPU-"), or None."""
+    import ctypes
+
+    class Memory(ctypes.Structure):  # nvmlMemory_t
+        _fields_ = [(k, ctypes.c_ulonglong) for k in ("total", "free", "used")]
+
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        handle = ctypes.c_void_p()
+        if lib.nvmlInit_v2() or lib.nvmlDeviceGetHandleByUUID(
+            f"GPU-{uuid.removeprefix('GPU-')}".encode(), ctypes.byref(handle)
+        ):
+            return None
+    except (OSError, AttributeError):
+        return None
+    memory = Memory()
+
+    def used() -> int:
+        lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))
+        return memory.used
 
     return used
 

@@ -65,7 +65,7 @@ def run_steps(run, steps: int, dev) -> dict:
     per_step, peaks, device = [], defaultdict(float), []
     reset_peak(dev)
     for step in range(1, steps + 1):
-        if is_cuda(dev):  # the device's own count too: vLLM's sleeping pool is in torch's
+        if is_cuda(dev):  # the device's own count too: torch's does not see vLLM sleep
             with DevicePeak(dev) as seen:
                 result = train_step(run, step)
             device.append(seen.gib)

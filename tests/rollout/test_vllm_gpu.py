@@ -84,8 +84,8 @@ def test_vllm_kernels_import_against_this_torch():
 
 
 def used() -> int:
-    """Bytes in use on the device (vLLM's pool included, which torch's count is not fit for:
-    a sleeping pool is still 'allocated' to torch)."""
+    """Bytes in use on the device, vLLM's pool included (vLLM maps and unmaps it behind
+    torch's allocator, whose counts do not see that)."""
     free_b, total_b = torch.cuda.mem_get_info()
     return total_b - free_b
 

@@ -11,6 +11,7 @@ fresh ``python -m bench SUB --side NAME`` process.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -188,11 +189,8 @@ class DevicePeak:
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
-        while True:
+        while not self._stop.wait(self.every):
             self.peak = max(self.peak, self._used())
-            if self._stop.wait(self.every):
-                self.peak = max(self.peak, self._used())
-                return
 
     def __enter__(self) -> DevicePeak:
         self.peak = self._used()
@@ -202,16 +200,19 @@ class DevicePeak:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        self.peak = max(self.peak, self._used())
 
     @property
     def gib(self) -> float:
         return self.peak / GIB
 
 
+@functools.cache
 def _device_used(dev) -> Callable[[], int]:
     """The device's bytes in use, read through NVML (the driver's library, as nvidia-smi
     reads it): it never enters the CUDA runtime, so the polling thread cannot disturb a CUDA
-    graph another thread is capturing. Without NVML, ``torch.cuda.mem_get_info``."""
+    graph another thread is capturing. Without NVML, ``torch.cuda.mem_get_info``. One
+    reader per device (NVML is opened once, not at every step)."""
     import torch
 
     nvml = _nvml_used(str(torch.cuda.get_device_properties(dev).uuid))

@@ -8,6 +8,7 @@ device in the benchmark's dtype.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,12 +66,12 @@ def run_steps(run, steps: int, dev) -> dict:
     per_step, peaks, device = [], defaultdict(float), []
     reset_peak(dev)
     for step in range(1, steps + 1):
-        if is_cuda(dev):  # the device's own count too: torch's does not see vLLM sleep
-            with DevicePeak(dev) as seen:
-                result = train_step(run, step)
-            device.append(seen.gib)
-        else:
+        # the device's own count too (torch's does not see vLLM sleep)
+        seen = DevicePeak(dev) if is_cuda(dev) else contextlib.nullcontext()
+        with seen:
             result = train_step(run, step)
+        if is_cuda(dev):
+            device.append(seen.gib)
         batch, stats = result.scored.batch, result.scored.stats
         keep = {f"time/{phase}": s for phase, s in result.seconds.items()}
         keep["throughput/gen_tokens_per_s"] = result.scored.rollout.generated_tokens / max(

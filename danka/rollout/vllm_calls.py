@@ -177,6 +177,7 @@ class VllmCalls:
             torch.distributed.is_available() and torch.distributed.is_initialized()
         )
         self.llm = vllm.LLM(**spec.llm_kwargs())
+        self._names: set[str] | None = None  # vLLM's parameter names (LoRA: base_layer)
         self._lora_request = importlib.import_module("vllm.lora.request").LoRARequest
 
     def generate(
@@ -225,9 +226,10 @@ class VllmCalls:
         def load(model) -> None:
             named = pairs
             if self.spec.lora_rank:  # only vLLM's LoRA manager wraps (renames) the linears
-                names = {n for n, _ in model.named_parameters()}
+                if self._names is None:  # the model's structure: walked once
+                    self._names = {n for n, _ in model.named_parameters()}
                 packed = getattr(model, "packed_modules_mapping", None) or {}
-                named = lora_base_names(pairs, names, packed)
+                named = lora_base_names(pairs, self._names, packed)
             model.load_weights(iter(named))
 
         self.llm.apply_model(load)

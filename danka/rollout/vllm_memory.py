@@ -1,10 +1,11 @@
 """The GPU bytes a colocated vLLM engine holds for the whole run, from the model's shape.
 
 vLLM starts with ``gpu_memory_utilization`` x the card and keeps it until the run ends
-(unless it sleeps between rollouts, ``rollout.keep_cache: false``): its own copy of the weights, the activations of its largest forward (profiled
-at start-up with ``max_num_batched_tokens`` tokens, and ``max_num_seqs`` rows of fp32
-logits in the sampler), its CUDA graphs and workspaces, and the paged KV cache, which gets
-whatever of the share is left. danka sizes the share so the KV cache holds every sequence
+(unless it sleeps between rollouts, ``rollout.keep_cache: false``): its own copy of the
+weights, the activations of its largest forward (profiled at start-up with
+``max_num_batched_tokens`` tokens, and ``max_num_seqs`` rows of fp32 logits in the
+sampler), its CUDA graphs and workspaces, and the paged KV cache, which gets whatever of
+the share is left. danka sizes the share so the KV cache holds every sequence
 of a generate call at full length (no preemption):
 
 * weights     params x d (a 4-bit base as the plan prices it; plus one LoRA slot in adapter

@@ -93,24 +93,21 @@ def used() -> int:
 def follow(mode: str, sleep: bool = False) -> dict:
     """One engine in its own process (a CUDA fault poisons the process that meets it: on the
     H200, 2026-12-03, one engine's start-up fault failed every later CUDA test of the
-    suite): the log-prob gap before and after an optimiser step, and what vLLM holds on the
-    device between the two rollouts (asleep with ``sleep``)."""
+    suite): the log-prob gap before and after an optimiser step, and (``sleep``) what
+    waking maps again against vLLM's sleep pool."""
     from danka.rollout.vllm_engine import VllmEngine
 
     model = policy(lora=mode != "full")
     engine = VllmEngine(lora_mode="auto" if mode == "full" else mode,
                         keep_cache=False if sleep else None)  # fmt: skip
-    torch.cuda.empty_cache()
-    before_start = used()
     try:
         first = engine.generate(model, PROMPTS, SAMPLE, eos_ids=[], pad_id=0)
-        torch.cuda.empty_cache()
-        held = used() - before_start
         woke = pool = 0
         if sleep:  # what waking maps again is what sleeping gave back
             from vllm.device_allocator.cumem import CuMemAllocator
 
             pool = CuMemAllocator.get_instance().get_current_usage()  # weights + KV cache
+            torch.cuda.empty_cache()
             asleep = used()
             engine.calls.wake_up(["weights", "kv_cache"])  # behind the engine's back ...
             woke = used() - asleep
@@ -121,10 +118,8 @@ def follow(mode: str, sleep: bool = False) -> dict:
         after = gap(model, second)
     finally:
         engine.release()
-    share = engine.spec.gpu_memory_utilization
     return {"shape": list(first.response_ids.shape), "before": before, "after": after,
-            "share": share, "share_gib": share * torch.cuda.mem_get_info()[1] / 2**30,
-            "held_gib": held / 2**30, "pool_gib": pool / 2**30,
+            "share": engine.spec.gpu_memory_utilization, "pool_gib": pool / 2**30,
             "woke_gib": woke / 2**30}  # fmt: skip
 
 

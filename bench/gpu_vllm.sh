@@ -83,7 +83,7 @@ run-queue)
   sleep_step() {  # NAME CAP SIDE_TIMEOUT [--grpo-set K=V ...]: both engines, vLLM asleep
     local name=$1 cap=$2 side=$3; shift 3
     q "$cap" "$name" python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
-        --grpo-steps 3 --data $D --name "vllm_sleep_qwen05_$name" --timeout "$side" \
+        --grpo-steps 2 --data $D --name "vllm_sleep_qwen05_$name" --timeout "$side" \
         --out-dir $R --grpo-set rollout.keep_cache=false "$@"; }
   over() {  # the device peak of vLLM over the fast engine's in result NAME (0 if missing)
     python3 -c "import json,sys; d=json.load(open('$R/vllm_sleep_qwen05_$1.json')); \

@@ -181,7 +181,10 @@ def resolve(dest: Path, vllm: str, pins: dict[str, str]):
         v = _version(wheel)
         against = sorted({n for n, spec in asked[dep] if not spec.contains(v, prereleases=True)})
         if against:
-            conflicts.append((dep, v, against))
+            allowed = SpecifierSet()
+            for _, spec in asked[dep]:
+                allowed &= spec
+            conflicts.append((dep, v, against, allowed))
     why = {dep: asked[dep][0][0] if asked[dep] else "-" for dep in done}
     return [(done[n], why[n]) for n in sorted(done)], conflicts
 
@@ -208,7 +211,14 @@ def resolve_all(dest: Path, vllm: str) -> list[tuple[Path, str]]:
         if not conflicts:
             return wheels
         chosen = {norm(w.name.split("-")[0]): _version(w) for w, _ in wheels}
-        for dep, v, against in conflicts:
+        for dep, v, against, allowed in conflicts:
+            # an older ``dep`` that every asker allows first (a parent pinning it exactly,
+            # opentelemetry-sdk 1.45.2 -> api==1.45.2 while api 1.45.3 is out), else older parents
+            fits = [x for x in versions(dep) if allowed.contains(x, prereleases=False)]
+            if fits and dep not in pins:
+                pins[dep] = fits[0]
+                print(f"{', '.join(against)} exclude {dep}=={v}: taking {fits[0]}")
+                continue
             for parent in against:
                 if parent == "vllm":
                     raise SystemExit(f"vllm's own requirement excludes {dep}=={v}")

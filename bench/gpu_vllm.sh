@@ -11,13 +11,14 @@
 # Calls (each carries .carry holding just that call's file; the first also .whl):
 #   bash bench/gpu_vllm.sh begin           # danka's wheels (.whl), the checkout, SHA256SUMS + p1
 #   bash bench/gpu_vllm.sh put FILE        # FILE = p2 .. p6, then c1 .. c9
-#   bash bench/gpu_vllm.sh install         # after p6: check, join, install vLLM into
+#   bash bench/gpu_vllm.sh install [C [T]] # after p6: check, join, install vLLM into
 #                                          # /tmp/vllm_site, load its kernels, start the GPU tests
+#                                          # (T: the pytest paths, default tests; C: a GGUF chunk)
 #   bash bench/gpu_vllm.sh bench [ARGS]    # after c9: join + sha256, convert once, wait for the
 #                                          # tests, start `python -m bench vllm --model GGUF ARGS`
-#   bash bench/gpu_vllm.sh queue           # after c9, instead of `bench`: join, convert, then in
+#   bash bench/gpu_vllm.sh queue [ITEM..]  # after c9, instead of `bench`: join, convert, then in
 #                                          # the background, once the suite is done, the timed
-#                                          # runs of QUEUE below, the plan GPU tests last
+#                                          # runs of QUEUE below (ITEMs of $QUEUE_ALL, default all)
 #   bash bench/gpu_vllm.sh wait SECONDS    # wait for the tests / the bench, show progress; the
 #                                          # results so far come back as a tar.gz in $OUT
 #   bash bench/gpu_vllm.sh collect         # results + logs as one tar.gz in $OUT
@@ -27,6 +28,8 @@ W=/root/work
 SHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 GGUF=$W/qwen2.5-coder-0.5b-instruct.gguf
 case "${1:-}" in begin|put|install|bench|queue|run-queue|wait|collect) mkdir -p "$W/in" "$W/results" "$W/logs" ;; esac
+QUEUE_ALL="grpo_lora grpo_full rollout64 gbs128 rollout256 plan_tests"
+want() { [[ " ${QUEUE:-$QUEUE_ALL} " == *" $1 "* ]]; }  # is item $1 in the queue
 site() { export PYTHONPATH=/tmp/site:/tmp/vllm_site DANKA_CACHE=$W/cache; }
 source "$(dirname "$0")/gpu_common.sh"
 
@@ -53,7 +56,7 @@ install)
   # the whole GPU suite, vLLM's tests included (the plan matrix skips here without the
   # GGUF: `queue` runs it)
   setsid bash -c "timeout 1200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
-      tests --junitxml=$W/results/gpu_tests.xml \
+      ${3:-tests} --junitxml=$W/results/gpu_tests.xml \
       > $W/logs/gpu_tests.log 2>&1; echo exit \$? >> $W/logs/gpu_tests.log" \
       < /dev/null > /dev/null 2>&1 &
   echo "GPU tests started (whole suite)"
@@ -64,6 +67,7 @@ queue)
   cd "$W/repo" && site
   python3 -c "from danka.models.gguf import ensure_converted; ensure_converted('$GGUF')" || exit 1
   touch "$W/results/.since"
+  shift; export QUEUE="${*:-$QUEUE_ALL}"
   setsid bash -c "bash bench/gpu_vllm.sh run-queue > $W/logs/queue.log 2>&1" < /dev/null > /dev/null 2>&1 &
   echo "queue started"
   ;;
@@ -89,23 +93,23 @@ run-queue)
     python3 -c "import json,sys; d=json.load(open('$R/vllm_sleep_qwen05_$1.json')); \
 print(d.get('grpo_device_peak_gib_vllm_over_fast', 0))" 2>/dev/null || echo 0; }
   # 1. the memory goal: the GSM8K example's step, vLLM asleep through the update
-  sleep_step grpo_lora 420 200
-  sleep_step grpo_full 400 190 --grpo-set lora.enable_lora=false --grpo-set optim.lr=1e-6
+  want grpo_lora && sleep_step grpo_lora 420 200
+  want grpo_full && sleep_step grpo_full 400 190 --grpo-set lora.enable_lora=false --grpo-set optim.lr=1e-6
   # 2. the 64-sequence cells
-  q 330 rollout64 python3 -m bench rollout --name vllm_vs_fast_qwen05_gsm8k_64x512 --model "$GGUF" \
+  want rollout64 && q 330 rollout64 python3 -m bench rollout --name vllm_vs_fast_qwen05_gsm8k_64x512 --model "$GGUF" \
       --prompts-from $D --prompts 64 --new-tokens 512 --eos both --lora --lora-modes auto \
       --lora-rank 32 --sides vllm,fast-default,hf-static --timeout 150 --out-dir $R
   # 3. asleep, vLLM still holds what is not in its sleep pool (graphs, per-sequence
   # buffers): if that misses the goal, the same step generating 128 sequences a call
   r=$(over grpo_lora); echo "== LoRA, asleep: vLLM / fast device peak $r"
-  if python3 -c "import sys; sys.exit(not float('$r') > 1.10)"; then
+  if want gbs128 && python3 -c "import sys; sys.exit(not float('$r') > 1.10)"; then
     sleep_step grpo_lora_gbs128 420 200 --grpo-set rollout.generation_batch_size=128
   fi
   # 4. the vLLM LoRA adapter side at 256, then the plan tests (they need the GGUF)
-  q 330 rollout256 python3 -m bench rollout --name vllm_lora_qwen05_gsm8k_256x512 --model "$GGUF" \
+  want rollout256 && q 330 rollout256 python3 -m bench rollout --name vllm_lora_qwen05_gsm8k_256x512 --model "$GGUF" \
       --prompts-from $D --prompts 256 --new-tokens 512 --eos both --lora --lora-modes auto \
       --lora-rank 32 --sides vllm-lora-adapter,fast-default --timeout 160 --out-dir $R
-  q 420 plan_tests env DANKA_BENCH_GGUF=$GGUF DANKA_BENCH_DATA=$D python3 -m pytest -m gpu -q \
+  want plan_tests && q 420 plan_tests env DANKA_BENCH_GGUF=$GGUF DANKA_BENCH_DATA=$D python3 -m pytest -m gpu -q \
       -p no:cacheprovider -rs tests/bench/test_plan_gpu.py --junitxml=$R/plan_gpu_tests.xml
   echo "== queue done $(date +%T)"
   ;;

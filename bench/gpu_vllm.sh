@@ -28,7 +28,7 @@ W=/root/work
 SHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 GGUF=$W/qwen2.5-coder-0.5b-instruct.gguf
 case "${1:-}" in begin|put|install|bench|queue|run-queue|wait|collect) mkdir -p "$W/in" "$W/results" "$W/logs" ;; esac
-QUEUE_ALL="grpo_lora grpo_full rollout64 gbs128 rollout256 plan_tests"
+QUEUE_ALL="rollout64 rollout256 plan_tests grpo_lora grpo_full"
 want() { [[ " ${QUEUE:-$QUEUE_ALL} " == *" $1 "* ]]; }  # is item $1 in the queue
 site() { export PYTHONPATH=/tmp/site:/tmp/vllm_site DANKA_CACHE=$W/cache; }
 source "$(dirname "$0")/gpu_common.sh"
@@ -72,10 +72,9 @@ queue)
   echo "queue started"
   ;;
 run-queue)
-  # QUEUE, in order of what issue 38 needs most, each item capped and run with the GPU to
-  # itself. The first 2026-12-03 session ran the vLLM-vs-fast rollout at 256, both GRPO
-  # steps without sleep, the update's MFU and TRL's full-parameter side
-  # (bench/results/INDEX.md); this is what is left.
+  # QUEUE, in order of what issue 38 still needs, each item capped and run with the GPU to
+  # itself. Done already (bench/results/INDEX.md): the rollout at 256 (vLLM plain, fast,
+  # HF), both GRPO steps awake (H200, 2026-12-03) and asleep (H100, 2026-12-06).
   cd "$W/repo" && site
   R=$W/results D=$W/repo/data/gsm8k/train.jsonl
   # the suite first, alone: vLLM's start-up refuses to size its KV cache while another
@@ -84,33 +83,24 @@ run-queue)
   q() { local cap=$1 name=$2; shift 2; local s=$(date +%s); echo "== $name (cap $cap s) $(date +%T)"
         timeout "$cap" "$@" > "$W/logs/q_$name.log" 2>&1
         echo "== $name: rc $? $(( $(date +%s) - s )) s"; }
-  sleep_step() {  # NAME CAP SIDE_TIMEOUT [--grpo-set K=V ...]: both engines, vLLM asleep
-    local name=$1 cap=$2 side=$3; shift 3
+  sleep_step() {  # NAME CAP SIDE_TIMEOUT [--grpo-set K=V ...]: both engines, their defaults
+    local name=$1 cap=$2 side=$3; shift 3  # (vLLM asleep through the update)
     q "$cap" "$name" python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
-        --grpo-steps 2 --data $D --name "vllm_sleep_qwen05_$name" --timeout "$side" \
-        --out-dir $R --grpo-set rollout.keep_cache=false "$@"; }
-  over() {  # the device peak of vLLM over the fast engine's in result NAME (0 if missing)
-    python3 -c "import json,sys; d=json.load(open('$R/vllm_sleep_qwen05_$1.json')); \
-print(d.get('grpo_device_peak_gib_vllm_over_fast', 0))" 2>/dev/null || echo 0; }
-  # 1. the memory goal: the GSM8K example's step, vLLM asleep through the update
-  want grpo_lora && sleep_step grpo_lora 420 200
-  want grpo_full && sleep_step grpo_full 400 190 --grpo-set lora.enable_lora=false --grpo-set optim.lr=1e-6
-  # 2. the 64-sequence cells
+        --grpo-steps 3 --data $D --name "vllm_sleep_qwen05_$name" --timeout "$side" \
+        --out-dir $R "$@"; }
+  # 1. the 64-sequence cells, then the vLLM LoRA adapter side at 256
   want rollout64 && q 330 rollout64 python3 -m bench rollout --name vllm_vs_fast_qwen05_gsm8k_64x512 --model "$GGUF" \
       --prompts-from $D --prompts 64 --new-tokens 512 --eos both --lora --lora-modes auto \
       --lora-rank 32 --sides vllm,fast-default,hf-static --timeout 150 --out-dir $R
-  # 3. asleep, vLLM still holds what is not in its sleep pool (graphs, per-sequence
-  # buffers): if that misses the goal, the same step generating 128 sequences a call
-  r=$(over grpo_lora); echo "== LoRA, asleep: vLLM / fast device peak $r"
-  if want gbs128 && python3 -c "import sys; sys.exit(not float('$r') > 1.10)"; then
-    sleep_step grpo_lora_gbs128 420 200 --grpo-set rollout.generation_batch_size=128
-  fi
-  # 4. the vLLM LoRA adapter side at 256, then the plan tests (they need the GGUF)
   want rollout256 && q 330 rollout256 python3 -m bench rollout --name vllm_lora_qwen05_gsm8k_256x512 --model "$GGUF" \
       --prompts-from $D --prompts 256 --new-tokens 512 --eos both --lora --lora-modes auto \
       --lora-rank 32 --sides vllm-lora-adapter,fast-default --timeout 160 --out-dir $R
+  # 2. the plan tests (they need the GGUF)
   want plan_tests && q 420 plan_tests env DANKA_BENCH_GGUF=$GGUF DANKA_BENCH_DATA=$D python3 -m pytest -m gpu -q \
       -p no:cacheprovider -rs tests/bench/test_plan_gpu.py --junitxml=$R/plan_gpu_tests.xml
+  # 3. the GSM8K example's step with both engines' defaults, 3 steps an engine (2 timed)
+  want grpo_lora && sleep_step grpo_lora 480 230
+  want grpo_full && sleep_step grpo_full 440 210 --grpo-set lora.enable_lora=false --grpo-set optim.lr=1e-6
   echo "== queue done $(date +%T)"
   ;;
 bench)

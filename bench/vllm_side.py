@@ -67,6 +67,7 @@ def side_vllm(args, model, prompts, modes, res: dict, logprob_gap, add_lora) -> 
     mode = VLLM_SIDES[args.side]
     m = add_lora(model) if mode else model
     engine = VllmEngine(max_num_seqs=len(prompts), lora_mode=mode or "auto")
+    res["sleeps"] = engine.sleeps  # the default: asleep between calls, woken and re-sent
     sample = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens)
 
     def run(params, eos=()):

@@ -268,7 +268,8 @@ class RolloutConfig:
     engine: str = _f(
         "auto",
         "auto (fast on GPU, hf on CPU) | hf | fast | vllm (optional package, colocated: "
-        "its own weight copy and KV cache, held all run unless rollout.keep_cache: false)",
+        "its own weight copy and KV cache, asleep through the update unless rollout.keep_cache: "
+        "true)",
     )
     generation_batch_size: int | str = _f(
         0,
@@ -280,10 +281,10 @@ class RolloutConfig:
         None,
         "fast engine: keep its KV cache, buffers and CUDA graphs between calls (true), or free "
         "them before every update (null or false, the default: the update gets the memory; "
-        "the next rollout captures its one graph again, milliseconds); vllm engine: false = "
-        "vLLM's sleep mode, its KV cache and weights freed after every rollout and the weights "
-        "sent again before the next (the update gets the memory), null or true = vLLM keeps "
-        "its share all run",
+        "the next rollout captures its one graph again, milliseconds); vllm engine: null or "
+        "false (the default) = vLLM's sleep mode, its KV cache and weights freed after every "
+        "rollout and the weights sent again before the next (the update gets the memory), "
+        "true = vLLM keeps its share all run",
     )
     compile: bool = _f(
         False,

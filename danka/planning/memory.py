@@ -55,11 +55,11 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
                     LoRA matrices and its KV cache during the rollout and frees them before
                     the update (kept in every phase only with ``rollout.keep_cache: true``)
 * vLLM              ``rollout.engine: vllm`` (or ``backend.vllm.enable_vllm: true``): its
-                    own weight copy, work and KV cache, held for the whole run
-                    (danka.rollout.vllm_memory), so added to every phase (with
-                    ``rollout.keep_cache: false`` it sleeps between rollouts: only its
-                    work stays through the update); it replaces the KV cache, logits and
-                    prefill terms of the rollout
+                    own weight copy, work and KV cache (danka.rollout.vllm_memory) in the
+                    rollout; by default it sleeps between rollouts, so only its graphs,
+                    workspaces and buffers (``VllmShare.asleep``) stay through the update
+                    (with ``rollout.keep_cache: true`` the whole share, in every phase);
+                    it replaces the KV cache, logits and prefill terms of the rollout
 * reference         0 with LoRA (adapters off); a frozen copy (params x d) in full mode
 * critic (PPO)      a second LoRA adapter + value head, or a separate model
 
@@ -288,8 +288,8 @@ def _rollout(
     n, seqs, fast = inp.samples_per_prompt, inp.sequences_per_call(), uses_fast_engine(inp)
     h, i, q, kv, n_layers = shape.H, shape.I, shape.q, shape.kv, shape.L
     if inp.engine == "vllm":  # its own weights, work and KV cache, held all run unless it
-        # sleeps between rollouts (rollout.keep_cache: false): then only its work
-        # (graphs, workspaces) stays through the update
+        # sleeps between rollouts (rollout.keep_cache null or false): then only its graphs,
+        # workspaces and buffers (share.asleep) stay through the update
         slot = inp.enable_lora and (inp.quantized or inp.lora_compute == "adapter")  # a LoRA
         share = vllm_share(shape.dims(), dtype_bytes=d, weight_bytes=weights, sequences=seqs,
                            max_model_len=seq_len,
@@ -298,7 +298,7 @@ def _rollout(
         c = {"KV cache (rollout)": share.kv_cache,
              "vLLM weights + work (held)": share.weights + share.work,
              "logits (rollout)": 0, "prefill (rollout)": 0}  # fmt: skip
-        held = share.work if inp.keep_cache is False else share.total
+        held = share.total if inp.keep_cache is True else share.asleep
         return _Rollout(c, seqs, "vllm", held, share)
     # the fast engine runs a CUDA-graph batch bucket of rows and a length rounded up to
     # SEQ_ROUND; it prefills each prompt once (at most PREFILL_PROMPTS at a time), HF

@@ -17,11 +17,13 @@ own fast engine on the same step. Optional: ``pip install 'danka[vllm]'``.
 3. generate: token ids in, token ids and each sampled token's log-prob out, stopping at
    danka's stop ids; packed by ``finish_batch`` into the same ``RolloutBatch`` as every
    engine. The trainer computes its log-probs with its own forward as with every engine;
-4. sleep (``rollout.keep_cache: false``): after every generate vLLM's sleep mode frees its
-   KV cache and weights (level 2: discarded; a 4-bit base that vLLM loaded itself is
-   offloaded to the CPU instead, level 1), so the update has the memory; before the next
-   generate the weights wake up and everything is sent again (as TRL's colocate mode does).
-   ``null`` or ``true``: vLLM keeps its share all run.
+4. sleep (``rollout.keep_cache`` null or false, the default): after every generate vLLM's
+   sleep mode frees its KV cache and weights (level 2: discarded; a 4-bit base that vLLM
+   loaded itself is offloaded to the CPU instead, level 1), so the update has the memory;
+   before the next generate the weights wake up and everything is sent again (as TRL's
+   colocate mode does). Measured on the GSM8K example's step (H100, 2026-12-06): the
+   device's peak 0.95x the fast engine's with LoRA, 0.98x full-parameter, where vLLM kept
+   awake peaks 1.62x. ``true``: vLLM keeps its share all run (only changed tensors sent).
 
 Every vLLM call is in :mod:`danka.rollout.vllm_calls` (``VllmCalls``), which tests replace.
 """
@@ -67,7 +69,8 @@ class VllmEngine(RolloutEngine):
         # max_num_seqs (rollout.generation_batch_size): sequences vLLM runs at once, 0 = a
         # call's all; gpu_memory_utilization and max_model_len: from the memory plan
         # (danka.planning.vllm), 0 = sized at the first call from the live model;
-        # keep_cache (rollout.keep_cache): false = sleep between rollouts (step 4 above);
+        # keep_cache (rollout.keep_cache): true = awake all run, else sleep between
+        # rollouts (step 4 above);
         # enforce_eager: no CUDA graphs; attention_backend: vLLM's (None: it picks);
         # calls: the vLLM adapter (a fake in tests).
         if lora_mode not in VLLM_LORA:
@@ -81,7 +84,7 @@ class VllmEngine(RolloutEngine):
         self.lora_mode = lora_mode
         self.gpu_memory_utilization = float(gpu_memory_utilization)
         self.max_model_len = int(max_model_len)
-        self.sleeps = keep_cache is False
+        self.sleeps = keep_cache is not True
         self._asleep = False
         self.enforce_eager = enforce_eager
         self.attention_backend = attention_backend

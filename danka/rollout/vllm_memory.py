@@ -1,7 +1,8 @@
 """The GPU bytes a colocated vLLM engine holds for the whole run, from the model's shape.
 
 vLLM starts with ``gpu_memory_utilization`` x the card and keeps it until the run ends
-(unless it sleeps between rollouts, ``rollout.keep_cache: false``): its own copy of the
+(``rollout.keep_cache: true``; by default it sleeps between rollouts and keeps only
+``VllmShare.asleep``): its own copy of the
 weights, the activations of its largest forward (profiled at start-up with
 ``max_num_batched_tokens`` tokens, and ``max_num_seqs`` rows of fp32 logits in the
 sampler), its CUDA graphs and workspaces, and the paged KV cache, which gets whatever of
@@ -43,6 +44,14 @@ class VllmShare:
     @property
     def total(self) -> int:
         return self.weights + self.kv_cache + self.work
+
+    @property
+    def asleep(self) -> int:
+        """What vLLM still holds while it sleeps: its CUDA graphs, workspaces and persistent
+        buffers (``RESERVE_BYTES``). Its forward's activations and its sampler's logits come
+        from torch's caching allocator, which the update then reuses; weights and KV cache
+        live in the pool sleep unmaps."""
+        return min(self.work, RESERVE_BYTES)
 
     def fraction(self, card_bytes: int) -> float:
         """``gpu_memory_utilization`` for a card of ``card_bytes``: the share rounded up to

@@ -34,6 +34,8 @@ def test_vllm_side_runs_with_a_fake_vllm(tmp_path, monkeypatch):
     assert len(res["greedy_tokens"]) == 3 and len(res["greedy_tokens"][0]) <= 3
     llm = fake_vllm.LLM.instances[0]
     assert llm.kwargs["max_num_seqs"] == 3
+    assert res["sleeps"] is True and llm.kwargs["enable_sleep_mode"] is True  # the default
+    assert "sleep 2" in llm.loaded.calls  # each timed call woke it, sent everything, slept
 
 
 def test_skip_reasons(monkeypatch):

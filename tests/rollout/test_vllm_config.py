@@ -23,6 +23,7 @@ from danka.planning.micro import plan_memory
 from danka.planning.shape import ModelShape
 from danka.rollout.base import EngineOptions, build_engine
 from danka.rollout.vllm_calls import check_vllm, torch_pin_problem
+from danka.rollout.vllm_memory import RESERVE_BYTES, vllm_share
 from tests.rollout import fake_vllm
 
 CUDA = torch.device("cuda")
@@ -92,7 +93,8 @@ def test_enable_vllm_conflicts_with_another_engine():
 def test_plan_holds_vllms_share_in_every_phase():
     config = qwen2_0_5b_config()
     fast = estimate_memory(cfg(rollout__engine="fast"), model_config=config)
-    vllm = estimate_memory(cfg(rollout__engine="vllm"), model_config=config)
+    vllm = estimate_memory(cfg(rollout__engine="vllm", rollout__keep_cache=True),
+                           model_config=config)  # fmt: skip
     share = vllm.vllm_share
     assert fast.vllm_share is None and vllm.assumptions.rollout_engine == "vllm"
     # 64 sequences x 768 tokens (48 blocks of 16) x 24 layers x 2 x 128 x 2 bytes
@@ -100,23 +102,30 @@ def test_plan_holds_vllms_share_in_every_phase():
     assert share.weights == vllm.components["weights"]  # its own copy of the base
     held = vllm.components["vLLM weights + work (held)"] + share.kv_cache
     assert held == share.total
-    for phase in ("prepare", "update"):  # held through the update: no sleep mode
+    for phase in ("prepare", "update"):  # held through the update: kept awake
         assert vllm.phases[phase] - fast.phases[phase] == pytest.approx(share.total)
     assert vllm.phases["rollout"] >= vllm.persistent + share.total
 
 
-def test_a_sleeping_vllm_holds_only_its_work_through_the_update():
+def test_a_sleeping_vllm_holds_only_its_graphs_and_buffers_through_the_update():
     config = qwen2_0_5b_config()
     fast = estimate_memory(cfg(rollout__engine="fast"), model_config=config)
-    awake = estimate_memory(cfg(rollout__engine="vllm"), model_config=config)
-    asleep = estimate_memory(cfg(rollout__engine="vllm", rollout__keep_cache=False),
-                             model_config=config)  # fmt: skip
+    awake = estimate_memory(cfg(rollout__engine="vllm", rollout__keep_cache=True),
+                            model_config=config)  # fmt: skip
+    asleep = estimate_memory(cfg(rollout__engine="vllm"), model_config=config)  # the default
+    also = estimate_memory(cfg(rollout__engine="vllm", rollout__keep_cache=False),
+                           model_config=config)  # fmt: skip
     share = asleep.vllm_share
     assert share == awake.vllm_share  # the same engine while it generates
+    assert asleep.phases == also.phases  # null and false: both asleep
     assert asleep.phases["rollout"] == awake.phases["rollout"]
-    for phase in ("prepare", "update"):  # weights and KV cache freed: graphs, workspaces stay
-        assert asleep.phases[phase] - fast.phases[phase] == pytest.approx(share.work)
-        assert awake.phases[phase] - asleep.phases[phase] == share.weights + share.kv_cache
+    # the work: a 1 GiB reserve + transients (activations, logits) the update reuses
+    assert share.work > RESERVE_BYTES and share.asleep == RESERVE_BYTES
+    for phase in ("prepare", "update"):  # weights, KV cache and transients given back
+        assert asleep.phases[phase] - fast.phases[phase] == pytest.approx(RESERVE_BYTES)
+        assert awake.phases[phase] - asleep.phases[phase] == pytest.approx(
+            share.weights + share.kv_cache + share.work - RESERVE_BYTES
+        )
 
 
 def test_engine_gets_gpu_memory_utilization_from_the_plan(monkeypatch):
@@ -171,7 +180,6 @@ def test_danka_train_with_enable_vllm_on_a_cpu_exits_2_before_loading(tmp_path, 
 
 def test_vllms_work_is_priced_at_the_tokens_it_batches():
     from danka.models.dims import dims
-    from danka.rollout.vllm_memory import RESERVE_BYTES, vllm_share
 
     d = dims(qwen2_0_5b_config())
     # 4 sequences x 100 tokens: vLLM batches 400 tokens at once, not 8192

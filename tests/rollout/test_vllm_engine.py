@@ -116,7 +116,7 @@ def test_full_sync_sends_exactly_the_changed_tensors(fake):
     model = policy()
     model.model.embed_tokens.weight.requires_grad_(False)  # frozen: sent once
     skipped = model.model.layers[1].mlp.down_proj.weight  # trainable, never stepped
-    engine = vllm_engine()
+    engine = vllm_engine(keep_cache=True)  # awake: only what changed is sent
     run(engine, model)
     llm = fake.LLM.instances[0]
     assert set(llm.loaded.weights[0]) == hf_names(model)  # first sync: everything
@@ -138,7 +138,7 @@ def test_full_sync_sends_exactly_the_changed_tensors(fake):
 
 def test_lora_merge_sends_merged_weights_of_the_adapted_modules(fake):
     model = lora_policy()
-    engine = vllm_engine()  # lora_compute auto = merge on a 32-bit base
+    engine = vllm_engine(keep_cache=True)  # lora_compute auto = merge on a 32-bit base
     got = run(engine, model)
     same_batch(got, run(HFGenerateEngine(), model))
     llm = fake.LLM.instances[0]
@@ -156,7 +156,7 @@ def test_lora_merge_sends_merged_weights_of_the_adapted_modules(fake):
 
 def test_lora_adapter_mode_sends_a_fresh_adapter_after_each_step(fake):
     model = lora_policy()
-    engine = vllm_engine(lora_mode="adapter")
+    engine = vllm_engine(lora_mode="adapter", keep_cache=True)
     got = run(engine, model)
     llm = fake.LLM.instances[0]
     assert llm.kwargs["enable_lora"] and llm.kwargs["max_lora_rank"] == 8  # r 4 -> vLLM's 8
@@ -173,12 +173,13 @@ def test_lora_adapter_mode_sends_a_fresh_adapter_after_each_step(fake):
     assert engine.calls is None
 
 
-def test_sleeping_between_rollouts_sends_everything_again(fake):
-    """rollout.keep_cache: false: vLLM sleeps (level 2) after each generate, so the next
-    call wakes the weights, sends all of them again (nothing changed here, yet the engine
-    lost them), wakes the KV cache and only then generates."""
+@pytest.mark.parametrize("keep_cache", [None, False])
+def test_sleeping_between_rollouts_sends_everything_again(fake, keep_cache):
+    """rollout.keep_cache null (the default) or false: vLLM sleeps (level 2) after each
+    generate, so the next call wakes the weights, sends all of them again (nothing changed
+    here, yet the engine lost them), wakes the KV cache and only then generates."""
     model = policy()
-    engine = vllm_engine(keep_cache=False)
+    engine = vllm_engine(keep_cache=keep_cache)
     first = run(engine, model)
     llm = fake.LLM.instances[0]
     assert llm.kwargs["enable_sleep_mode"] is True
@@ -200,9 +201,9 @@ def test_sleeping_adapter_mode_loads_the_adapter_again(fake):
     same_batch(got, run(HFGenerateEngine(), model))
 
 
-def test_keep_cache_unset_keeps_vllm_awake(fake):
+def test_keep_cache_true_keeps_vllm_awake(fake):
     model = policy()
-    engine = vllm_engine()
+    engine = vllm_engine(keep_cache=True)
     run(engine, model)
     run(engine, model)
     llm = fake.LLM.instances[0]

@@ -99,7 +99,7 @@ def follow(mode: str, sleep: bool = False) -> dict:
 
     model = policy(lora=mode != "full")
     engine = VllmEngine(lora_mode="auto" if mode == "full" else mode,
-                        keep_cache=False if sleep else None)  # fmt: skip
+                        keep_cache=not sleep)  # fmt: skip
     try:
         first = engine.generate(model, PROMPTS, SAMPLE, eos_ids=[], pad_id=0)
         woke = pool = 0

@@ -268,8 +268,7 @@ class RolloutConfig:
     engine: str = _f(
         "auto",
         "auto (fast on GPU, hf on CPU) | hf | fast | vllm (optional package, colocated: "
-        "its own weight copy and KV cache, asleep through the update unless rollout.keep_cache: "
-        "true)",
+        "its own weight copy and KV cache, asleep in updates unless rollout.keep_cache: true)",
     )
     generation_batch_size: int | str = _f(
         0,

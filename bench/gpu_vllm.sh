@@ -53,13 +53,13 @@ install)
   rm -f "$W"/in/p[0-9]*
   site
   python3 -c "import numba, numpy; print('numba', numba.__version__, 'numpy', numpy.__version__)"
-  # the whole GPU suite, vLLM's tests included (the plan matrix skips here without the
-  # GGUF: `queue` runs it)
+  # the GPU tests ($3; default the whole suite, vLLM's tests included; the plan matrix
+  # skips here without the GGUF: `queue` runs it)
   setsid bash -c "timeout 1200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
       ${3:-tests} --junitxml=$W/results/gpu_tests.xml \
       > $W/logs/gpu_tests.log 2>&1; echo exit \$? >> $W/logs/gpu_tests.log" \
       < /dev/null > /dev/null 2>&1 &
-  echo "GPU tests started (whole suite)"
+  echo "GPU tests started: ${3:-tests}"
   ;;
 queue)
   [ -f "$GGUF" ] || { cat "$W"/in/c{1,2,3,4,5,6,7,8,9} > "$GGUF" && echo "$SHA  $GGUF" | sha256sum -c || exit 1; }
@@ -83,7 +83,7 @@ run-queue)
   q() { local cap=$1 name=$2; shift 2; local s=$(date +%s); echo "== $name (cap $cap s) $(date +%T)"
         timeout "$cap" "$@" > "$W/logs/q_$name.log" 2>&1
         echo "== $name: rc $? $(( $(date +%s) - s )) s"; }
-  sleep_step() {  # NAME CAP SIDE_TIMEOUT [--grpo-set K=V ...]: both engines, their defaults
+  grpo_step() {  # NAME CAP SIDE_TIMEOUT [--grpo-set K=V ...]: both engines, their defaults
     local name=$1 cap=$2 side=$3; shift 3  # (vLLM asleep through the update)
     q "$cap" "$name" python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
         --grpo-steps 3 --data $D --name "vllm_sleep_qwen05_$name" --timeout "$side" \
@@ -99,8 +99,8 @@ run-queue)
   want plan_tests && q 420 plan_tests env DANKA_BENCH_GGUF=$GGUF DANKA_BENCH_DATA=$D python3 -m pytest -m gpu -q \
       -p no:cacheprovider -rs tests/bench/test_plan_gpu.py --junitxml=$R/plan_gpu_tests.xml
   # 3. the GSM8K example's step with both engines' defaults, 3 steps an engine (2 timed)
-  want grpo_lora && sleep_step grpo_lora 480 230
-  want grpo_full && sleep_step grpo_full 440 210 --grpo-set lora.enable_lora=false --grpo-set optim.lr=1e-6
+  want grpo_lora && grpo_step grpo_lora 480 230
+  want grpo_full && grpo_step grpo_full 440 210 --grpo-set lora.enable_lora=false --grpo-set optim.lr=1e-6
   echo "== queue done $(date +%T)"
   ;;
 bench)

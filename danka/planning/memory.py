@@ -87,6 +87,7 @@ from danka.config.schema import DankaConfig
 from danka.errors import UserError
 from danka.planning.inputs import PlanInput, label
 from danka.planning.shape import ModelShape, load_model_config, vocab_of
+from danka.rollout.base import keeps_cache
 from danka.rollout.fast_options import FUSE_LIMIT_BYTES, SEQ_ROUND
 from danka.rollout.fast_options import PREFILL_BATCH as PREFILL_PROMPTS
 from danka.rollout.fast_slots import bucket_size
@@ -298,7 +299,7 @@ def _rollout(
         c = {"KV cache (rollout)": share.kv_cache,
              "vLLM weights + work (held)": share.weights + share.work,
              "logits (rollout)": 0, "prefill (rollout)": 0}  # fmt: skip
-        held = share.total if inp.keep_cache is True else share.asleep
+        held = share.total if keeps_cache(inp.keep_cache) else share.asleep
         return _Rollout(c, seqs, "vllm", held, share)
     # the fast engine runs a CUDA-graph batch bucket of rows and a length rounded up to
     # SEQ_ROUND; it prefills each prompt once (at most PREFILL_PROMPTS at a time), HF
@@ -320,8 +321,8 @@ def _rollout(
     c["logits (rollout)"] = rows * shape.V * 4 * LOGIT_FACTOR_ROLLOUT
     c["prefill (rollout)"] = prefill_rows * prompt_len * d * (4 * h + 2 * i)
     # the fast engine frees its buffers and KV cache before the update unless
-    # rollout.keep_cache is true (fast_options.keeps_cache)
-    keep = fast and bool(inp.keep_cache)
+    # rollout.keep_cache is true (rollout.base.keeps_cache)
+    keep = fast and keeps_cache(inp.keep_cache)
     held = c["KV cache (rollout)"] + c["fast engine weight buffers"] if keep else 0
     return _Rollout(c, seqs, "fast" if fast else "hf", held)
 

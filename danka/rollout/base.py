@@ -92,6 +92,14 @@ def halve_groups(current: int, n: int) -> int | None:
 LORA_COMPUTE = ("auto", "adapter", "base", "merge")
 
 
+def keeps_cache(keep_cache: bool | None) -> bool:
+    """``rollout.keep_cache`` for every engine: whether it keeps its KV cache (the fast
+    engine also its buffers and graphs; vLLM its weights, awake) through the update. Only
+    when asked: ``None`` and ``False`` give it back before the update (vLLM sleeps);
+    danka.planning.memory prices the same rule."""
+    return bool(keep_cache)
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """Engine settings from the config (``rollout.*``); the default of each means "not set".

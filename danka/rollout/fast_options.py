@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from danka.errors import UserError
-from danka.rollout.base import LORA_COMPUTE
+from danka.rollout.base import LORA_COMPUTE, keeps_cache
 
 MAX_BATCH = 256  # sequences per decode batch when rollout.generation_batch_size is 0
 SEQ_ROUND = 32  # the KV cache length is rounded up to this (graphs re-used across lengths)
@@ -168,13 +168,6 @@ def resolve_attention(name: str, device: torch.device) -> str:
     if name != "auto":
         return name
     return "triton" if device.type == "cuda" and _triton_import_error() is None else "sdpa"
-
-
-def keeps_cache(keep_cache: bool | None) -> bool:
-    """Whether the engine keeps its KV cache, buffers and graphs after a call (only when
-    asked: ``None`` and ``False`` free them before the update; danka.planning.memory
-    applies the same rule)."""
-    return bool(keep_cache)
 
 
 def resolve_lora_compute(name: str) -> str:

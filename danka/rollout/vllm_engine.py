@@ -41,7 +41,7 @@ import torch
 from danka.errors import UserError
 from danka.models.dims import dims
 from danka.models.unwrap import unwrap_causal_lm
-from danka.rollout.base import RolloutEngine, Sampled
+from danka.rollout.base import RolloutEngine, Sampled, keeps_cache
 from danka.rollout.vllm_calls import VllmCalls, VllmSpec, lora_rank
 from danka.rollout.vllm_memory import GIB, vllm_share
 from danka.rollout.vllm_sync import WeightSync, peft_model
@@ -84,7 +84,7 @@ class VllmEngine(RolloutEngine):
         self.lora_mode = lora_mode
         self.gpu_memory_utilization = float(gpu_memory_utilization)
         self.max_model_len = int(max_model_len)
-        self.sleeps = keep_cache is not True
+        self.sleeps = not keeps_cache(keep_cache)
         self._asleep = False
         self.enforce_eager = enforce_eager
         self.attention_backend = attention_backend

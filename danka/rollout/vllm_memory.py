@@ -2,12 +2,11 @@
 
 vLLM starts with ``gpu_memory_utilization`` x the card and keeps it until the run ends
 (``rollout.keep_cache: true``; by default it sleeps between rollouts and keeps only
-``VllmShare.asleep``): its own copy of the
-weights, the activations of its largest forward (profiled at start-up with
-``max_num_batched_tokens`` tokens, and ``max_num_seqs`` rows of fp32 logits in the
-sampler), its CUDA graphs and workspaces, and the paged KV cache, which gets whatever of
-the share is left. danka sizes the share so the KV cache holds every sequence
-of a generate call at full length (no preemption):
+``VllmShare.asleep``): its own copy of the weights, the activations of its largest
+forward (profiled at start-up with ``max_num_batched_tokens`` tokens, and ``max_num_seqs``
+rows of fp32 logits in the sampler), its CUDA graphs and workspaces, and the paged KV
+cache, which gets whatever of the share is left. danka sizes the share so the KV cache
+holds every sequence of a generate call at full length (no preemption):
 
 * weights     params x d (a 4-bit base as the plan prices it; plus one LoRA slot in adapter
               mode)
@@ -17,8 +16,9 @@ of a generate call at full length (no preemption):
               + ``RESERVE_BYTES`` (CUDA graphs, torch.compile and attention workspaces,
               allocator slack; not yet measured against a real engine)
 
-The memory plan (danka/planning) adds this share to every phase of the step; the trainer
-passes ``share / card`` to vLLM as its ``gpu_memory_utilization``.
+The memory plan (danka/planning) adds this share to the rollout, and ``asleep`` (or, kept
+awake, the whole share) to every other phase; the trainer passes ``share / card`` to vLLM
+as its ``gpu_memory_utilization``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class VllmShare:
         buffers (``RESERVE_BYTES``). Its forward's activations and its sampler's logits come
         from torch's caching allocator, which the update then reuses; weights and KV cache
         live in the pool sleep unmaps."""
-        return min(self.work, RESERVE_BYTES)
+        return RESERVE_BYTES
 
     def fraction(self, card_bytes: int) -> float:
         """``gpu_memory_utilization`` for a card of ``card_bytes``: the share rounded up to

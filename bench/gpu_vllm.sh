@@ -72,9 +72,8 @@ queue)
   echo "queue started"
   ;;
 run-queue)
-  # QUEUE, in order of what issue 38 still needs, each item capped and run with the GPU to
-  # itself. Done already (bench/results/INDEX.md): the rollout at 256 (vLLM plain, fast,
-  # HF), both GRPO steps awake (H200, 2026-12-03) and asleep (H100, 2026-12-06).
+  # QUEUE, each item capped and run with the GPU to itself; issue 38's measurements, all
+  # done once (bench/results/INDEX.md: H200 2026-12-03, H100 2026-12-06), to run again.
   cd "$W/repo" && site
   R=$W/results D=$W/repo/data/gsm8k/train.jsonl
   # the suite first, alone: vLLM's start-up refuses to size its KV cache while another
@@ -88,7 +87,7 @@ run-queue)
     q "$cap" "$name" python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
         --grpo-steps 3 --data $D --name "vllm_sleep_qwen05_$name" --timeout "$side" \
         --out-dir $R "$@"; }
-  # 1. the 64-sequence cells, then the vLLM LoRA adapter side at 256
+  # 1. the 64-sequence cells, then the vLLM LoRA adapter side at 256 (fast LoRA beside it)
   want rollout64 && q 330 rollout64 python3 -m bench rollout --name vllm_vs_fast_qwen05_gsm8k_64x512 --model "$GGUF" \
       --prompts-from $D --prompts 64 --new-tokens 512 --eos both --lora --lora-modes auto \
       --lora-rank 32 --sides vllm,fast-default,hf-static --timeout 150 --out-dir $R

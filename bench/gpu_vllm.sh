@@ -31,6 +31,8 @@ case "${1:-}" in begin|put|install|bench|queue|run-queue|wait|collect) mkdir -p 
 QUEUE_ALL="rollout64 rollout256 plan_tests grpo_lora grpo_full"
 want() { [[ " ${QUEUE:-$QUEUE_ALL} " == *" $1 "* ]]; }  # is item $1 in the queue
 site() { export PYTHONPATH=/tmp/site:/tmp/vllm_site DANKA_CACHE=$W/cache; }
+# the GPU tests `install` started: wait until they are done
+wait_for_suite() { while pgrep -f "[p]ytest -m gpu" > /dev/null; do sleep 2; done; }
 source "$(dirname "$0")/gpu_common.sh"
 
 case "${1:-}" in
@@ -78,14 +80,14 @@ run-queue)
   R=$W/results D=$W/repo/data/gsm8k/train.jsonl
   # the suite first, alone: vLLM's start-up refuses to size its KV cache while another
   # process frees GPU memory ("Error in memory profiling", 2026-12-03, second session)
-  while pgrep -f "[p]ytest -m gpu" > /dev/null; do sleep 2; done
+  wait_for_suite
   q() { local cap=$1 name=$2; shift 2; local s=$(date +%s); echo "== $name (cap $cap s) $(date +%T)"
         timeout "$cap" "$@" > "$W/logs/q_$name.log" 2>&1
         echo "== $name: rc $? $(( $(date +%s) - s )) s"; }
   grpo_step() {  # NAME CAP SIDE_TIMEOUT [--grpo-set K=V ...]: both engines, their defaults
     local name=$1 cap=$2 side=$3; shift 3  # (vLLM asleep through the update)
     q "$cap" "$name" python3 -m bench vllm --model "$GGUF" --only grpo --grpo-engines vllm,fast \
-        --grpo-steps 3 --data $D --name "vllm_sleep_qwen05_$name" --timeout "$side" \
+        --grpo-steps 3 --data $D --name "vllm_default_qwen05_$name" --timeout "$side" \
         --out-dir $R "$@"; }
   # 1. the 64-sequence cells, then the vLLM LoRA adapter side at 256 (fast LoRA beside it)
   want rollout64 && q 330 rollout64 python3 -m bench rollout --name vllm_vs_fast_qwen05_gsm8k_64x512 --model "$GGUF" \
@@ -108,8 +110,8 @@ bench)
   rm -f "$W"/in/c?
   cd "$W/repo" && site
   python3 -c "from danka.models.gguf import ensure_converted; ensure_converted('$GGUF')" || exit 1
-  while pgrep -f "test_vllm_gpu.py" > /dev/null; do sleep 5; done  # no GPU sharing while timing
-  tail -5 "$W/logs/vllm_gpu_tests.log"
+  wait_for_suite  # no GPU sharing while timing
+  tail -5 "$W/logs/gpu_tests.log"
   setsid bash -c "python3 -m bench vllm --model $GGUF --out-dir $W/results $* \
       > $W/logs/bench_vllm.log 2>&1; echo exit \$? >> $W/logs/bench_vllm.log" \
       < /dev/null > /dev/null 2>&1 &

@@ -21,9 +21,8 @@ own fast engine on the same step. Optional: ``pip install 'danka[vllm]'``.
    sleep mode frees its KV cache and weights (level 2: discarded; a 4-bit base that vLLM
    loaded itself is offloaded to the CPU instead, level 1), so the update has the memory;
    before the next generate the weights wake up and everything is sent again (as TRL's
-   colocate mode does). Measured on the GSM8K example's step (H100, 2026-12-06): the
-   device's peak 0.95x the fast engine's with LoRA, 0.98x full-parameter, where vLLM kept
-   awake peaks 1.62x. ``true``: vLLM keeps its share all run (only changed tensors sent).
+   colocate mode does; BENCHMARKS.md has its peak against the fast engine's, asleep and
+   awake). ``true``: vLLM keeps its share all run (only changed tensors sent).
 
 Every vLLM call is in :mod:`danka.rollout.vllm_calls` (``VllmCalls``), which tests replace.
 """

@@ -39,6 +39,7 @@ optimiser step, so all skip the same step and reach
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -135,6 +136,10 @@ def destroy() -> None:
     failing = exc is not None and is_active()
     _CPU_GROUP = None
     if not failing:
+        # garbage cycles (FSDP state, finished collectives) can hold gloo's work objects;
+        # freed at interpreter exit instead, after the group, they abort the process
+        # ("terminate called without an active exception", SIGABRT) after a clean run
+        gc.collect()
         td.destroy_process_group()
         return
     from torch.distributed.distributed_c10d import _abort_process_group

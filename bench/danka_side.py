@@ -22,6 +22,7 @@ import torch
 
 from danka.data.splits import load_rows
 from danka.models import prefix as _prefix
+from danka.models.lora import compute_adapters_in
 from danka.models.speed import compile_forward
 from danka.rewards.combine import RewardOutput
 from danka.rewards.combine import reward_specs as _reward_specs
@@ -47,7 +48,7 @@ from danka.trainer.run import PromptSet
 from danka.trainer.setup import build_model_set
 from danka.trainer.stages import Stages
 from danka.trainer.state import RunState
-from danka.trainer.update import update
+from danka.trainer.update import UpdateSettings, update
 from danka.types import PromptRow, RolloutBatch
 
 __all__ = ["ForwardSettings", "cap_process", "effective_token_ratio", "policy_logprobs", "trim"]
@@ -264,6 +265,23 @@ def set_checkpointing(run: BenchRun, on: bool) -> None:
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         else:
             m.gradient_checkpointing_disable()
+
+
+def set_packed_update(run: BenchRun, on: bool, seq_tokens: int, padded: UpdateSettings) -> None:
+    """A/B of ``speed.packed_update``: the update padding-free with micro-batches of
+    micro x ``seq_tokens`` real tokens and LoRA computed in the base dtype (on), or as
+    ``padded`` with peft's fp32 adapter path (off)."""
+    s = run.built.stages
+    fwd = dataclasses.replace(padded.forward, varlen=on, seq_tokens=seq_tokens)
+    s = dataclasses.replace(
+        s,
+        updating=dataclasses.replace(padded, forward=fwd),
+        preparing=dataclasses.replace(s.preparing, forward=fwd),
+    )
+    run.built = dataclasses.replace(run.built, stages=s)
+    policy = s.models.policy
+    if s.models.lora:
+        compute_adapters_in(policy, next(policy.parameters()).dtype if on else None)
 
 
 def train_batch(batch: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:

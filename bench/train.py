@@ -229,7 +229,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--update-variants",
         default="mb16,mb8,mb16+gc,mb8+gc",
-        help="update_05b: mb<micro-batch>[+gc][+compile][+eager_head][+lora], comma-separated "
+        help="update_05b: mb<micro-batch>[+gc][+compile][+eager_head][+lora][+varlen], "
+        "comma-separated (+varlen: speed.packed_update, padding-free, LoRA in bf16) "
         "(+compile: speed.compile, stays on for the variants after it; +eager_head: the "
         "log-prob head's per-chunk work eager instead of compiled)",
     )
@@ -245,6 +246,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--update-shape", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b",
                     "qwen2.5-coder-0.5b"], help="update_05b's random weights without "
                     "--gsm8k-model (coder: the untied output head)")  # fmt: skip
+    ap.add_argument(
+        "--update-seqs",
+        type=int,
+        default=0,
+        help="update_05b: sequences of "
+        "GSM8K-like lengths (the real step's shape; 0: 16 x 512 full-length)",
+    )
     ap.add_argument("--head-responses", help="logprob_memory: response lengths, e.g. 512,1024 "
                     "(default: 8,192 rows at chunk 1024)")  # fmt: skip
     ap.add_argument("--head-micro", type=int, default=8, help="logprob_memory: sequences")

@@ -78,6 +78,30 @@ def update_batch(b: int, p: int, r: int, vocab: int, group: int):
     return ds.train_batch(batch, torch.randn(b, r, generator=g))
 
 
+def gsm8k_like_batch(b: int, vocab: int, group: int, max_new: int = 512):
+    """``b`` sequences with the real GSM8K step's lengths (left-padded prompts of 110-200
+    tokens, right-padded answers ~N(220, 110) clipped to 30..max_new: the examples' ~350
+    real tokens a sequence, every 20th answer truncated at max_new), N(0, 1) advantages."""
+    g = torch.Generator().manual_seed(0)
+    p_len = torch.randint(110, 201, (b,), generator=g)
+    r_len = (torch.randn(b, generator=g) * 110 + 220).clamp(30, max_new).long()
+    r_len[::20] = max_new
+    p, r = int(p_len.max()), int(r_len.max())
+    cols_p, cols_r = torch.arange(p)[None], torch.arange(r)[None]
+    prompt_mask = (cols_p >= p - p_len[:, None]).long()
+    response_mask = (cols_r < r_len[:, None]).float()
+    batch = RolloutBatch(
+        prompt_ids=torch.randint(0, vocab, (b, p), generator=g) * prompt_mask,
+        prompt_mask=prompt_mask,
+        response_ids=(torch.randint(0, vocab, (b, r), generator=g) * response_mask).long(),
+        response_mask=response_mask,
+        group_index=torch.arange(b) // group,
+        truncated=r_len == max_new,
+    )
+    real = int(p_len.sum() + r_len.sum())
+    return ds.train_batch(batch, torch.randn(b, r, generator=g)), real, int(r_len.sum()), p, r
+
+
 def update_config(args, dev, b: int, p: int, r: int, lora: bool):
     """The update's settings: GRPO, one mini-batch of ``b`` sequences; LoRA as
     examples/gsm8k_grpo.yaml (r32, alpha 64, all-linear) or full-parameter."""
@@ -129,7 +153,14 @@ def update_05b(args, dev: torch.device, log) -> dict:
 
 def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict) -> None:
     b, p, r = z.b, z.p, z.r
-    tokens = b * (p + r)
+    tokens, responses = b * (p + r), b * r
+    real = None
+    if args.update_seqs and not args.tiny:  # the real step's shape: GSM8K-like lengths
+        b = args.update_seqs
+        real = gsm8k_like_batch(b, 151936, 8)
+        _, tokens, responses, p, r = real
+        out.update(seqs=b, prompt_len=p, response_len=r, tokens_per_step=tokens,
+                   response_tokens=responses, lengths="gsm8k-like")  # fmt: skip
     try:
         cfg, group = update_config(args, dev, b, p, r, lora)
         base, config, dtype, what = base_model(args, dev)
@@ -143,9 +174,11 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
     counts = Counts.of(ds.policy_of(run))
     out.update(shape=what, params=counts.total)
     out.setdefault("counts", {})["lora" if lora else "full"] = vars(counts)
-    flops = phase_flops(counts, prompt=b * p, response=b * r, sequences=b, logprob_passes=0,
-                        critic=False, full=not lora)["update"]  # fmt: skip
-    batch = update_batch(b, p, r, config.vocab_size, group)
+    flops = phase_flops(counts, prompt=tokens - responses, response=responses, sequences=b,
+                        logprob_passes=0, critic=False, full=not lora)["update"]  # fmt: skip
+    batch = real[0] if real else update_batch(b, p, r, config.vocab_size, group)
+    stages = ds.stages_of(run)
+    padded = stages.updating
     compiled = False
     for variant in variants:
         micro = int(variant.split("+")[0].removeprefix("mb"))
@@ -157,6 +190,7 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
             else:
                 base.gradient_checkpointing_disable()
             ds.set_micro_batch(run, micro)
+            ds.set_packed_update(run, "+varlen" in variant, p + r, padded)
             fused = "+eager_head" not in variant  # A/B: speed.fused_logprob_head
             if "+compile" in variant and not compiled:  # speed.compile (stays on: list last)
                 ds.compile_body(base, dev)
@@ -171,7 +205,7 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
             s = statistics.median(times)
             out["variants"][variant] = {
                 "micro_batch": micro, "gc_active": gc_active(base), "compiled": compiled,
-                "fused_head": fused, "lora": lora,
+                "fused_head": fused, "lora": lora, "varlen": "+varlen" in variant,
                 "warmup_step_s": warmup_s, "step_s": s,
                 "tok_s": tokens / s, "mfu": mfu_6nt(counts, tokens, s),
                 "model_tflop": flops / 1e12, "mfu_model": mfu(flops, s),

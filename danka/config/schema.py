@@ -216,6 +216,13 @@ class SpeedConfig:
         "plan trainer.micro_batch_size: auto for a card of this size and cap this process to it "
         "(e.g. 24GiB: a smaller card on a larger one); null = the GPU's free memory at start",
     )
+    packed_update: bool | None = _f(
+        None,
+        "null = on a CUDA GPU: the log-prob, value and update forwards run padding-free (a "
+        "micro-batch's sequences end to end, varlen attention, micro_batch_size x the planned "
+        "sequence length in real tokens, LoRA computed in the model's dtype); false = padded "
+        "micro-batches of micro_batch_size sequences; true = padding-free on any device",
+    )
     packing: bool = _f(False, "pack a micro-batch's sequences into rows without padding")
     max_packed_length: int = _f(4096, "tokens per packed row (speed.packing)")
     preflight: bool = _f(False, "run the worst-case shapes once before training")

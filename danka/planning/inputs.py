@@ -48,6 +48,8 @@ class PlanInput:
     tools: bool = _key("agent.tools")  # a tool or environment rollout (not modelled)
     logprob_chunk_size: int | str = _key("speed.logprob_chunk_size")
     fused_logprob_head: bool = _key("speed.fused_logprob_head")
+    # null plans a GPU run: padding-free, LoRA computed in the model's dtype
+    packed_update: bool | None = _key("speed.packed_update")
 
     @classmethod
     def of(cls, cfg: DankaConfig, data_prompt_tokens: int | None = None) -> PlanInput:
@@ -75,6 +77,7 @@ class PlanInput:
             keep_cache=r.keep_cache, tools=bool(cfg.agent.tools or cfg.agent.environment),
             logprob_chunk_size=cfg.speed.logprob_chunk_size,
             fused_logprob_head=cfg.speed.fused_logprob_head,
+            packed_update=cfg.speed.packed_update,
         )  # fmt: skip
 
     def with_(self, **changes: Any) -> PlanInput:

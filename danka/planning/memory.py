@@ -179,9 +179,12 @@ class MemoryPlan:
         return out
 
 
-def _layer_bytes_per_token(shape: ModelShape, d: int, targets: list[str] | str | None) -> int:
+def _layer_bytes_per_token(
+    shape: ModelShape, d: int, targets: list[str] | str | None, lora_in_d: bool = False
+) -> int:
     """Activation bytes one decoder layer keeps per token for the backward (module
-    docstring); ``targets`` None means full fine-tuning."""
+    docstring); ``targets`` None means full fine-tuning; ``lora_in_d``: the adapters
+    compute in the model's dtype (``speed.packed_update``), sharing the layer inputs."""
     h, i, q, kv = shape.H, shape.I, shape.q, shape.kv
     frozen = 2 * h * 4 + d * (2 * q + 2 * kv) + d * 3 * i
     if targets is None:
@@ -196,7 +199,7 @@ def _layer_bytes_per_token(shape: ModelShape, d: int, targets: list[str] | str |
         "down_proj": i,
     }
     adapted = [name for name in inputs if _targets(targets, name)]
-    if d < 4:  # fp32 adapters on a 16-bit base: one fp32 copy of the input per module
+    if d < 4 and not lora_in_d:  # fp32 adapters on a 16-bit base: an fp32 input per module
         return frozen + 4 * sum(inputs[n] for n in adapted)
     shared = {
         "q_proj": "attn_in",
@@ -340,6 +343,12 @@ def prompt_tokens(inp: PlanInput) -> tuple[int, str]:
     return bound, key
 
 
+def sequence_tokens(inp: PlanInput) -> int:
+    """The tokens of the longest sequence the plan prices (prompt + response, at most
+    ``max_length``): a padding-free micro-batch holds ``micro_batch_size`` times this."""
+    return min(inp.max_length, prompt_tokens(inp)[0] + inp.max_new_tokens)
+
+
 def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
     """The byte counts of every term and phase (see the module docstring) of ``inp``, whose
     sizes are numbers (danka.planning.micro resolves the ``auto`` ones first)."""
@@ -349,7 +358,7 @@ def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
     dtype, d = _dtype_bytes(inp)
     h, i, v = shape.H, shape.I, shape.V
     prompt_len, prompt_from = prompt_tokens(inp)
-    seq_len = min(inp.max_length, prompt_len + inp.max_new_tokens)
+    seq_len = sequence_tokens(inp)
     micro = min(inp.micro_batch_size, inp.batch_size * inp.samples_per_prompt)
     tokens = micro * seq_len
     # the LM head runs only over the response positions (trainer.forward.policy_logprobs)
@@ -360,7 +369,7 @@ def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
     c.update(rollout.terms)
     held = rollout.held
     targets = inp.target_modules if inp.enable_lora else None
-    per_layer = _layer_bytes_per_token(shape, d, targets)
+    per_layer = _layer_bytes_per_token(shape, d, targets, inp.packed_update is not False)
     full_acts = shape.L * tokens * per_layer
     ckpt_acts = shape.L * tokens * h * d + tokens * per_layer + tokens * (2 * h + i) * 4
     c["activations (no checkpointing)"] = full_acts

@@ -19,6 +19,7 @@ from danka.config.schema import DankaConfig
 from danka.data.source import data_line, repeats_warning
 from danka.data.splits import load_rows
 from danka.models.loading import pick_device, resolve_dtype, stop_ids
+from danka.planning.memory import sequence_tokens
 from danka.planning.micro import SizePlan
 from danka.planning.shape import ModelShape
 from danka.planning.vllm import engine_memory
@@ -172,8 +173,10 @@ def assemble(
     )  # fmt: skip
     eos = stop_ids(tokenizer) if eos_ids is None else list(eos_ids)
     sampling = Sampling(engine, models, tokenizer, eos, pad, agent)
-    stages = build_stages(cfg, sampling, train, rewards, algo, trainables,
-                          logprob_chunk=sizes.logprob_chunk, log=log)  # fmt: skip
+    stages = build_stages(
+        cfg, sampling, train, rewards, algo, trainables, logprob_chunk=sizes.logprob_chunk,
+        log=log, seq_tokens=sequence_tokens(sizes.sizes),
+    )  # fmt: skip
     evaluator = None
     if held is not None:
         fwd = stages.updating.forward

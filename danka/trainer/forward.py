@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from danka.data.template import mask_positions
+from danka.models import varlen
 from danka.models.logprobs import chunked_logprobs_entropy
 from danka.trainer import shared_prefix
-from danka.trainer.packing import pack
+from danka.trainer.packing import assign_rows, pack
 from danka.types import RolloutBatch
 
 
@@ -29,10 +30,24 @@ class ForwardSettings:
     pack_len: int | None = None  # speed.packing: tokens per packed row, else None
     shared_prefix: bool = True  # a prompt prefix the rows share runs once (shared_prefix.py)
     fused_head: bool = True  # CUDA: the head's per-chunk elementwise work compiled
+    # speed.packed_update: sequences end to end without padding (danka.models.varlen), a
+    # micro-batch of ``micro`` holding up to micro x seq_tokens real tokens
+    varlen: bool = False
+    seq_tokens: int = 0  # the planned tokens of one sequence (prompt + response)
 
 
-def micro_batch_indices(lengths: torch.Tensor, micro_size: int) -> Iterator[torch.Tensor]:
-    """Split rows into micro-batches of similar length (less padding), in a fixed order."""
+def micro_batch_indices(
+    lengths: torch.Tensor, micro_size: int, settings: ForwardSettings | None = None
+) -> Iterator[torch.Tensor]:
+    """Split rows into micro-batches, in a fixed order: of ``micro_size`` rows of similar
+    length (less padding); padding-free (``settings.varlen``), of as many rows as fit in
+    ``micro_size x settings.seq_tokens`` real tokens (first-fit decreasing: the memory plan
+    priced that many tokens, and a micro-batch of short answers holds more of them)."""
+    if settings is not None and settings.varlen and settings.seq_tokens:
+        budget = micro_size * settings.seq_tokens
+        for rows in assign_rows([int(n) for n in lengths.tolist()], budget):
+            yield torch.tensor(rows, dtype=torch.long)
+        return
     order = torch.argsort(lengths, descending=True, stable=True)
     for start in range(0, len(order), micro_size):
         yield order[start : start + micro_size]
@@ -56,10 +71,12 @@ def trim(batch):
 
 
 def effective_token_ratio(
-    batch: RolloutBatch, micro_size: int, pack_len: int | None = None
+    batch: RolloutBatch, micro_size: int, pack_len: int | None = None, varlen: bool = False
 ) -> float:
     """Real tokens / tokens computed: micro-batches length-grouped and trimmed, or packed
-    into rows of ``pack_len`` tokens."""
+    into rows of ``pack_len`` tokens; padding-free (``varlen``): 1."""
+    if varlen:
+        return 1.0
     lengths = batch.prompt_mask.sum(1) + batch.response_mask.sum(1)
     real, computed = 0.0, 0.0
     for idx in micro_batch_indices(lengths, micro_size):
@@ -144,12 +161,18 @@ def policy_logprobs(
     This is danka's one log-prob forward (policy, reference, old log-probs).
     """
     s = settings
-    hidden = response_hidden(model, mb, s.pack_len, s.shared_prefix)
-    b, r, h = hidden.shape
-    targets = mb.response_ids.to(hidden.device).reshape(-1)
+    flat = _flat(model, mb, s)
+    if flat is not None:  # padding-free: the head runs over the real response tokens only
+        hidden = _flat_hidden(model, flat)
+        targets = mb.response_ids[flat.valid].to(hidden.device)
+    else:
+        hidden = response_hidden(model, mb, s.pack_len, s.shared_prefix)
+        b, r, h = hidden.shape
+        targets = mb.response_ids.to(hidden.device).reshape(-1)
+        hidden = hidden.reshape(b * r, h)
     head = lm_head_of(model)
     logprobs, entropy = chunked_logprobs_entropy(
-        hidden.reshape(b * r, h),
+        hidden,
         head,
         targets,
         temperature=s.temperature,
@@ -158,7 +181,33 @@ def policy_logprobs(
         softcap=getattr(_config_of(model), "final_logit_softcapping", None),
         fused=s.fused_head,
     )
+    if flat is not None:
+        valid = flat.valid.to(hidden.device)
+        return _scatter(logprobs, valid), (
+            _scatter(entropy, valid) if entropy is not None else None
+        )
     return logprobs.view(b, r), (entropy.view(b, r) if entropy is not None else None)
+
+
+def _flat(model: torch.nn.Module, mb: RolloutBatch, s: ForwardSettings) -> varlen.Flat | None:
+    """The micro-batch laid end to end when this forward runs padding-free, else None."""
+    if not s.varlen or not varlen.supports(decoder_of(model)):
+        return None
+    return varlen.pack_flat(mb)
+
+
+def _flat_hidden(model: torch.nn.Module, flat: varlen.Flat) -> torch.Tensor:
+    """Hidden states (N, H) at the positions predicting the real response tokens."""
+    device = next(model.parameters()).device
+    hidden = varlen.varlen_forward(decoder_of(model), flat, device)
+    return hidden[flat.predict_at.to(device, non_blocking=True)]
+
+
+def _scatter(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(N,) values of the real response tokens -> (b, R), 0 at padding (differentiable)."""
+    return torch.zeros(valid.shape, dtype=values.dtype, device=values.device).masked_scatter(
+        valid, values
+    )
 
 
 def critic_values(
@@ -168,7 +217,11 @@ def critic_values(
     value_head: torch.nn.Module,
     settings: ForwardSettings = ForwardSettings(),
 ):
-    """V(s_t) for each response position t: (b, R), fp32."""
+    """V(s_t) for each response position t: (b, R), fp32 (0 at padding when padding-free)."""
+    flat = _flat(model, mb, settings)
+    if flat is not None:
+        values = value_head(_flat_hidden(model, flat)).squeeze(-1).float()
+        return _scatter(values, flat.valid.to(values.device))
     hidden = response_hidden(model, mb, settings.pack_len, settings.shared_prefix)
     return value_head(hidden).squeeze(-1).float()
 
@@ -182,7 +235,7 @@ def batched(fn, model, batch: RolloutBatch, micro_size: int, **kwargs) -> torch.
     was_training = model.training
     model.eval()
     try:
-        for idx in micro_batch_indices(lengths, micro_size):
+        for idx in micro_batch_indices(lengths, micro_size, kwargs.get("settings")):
             mb = trim(batch.select(idx))
             value = fn(model, mb, **kwargs)
             value = value[0] if isinstance(value, tuple) else value

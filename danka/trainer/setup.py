@@ -19,10 +19,12 @@ from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
 from danka.data.template import encode_prompts
 from danka.errors import UserError
+from danka.models import varlen
 from danka.models.loading import (
     load_causal_lm,
     load_tokenizer,
 )
+from danka.models.lora import compute_adapters_in
 from danka.models.speed import compile_forward, enable_tf32
 from danka.planning.engine import choose_engine as choose_rollout_engine
 from danka.planning.shape import ModelShape
@@ -63,6 +65,17 @@ def speed_settings(cfg: DankaConfig, models, device: torch.device, log: logging.
     if t.compile:
         compile_forward(models.policy, True, device)
         log.info("speed.compile: policy forward compiled (torch.compile, dynamic=True)")
+    if varlen.wanted(t.packed_update, device):
+        dtype = next(models.policy.parameters()).dtype
+        lora = cfg.lora.enable_lora and dtype in (torch.bfloat16, torch.float16)
+        for model in {id(m): m for m in (models.policy, models.critic_model) if m}.values():
+            if lora:  # the adapters' matmuls in the base dtype: no fp32 copy of each input
+                compute_adapters_in(model, dtype)
+        log.info(
+            "speed.packed_update: log-prob, value and update forwards padding-free (varlen "
+            "attention)"
+            + (f", LoRA computed in {str(dtype).removeprefix('torch.')}" if lora else "")
+        )
 
 
 def build_dynamic_sampler(cfg: DankaConfig, pad_id: int) -> DynamicSampler | None:

@@ -18,6 +18,7 @@ import torch
 from danka import distributed as dist
 from danka.agent.loop import AgentLoop
 from danka.config.schema import DankaConfig
+from danka.models import varlen
 from danka.rewards.combine import RewardComputer
 from danka.rollout.base import RolloutEngine, SamplingParams
 from danka.trainer import prepare as prep
@@ -190,12 +191,17 @@ class Stages:
             lr=self.opts.actor_sched.get_last_lr()[0],
             kl_coef=float(self.kl_ctl.value),
             packing_ratio=effective_token_ratio(
-                batch, result.micro, self.updating.forward.pack_len
+                batch, result.micro, self.updating.forward.pack_len, self.updating.forward.varlen
             ),
         )
 
 
-def forward_settings(cfg: DankaConfig, logprob_chunk: int) -> ForwardSettings:
+def forward_settings(
+    cfg: DankaConfig, logprob_chunk: int, device=None, seq_tokens: int = 0
+) -> ForwardSettings:
+    """``device``: where the models are (``speed.packed_update`` null is on for CUDA);
+    ``seq_tokens``: the planned tokens of one sequence (a padding-free micro-batch's
+    budget is micro_batch_size times it)."""
     sp = cfg.speed
     t = cfg.sampling.temperature
     return ForwardSettings(
@@ -204,6 +210,8 @@ def forward_settings(cfg: DankaConfig, logprob_chunk: int) -> ForwardSettings:
         pack_len=sp.max_packed_length if sp.packing else None,
         shared_prefix=sp.shared_prefix_forward,
         fused_head=sp.fused_logprob_head,
+        varlen=varlen.wanted(sp.packed_update, device or "cpu"),
+        seq_tokens=seq_tokens or cfg.trainer.max_length,
     )
 
 
@@ -265,14 +273,17 @@ def build_stages(
     *,
     logprob_chunk: int,
     log: logging.Logger,
+    seq_tokens: int = 0,
 ) -> Stages:
-    """Every stage of a step bound to what it needs, from the validated config."""
+    """Every stage of a step bound to what it needs, from the validated config;
+    ``seq_tokens``: the planned tokens of one sequence (:func:`forward_settings`)."""
     t, ob, smp, lo = cfg.trainer, cfg.reward.overlong_buffer, cfg.sampling, cfg.loss
     params = SamplingParams(
         n=t.samples_per_prompt, temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k,
         max_new_tokens=t.max_new_tokens,
     )  # fmt: skip
-    fwd = forward_settings(cfg, logprob_chunk)
+    device = next(sampling.models.policy.parameters()).device
+    fwd = forward_settings(cfg, logprob_chunk, device, seq_tokens)
     scoring = ScoreSettings(
         t.samples_per_prompt, response_budget(cfg, sampling.agent), ob.length, ob.penalty,
         lo.mask_truncated,

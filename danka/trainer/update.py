@@ -121,11 +121,11 @@ def _step(optimizer, params, max_grad_norm: float, dry_run: bool = False) -> flo
     return grad_norm
 
 
-def _micro_batches(mini: TrainBatch, micro_size: int, device: torch.device):
+def _micro_batches(mini: TrainBatch, micro_size: int, device: torch.device, s: UpdateSettings):
     """(micro-batch on ``device``, its share of the mini-batch's trained tokens here)."""
     lengths = mini.prompt_mask.sum(1) + mini.response_mask.sum(1)
     tokens = float(mini.train_mask.sum())
-    for idx in micro_batch_indices(lengths, micro_size):
+    for idx in micro_batch_indices(lengths, micro_size, s.forward):
         mb = trim(mini.select(idx)).to(device, non_blocking=True)
         # the losses' own metrics are masked means over one micro-batch: weighted by its
         # trained tokens they add up to the mini-batch's mean (a micro-batch with no
@@ -152,7 +152,7 @@ def actor_minibatch(
     kl_in_loss = algo.kl_mode is not None and algo.kl_mode.in_loss
     device = next(models.policy.parameters()).device
     losses: list[torch.Tensor] = []
-    for mb, share in _micro_batches(mini, micro_size, device):
+    for mb, share in _micro_batches(mini, micro_size, device, s):
         mask = mb.train_mask
         with models.actor():
             logprobs, entropy = policy_logprobs(
@@ -213,7 +213,7 @@ def critic_minibatch(
     norm = loss_norm(mini, s.max_response_length)
     device = next(models.policy.parameters()).device
     losses: list[torch.Tensor] = []
-    for mb, share in _micro_batches(mini, micro_size, device):
+    for mb, share in _micro_batches(mini, micro_size, device, s):
         with models.critic():
             v = critic_values(
                 models.critic_model, mb, value_head=models.value_head, settings=s.forward

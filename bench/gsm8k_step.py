@@ -14,7 +14,7 @@ checkpoint. 1 warm-up + ``--step-steps - 1`` timed steps; with ``--profile`` the
 runs each phase of ``--profile-phases`` under ``torch.profiler`` (one profile per phase,
 CUDA activity only), so the timings come from the unprofiled steps. Per phase: seconds,
 share of the step, tokens (rollout: generated; the others: real prompt + response tokens),
-tokens/s, model FLOPs and MFU (bench/flops.py states the formula), peak GiB (the loop's own
+tokens/s, model FLOPs and MFU (danka/models/flops.py states the formula), peak GiB (the loop's own
 per-phase peaks, max over the steps) and the top 20 CUDA kernels with their share of the
 phase. Next to it, the memory plan of the same config (``danka estimate --json``, run in a
 child process while the GPU works) against the measured peaks.
@@ -42,13 +42,13 @@ import torch
 
 from bench import danka_side as ds
 from bench.common import GIB, ROOT, child_env, error_text, fmt, free
-from bench.flops import FORMULA, Counts, mfu, mfu_6nt, phase_flops
 from bench.gsm8k_data import data_path
 from bench.kernel_profile import profile_call
 from bench.ppo_memory import compare
 from bench.step_report import report
 from bench.step_variants import full_variants, lora_variants, parse_variant
 from danka.config import load_config
+from danka.models.flops import FORMULA, Counts, mfu, mfu_6nt, phase_flops
 
 EXAMPLES = ROOT / "examples"
 PHASES = ("rollout", "reward", "logprobs", "values", "advantages", "update")

@@ -18,8 +18,8 @@ import torch
 
 from bench import danka_side as ds
 from bench.common import error_text, free
-from bench.flops import Counts, mfu, mfu_6nt, phase_flops
 from danka.config import load_config
+from danka.models.flops import Counts, mfu, mfu_6nt, phase_flops
 
 TRAINED = ("logprobs", "values", "update")  # the phases a variant reruns (+ advantages)
 

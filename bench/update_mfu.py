@@ -4,7 +4,7 @@ Sections of ``python -m bench train``:
 
 - ``update_05b``: danka's update (chunked log-probs, policy loss, backward, fused AdamW) on
   16 x 512 tokens: tokens/s, MFU = 6 * N * tokens / time / 790e12 (``mfu``; N = every
-  parameter, a tied embedding/lm_head once) and by bench/flops.py's model FLOPs
+  parameter, a tied embedding/lm_head once) and by danka/models/flops.py's model FLOPs
   (``mfu_model``: LoRA's frozen base needs no weight gradients), peak memory. Weights:
   ``--gsm8k-model``'s (real, bf16), else random of ``--update-shape`` (Qwen2.5-0.5B, tied,
   by default; ``qwen2.5-coder-0.5b``: its untied head). Variants
@@ -38,11 +38,11 @@ from bench.common import (
     timed,
     variant_rows,
 )
-from bench.flops import FORMULA, Counts, mfu, mfu_6nt, phase_flops
 from bench.kernel_profile import profile_or_error
 from bench.training import gc_active, pick_size, random_model, shape
 from danka.config import load_config
 from danka.models import tiny
+from danka.models.flops import FORMULA, Counts, mfu, mfu_6nt, phase_flops
 from danka.models.logprobs import chunked_logprobs_entropy
 from danka.types import RolloutBatch
 

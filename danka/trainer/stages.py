@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 from danka import distributed as dist
 from danka.agent.loop import AgentLoop
 from danka.config.schema import DankaConfig
-from danka.models import varlen
+from danka.models import flops, varlen
 from danka.rewards.combine import RewardComputer
 from danka.rollout.base import RolloutEngine, SamplingParams
 from danka.trainer import prepare as prep
@@ -27,7 +28,15 @@ from danka.trainer.forward import ForwardSettings, effective_token_ratio
 from danka.trainer.guards import DoesNotFit, OutOfMemory, Sizes, oom_guard
 from danka.trainer.metrics import step_metrics
 from danka.trainer.models import ModelSet
-from danka.trainer.records import OldAndRef, Prepared, Rollout, Scored, StepResult, UpdateStats
+from danka.trainer.records import (
+    OldAndRef,
+    OnPolicy,
+    Prepared,
+    Rollout,
+    Scored,
+    StepResult,
+    UpdateStats,
+)
 from danka.trainer.run import Algorithm, PromptSet
 from danka.trainer.sample import SampleContext, sample
 from danka.trainer.sampler import PromptSampler
@@ -186,14 +195,39 @@ class Stages:
     def metrics(self, result: StepResult) -> dict[str, float]:
         """Step 8's metrics dict (built once, here, from the typed result)."""
         batch = result.scored.batch
-        return step_metrics(
+        fwd = self.updating.forward
+        out = step_metrics(
             result,
             lr=self.opts.actor_sched.get_last_lr()[0],
             kl_coef=float(self.kl_ctl.value),
-            packing_ratio=effective_token_ratio(
-                batch, result.micro, self.updating.forward.pack_len, self.updating.forward.varlen
-            ),
+            packing_ratio=effective_token_ratio(batch, result.micro, fwd.pack_len, fwd.varlen),
         )
+        out.update(flops.perf_metrics(self.phase_flops(result), result.seconds, self._peak))
+        return out
+
+    @cached_property
+    def _counts(self) -> flops.Counts:
+        return flops.Counts.of(self.models.policy)
+
+    @cached_property
+    def _peak(self) -> float | None:
+        return flops.device_peak(next(self.models.policy.parameters()).device)
+
+    def phase_flops(self, result: StepResult) -> dict[str, float]:
+        """Model FLOPs of the step's phases on its real tokens (danka.models.flops): what
+        the ``perf/*`` metrics divide by the phases' seconds."""
+        batch, prepared = result.scored.batch, result.prepared
+        if prepared is None:
+            return {}
+        logp = prepared.old_and_ref
+        passes = int(not isinstance(logp.old, OnPolicy)) + int(logp.ref is not None)
+        return flops.phase_flops(
+            self._counts, prompt=float(batch.prompt_mask.sum()),
+            response=float(batch.response_mask.sum()), sequences=batch.size,
+            logprob_passes=passes, critic=self.models.value_head is not None,
+            full=not self.models.lora, epochs=self.updating.ppo_epochs,
+            generated=float(result.scored.rollout.generated_tokens),
+        )  # fmt: skip
 
 
 def forward_settings(

@@ -1,7 +1,9 @@
-"""Model FLOPs of a training step's phases, and MFU.
+"""Model FLOPs of a training step's phases, and MFU: what the step's ``perf/*`` metrics
+and ``python -m bench`` report, one formula for both.
 
 MFU = model FLOPs / seconds / 790e12 (the H200's measured dense bf16 matmul ceiling, not
-the data sheet's 989 TF). Model FLOPs count the matrix products the step needs, not what
+the data sheet's 989 TF; the H100 has the same tensor cores and clocks and is held to the
+same number; other devices get TFLOP/s without an MFU). Model FLOPs count the matrix products the step needs, not what
 the hardware ran: padding, a gradient-checkpointing recompute and attention's
 score/value products (about 4 x layers x T x hidden per token: under 5% at GSM8K's
 ~700-token sequences) are left out.
@@ -37,7 +39,7 @@ import torch
 
 PEAK_FLOPS = 790e12  # measured dense bf16 matmul ceiling of the H200 (not the 989 TF sheet)
 FORMULA = (
-    "bench/flops.py: forward F = 2 N T + 2 Vh R (+2 Nl T LoRA); log-probs passes x F; "
+    "danka/models/flops.py: forward F = 2 N T + 2 Vh R (+2 Nl T LoRA); log-probs passes x F; "
     "critic 2 N T; rollout 2 N (P + G) + 2 Vh (G + S); update full 3 F, LoRA 2 F + 2 Nl T "
     "(input grads only through the frozen base), x ppo_epochs; N = decoder params without "
     "embedding, Vh = hidden x vocab, T = real prompt + response tokens, R = response tokens; "
@@ -112,3 +114,28 @@ def mfu(flops: float, seconds: float | None) -> float | None:
 def mfu_6nt(c: Counts, tokens: float, seconds: float | None) -> float | None:
     """The convention: 6 x every parameter x tokens / seconds / 790e12."""
     return mfu(6 * c.total * tokens, seconds)
+
+
+def device_peak(device: torch.device) -> float | None:
+    """The bf16 matmul ceiling MFU is counted against on ``device``: PEAK_FLOPS on an
+    H100 or H200, None elsewhere (a CPU, another GPU: TFLOP/s only)."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(torch.device(device))
+    return PEAK_FLOPS if ("H100" in name or "H200" in name) else None
+
+
+def perf_metrics(
+    flops: dict[str, float], seconds: dict[str, float], peak: float | None
+) -> dict[str, float]:
+    """``perf/<phase>_tflops`` (model TFLOP/s) and ``perf/<phase>_mfu`` (a fraction of
+    ``peak``, when known) of the phases that ran."""
+    out: dict[str, float] = {}
+    for phase, f in flops.items():
+        s = seconds.get(phase, 0.0)
+        if f <= 0 or s <= 0:
+            continue
+        out[f"perf/{phase}_tflops"] = f / s / 1e12
+        if peak:
+            out[f"perf/{phase}_mfu"] = f / s / peak
+    return out

@@ -318,3 +318,25 @@ def test_minutes_due():
     now = time.perf_counter()
     assert not minutes_due(0.0, now - 3600)  # 0 = off
     assert minutes_due(0.5, now - 31) and not minutes_due(0.5, now - 29)
+
+
+def test_ppo_padding_free_trains_as_the_padded_run_and_reports_model_flops(
+    tmp_path, tiny_model_dir
+):
+    """speed.packed_update: true on the CPU (per-sequence attention): a PPO run with a
+    critic, token-budget micro-batches and LoRA, whose losses follow the padded run's; the
+    step metrics carry each phase's model TFLOP/s (no MFU off an H100/H200)."""
+    ppo = {"algorithm": "ppo", "samples_per_prompt": 1, "micro_batch_size": 1, "batch_size": 2,
+           "total_steps": 2}  # fmt: skip
+    losses = {}
+    for on in (False, True):
+        side = tmp_path / str(on)
+        side.mkdir()
+        run(side, tiny_model_dir, trainer=ppo, speed={"packed_update": on})
+        lines = [json.loads(x) for x in (side / "out" / "metrics.jsonl").read_text().splitlines()]
+        losses[on] = [(x["loss"], x["critic/vf_loss"]) for x in lines]
+        assert all(x["perf/update_tflops"] > 0 and x["perf/values_tflops"] > 0 for x in lines)
+        assert not any(k.endswith("_mfu") for k in lines[0])
+    assert lines[0]["packing/effective_token_ratio"] == 1.0
+    for got, want in zip(losses[True], losses[False]):
+        assert got == pytest.approx(want, rel=1e-3, abs=1e-5)

@@ -296,9 +296,11 @@ def train_batch(batch: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:
     )  # fmt: skip
 
 
-def update_step(run: BenchRun, batch: TrainBatch, *, fused_head: bool = True) -> None:
+def update_step(
+    run: BenchRun, batch: TrainBatch, *, fused_head: bool = True, chunk: int | None = None
+) -> None:
     """The update phase alone (log-probs, loss, backward, optimiser) on a ready batch."""
-    s = stages_of(run, fused_head=fused_head)
+    s = stages_of(run, fused_head=fused_head, chunk=chunk)
     update(
         s.models, s.algo, s.opts, batch, s.updating, micro_size=run.state.micro,
         kl_coef=float(s.kl_ctl.value), generator=s.generator,

@@ -230,7 +230,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--update-variants",
         default="mb16,mb8,mb16+gc,mb8+gc",
         help="update_05b: mb<micro-batch>[+gc][+compile][+eager_head][+lora][+varlen], "
-        "comma-separated (+varlen: speed.packed_update, padding-free, LoRA in bf16) "
+        "comma-separated (+varlen: speed.packed_update, padding-free, LoRA in bf16; +chunkN: "
+        "the log-prob head's chunk) "
         "(+compile: speed.compile, stays on for the variants after it; +eager_head: the "
         "log-prob head's per-chunk work eager instead of compiled)",
     )

@@ -196,8 +196,10 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
                 ds.compile_body(base, dev)
                 compiled = True
 
-            def step(run=run, batch=batch, fused=fused):
-                ds.update_step(run, batch, fused_head=fused)
+            chunk = next((int(x[5:]) for x in variant.split("+") if x.startswith("chunk")), None)
+
+            def step(run=run, batch=batch, fused=fused, chunk=chunk):
+                ds.update_step(run, batch, fused_head=fused, chunk=chunk)
 
             warmup_s = timed(step, dev)  # warm-up (allocator, cuBLAS, AdamW state, compile)
             reset_peak(dev)
@@ -206,6 +208,7 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
             out["variants"][variant] = {
                 "micro_batch": micro, "gc_active": gc_active(base), "compiled": compiled,
                 "fused_head": fused, "lora": lora, "varlen": "+varlen" in variant,
+                "chunk": chunk,
                 "warmup_step_s": warmup_s, "step_s": s,
                 "tok_s": tokens / s, "mfu": mfu_6nt(counts, tokens, s),
                 "model_tflop": flops / 1e12, "mfu_model": mfu(flops, s),

@@ -70,13 +70,21 @@ def pack_flat(mb) -> Flat:
     )
 
 
-def _kernel():
-    """torch's varlen attention and the keyword its version takes for causal masking."""
+def _find_kernel():
+    """torch's varlen attention and its keywords (the causal one changed name between
+    torch versions: ``is_causal``, later ``window_size``)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
-        return None, set()
-    return varlen_attn, set(inspect.signature(varlen_attn).parameters)
+        return None, frozenset()
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+_KERNEL = _find_kernel()  # read once: the attention below runs inside torch.compile too
+
+
+def _kernel():
+    return _KERNEL
 
 
 def available(device: torch.device) -> bool:

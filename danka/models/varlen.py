@@ -153,10 +153,16 @@ def _attention(config):
 
 
 def supports(decoder: torch.nn.Module) -> bool:
-    """Decoders whose attention goes through transformers' interface with full causal
-    attention (Llama, Qwen2, Mistral without a sliding window...)."""
+    """Decoders whose attention goes through transformers' interface as plain full causal
+    attention (Llama, Qwen2, Qwen3, Mistral without a sliding window...): not a sliding
+    window, not soft-capped attention logits (Gemma 2), which the varlen kernel would drop."""
     config = getattr(decoder, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return False
+    if getattr(config, "attn_logit_softcapping", None):
+        return False
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    if any(t != "full_attention" for t in layer_types):
         return False
     return not (getattr(config, "use_sliding_window", False) and config.sliding_window)
 

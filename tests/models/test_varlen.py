@@ -110,3 +110,14 @@ def test_token_budget_micro_batches():
     assert [g.tolist() for g in micro_batch_indices(lengths, 1, fwd)][0] == [1]
     # padded micro-batches: by sequences, longest first
     assert [g.tolist() for g in micro_batch_indices(lengths, 4)] == [[1, 3, 0, 4], [2, 5]]
+
+
+def test_only_plain_causal_attention_runs_padding_free():
+    model = tiny_causal_lm(arch="qwen2")
+    decoder = model.get_decoder()
+    assert varlen.supports(decoder)
+    decoder.config.attn_logit_softcapping = 50.0  # Gemma 2: the kernel would drop the cap
+    assert not varlen.supports(decoder)
+    decoder.config.attn_logit_softcapping = None
+    decoder.config.layer_types = ["sliding_attention"] * decoder.config.num_hidden_layers
+    assert not varlen.supports(decoder)

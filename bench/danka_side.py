@@ -176,7 +176,8 @@ def train_step(run: BenchRun, step: int) -> StepResult:
 
 def packing_ratio(run: BenchRun, batch: RolloutBatch) -> float:
     """``packing/effective_token_ratio`` of ``batch`` as the run's update packs it."""
-    return effective_token_ratio(batch, run.state.micro, packed_length(run))
+    varlen = run.built.stages.updating.forward.varlen
+    return effective_token_ratio(batch, run.state.micro, packed_length(run), varlen)
 
 
 # the stage calls of one step and the phase the loop's clock charges each to

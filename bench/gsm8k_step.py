@@ -174,8 +174,7 @@ def step_record(result, counts: Counts, run, cfg) -> dict:
         "seconds": dict(result.seconds), "peaks_gib": dict(result.peaks_gib),
         "sequences": b.size, "prompt_tokens": prompt, "response_tokens": response,
         "logprob_passes": passes, "flops": flops,
-        "padding_efficiency": ds.effective_token_ratio(b, ds.micro_batch(run),
-                                                       ds.packed_length(run)),
+        "padding_efficiency": ds.packing_ratio(run, b),
         "reward_mean": stats.mean, "response_length_mean": stats.response_length,
         "truncated": stats.truncated,
     }  # fmt: skip
@@ -276,6 +275,11 @@ def one_algo(args, dev, log, algo: str, model: str, data: str, tmp: Path, out: d
         }  # fmt: skip
         res, scored = measure_steps(args, dev, run, cfg)
         out.update(res)
+        phases = res["phases"]  # the headline: the step, its update's MFU, its peak
+        out.update(median_step_s=phases.get("step", {}).get("s"),
+                   update_mfu=phases.get("update", {}).get("mfu"),
+                   peak_gib=(res["phase_peak_gib"] or {}).get("step"),
+                   packed_update=ds.stages_of(run).updating.forward.varlen)  # fmt: skip
         out["micro_batch_after"] = ds.micro_batch(run)
         out["plan"] = read_estimate(plan_proc)
         if "error" not in out["plan"] and out.get("phase_peak_gib"):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import flops, plan_check, rollout, step_variants, train, vs_trl
+from bench import plan_check, rollout, step_variants, train, vs_trl
+from danka.models import flops
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -55,10 +55,10 @@ def pack_flat(mb) -> Flat:
     starts = torch.cumsum(lengths, 0) - lengths  # each sequence's first flat position
     valid = mb.response_mask.bool()
     p_len = mb.prompt_mask.sum(1).long()
-    cols = torch.arange(valid.shape[1]).expand_as(valid)
+    cols = torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
     # response token j of row i sits at flat starts_i + p_i + j, predicted one position earlier
     predict = (starts + p_len - 1)[:, None] + cols
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=lengths.device)
     cu[1:] = torch.cumsum(lengths, 0)
     return Flat(
         input_ids=ids[mask][None],

@@ -109,7 +109,7 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, **
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
     groups = q.shape[1] // k.shape[1]
     fn, params = _kernel()
-    if q.is_cuda and fn is not None:
+    if q.is_cuda and fn is not None and q.dtype in (torch.float16, torch.bfloat16):
         extra = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
         if "enable_gqa" in params and groups > 1:
             extra["enable_gqa"] = True
@@ -155,10 +155,14 @@ def _attention(config):
 def supports(decoder: torch.nn.Module) -> bool:
     """Decoders whose attention goes through transformers' interface as plain full causal
     attention (Llama, Qwen2, Qwen3, Mistral without a sliding window...): not a sliding
-    window, not soft-capped attention logits (Gemma 2), which the varlen kernel would drop."""
+    window, not soft-capped attention logits (Gemma 2), which the varlen kernel would drop;
+    on CUDA in 16 bits (the kernel's dtypes: an fp32 model keeps the padded forward)."""
     config = getattr(decoder, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
         return False
+    weight = next(decoder.parameters())
+    if weight.is_cuda and weight.dtype not in (torch.float16, torch.bfloat16):
+        return False  # FlashAttention's varlen kernel takes 16-bit inputs only
     if getattr(config, "attn_logit_softcapping", None):
         return False
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]

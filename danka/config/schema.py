@@ -192,8 +192,8 @@ class SpeedConfig:
         "auto",
         "tokens per chunk of the memory-lean log-prob head (a chunk's fp32 logits are "
         "chunk x vocabulary x 4 bytes); auto = on a GPU the largest of 1024, 512, 256, 128 "
-        "whose logits take <= 64 MiB (256 for a 49k vocabulary, 128 for 152k) that the memory "
-        "plan fits, 1024 on a CPU; the log-probs do not depend on it",
+        "whose logits take <= 640 MiB (1024 for a 152k vocabulary) that the memory plan fits, "
+        "1024 on a CPU; the log-probs do not depend on it",
     )
     fused_logprob_head: bool = _f(
         True,

@@ -482,7 +482,9 @@ def judged(plan: MemoryPlan, inp: PlanInput, shape: ModelShape, budget: int) -> 
 
 
 CHUNKS = (1024, 512, 256, 128)  # log-prob chunks auto tries, largest first
-CHUNK_TARGET_BYTES = 64 * 2**20  # auto's chunks keep at most this much fp32 logits
+CHUNK_TARGET_BYTES = 640 * 2**20  # auto's chunks: at most this much fp32 logits (1024 rows of a
+# 152k vocabulary: 11% faster than 128 rows in the padding-free LoRA update at the GSM8K step's
+# shape, +1.5 GiB; H100, bench/results/update_shape_05b.json)
 
 
 def chunk_candidates(vocab: int | None) -> list[int]:

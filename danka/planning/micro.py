@@ -9,8 +9,8 @@ context and fragmentation reserve) inside the budget wins, in this order: the la
 generation batch (whole groups of ``samples_per_prompt``, halving from all at once: the
 rollout is most of a step), then the largest micro-batch that divides a mini-batch, then
 the largest log-prob chunk among 1024, 512, 256, 128 whose fp32 logits take at most
-``CHUNK_TARGET_BYTES`` (the head's transient sized to the work, not to the card: 256 rows for
-a 49k vocabulary, 128 for 152k). A size the user wrote stays as written. The
+``CHUNK_TARGET_BYTES`` (the head's transient sized to the work, not to the card: 1024 rows
+for a 152k vocabulary, 512 for 256k). A size the user wrote stays as written. The
 budget is the GPU's free memory at start-up, or the size a user names
 (``speed.gpu_memory``, to plan for a smaller card than the one at hand). On a CPU there
 is no device memory to plan: ``auto`` takes the schema's former defaults (micro-batch 8,

@@ -204,25 +204,27 @@ def test_auto_sizes_on_a_cpu_are_the_defaults(tmp_path):
 
 
 def test_auto_chunks_are_sized_to_the_vocabulary():
-    """auto tries the chunks whose fp32 logits take <= 64 MiB: 49,152 (SmolLM2) -> 256
-    (256 x 49152 x 4 B = 48 MiB; 512 rows would be 96 MiB) then 128; 151,936 (Qwen2.5)
-    -> even 128 rows take 74 MiB: the smallest, 128; 16,384 -> all four (1024 rows =
-    64 MiB exactly)."""
+    """auto tries the chunks whose fp32 logits take <= 640 MiB: 151,936 (Qwen2.5) -> all
+    four (1024 x 151936 x 4 B = 594 MiB); 256,000 (Gemma) -> 512 first (1024 rows would be
+    1000 MiB, 512 rows 500 MiB); 2,000,000 -> even 128 rows take 977 MiB: the smallest."""
     from danka.planning.memory import chunk_candidates
 
-    assert chunk_candidates(49152) == [256, 128]
-    assert chunk_candidates(151936) == [128]
-    assert chunk_candidates(16384) == [1024, 512, 256, 128]
+    assert chunk_candidates(151936) == [1024, 512, 256, 128]
+    assert chunk_candidates(256000) == [512, 256, 128]
+    assert chunk_candidates(2_000_000) == [128]
 
 
 def test_the_default_chunk_is_auto_and_a_gpu_plan_sizes_it_to_the_head(tmp_path):
     """The schema's default speed.logprob_chunk_size is auto: with room to spare a Qwen2-7B
-    (152k vocabulary) plan takes 128 rows, not the 1024 the card would hold; a CPU run
-    keeps 1024."""
+    (152k vocabulary) plan takes 1024 rows (594 MiB of fp32 logits); a tight one shrinks the
+    chunk before the micro-batch; a CPU run keeps 1024."""
     cfg = _config(tmp_path, micro_batch_size=4).with_(logprob_chunk_size="auto")
     from danka.config.schema import SpeedConfig
 
     assert SpeedConfig().logprob_chunk_size == "auto"
     plan = _plan(cfg, 10_000 * GIB)
-    assert plan.logprob_chunk == 128 and plan.micro == 4
+    assert plan.logprob_chunk == 1024 and plan.micro == 4
+    roomy = plan.peak + 1 * GIB + 1  # + OVERHEAD_BYTES: fits exactly at chunk 1024
+    tight = _plan(cfg, roomy - 400 * 2**20)  # 400 MiB less: the head's chunk gives way
+    assert tight.micro == 4 and tight.logprob_chunk < 1024
     assert dict(_plan(cfg, None).planned) == {"speed.logprob_chunk_size": 1024}

@@ -308,13 +308,3 @@ def test_evaluations_between_first_and_last_use_the_subset(tmp_path, tiny_model_
     assert [x["prompt"] for x in evals[1]["samples"]] == [
         x["prompt"] for x in evals[0]["samples"][:2]
     ]
-
-
-def test_minutes_due():
-    import time
-
-    from danka.trainer.fit import minutes_due
-
-    now = time.perf_counter()
-    assert not minutes_due(0.0, now - 3600)  # 0 = off
-    assert minutes_due(0.5, now - 31) and not minutes_due(0.5, now - 29)

@@ -1,5 +1,7 @@
 """Crash-safe file writes: a temp file in the same folder, fsync, then an atomic rename,
-so a reader (or a resumed run) sees the old file or the new one, never half of one."""
+so a reader (or a resumed run) sees the old file or the new one, never half of one. Every
+file danka writes gets one mode, :func:`new_file_mode` (what ``open()`` gives a new file:
+0644 under the usual umask 022), the atomic ones included."""
 
 from __future__ import annotations
 
@@ -25,17 +27,48 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def new_file_mode() -> int:
+    """The mode a new file gets from this process's umask (0644 under 022, 0640 under
+    027). ``mkstemp``, which the atomic writes use, makes 0600 files, which others
+    sharing a run folder (a job uploading the adapter, a colleague) could not read. The
+    umask is read from /proc where it is shown: setting it to read it back would leave a
+    window in which another thread's new file gets mode 0666."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def apply_file_mode(root: Path) -> None:
+    """Give ``root`` (a file) or every file under it (a folder) :func:`new_file_mode`:
+    for what other libraries wrote their own way (safetensors makes 0600 files)."""
+    mode = new_file_mode()
+    for path in [root] if root.is_file() else root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path, *, sync_dir: bool = False) -> Iterator[Path]:
-    """Yields a temp path next to ``path``; write it inside the block. On success it is
-    fsynced and renamed onto ``path`` (and the folder fsynced with ``sync_dir``); on an
-    error it is removed and ``path`` is untouched."""
+    """Yields a temp path next to ``path`` (mode :func:`new_file_mode`); write it inside
+    the block. On success it is fsynced and renamed onto ``path`` (and the folder fsynced
+    with ``sync_dir``); on an error it is removed and ``path`` is untouched."""
     path = Path(path)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    try:
+        os.fchmod(fd, new_file_mode())  # mkstemp's 0600 is no mode danka's files have
+    finally:
+        os.close(fd)
     tmp = Path(name)
     try:
         yield tmp
+        os.chmod(tmp, new_file_mode())  # also where the writer replaced the temp file
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -140,6 +140,13 @@ BAD_STARTS = {
     "reward_function_with_a_wrong_signature": Bad(
         ("reward.py:reward", "signature", "fn(prompts, completions, **kwargs)"),
         files={"reward.py": "def reward(x):\n    return 1.0\n"}, before_model=False),
+    "reward_label_that_is_a_metric_of_danka": Bad(
+        ("reward.functions[0].label", "one of danka's own reward metrics", "zero_adv_groups"),
+        {"reward": {"functions": [{"name": "reward.py:reward", "label": "error_rate"}]}}),
+    "reward_weights_that_overflow": Bad(
+        ("reward.functions[1].weight", "weights add up to more than", "3.4e+38"),
+        {"reward": {"functions": [{"name": "reward.py:reward", "weight": 2.0e+38},
+                                  {"name": "reward.py:reward", "weight": 2.0e+38}]}}),
     "reward_file_that_fails_to_import": Bad(
         ("reward.py", "importing the reward file failed", "no_such_module_xyz"),
         files={"reward.py": "import no_such_module_xyz\n" + REWARD}, before_model=False),

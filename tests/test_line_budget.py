@@ -15,7 +15,7 @@ BUDGET = {
     "agent": 2150,
     "algorithms": 1000,
     "checkpoint": 1050,
-    "config": 2050,  # + speed.packed_update (i46)
+    "config": 2060,  # + speed.packed_update (i46), the reward weights' float32 range (i48)
     "data": 1950,  # + chat-row checks (i37), data.examples (few-shot turns)
     "diagnose": 1450,  # + numeric columns and sampled checks for 250k-step runs (i37)
     "distributed": 800,
@@ -23,11 +23,12 @@ BUDGET = {
     "models": 2300,  # + GGUF cleanup on signals (i37), dims; varlen (padding-free forwards) and
     # flops (model FLOPs, moved from bench for the step's perf metrics) (i46)
     "planning": 1150,  # + the vLLM share (i38), the data's prompt length
-    "rewards": 1500,
+    "rewards": 1550,  # + danka's own reward names (labels checked), weights' range (i48)
     "rm": 450,
     "rollout": 3800,  # + the vLLM engine: calls, sync, memory (i38); its sleep mode and LoRA base names
     "tools": 3200,  # + report verdict, export safety, eval partial results, adapter checks
-    "trainer": 4200,  # + token-budget micro-batches, padding-free forwards, perf metrics (i46)
+    "trainer": 4250,  # + token-budget micro-batches, padding-free forwards, perf metrics (i46);
+    # clocks: the run's cadences, one owner agreed by all ranks (i48)
     "usercode": 850,  # + the kill -9 guardian of reward and tool workers (i37)
 }
 

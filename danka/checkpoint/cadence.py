@@ -1,9 +1,10 @@
-"""When to save: ``checkpoint.save_steps`` / ``checkpoint.save_minutes`` (pure, the loop calls it).
+"""When to save by steps: ``checkpoint.save_steps`` (pure).
 
 Default (``save_steps: null``): every 10% of the run, so a crash at step 190 of 200 loses
 at most 20 steps; ``save_steps: K`` every K steps; ``save_steps: 0`` only at the end.
-``save_minutes: M`` also saves when M minutes have passed since the last save (long steps
-on a slow card). The last step always saves.
+The last step always saves. ``checkpoint.save_minutes`` (also save when M minutes have
+passed since the last save) is a clock, which every rank must read alike: the run's
+clocks own it (danka/trainer/clocks.py).
 """
 
 from __future__ import annotations
@@ -21,17 +22,9 @@ def save_interval(total_steps: int, save_steps: int | None) -> int:
     return save_steps
 
 
-def save_due(
-    step: int,
-    total_steps: int,
-    save_steps: int | None = None,
-    save_minutes: float | None = None,
-    minutes_since_save: float = 0.0,
-) -> bool:
-    """True if the loop should write a checkpoint after ``step`` (1-based)."""
+def save_due(step: int, total_steps: int, save_steps: int | None = None) -> bool:
+    """True if ``step`` (1-based) is a step the run saves after, by the step count."""
     if step >= total_steps:
         return True
     every = save_interval(total_steps, save_steps)
-    if every and step % every == 0:
-        return True
-    return save_minutes is not None and minutes_since_save >= save_minutes
+    return bool(every) and step % every == 0

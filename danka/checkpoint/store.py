@@ -37,7 +37,7 @@ import torch
 
 from danka import __version__
 from danka.errors import DiskFull, UserError
-from danka.io import fsync_dir, write_text_atomic
+from danka.io import apply_file_mode, fsync_dir, write_text_atomic
 from danka.lifecycle import pid_alive
 from danka.safe_read import read_json
 
@@ -75,21 +75,6 @@ def _disk_full_error(err: BaseException, output_dir: Path) -> bool:
         return shutil.disk_usage(output_dir).free < _FULL_BELOW
     except OSError:
         return False
-
-
-def _file_mode() -> int:
-    """The mode a new file gets from the umask (0644 under the usual 022): mkstemp, used
-    for the atomic writes, makes 0600 files, which other users of a shared run folder (a
-    job that uploads the adapter, a colleague) could not read."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _chmod_tree(root: Path, mode: int) -> None:
-    for path in root.rglob("*"):
-        if path.is_file():
-            os.chmod(path, mode)
 
 
 @dataclass
@@ -202,7 +187,7 @@ def save_checkpoint(
             tmp.mkdir()
             tmp_dirs[part] = tmp
             writer(tmp)
-            _chmod_tree(tmp, _file_mode())
+            apply_file_mode(tmp)  # the writers' own modes (safetensors: 0600) -> danka's
             _fsync_tree(tmp)
         parts = {
             part: {"dir": f"{part}/{name}", "files": _hash_tree(tmp)}
@@ -293,7 +278,6 @@ def _write_manifest(state_dir: Path, step: int, config_hash: str, parts: dict) -
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_text_atomic(state_dir / MANIFEST_NAME, json.dumps(manifest, indent=2), sync_dir=True)
-    os.chmod(state_dir / MANIFEST_NAME, _file_mode())
 
 
 def _safe_name(part: str) -> bool:

@@ -243,11 +243,13 @@ def check_lora(cfg: DankaConfig, at) -> None:
 
 
 def check_reward(cfg: DankaConfig, at) -> None:
-    from danka.rewards.specs import check_reward_specs  # torch-free; runs no user code
+    from danka.rewards.specs import check_reward_specs, check_reward_weights  # torch-free
 
     if not cfg.reward.timeout_s > 0:
         at.fail("reward.timeout_s", "must be > 0", "e.g. 30")
     check_reward_specs(cfg.reward.functions)
+    rm = cfg.reward.model_weight if cfg.model.reward_model_name_or_path else None
+    check_reward_weights(cfg.reward.functions, rm)
     ob, new = cfg.reward.overlong_buffer, cfg.trainer.max_new_tokens
     if not 0 <= ob.length < new:
         at.fail(

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from danka.rewards.names import RESERVED, unique_name
+
 # name -> (dotted paths, newest layout first; the schema default).
 # The default is used when no path is present, and by checks that only flag a value the
 # user chose (a value equal to the schema default is not a choice).
@@ -126,19 +128,16 @@ def _short_name(name: str) -> str:
 
 def reward_terms(config: dict) -> list[RewardTerm]:
     """The terms of the reward sum in config order, named as ``reward/<key>`` metrics:
-    the functions (by label, else name; repeated names get ``_2``, ``_3``: danka.rewards.combine._unique), the
+    the functions (by label, else name; repeated or reserved names get ``_2``, ``_3``: danka.rewards.names), the
     reward model, and the DAPO overlong penalty (weight 1) when it is on."""
-    taken = {"reward_model"}
+    taken = set(RESERVED)
     terms: list[RewardTerm] = []
     for k, fn in enumerate(setting(config, "reward_functions") or []):
         if isinstance(fn, dict):  # a label is the logged name (reward.functions[].label)
             name = fn.get("label") or _short_name(fn.get("name", ""))
         else:
             name = _short_name(fn)
-        unique, n = name, 2
-        while unique in taken:
-            unique, n = f"{name}_{n}", n + 1
-        taken.add(unique)
+        unique = unique_name(name, taken)
         weight = float(fn.get("weight", 1.0)) if isinstance(fn, dict) else 1.0
         terms.append(RewardTerm(unique, weight, primary=k == 0))
     if setting(config, "reward_model"):

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from danka.errors import UserError
+from danka.io import apply_file_mode
 
 
 def resolve_source(name: str) -> str:
@@ -119,4 +120,5 @@ def save_score_model(
     # saved with the tokenizer, so a loaded reward model also keeps a long text's end
     tokenizer.init_kwargs["truncation_side"] = tokenizer.truncation_side
     tokenizer.save_pretrained(output)
+    apply_file_mode(output)  # danka's one file mode (safetensors makes 0600 files)
     return model

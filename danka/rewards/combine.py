@@ -35,6 +35,7 @@ from danka.errors import UserError
 from danka.rewards.builtin import REWARDS, default_reward_for
 from danka.rewards.custom import CustomReward, is_custom_spec, load_reward_function
 from danka.rewards.guard import GuardedReward, RewardFunctionError
+from danka.rewards.names import RESERVED, REWARD_MODEL, unique_name
 from danka.rewards.specs import check_reward_spec
 from danka.types import PromptRow
 
@@ -117,7 +118,7 @@ class RewardComputer:
     @property
     def names(self) -> list[str]:
         """Keys of ``RewardOutput.per_function``, in order."""
-        return [n for n, _, _ in self.terms] + (["reward_model"] if self.reward_model else [])
+        return [n for n, _, _ in self.terms] + ([REWARD_MODEL] if self.reward_model else [])
 
     def __call__(
         self,
@@ -162,8 +163,13 @@ class RewardComputer:
             if rm.numel() != b:
                 raise ValueError(f"reward model returned {rm.numel()} scores for {b} completions")
             scores += self.reward_model_weight * rm
-            per_function["reward_model"] = rm.to(device=device, dtype=dtype)
+            per_function[REWARD_MODEL] = rm.to(device=device, dtype=dtype)
             any_applies[:] = True
+        final = scores.to(dtype=dtype)
+        if not torch.isfinite(final).all():  # weights x scores past the dtype's range
+            raise self._not_finite(
+                int((~torch.isfinite(final)).nonzero()[0]), rows, per_function, dtype
+            )
         none_apply = ~any_applies
         if self.terms and none_apply.any():
             first = int(none_apply.nonzero()[0])
@@ -173,13 +179,36 @@ class RewardComputer:
                 "reward is 0; make sure at least one function returns a number for each sample"
             )
         return RewardOutput(
-            scores=scores.to(device=device, dtype=dtype),
+            scores=final.to(device),
             per_function=per_function,
             valid=valid.to(device),
             num_errors=errors,
             num_calls=b * len(self.terms),
             applicable=applicable,
             num_not_applicable=int(none_apply.sum()) if self.terms else 0,
+        )
+
+    def _not_finite(self, i: int, rows, per_function: dict, dtype: torch.dtype) -> UserError:
+        """Completion ``i``'s combined score is no finite ``dtype`` number: the error names
+        each term's weight x score and the weight whose term took the sum past the range."""
+        weights = [
+            (n, w, f"reward.functions[{k}].weight") for k, (n, w, _) in enumerate(self.terms)
+        ]
+        if REWARD_MODEL in per_function:
+            weights.append((REWARD_MODEL, self.reward_model_weight, "reward.model_weight"))
+        running, where, shown = 0.0, None, []
+        for name, weight, key in weights:
+            value = float(per_function[name][i])
+            shown.append(f"{name}: {weight:g} x {value:g}")
+            running += weight * value
+            if where is None and not torch.isfinite(torch.tensor(running, dtype=dtype)):
+                where = key  # the first term past the range
+        return UserError(
+            f"the combined reward of completion {i} (data row {rows[i].index}) is not a finite "
+            f"{str(dtype).removeprefix('torch.')} number: {'; '.join(shown)}",
+            where=where,
+            fix="lower the weights, or make the reward functions return smaller numbers "
+            "(rewards are usually between -1 and 1); resume with --resume auto",
         )
 
     def check(self, rows: Sequence[PromptRow], n: int = 2) -> None:
@@ -237,14 +266,6 @@ def reward_specs(cfg: DankaConfig, rows: list[PromptRow]) -> list[RewardSpec]:
     return [RewardSpec(name=default)]
 
 
-def _unique(name: str, taken: set[str]) -> str:
-    key, k = name, 2
-    while key in taken:
-        key, k = f"{name}_{k}", k + 1
-    taken.add(key)
-    return key
-
-
 def build_reward_computer(
     specs: list[RewardSpec],
     *,
@@ -268,7 +289,7 @@ def build_reward_computer(
             fix="add e.g. `rewards: [{name: gsm8k}]`, or a reward model",
         )
     terms: list[tuple[str, float, GuardedReward]] = []
-    taken: set[str] = {"reward_model"}
+    taken = set(RESERVED)  # a function named like one of danka's metrics gets _2
     for k, spec in enumerate(specs):
         where = f"reward.functions[{k}]"
         check_reward_spec(spec.name, spec.kwargs, where)
@@ -285,7 +306,7 @@ def build_reward_computer(
                 f"reward weight {spec.weight!r} is not a number", where=f"{where}.weight"
             ) from None
         guarded = GuardedReward(short, fn, spec.kwargs, timeout_s=timeout_s, on_error=on_error)
-        terms.append((_unique(spec.label or short, taken), weight, guarded))
+        terms.append((unique_name(spec.label or short, taken), weight, guarded))
     return RewardComputer(
         terms,
         reward_model,

@@ -19,6 +19,7 @@ from typing import Any
 from danka.errors import UserError
 from danka.rewards.builtin import GSM8K_METHODS, REWARDS
 from danka.rewards.custom import is_custom_spec
+from danka.rewards.names import RESERVED
 
 # Values a builtin's option must take, checked here so that a typo in a value is exit 2
 # at start-up instead of an exception per sample (which on_error: zero would hide).
@@ -108,4 +109,38 @@ def check_reward_specs(specs: Sequence[Any], prefix: str = "reward.functions") -
                 fix="give each term its own name of letters, digits, '_', '-' or '.' "
                 "(e.g. strict, flexible), or leave label out",
             )
+        if label in RESERVED:
+            raise UserError(
+                f"reward label {label!r} is one of danka's own reward metrics: "
+                f"reward/{label} would overwrite it",
+                where=f"{prefix}[{i}].label",
+                fix=f"choose another name; danka logs reward/<name> for {', '.join(RESERVED)}",
+            )
         labels.add(label)
+
+
+# The largest float32 number: training reads the combined reward as float32, where a
+# larger sum is inf (and the advantages NaN)
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def check_reward_weights(
+    specs: Sequence[Any], model_weight: float | None = None, prefix: str = "reward.functions"
+) -> None:
+    """UserError (exit 2) naming the weight at which the sum of the weights' sizes passes
+    :data:`FLOAT32_MAX`: then a reward of 1 from every term is not a finite number
+    (``model_weight``: the reward model's, where one is set)."""
+    weights = [(f"{prefix}[{i}].weight", _field(s, "weight", 1.0)) for i, s in enumerate(specs)]
+    if model_weight is not None:
+        weights.append(("reward.model_weight", model_weight))
+    total = 0.0
+    for key, weight in weights:
+        total += abs(float(weight))
+        if not total <= FLOAT32_MAX:  # NaN too
+            shown = ", ".join(f"{w:g}" for _, w in weights)
+            raise UserError(
+                f"the reward weights add up to more than {FLOAT32_MAX:.1e}, the largest "
+                f"float32 number ({shown}): the combined reward would be inf",
+                where=key,
+                fix="use weights whose sizes add up to a finite number (e.g. 0.1 to 10)",
+            )

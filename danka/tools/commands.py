@@ -260,9 +260,7 @@ def _eval(args) -> int:
         tool_demo=args.tool_demo,
         temperature=args.temperature,
     )
-    print(format_result(result))
-    if args.output:
-        print(f"wrote {args.output}")
+    print(format_result(result))  # run_eval said where the result file went
     if result.get("stopped"):  # a partial result was kept; exit as the signal says
         return 128 + signal.Signals[result["stopped"]]
     return 0

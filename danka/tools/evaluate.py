@@ -297,7 +297,7 @@ def run_eval(
     ``tools`` (and the tool limits) set or replace the config's ``agent.tools``; a
     config with ``agent.tools`` or ``agent.environment`` is evaluated through them."""
     from danka.rewards.combine import build_reward_computer
-    from danka.tools.eval_result import result_writer
+    from danka.tools.eval_result import ResultFile
     from danka.tools.generate import load_for_inference
 
     if samples < 1:
@@ -334,7 +334,7 @@ def run_eval(
         **({"temperature": temperature} if temperature is not None else {}),
         **({"tools": list(agent.tools)} if agent is not None else {}),
     }
-    write = result_writer(output, header)  # a bad --output fails before the model loads
+    write = ResultFile(output, header, log)  # a bad --output fails before the model loads
     rewards = build_reward_computer(
         src["specs"], base_dir=src["base_dir"], timeout_s=src["timeout_s"], on_error="fail"
     )
@@ -366,7 +366,10 @@ def run_eval(
         )
     finally:
         rewards.close()
-    return write(result)
+    written = write(result)
+    if write.last is not None:
+        log(f"wrote {write.last}")
+    return written
 
 
 def _scored_checkpoint(model: str | None, adapter: str, log: Any) -> tuple[str | None, str | None]:

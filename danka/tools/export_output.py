@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from danka.errors import UserError, output_dir_error
+from danka.io import apply_file_mode
 
 _FIX = "choose a new --output folder, e.g. ./exported/my_model"
 
@@ -77,6 +78,7 @@ def staged_folder(output: Path) -> Iterator[Path]:
         raise output_dir_error(output, err, "--output") from None
     try:
         yield tmp
+        apply_file_mode(tmp)  # danka's one file mode (safetensors makes 0600 files)
         old = None
         if output.exists():
             old = output.with_name(f".old-export-{output.name}-{os.getpid()}")

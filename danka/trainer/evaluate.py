@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from danka.data.template import encode_prompts
 from danka.diagnose.floors import guess_floors
 from danka.diagnose.probe import PROBE_PROMPTS, mean_kl, probe_stats
+from danka.io import atomic_path
 from danka.rewards.combine import RewardComputer
 from danka.rewards.scoring import CORRECT_AT, judge
 from danka.rollout.base import SamplingParams
@@ -66,7 +67,8 @@ class ProbeReference:
     def save(self, path: Path) -> None:
         tensors = {f.name: getattr(self.batch, f.name) for f in dataclasses.fields(self.batch)}
         tensors = {k: v.contiguous() for k, v in tensors.items() if isinstance(v, torch.Tensor)}
-        save_file({**tensors, "logprobs": self.logprobs.contiguous()}, str(path))
+        with atomic_path(path) as tmp:  # danka's one file mode (safetensors makes 0600)
+            save_file({**tensors, "logprobs": self.logprobs.contiguous()}, str(tmp))
 
     @classmethod
     def load(cls, path: Path) -> ProbeReference:

@@ -10,6 +10,8 @@ run's one changing record, ``RunState`` (step, last step, micro-batch, bad steps
 danka/trainer/state.py), passes it to each step and takes the next one from
 ``state.after(result)``; it builds the metrics dict only to write it
 (danka/trainer/metrics.py). It measures its own phases: ``time/<phase>`` in every line.
+When to evaluate, save and stop it asks one owner, ``RunClocks`` (danka/trainer/clocks.py),
+whose answer is the same on every rank.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import torch
 from danka import callbacks
 from danka import distributed as dist
 from danka.checkpoint import config_hash
-from danka.checkpoint.cadence import save_due
 from danka.config import config_to_dict
 from danka.config.schema import DankaConfig
 from danka.config.secrets import mask_secrets
@@ -33,6 +34,7 @@ from danka.logging.progress import TrainProgress
 from danka.logging.runlog import close_run_logger, run_logger_open
 from danka.trainer.build import Built, build
 from danka.trainer.checkpointing import check_compatible
+from danka.trainer.clocks import RunClocks
 from danka.trainer.dynamic_sampling import concat_scored, mean_stats
 from danka.trainer.outputs import Outputs, is_main_process, run_logger
 from danka.trainer.preflight import preflight
@@ -85,9 +87,8 @@ def _fit(built: Built, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: 
     state = RunState(step=start, total=built.total_steps, micro=micro)
     if start == 0 and not history["eval"]:
         evaluate(built, outputs, state, full=True)
-    t_train, h = time.perf_counter(), config_hash(resolved)
-    t_eval = t_train
-    stop, t_saved, stopping = current_stop(), time.perf_counter(), False
+    h, stop, stopping = config_hash(resolved), current_stop(), False
+    clocks = RunClocks.start(cfg, log)  # when to evaluate, save, stop: agreed by all ranks
     stop_requested(stop)  # from here a signal waits for the end of the step (then saves)
     save = lambda st: callbacks.on_checkpoint(  # noqa: E731
         st.step, built.checkpointer.save(st.step, outputs.history, resolved, h)
@@ -101,23 +102,21 @@ def _fit(built: Built, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: 
             callbacks.on_step(step, m)
             bar.update(step, m)
             # after each step: stop? (bad steps, time limit, signal) then evaluate and save
-            state = state.after(result, max_bad_steps=cfg.trainer.max_bad_steps,
-                                out_of_time=out_of_time(cfg, log, state, t_train))  # fmt: skip
+            due = clocks.after_step(step, state.total)
+            state = state.after(
+                result, max_bad_steps=cfg.trainer.max_bad_steps, out_of_time=due.out_of_time
+            )
             stopping = stop_requested(stop)
             last = state.done  # also when max_train_minutes cut the run
-            due = every(cfg.eval.every_steps, step) or minutes_due(cfg.eval.every_minutes, t_eval)
-            if not stopping and (last or due):  # 10. evaluate (the checkpoint keeps it)
+            if not stopping and (last or due.evaluate):  # 10. evaluate (the checkpoint keeps it)
                 record = evaluate(built, outputs, state, full=last)
-                t_eval = time.perf_counter()
+                clocks.evaluated()
                 if record is not None and not last:  # the last one is in the closing line
                     bar.update(step, {"eval/accuracy": record["eval/accuracy"]})
-            minutes = (time.perf_counter() - t_saved) / 60
-            saved = stopping or save_due(  # 9. checkpoint
-                step, state.total, cfg.checkpoint.save_steps, cfg.checkpoint.save_minutes, minutes
-            )
+            saved = stopping or due.save  # 9. checkpoint
             if saved:
                 save(state)
-                t_saved = time.perf_counter()
+                clocks.saved()
             if not stopping and stop_requested(stop):  # came during the evaluation or the save
                 stopping = True  # stop now, not after one more step
                 if not saved:
@@ -144,18 +143,6 @@ def evaluate(built: Built, outputs: Outputs, state: RunState, *, full: bool) -> 
         return None
     result = built.evaluator(state.step, state.micro, full=full, started=outputs.t0)
     return outputs.record_eval(result)
-
-
-def out_of_time(cfg: DankaConfig, log, state: RunState, t_train: float) -> bool:
-    """trainer.max_train_minutes passed: the step just run becomes the last one
-    (checkpoint and final evaluation follow). All ranks stop together."""
-    limit = cfg.trainer.max_train_minutes
-    late = limit is not None and (time.perf_counter() - t_train) / 60 >= limit
-    if dist.is_active():  # one rank alone in a collective would hang
-        late = dist.all_sum(float(late)) > 0
-    if late and state.next_step < state.total:
-        log.info(f"trainer.max_train_minutes ({limit}) reached at step {state.next_step}")
-    return late
 
 
 def stop_requested(stop: StopRequest | None) -> bool:
@@ -288,17 +275,3 @@ def describe(cfg: DankaConfig, built: Built) -> str:
         f"epoch(s); micro-batch {built.micro} sequences; "
         f"{len(s.prompts.rows)} train prompts, {held} held-out"
     )
-
-
-def every(k: int, step: int) -> bool:
-    """``step`` is a multiple of ``k`` (0 = never)."""
-    return bool(k) and step % k == 0
-
-
-def minutes_due(minutes: float, since: float) -> bool:
-    """``minutes`` (0 = never) have passed since ``since`` (a perf_counter time); the same
-    answer on every rank."""
-    due = bool(minutes) and (time.perf_counter() - since) / 60 >= minutes
-    if dist.is_active():  # one rank alone in an evaluation's collectives would hang
-        due = dist.all_sum(float(due)) > 0
-    return due

@@ -8,22 +8,22 @@ share) are summed, everything else averaged.
 from __future__ import annotations
 
 from danka import distributed as dist
+from danka.rewards.names import OWN_METRICS
 from danka.trainer.records import ActorStats, CriticStats, RewardStats, StepResult, UpdateStats
 
 
 def _reward(r: RewardStats) -> dict[str, float]:
-    out = {
+    """The reward's metrics: the parts' means, then danka's own numbers (named in
+    danka/rewards/names.py, where labels are checked against them), which nothing
+    overwrites."""
+    own = {name: getattr(r, name) for name in OWN_METRICS}
+    return {
         "reward": r.mean,
-        "reward/error_rate": r.error_rate,
-        "reward/not_applicable": r.not_applicable,
-        "reward/valid_frac": r.valid_frac,
         "response_length": r.response_length,
         "response/truncated": r.truncated,
         **{f"reward/{name}": v for name, v in r.per_part.items()},
+        **{f"reward/{name}": v for name, v in own.items() if v is not None},
     }
-    if r.zero_adv_groups is not None:
-        out["reward/zero_adv_groups"] = r.zero_adv_groups
-    return out
 
 
 def _actor(a: ActorStats) -> tuple[dict[str, float], dict[str, float]]:

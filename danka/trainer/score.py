@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from danka.algorithms.advantages import AdvantageInput
+from danka.errors import UserError
 from danka.rewards.combine import RewardComputer
+from danka.rewards.names import ENV, OVERLONG
 from danka.rewards.shaping import overlong_penalty, response_lengths
 from danka.trainer.records import RewardStats, Rollout, Scored
 from danka.trainer.run import PromptSet
@@ -63,16 +65,27 @@ def score(
     total = out.scores.float().cpu()
     parts = {name: v.float().cpu() for name, v in out.per_function.items()}
     if rollout.env_rewards is not None:
-        parts["env"] = rollout.env_rewards.float().cpu()
-        total = total + parts["env"]
+        parts[ENV] = rollout.env_rewards.float().cpu()
+        total = total + parts[ENV]
     if s.overlong_length > 0:
-        parts["overlong"] = overlong_penalty(
+        parts[OVERLONG] = overlong_penalty(
             response_lengths(batch.response_mask),
             max_new_tokens=s.response_budget,
             buffer=s.overlong_length,
             penalty=s.overlong_penalty,
         )
-        total = total + parts["overlong"]
+        total = total + parts[OVERLONG]
+    bad = valid & ~torch.isfinite(total)  # the weighted sum is checked in combine.py
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        shown = ", ".join(f"{name}: {float(v[i]):g}" for name, v in parts.items())
+        raise UserError(
+            f"the reward of sample {i} (data row {rows[i].index}) is not a finite float32 "
+            f"number ({shown})",
+            where="agent.environment" if ENV in parts else "reward.overlong_buffer.penalty",
+            fix="make the environment's step() return finite rewards (usually -1 to 1), "
+            "or lower reward.overlong_buffer.penalty; resume with --resume auto",
+        )
     total = torch.where(valid, total, 0.0)
     per_part = {}
     for name, value in parts.items():

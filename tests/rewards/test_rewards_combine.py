@@ -322,3 +322,39 @@ def test_rm_trained_on_gsm8k_pairs_scores_the_same_text_at_rl_time(tmp_path, bas
     computer([PromptRow(index=0, prompt=question, ground_truth="7")], ["rendered"], [solution])
     assert scorer._text(rm.prompts[0], solution) == trained_on
     assert GSM8K_INSTRUCTION in trained_on
+
+
+ERROR_RATE_CODE = """
+def error_rate(prompts, completions, **kwargs):
+    return [0.25] * len(completions)
+"""
+
+
+def test_an_unlabelled_function_named_like_a_metric_of_danka_gets_its_own_name(tmp_path):
+    """A function called error_rate (no label) is logged as error_rate_2: reward/error_rate
+    stays danka's share of failed calls."""
+    (tmp_path / "r.py").write_text(ERROR_RATE_CODE)
+    with build_reward_computer([RewardSpec("r.py:error_rate")], base_dir=tmp_path) as rc:
+        assert rc.names == ["error_rate_2"]
+
+
+HUGE_CODE = """
+def huge(prompts, completions, **kwargs):
+    return [1e10 if "big" in c else 1.0 for c in completions]
+"""
+
+
+def test_a_combined_reward_that_overflows_stops_naming_the_term_and_its_weight(tmp_path):
+    """1e30 x 1e10 is finite in float64 but not in float32, the dtype training reads."""
+    (tmp_path / "r.py").write_text(HUGE_CODE)
+    specs = [RewardSpec("gsm8k", 2.0), RewardSpec("r.py:huge", 1e30, label="size")]
+    rows, prompts = batch(("7", "3"))
+    with build_reward_computer(specs, base_dir=tmp_path) as rc:
+        ok = rc(rows, prompts, ["#### 7", "small"])
+        assert ok.scores.tolist() == pytest.approx([2.0 + 1e30, 1e30])
+        with pytest.raises(UserError) as err:
+            rc(rows, prompts, ["#### 7", "big"])
+    msg = str(err.value)
+    assert err.value.where == "reward.functions[1].weight" and err.value.exit_code == 2
+    assert "completion 1 (data row 1)" in msg and "not a finite float32" in msg
+    assert "gsm8k: 2 x 0" in msg and "size: 1e+30 x 1e+10" in msg

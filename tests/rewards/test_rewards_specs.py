@@ -5,7 +5,7 @@ import pytest
 from danka.config.schema import RewardFunction
 from danka.errors import UserError
 from danka.rewards import check_reward_specs
-from danka.rewards.specs import builtin_kwargs
+from danka.rewards.specs import builtin_kwargs, check_reward_weights
 
 
 def fails(specs) -> UserError:
@@ -71,3 +71,30 @@ def test_a_label_used_twice_is_refused():
     specs = [RewardFunction(name="gsm8k", label="strict"), {"name": "math", "label": "strict"}]
     err = fails(specs)
     assert err.where == "reward.functions[1].label" and "used twice" in str(err)
+
+
+@pytest.mark.parametrize(
+    "label", ["error_rate", "zero_adv_groups", "not_applicable", "valid_frac", "env", "overlong"]
+)
+def test_a_label_that_is_one_of_dankas_own_reward_metrics_is_refused(label):
+    """reward/<label> would overwrite danka's own number (or a part danka adds)."""
+    err = fails([RewardFunction(name="gsm8k"), RewardFunction(name="math", label=label)])
+    assert err.where == "reward.functions[1].label" and "danka's own" in str(err)
+    assert "error_rate" in err.fix and "zero_adv_groups" in err.fix and "reward_model" in err.fix
+
+
+def test_weights_that_overflow_alone_are_refused_naming_the_weight():
+    """Two finite weights whose sum is no finite float32 number (training reads the
+    combined reward as float32): a reward of 1 from both would be inf."""
+    two = [RewardFunction(name="gsm8k", weight=2e38), RewardFunction(name="math", weight=-2e38)]
+    with pytest.raises(UserError) as err:
+        check_reward_weights(two)
+    assert err.value.where == "reward.functions[1].weight" and "3.4e+38" in str(err.value)
+    assert "2e+38, -2e+38" in str(err.value)
+    with pytest.raises(UserError) as err:  # one weight alone past float32
+        check_reward_weights([RewardFunction(name="gsm8k", weight=1e300)])
+    assert err.value.where == "reward.functions[0].weight"
+    with pytest.raises(UserError) as err:  # past float32 only with the reward model's weight
+        check_reward_weights([RewardFunction(name="gsm8k", weight=-2e38)], model_weight=2e38)
+    assert err.value.where == "reward.model_weight"
+    check_reward_weights([RewardFunction(name="gsm8k", weight=1e38)], model_weight=1e38)

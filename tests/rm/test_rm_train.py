@@ -4,6 +4,7 @@ saved as a ClassifierReward with its reward mean/std, and bad input exits 2."""
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
@@ -89,9 +90,15 @@ def test_tiny_rm_learns_to_rank_held_out_pairs_and_loads_as_classifier(tmp_path,
 def test_full_finetune_without_lora(tmp_path, tiny):
     path = _config(tmp_path, tiny, lora={"enable_lora": False},
                    trainer={"num_epochs": 1, "lr": 1.0e-3})  # fmt: skip
-    assert main(["rm", str(path)]) == 0
+    old = os.umask(0o022)
+    try:
+        assert main(["rm", str(path)]) == 0
+    finally:
+        os.umask(old)
     result = json.loads((tmp_path / "out" / "rm_result.json").read_text())
     assert result["steps"] == 12 and result["accuracy"] > result["accuracy_before"] - 1e-9
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
 
 
 def test_bad_pair_exits_2_with_file_line_and_writes_nothing(tmp_path, tiny, capsys):

@@ -74,3 +74,45 @@ def test_generate_writes_each_batch_as_it_is_done(tiny_dir, tmp_path):
     out = Out()
     assert generate_file(model, tok, str(data), out, batch_size=2, max_new_tokens=2) == 5
     assert out.lines == [2, 4, 5]  # flushed after each batch of 2
+
+
+def test_a_partial_result_never_replaces_a_complete_one(
+    tiny_dir, prompts_file, tmp_path, monkeypatch, capsys
+):
+    """A second `danka eval` into the same --output stopped before its first batch: the
+    earlier complete result stays, the partial one goes beside it (and says where); a
+    later complete result replaces the first and the stale partial file goes. Every
+    version is 0644 under umask 022, as a run's outputs are."""
+    import danka.tools.generate as generate
+    from danka.cli import main
+
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--model", str(tiny_dir), "--data", str(prompts_file), "--reward",
+            "last_number", "--max-new-tokens", "2", "--output", str(out)]  # fmt: skip
+    old = os.umask(0o022)
+    try:
+        assert main(argv) == 0
+        complete = out.read_text()
+        assert "partial" not in json.loads(complete) and json.loads(complete)["n"] == 4
+        capsys.readouterr()
+
+        def stopped_at_once(*args, **kwargs):
+            raise KeyboardInterrupt  # Ctrl-C before the first batch is answered
+
+        with monkeypatch.context() as m:
+            m.setattr(generate, "generate_batch", stopped_at_once)
+            assert main(argv) == 130
+        err = capsys.readouterr().err
+        assert out.read_text() == complete  # kept, byte for byte
+        partial = json.loads((tmp_path / "eval.partial.json").read_text())
+        assert partial["partial"] is True and partial["answered"] == 0
+        assert partial["stopped"] == "SIGINT"
+        assert f"{out} holds an earlier complete result: kept" in err
+        assert f"wrote {tmp_path / 'eval.partial.json'}" in err
+        modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.glob("eval*.json")}
+        assert modes == {"eval.json": 0o644, "eval.partial.json": 0o644}
+        assert main(argv) == 0  # complete again: replaces, and the partial file goes
+    finally:
+        os.umask(old)
+    assert json.loads(out.read_text())["n"] == 4
+    assert not (tmp_path / "eval.partial.json").exists()

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -18,7 +20,14 @@ def test_export_merges_and_matches_base_plus_adapter(adapter_dir, tiny_dir, tmp_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "merged"
-    info = export_merged(adapter_dir, out, dtype="fp32", device="cpu", log=lambda m: None)
+    old = os.umask(0o022)
+    try:
+        info = export_merged(adapter_dir, out, dtype="fp32", device="cpu", log=lambda m: None)
+    finally:
+        os.umask(old)
+    # danka's one file mode (safetensors writes 0600 on its own)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
     assert info["base_model"] == str(tiny_dir)  # from adapter_config.json
     assert info["adapter_effect"] > 1e-3  # non-zero lora_B: the adapter matters
     assert info["max_abs_diff"] < 1e-4 <= info["tolerance"]

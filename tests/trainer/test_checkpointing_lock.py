@@ -11,6 +11,7 @@ import pytest
 
 from danka.lifecycle import LOCK_NAME, RunLock
 from danka.trainer import fit as fit_module
+from danka.trainer.clocks import RunClocks
 
 from .conftest import make_config, train_cli
 
@@ -19,7 +20,7 @@ from .conftest import make_config, train_cli
     "hook, refused",
     [
         ("train_step", "step 2's metrics not written"),  # lost during the step
-        ("save_due", "checkpoint 2 not written"),  # lost after the log, before the save
+        ("after_step", "checkpoint 2 not written"),  # lost after the log, before the save
     ],
 )
 def test_run_that_lost_its_output_dir_stops_before_writing_there(
@@ -27,18 +28,19 @@ def test_run_that_lost_its_output_dir_stops_before_writing_there(
 ):
     cfg = make_config(tmp_path, tiny_model_dir, trainer={"total_steps": 3, "save_steps": 1})
     out = tmp_path / "out"
-    real, other = getattr(fit_module, hook), []
+    owner = fit_module if hook == "train_step" else RunClocks
+    real, other = getattr(owner, hook), []
 
     def then_lose_the_dir(*args, **kwargs):
         got = real(*args, **kwargs)
-        step = args[1].next_step if hook == "train_step" else args[0]  # (stages, state)
+        step = args[1].next_step if hook == "train_step" else args[1]  # (stages|clocks, ...)
         if step == 2 and not other:
             shutil.rmtree(out)  # the user deletes the folder and starts a new run in it
             out.mkdir()
             other.append(RunLock(out).acquire())
         return got
 
-    monkeypatch.setattr(fit_module, hook, then_lose_the_dir)
+    monkeypatch.setattr(owner, hook, then_lose_the_dir)
     try:
         assert train_cli(cfg, out) == 2
         err = capsys.readouterr().err

@@ -3,6 +3,7 @@ the logged dict, with the names docs/metrics.md lists; the loop's own signals ar
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -78,6 +79,16 @@ def test_the_logged_names_and_values():
     assert m["time/rollout"] == 2.0 and m["time/step"] == 3.5 and m["lr"] == 1e-5
     # 4 generated tokens in 2 s of rollout
     assert m["throughput/gen_tokens_per_s"] == pytest.approx(2.0)
+
+
+def test_a_part_named_like_a_metric_of_danka_never_overwrites_it():
+    """reward/error_rate, reward/zero_adv_groups... are danka's numbers whatever the parts
+    are called (labels are refused at start-up; this is the builder's own guarantee)."""
+    result = _result(UpdateStats(ACTOR, None))
+    stats = dataclasses.replace(result.rounds[0], per_part={"error_rate": 1.0, "valid_frac": 7.0})
+    m = step_metrics(dataclasses.replace(result, rounds=[stats]), lr=0.0, kl_coef=0.0,
+                     packing_ratio=1.0)  # fmt: skip
+    assert m["reward/error_rate"] == 0.0 and m["reward/valid_frac"] == 1.0
 
 
 def test_reward_stats_are_averaged_over_sampling_rounds():

@@ -129,3 +129,54 @@ def test_equal_reward_groups_counts_the_groups_whose_advantage_is_zero():
     valid = torch.tensor([True, True, True, False, True, True, False, False])
     assert equal_reward_groups(r, 2, valid) == 1.0
     assert equal_reward_groups(r, 1) is None  # groups of one: nothing to compare
+
+
+GROWING_REWARD = """
+calls = 0
+
+
+def reward(prompts, completions, **columns):
+    global calls
+    calls += 1  # 1: the start-up check, 2: step 1, 3: step 2
+    return [1e10 if calls >= 3 else 1.0 for _ in completions]
+"""
+
+
+def test_a_combined_reward_past_float32_stops_the_run_keeping_the_steps_before(
+    tmp_path, tiny_model_dir, capsys
+):
+    """weight 1e30 x score 1e10 is inf in float32: exit 2 at step 2 naming the weight, not
+    a "loss is nan" step logged with reward inf; step 1's metrics and checkpoint stay."""
+    from .conftest import make_config, train_cli
+
+    cfg = make_config(
+        tmp_path,
+        tiny_model_dir,
+        trainer={"total_steps": 3, "save_steps": 1},
+        reward={"functions": [{"name": "reward.py:reward", "weight": 1e30}]},
+    )
+    (tmp_path / "reward.py").write_text(GROWING_REWARD)
+    out = tmp_path / "out"
+    assert train_cli(cfg, out) == 2
+    err = capsys.readouterr().err
+    assert "reward.functions[0].weight" in err and "reward: 1e+30 x 1e+10" in err
+    assert "Traceback" not in err
+    steps = [line for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+    assert len(steps) == 1 and '"step": 1' in steps[0]
+    assert (out / "actor" / "checkpoint_1").is_dir()
+    assert "reward.functions[0].weight" in (out / "logs" / "train.log").read_text()
+
+
+def test_an_environment_reward_that_is_not_finite_stops_the_step():
+    """The combined reward checks the weighted sum (danka.rewards.combine); the parts
+    added here (an environment's step rewards, the overlong penalty) are checked too."""
+    import pytest
+
+    from danka.errors import UserError
+
+    rollout = _rollout()
+    rollout.env_rewards = torch.tensor([0.0, float("inf"), 0.0, 0.0])
+    with pytest.raises(UserError) as err:
+        score(_fixed(_output()), PROMPTS, rollout, _settings())
+    assert err.value.where == "agent.environment" and "sample 1 (data row 0)" in str(err.value)
+    assert "env: inf" in str(err.value)

@@ -310,16 +310,6 @@ def test_evaluations_between_first_and_last_use_the_subset(tmp_path, tiny_model_
     ]
 
 
-def test_minutes_due():
-    import time
-
-    from danka.trainer.fit import minutes_due
-
-    now = time.perf_counter()
-    assert not minutes_due(0.0, now - 3600)  # 0 = off
-    assert minutes_due(0.5, now - 31) and not minutes_due(0.5, now - 29)
-
-
 def test_ppo_padding_free_trains_as_the_padded_run_and_reports_model_flops(
     tmp_path, tiny_model_dir
 ):

@@ -16,7 +16,7 @@ BUDGET = {
     "algorithms": 1000,
     "checkpoint": 1050,
     "config": 2000,
-    "data": 1950,  # + chat-row checks (i37), data.examples (few-shot turns)
+    "data": 2000,  # + chat-row checks (i37), data.examples (few-shot turns), the prompt format record
     "diagnose": 1450,  # + numeric columns and sampled checks for 250k-step runs (i37)
     "distributed": 800,
     "logging": 900,
@@ -25,7 +25,8 @@ BUDGET = {
     "rewards": 1500,
     "rm": 450,
     "rollout": 3800,  # + the vLLM engine: calls, sync, memory (i38); its sleep mode and LoRA base names
-    "tools": 3200,  # + report verdict, export safety, eval partial results, adapter checks
+    "tools": 3300,  # + report verdict, export safety, eval partial results, adapter checks,
+    # generate/chat finding and applying the run's prompt format (prompt_source)
     "trainer": 4100,
     "usercode": 850,  # + the kill -9 guardian of reward and tool workers (i37)
 }

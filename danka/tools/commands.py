@@ -34,14 +34,26 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--system", help="system message")
+    p.add_argument("--system", help="system message (replaces the run's data.system_prompt)")
+    p.add_argument(
+        "--no-prompt-format",
+        dest="prompt_format",
+        action="store_false",
+        help="answer the bare prompt: without the system prompt, instruction and worked "
+        "examples (data.*) the checkpoint was trained and evaluated with (applied by default)",
+    )
 
 
-def _gen_kwargs(args) -> dict:
-    """The ``_gen_args`` flags as keywords of generate_text / generate_file / chat_loop."""
-    return {
-        k: getattr(args, k) for k in ("system", "max_new_tokens", "temperature", "top_p", "seed")
-    }
+def _gen_kwargs(args, log) -> dict:
+    """The ``_gen_args`` flags as keywords of generate_text / generate_file / chat_loop,
+    with the run's prompt format (danka.tools.prompt_source) unless --no-prompt-format."""
+    from danka.tools.prompt_source import prompt_format_for
+
+    fmt = prompt_format_for(
+        args.model, args.adapter, apply=args.prompt_format, system=args.system, log=log
+    )
+    gen = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_p", "seed")}
+    return {**fmt.options(), **gen}
 
 
 # --tools for generate / chat / eval (the training loop: danka.agent)
@@ -131,7 +143,7 @@ def _generate(args) -> int:
     model, tok = load_for_inference(
         args.model, args.adapter, dtype=args.dtype, device=args.device, log=log
     )
-    gen = _gen_kwargs(args)
+    gen = _gen_kwargs(args, log)
     if args.prompt is not None and tools is not None:
         return _generate_prompt_with_tools(model, tok, args, tools, gen)
     if args.prompt is not None:
@@ -180,12 +192,9 @@ def _chat(args) -> int:
 
     _need_model(args)
     tools = _tool_rollout(args, args.max_new_tokens)
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     model, tok = load_for_inference(
-        args.model,
-        args.adapter,
-        dtype=args.dtype,
-        device=args.device,
-        log=lambda msg: print(msg, file=sys.stderr),
+        args.model, args.adapter, dtype=args.dtype, device=args.device, log=log
     )
 
     def read_line(prompt: str) -> str:
@@ -196,7 +205,7 @@ def _chat(args) -> int:
             raise EOFError
         return line
 
-    chat_loop(model, tok, read_line=read_line, tools=tools, **_gen_kwargs(args))
+    chat_loop(model, tok, read_line=read_line, tools=tools, **_gen_kwargs(args, log))
     return 0
 
 

@@ -202,6 +202,12 @@ def _card_info(folder: Path, base_name: str, *, kind: str) -> dict[str, Any]:
         "eval": [],
         "danka_version": __version__,
     }
+    if "prompt_format" not in info:  # a checkpoint of an older danka: from its run's config
+        from danka.tools.prompt_source import find_prompt_format
+
+        found = find_prompt_format(folder)
+        if found is not None:
+            info["prompt_format"] = found[0].to_json()
     return {**info, "kind": kind, "exported_from": str(folder)}
 
 

@@ -153,6 +153,7 @@ def run_training(
     from danka.config.compat import config_notes, fallback_warnings
     from danka.lifecycle import RankLock, RunLock, StopRequest, note_failure
     from danka.logging.runlog import close_run_logger, setup_run_logger
+    from danka.models.threads import use_cpu_threads
     from danka.trainer.fit import fit
 
     output_dir = Path(cfg.output_dir)
@@ -174,7 +175,9 @@ def run_training(
                     log.info(line)
                 for line in fallback_warnings(cfg):
                     log.warning(line)
-            with StopRequest(log) as stop, cb.active(callbacks):
+            say = log.info if log is not None else (lambda line: None)  # rank 0 says it
+            threads = use_cpu_threads(cfg.speed.cpu_threads, cfg.model.device, say)
+            with StopRequest(log) as stop, cb.active([*callbacks, threads]):
                 try:
                     result = fit(cfg, base_dir, resume=resume)
                 finally:

@@ -15,12 +15,13 @@ BUDGET = {
     "agent": 2150,
     "algorithms": 1000,
     "checkpoint": 1050,
-    "config": 2000,
+    "config": 2025,  # + speed.cpu_threads and eval.probe_max_new_tokens: auto (shared CPUs)
     "data": 2000,  # + chat-row checks (i37), data.examples (few-shot turns), the prompt format record
     "diagnose": 1450,  # + numeric columns and sampled checks for 250k-step runs (i37)
     "distributed": 800,
     "logging": 900,
-    "models": 1950,  # + GGUF conversion cleanup on signals (i37), dims (one reading of H/I/L/V)
+    "models": 2100,  # + GGUF conversion cleanup on signals (i37), dims (one reading of H/I/L/V)
+    # + threads: the CPU thread count from affinity, cgroup quota and load
     "planning": 1150,  # + the vLLM share (i38), the data's prompt length
     "rewards": 1500,
     "rm": 450,

@@ -83,6 +83,7 @@ def load_for_inference(
     with the adapter applied (not merged). The tokenizer comes from the adapter folder when
     it holds one, else from the base."""
     from danka.models.loading import load_causal_lm, load_tokenizer, sync_special_tokens
+    from danka.models.threads import use_cpu_threads
     from danka.tools.adapter_load import attach_adapter
     from danka.tools.locate import is_adapter, resolve_checkpoint
 
@@ -107,6 +108,7 @@ def load_for_inference(
         trust_remote_code=trust_remote_code,
         log=log,
     )
+    use_cpu_threads("auto", next(net.parameters()).device.type, log)  # a shared CPU: one line
     if adapter is not None:
         net = attach_adapter(net, adapter, base_name=model)
         log(f"Loaded adapter {adapter}")

@@ -159,7 +159,8 @@ class Outputs:
             f"step {step} | held-out accuracy: {100 * m['eval/accuracy']:.1f}% "
             f"({int(m['eval/n'])} problems; guess floor "
             f"{100 * m['eval/guess_floor']:.1f}%, mean answer "
-            f"{m['eval/response_length']:.0f} tokens; {result.seconds:.1f} s)"
+            f"{m['eval/response_length']:.0f} tokens; {result.seconds:.1f} s, the drift probe "
+            f"{m['eval/probe_seconds']:.1f} s of it)"
         )
         return record
 

@@ -20,8 +20,8 @@ BUDGET = {
     "diagnose": 1450,  # + numeric columns and sampled checks for 250k-step runs (i37)
     "distributed": 800,
     "logging": 900,
-    "models": 2100,  # + GGUF conversion cleanup on signals (i37), dims (one reading of H/I/L/V)
-    # + threads: the CPU thread count from affinity, cgroup quota and load
+    "models": 2150,  # + GGUF conversion cleanup on signals (i37), dims (one reading of H/I/L/V)
+    # + threads: the CPU thread count from affinity, cgroup quota and load; quiet: known noise
     "planning": 1150,  # + the vLLM share (i38), the data's prompt length
     "rewards": 1500,
     "rm": 450,

@@ -474,6 +474,13 @@ class LoggingConfig:
     tensorboard: bool = _f(True, "TensorBoard events under OUTPUT/tensorboard")
     save_completions: int = _f(8, "sample completions written per step (0 = none)")
     progress: bool = _f(True, "live progress display")
+    verbose: bool = _f(
+        False,
+        "every metric in each step's train.log line, also on the console (danka train "
+        "--verbose); false = a short line (loss, reward, kl, entropy, answer length, step "
+        "time) in train.log, and on the console only the progress line. metrics.jsonl always "
+        "holds every metric",
+    )
     result_file: str = _f("result.json", "final held-out accuracy and timing, in OUTPUT")
 
 

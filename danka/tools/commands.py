@@ -151,13 +151,14 @@ def _generate(args) -> int:
         if args.output:
             line = {"prompt": args.prompt, "completion": answer}
             write_text_atomic(Path(args.output), json.dumps(line, ensure_ascii=False) + "\n")
+            log(f"wrote the answer to {Path(args.output).resolve()}")
         return 0
     if args.output:  # each batch's lines are written (and flushed) as it is done
         with open(args.output, "w", encoding="utf-8") as f:
             count = generate_file(
                 model, tok, args.file, f, tools, batch_size=args.batch_size, **gen
             )
-        log(f"wrote {count} answers to {args.output}")
+        log(f"wrote {count} answers to {Path(args.output).resolve()}")
     else:
         generate_file(model, tok, args.file, sys.stdout, tools, batch_size=args.batch_size, **gen)
     return 0
@@ -177,6 +178,7 @@ def _generate_prompt_with_tools(model, tok, args, tools, gen: dict) -> int:
         return 0
     line = {"prompt": args.prompt, "completion": item["completions"][0], "messages": turns}
     write_text_atomic(Path(args.output), json.dumps(line, ensure_ascii=False) + "\n")
+    print(f"wrote the turns to {Path(args.output).resolve()}", file=sys.stderr)
     return 0
 
 

@@ -103,13 +103,41 @@ def train(
     (:mod:`danka.callbacks`). ``resume``: ``"auto"`` or a checkpoint path (as
     ``--resume``). Returns the :class:`TrainResult`."""
     from danka.callbacks import check_callbacks
+    from danka.errors import UserError
 
     cbs = check_callbacks(callbacks)  # a wrong object fails before any work
-    cfg, base_dir = to_config(config, overrides)
-    raw, _ = run_training(
-        cfg, base_dir, resume=resume, discard_newer=discard_newer, callbacks=cbs, plot=plot
-    )
+    try:
+        cfg, base_dir = to_config(config, overrides)
+        raw, _ = run_training(
+            cfg, base_dir, resume=resume, discard_newer=discard_newer, callbacks=cbs, plot=plot
+        )
+    except UserError as err:
+        raise in_api_words(err) from None
     return result_of(cfg, raw)  # after SIGTERM/Ctrl-C: .stopped names the signal
+
+
+# the command line's words in errors raised below danka.train -> the argument a Python
+# caller passes instead (longest first: "--resume auto" before "--resume")
+API_WORDS = (
+    ("`--resume auto`", 'resume="auto"'),
+    ("--resume auto", 'resume="auto"'),
+    ("--resume PATH", 'resume="OUTPUT/state/checkpoint_N"'),
+    ("--discard-newer", "discard_newer=True"),
+    ("--resume", "resume="),
+)
+
+
+def in_api_words(err):
+    """``err`` (a UserError) with its fix in danka.train's arguments, not the CLI's flags."""
+    for part in ("what", "where", "fix"):
+        text = getattr(err, part)
+        if text:
+            for cli, api in API_WORDS:
+                text = text.replace(cli, api)
+            setattr(err, part, text)
+    head = f"{err.where}: {err.what}" if err.where else err.what
+    err.args = (head + (f"\n  fix: {err.fix}" if err.fix else ""),)
+    return err
 
 
 def result_of(cfg: DankaConfig, raw: dict) -> TrainResult:

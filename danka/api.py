@@ -210,6 +210,7 @@ def run_training(
                     result = fit(cfg, base_dir, resume=resume)
                 finally:
                     dist.destroy()
+                    threads.restore()  # the caller's own torch work gets its threads back
         except BaseException as err:
             if main:  # the message in train.log too; no half-written outputs
                 note_failure(output_dir, err)

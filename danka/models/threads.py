@@ -116,16 +116,18 @@ def use_cpu_threads(setting: int | str, device: str, log) -> ThreadGovernor:
 
     from danka.models.loading import pick_device
 
+    before = torch.get_num_threads()
+
     if setting == "auto" and pick_device(device).type != "cpu":
-        return ThreadGovernor(log, auto=False, threads=torch.get_num_threads())
+        return ThreadGovernor(log, auto=False, threads=before, before=before)
     if setting != "auto":
         torch.set_num_threads(int(setting))
         log(f"cpu threads: {setting} (speed.cpu_threads)")
-        return ThreadGovernor(log, auto=False, threads=int(setting))
+        return ThreadGovernor(log, auto=False, threads=int(setting), before=before)
     chosen = share()
     torch.set_num_threads(chosen.threads)
     log(chosen.line())
-    return ThreadGovernor(log, auto=True, threads=chosen.threads)
+    return ThreadGovernor(log, auto=True, threads=chosen.threads, before=before)
 
 
 @dataclass
@@ -136,6 +138,7 @@ class ThreadGovernor:
     log: object
     auto: bool
     threads: int
+    before: int = 0  # torch's count before the run: a Python caller gets it back (restore)
 
     def on_step(self, step: int, metrics: dict) -> None:
         if not self.auto:
@@ -147,3 +150,9 @@ class ThreadGovernor:
             torch.set_num_threads(now.threads)
             self.log(f"step {step} | {now.line(before=self.threads)}")
             self.threads = now.threads
+
+    def restore(self) -> None:
+        import torch
+
+        if self.before:
+            torch.set_num_threads(self.before)

@@ -72,8 +72,11 @@ def test_use_sets_torch_and_says_it_in_one_line(monkeypatch):
         "cpu threads: 1 (speed.cpu_threads: auto; 2 CPUs usable, load 2.3: others keep ~2.3 busy)"
     ]
     lines.clear()
-    use_cpu_threads(3, "cpu", lines.append)
+    torch.set_num_threads(2)
+    gov = use_cpu_threads(3, "cpu", lines.append)
     assert torch.get_num_threads() == 3 and lines == ["cpu threads: 3 (speed.cpu_threads)"]
+    gov.restore()  # danka.train gives a Python caller its count back
+    assert torch.get_num_threads() == 2
 
 
 def test_the_governor_follows_a_neighbour_that_comes_and_goes(monkeypatch):

@@ -29,9 +29,14 @@ def _model_args(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
 
 
-def _gen_args(p: argparse.ArgumentParser) -> None:
+def _gen_args(p: argparse.ArgumentParser, temperature: float = 0.7) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, help="answer tokens")
-    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=temperature,
+        help=f"0 = greedy (default {temperature:g})",
+    )
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--system", help="system message (replaces the run's data.system_prompt)")
@@ -114,7 +119,7 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt; the answer streams to the terminal")
     src.add_argument("--file", help="prompts file (jsonl/json/parquet, any format danka reads)")
-    _gen_args(p)
+    _gen_args(p, temperature=0.0)  # greedy: the answer held-out accuracy scores (danka eval)
     p.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (--file)")
     p.add_argument("--output", help="write JSON lines here instead of stdout")
     _tool_args(p)

@@ -121,3 +121,11 @@ def test_an_older_checkpoint_reads_its_run_config(checkpoint, monkeypatch, capsy
     assert main(argv) == 0
     assert "prompt format" not in capsys.readouterr().err
     assert "36 + 47" not in seen[-1]
+
+
+def test_generate_answers_greedily_by_default_as_evaluation_scores():
+    from danka.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["generate", "--model", "m", "--prompt", "x"]).temperature == 0.0
+    assert parse(["chat", "--model", "m"]).temperature == 0.7  # a conversation samples

@@ -103,13 +103,41 @@ def train(
     (:mod:`danka.callbacks`). ``resume``: ``"auto"`` or a checkpoint path (as
     ``--resume``). Returns the :class:`TrainResult`."""
     from danka.callbacks import check_callbacks
+    from danka.errors import UserError
 
     cbs = check_callbacks(callbacks)  # a wrong object fails before any work
-    cfg, base_dir = to_config(config, overrides)
-    raw, _ = run_training(
-        cfg, base_dir, resume=resume, discard_newer=discard_newer, callbacks=cbs, plot=plot
-    )
+    try:
+        cfg, base_dir = to_config(config, overrides)
+        raw, _ = run_training(
+            cfg, base_dir, resume=resume, discard_newer=discard_newer, callbacks=cbs, plot=plot
+        )
+    except UserError as err:
+        raise in_api_words(err) from None
     return result_of(cfg, raw)  # after SIGTERM/Ctrl-C: .stopped names the signal
+
+
+# the command line's words in errors raised below danka.train -> the argument a Python
+# caller passes instead (longest first: "--resume auto" before "--resume")
+API_WORDS = (
+    ("`--resume auto`", 'resume="auto"'),
+    ("--resume auto", 'resume="auto"'),
+    ("--resume PATH", 'resume="OUTPUT/state/checkpoint_N"'),
+    ("--discard-newer", "discard_newer=True"),
+    ("--resume", "resume="),
+)
+
+
+def in_api_words(err):
+    """``err`` (a UserError) with its fix in danka.train's arguments, not the CLI's flags."""
+    for part in ("what", "where", "fix"):
+        text = getattr(err, part)
+        if text:
+            for cli, api in API_WORDS:
+                text = text.replace(cli, api)
+            setattr(err, part, text)
+    head = f"{err.where}: {err.what}" if err.where else err.what
+    err.args = (head + (f"\n  fix: {err.fix}" if err.fix else ""),)
+    return err
 
 
 def result_of(cfg: DankaConfig, raw: dict) -> TrainResult:
@@ -153,6 +181,7 @@ def run_training(
     from danka.config.compat import config_notes, fallback_warnings
     from danka.lifecycle import RankLock, RunLock, StopRequest, note_failure
     from danka.logging.runlog import close_run_logger, setup_run_logger
+    from danka.models.threads import use_cpu_threads
     from danka.trainer.fit import fit
 
     output_dir = Path(cfg.output_dir)
@@ -174,11 +203,14 @@ def run_training(
                     log.info(line)
                 for line in fallback_warnings(cfg):
                     log.warning(line)
-            with StopRequest(log) as stop, cb.active(callbacks):
+            say = log.info if log is not None else (lambda line: None)  # rank 0 says it
+            threads = use_cpu_threads(cfg.speed.cpu_threads, cfg.model.device, say)
+            with StopRequest(log) as stop, cb.active([*callbacks, threads]):
                 try:
                     result = fit(cfg, base_dir, resume=resume)
                 finally:
                     dist.destroy()
+                    threads.restore()  # the caller's own torch work gets its threads back
         except BaseException as err:
             if main:  # the message in train.log too; no half-written outputs
                 note_failure(output_dir, err)

@@ -41,6 +41,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--resume", help="auto (newest complete checkpoint) or a checkpoint path")
     p.add_argument(
+        "--verbose", action="store_true", help="every metric in each step's line (logging.verbose)"
+    )
+    p.add_argument(
         "--nproc",
         type=int,
         help="train with N processes on this machine (re-runs itself through torchrun)",
@@ -79,6 +82,8 @@ def _load_train_config(args):
         overrides.append(f"output_dir={args.output_dir}")
     if args.seed is not None:
         overrides.append(f"trainer.seed={args.seed}")
+    if getattr(args, "verbose", False):  # danka train --verbose
+        overrides.append("logging.verbose=true")
     if path is None:
         raise UserError(
             "no config file given", where="command line", fix="danka train examples/quickstart.yaml"
@@ -149,6 +154,13 @@ def _run_train(args, cfg, base_dir, dist) -> int:
             env = {**os.environ, LOCK_HELD_ENV: str(os.getpid())}
             return run_forwarding_signals(argv, env=env)
     _, code = run_training(cfg, base_dir, resume=args.resume, discard_newer=args.discard_newer)
+    if not dist.requested() or os.environ.get("RANK", "0") == "0":  # where it all went
+        from danka.tools.locate import latest_actor_checkpoint
+
+        ckpt, report = latest_actor_checkpoint(output_dir), output_dir / "plots" / "report.html"
+        parts = [f"report {report.resolve()}"] if report.is_file() else []
+        parts += [f"newest checkpoint {ckpt.resolve()}"] if ckpt else []
+        print(f"wrote {output_dir.resolve()}" + (f": {'; '.join(parts)}" if parts else ""))
     return code
 
 

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from danka.data.prompt_format import PromptFormat
+from danka.data.template import build_messages
 from danka.io import read_json_object
 
 TRAINING_FILE = "danka_training.json"
@@ -91,6 +93,7 @@ def training_info(cfg: Any, step: int, history: dict | None, *, lora: bool) -> d
             if "eval/accuracy" in e
         ],
         "danka_version": __version__,
+        "prompt_format": PromptFormat.of(cfg.data).to_json(),  # generate/chat put it back
     }
     if cfg.model.reward_model_name_or_path:
         info["rewards"].append(
@@ -171,10 +174,31 @@ def card_text(info: dict[str, Any], *, what: str = "checkpoint") -> str:
     if info.get("lora"):
         lc = info["lora"]
         lines.append(f"- LoRA: r={lc['r']}, alpha={lc['alpha']:g}, on {lc['target_modules']}")
-    lines += ["", "## Held-out evaluation", "", *_eval_lines(info["eval"]), "", "## Use", ""]
-    lines += _usage(kind, base, what, info.get("gguf_file"))
+    lines += ["", "## Held-out evaluation", "", *_eval_lines(info["eval"])]
+    lines += _format_lines(PromptFormat.from_json(info.get("prompt_format")))
+    lines += ["", "## Use", "", *_usage(kind, base, what, info.get("gguf_file"))]
     lines += ["", f"danka {info.get('danka_version', '')}".rstrip(), ""]
     return "\n".join(lines)
+
+
+def _format_lines(fmt: PromptFormat) -> list[str]:
+    """The card's "Prompt format" section: what went around every prompt in training and
+    evaluation, as chat messages (the model answers best with the same)."""
+    if not fmt:
+        return []
+    messages = build_messages("QUESTION", **fmt.style())
+    return [
+        "",
+        "## Prompt format",
+        "",
+        f"Trained and evaluated with {fmt.describe()} around every prompt; it answers best "
+        "with the same. `danka generate` / `danka chat` on this folder apply it by default "
+        "(`--no-prompt-format`: the bare prompt). As chat messages (QUESTION: yours):",
+        "",
+        "```python",
+        f"messages = {json.dumps(messages, indent=2, ensure_ascii=False)}",
+        "```",
+    ]
 
 
 def _usage(kind: str, base: str, what: str, gguf_file: str | None) -> list[str]:

@@ -166,6 +166,7 @@ def check_speed(cfg: DankaConfig, at) -> None:
             at.fail("speed.gpu_memory", f"cannot read {sp.gpu_memory!r} as a size", "e.g. 24GiB")
     at.size_or_auto("speed.logprob_chunk_size", sp.logprob_chunk_size, 1,
                     "e.g. 1024 (tokens per chunk), or auto")  # fmt: skip
+    at.size_or_auto("speed.cpu_threads", sp.cpu_threads, 1, "e.g. 2 (threads), or auto")
     if sp.packing and sp.max_packed_length < t.max_length:
         at.fail(
             "speed.max_packed_length",
@@ -280,8 +281,7 @@ def check_outputs(cfg: DankaConfig, at) -> None:
         at.fail("eval.subset_size", "must be >= 0", "0 = every held-out prompt; e.g. 500")
     if ev.max_new_tokens is not None and ev.max_new_tokens < 1:
         at.fail("eval.max_new_tokens", "must be >= 1 or null", "null = trainer.max_new_tokens")
-    if ev.probe_max_new_tokens < 1:
-        at.fail("eval.probe_max_new_tokens", "must be >= 1", "e.g. 96")
+    at.size_or_auto("eval.probe_max_new_tokens", ev.probe_max_new_tokens, 1, "e.g. 96, or auto")
     if cfg.logging.log_interval < 1:
         at.fail("logging.log_interval", "must be >= 1", "e.g. 1 or 10")
     if not cfg.logging.result_file or "/" in cfg.logging.result_file:

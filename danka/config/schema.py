@@ -230,6 +230,13 @@ class SpeedConfig:
         False, "TF32 matmuls on Ampere+ GPUs (torch.set_float32_matmul_precision('high'))"
     )
     compile: bool = _f(False, "torch.compile the training forward (CUDA; refused elsewhere)")
+    cpu_threads: int | str = _f(
+        "auto",
+        "CPU threads torch computes with; auto = the CPUs this process may use (affinity, "
+        "cgroup quota) less those the machine's load keeps busy, at least 1, looked at again "
+        "after every step (a shared CPU: two runs on 2 cores take 1 thread each instead of 2 "
+        "fighting over each core); N = exactly N",
+    )
 
 
 @dataclass
@@ -458,7 +465,12 @@ class EvalConfig:
         "empty / marker-only / looping answers, KL to the step-0 answers); empty = danka's "
         "built-in set",
     )
-    probe_max_new_tokens: int = _f(96, "response tokens of a probe answer")
+    probe_max_new_tokens: int | str = _f(
+        "auto",
+        "response tokens of a probe answer; auto = 96 on a GPU, 32 on a CPU (there the probe's "
+        "few answers decode one token at a time and 96 of them cost more than the held-out "
+        "evaluation; 32 still show looping and length)",
+    )
 
 
 @dataclass
@@ -469,6 +481,13 @@ class LoggingConfig:
     tensorboard: bool = _f(True, "TensorBoard events under OUTPUT/tensorboard")
     save_completions: int = _f(8, "sample completions written per step (0 = none)")
     progress: bool = _f(True, "live progress display")
+    verbose: bool = _f(
+        False,
+        "every metric in each step's train.log line, also on the console (danka train "
+        "--verbose); false = a short line (loss, reward, kl, entropy, answer length, step "
+        "time) in train.log, and on the console only the progress line. metrics.jsonl always "
+        "holds every metric",
+    )
     result_file: str = _f("result.json", "final held-out accuracy and timing, in OUTPUT")
 
 

@@ -22,6 +22,8 @@ from danka.safe_read import iter_lines, open_regular
 # remaining keys alphabetically; time/* keys last.
 _FIRST = ("loss", "reward")
 _NEXT = ("kl", "entropy", "response_length")
+# the short line (logging.verbose: false): what says whether a step went well, and its time
+SHORT = ("kl", "actor/entropy", "response_length", "response/truncated", "time/step")
 
 
 def _ordered_keys(metrics: dict[str, Any]) -> list[str]:
@@ -60,14 +62,16 @@ def _fmt_value(key: str, value: Any) -> str:
     return f"{value:.4f}"
 
 
-def format_step_line(step: int, metrics: dict[str, float]) -> str:
+def format_step_line(step: int, metrics: dict[str, float], *, verbose: bool = True) -> str:
     """``step 3 | loss: 0.1234, reward: 0.5000, kl: 0.0012, ..., time/step: 5.20s``.
 
     ``loss`` and ``reward`` are always present (``nan`` if missing), the other keys follow
-    in a stable order: kl, entropy, response_length, the rest sorted, then ``time/*``.
+    in a stable order: kl, entropy, response_length, the rest sorted, then ``time/*``;
+    ``verbose=False``: only the :data:`SHORT` keys after them (~130 characters, not ~900).
     """
     parts = [f"{k}: {_fmt_value(k, metrics.get(k, float('nan')))}" for k in _FIRST]
-    parts += [f"{k}: {_fmt_value(k, metrics[k])}" for k in _ordered_keys(metrics)]
+    keys = _ordered_keys(metrics) if verbose else [k for k in SHORT if k in metrics]
+    parts += [f"{k}: {_fmt_value(k, metrics[k])}" for k in keys]
     return f"step {step} | " + ", ".join(parts)
 
 

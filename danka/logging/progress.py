@@ -66,7 +66,7 @@ def summarize(metrics: dict[str, Any]) -> list[str]:
             break
     for key in sorted(k for k in metrics if k.startswith("time/")):
         value = _num(metrics[key])
-        if value is not None:
+        if value is not None and value >= 0.05:  # a phase that did not run (0.0s) is noise
             out.append(f"{key.removeprefix('time/')} {value:.1f}s")
     mem = _gpu_memory()
     if mem:

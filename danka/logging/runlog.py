@@ -26,8 +26,15 @@ def _own_handlers(logger: logging.Logger) -> list[logging.Handler]:
     return [h for h in logger.handlers if getattr(h, _MARK, False)]
 
 
+def file_only(record: logging.LogRecord) -> bool:
+    """False for a record logged with ``extra={"console": False}``: train.log keeps it, the
+    console does not (a step line the progress line already shows)."""
+    return getattr(record, "console", True)
+
+
 def _console_handler() -> logging.Handler:
-    """Rich on an interactive terminal, plain ``[INFO] msg`` lines on stderr otherwise."""
+    """Rich on an interactive terminal, plain ``[INFO] msg`` lines on stderr otherwise;
+    records logged with ``extra={"console": False}`` stay in the file."""
     if sys.stderr.isatty():
         from rich.console import Console
         from rich.logging import RichHandler
@@ -39,6 +46,7 @@ def _console_handler() -> logging.Handler:
     else:
         handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(file_only)
     return handler
 
 

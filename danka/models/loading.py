@@ -236,6 +236,9 @@ def load_causal_lm(
     ``quantize`` = "4bit" (QLoRA: NF4 weights, compute in ``dtype``) or "8bit" loads the
     frozen base through bitsandbytes (an optional extra that needs a CUDA GPU).
     """
+    from danka.models.quiet import silence_known_noise
+
+    silence_known_noise()  # transformers' warnings that are noise here (danka/models/quiet.py)
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device)
     configure_attention_backends()  # no cuDNN SDPA: NaN gradients on padded rows

@@ -29,19 +29,36 @@ def _model_args(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
 
 
-def _gen_args(p: argparse.ArgumentParser) -> None:
+def _gen_args(p: argparse.ArgumentParser, temperature: float = 0.7) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, help="answer tokens")
-    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=temperature,
+        help=f"0 = greedy (default {temperature:g})",
+    )
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--system", help="system message")
+    p.add_argument("--system", help="system message (replaces the run's data.system_prompt)")
+    p.add_argument(
+        "--no-prompt-format",
+        dest="prompt_format",
+        action="store_false",
+        help="answer the bare prompt: without the system prompt, instruction and worked "
+        "examples (data.*) the checkpoint was trained and evaluated with (applied by default)",
+    )
 
 
-def _gen_kwargs(args) -> dict:
-    """The ``_gen_args`` flags as keywords of generate_text / generate_file / chat_loop."""
-    return {
-        k: getattr(args, k) for k in ("system", "max_new_tokens", "temperature", "top_p", "seed")
-    }
+def _gen_kwargs(args, log) -> dict:
+    """The ``_gen_args`` flags as keywords of generate_text / generate_file / chat_loop,
+    with the run's prompt format (danka.tools.prompt_source) unless --no-prompt-format."""
+    from danka.tools.prompt_source import prompt_format_for
+
+    fmt = prompt_format_for(
+        args.model, args.adapter, apply=args.prompt_format, system=args.system, log=log
+    )
+    gen = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_p", "seed")}
+    return {**fmt.options(), **gen}
 
 
 # --tools for generate / chat / eval (the training loop: danka.agent)
@@ -102,7 +119,7 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt; the answer streams to the terminal")
     src.add_argument("--file", help="prompts file (jsonl/json/parquet, any format danka reads)")
-    _gen_args(p)
+    _gen_args(p, temperature=0.0)  # greedy: the answer held-out accuracy scores (danka eval)
     p.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (--file)")
     p.add_argument("--output", help="write JSON lines here instead of stdout")
     _tool_args(p)
@@ -131,7 +148,7 @@ def _generate(args) -> int:
     model, tok = load_for_inference(
         args.model, args.adapter, dtype=args.dtype, device=args.device, log=log
     )
-    gen = _gen_kwargs(args)
+    gen = _gen_kwargs(args, log)
     if args.prompt is not None and tools is not None:
         return _generate_prompt_with_tools(model, tok, args, tools, gen)
     if args.prompt is not None:
@@ -139,13 +156,14 @@ def _generate(args) -> int:
         if args.output:
             line = {"prompt": args.prompt, "completion": answer}
             write_text_atomic(Path(args.output), json.dumps(line, ensure_ascii=False) + "\n")
+            log(f"wrote the answer to {Path(args.output).resolve()}")
         return 0
     if args.output:  # each batch's lines are written (and flushed) as it is done
         with open(args.output, "w", encoding="utf-8") as f:
             count = generate_file(
                 model, tok, args.file, f, tools, batch_size=args.batch_size, **gen
             )
-        log(f"wrote {count} answers to {args.output}")
+        log(f"wrote {count} answers to {Path(args.output).resolve()}")
     else:
         generate_file(model, tok, args.file, sys.stdout, tools, batch_size=args.batch_size, **gen)
     return 0
@@ -165,6 +183,7 @@ def _generate_prompt_with_tools(model, tok, args, tools, gen: dict) -> int:
         return 0
     line = {"prompt": args.prompt, "completion": item["completions"][0], "messages": turns}
     write_text_atomic(Path(args.output), json.dumps(line, ensure_ascii=False) + "\n")
+    print(f"wrote the turns to {Path(args.output).resolve()}", file=sys.stderr)
     return 0
 
 
@@ -180,12 +199,9 @@ def _chat(args) -> int:
 
     _need_model(args)
     tools = _tool_rollout(args, args.max_new_tokens)
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     model, tok = load_for_inference(
-        args.model,
-        args.adapter,
-        dtype=args.dtype,
-        device=args.device,
-        log=lambda msg: print(msg, file=sys.stderr),
+        args.model, args.adapter, dtype=args.dtype, device=args.device, log=log
     )
 
     def read_line(prompt: str) -> str:
@@ -196,7 +212,7 @@ def _chat(args) -> int:
             raise EOFError
         return line
 
-    chat_loop(model, tok, read_line=read_line, tools=tools, **_gen_kwargs(args))
+    chat_loop(model, tok, read_line=read_line, tools=tools, **_gen_kwargs(args, log))
     return 0
 
 

@@ -202,6 +202,12 @@ def _card_info(folder: Path, base_name: str, *, kind: str) -> dict[str, Any]:
         "eval": [],
         "danka_version": __version__,
     }
+    if "prompt_format" not in info:  # a checkpoint of an older danka: from its run's config
+        from danka.tools.prompt_source import find_prompt_format
+
+        found = find_prompt_format(folder)
+        if found is not None:
+            info["prompt_format"] = found[0].to_json()
     return {**info, "kind": kind, "exported_from": str(folder)}
 
 
@@ -210,15 +216,19 @@ def _save(model, tokenizer, output: Path, gguf: str | None, info: dict, log: Any
     final path of the ``.gguf`` (None without one)."""
     from danka.tools.export_output import staged_folder
 
+    held: list[str] = []  # the .gguf's "wrote PATH" names the temporary folder until the rename
     with staged_folder(output) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        gguf_path = _write_gguf(model, tokenizer, tmp, gguf, info, log)
+        gguf_path = _write_gguf(model, tokenizer, tmp, gguf, info, log, held.append)
         write_folder_card(tmp, info, what="gguf" if gguf_path else "export")
+    for line in held:  # now in place: the final path
+        log(line.replace(str(tmp), str(output)))
     return output / gguf_path.name if gguf_path else None
 
 
-def _write_gguf(model, tokenizer, output: Path, gguf: str | None, info: dict, log: Any):
+def _write_gguf(model, tokenizer, output: Path, gguf: str | None, info: dict, log: Any, done: Any):
+    """The ``.gguf`` into ``output``; ``done`` gets its closing line (said by the caller)."""
     if not gguf:
         return None
     from danka.models.gguf_export import write_gguf
@@ -226,7 +236,7 @@ def _write_gguf(model, tokenizer, output: Path, gguf: str | None, info: dict, lo
     stem = Path(str(info.get("base_model") or "model")).name
     path = output / f"{stem}-{info.get('algorithm', 'danka')}-{gguf}.gguf"
     log(f"writing {path.name} ({gguf}) ...")
-    write_gguf(model, tokenizer, path, out_type=gguf, name=stem, log=log)
+    write_gguf(model, tokenizer, path, out_type=gguf, name=stem, log=done)
     info["gguf_file"] = path.name
     return path
 

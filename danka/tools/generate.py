@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -83,6 +83,7 @@ def load_for_inference(
     with the adapter applied (not merged). The tokenizer comes from the adapter folder when
     it holds one, else from the base."""
     from danka.models.loading import load_causal_lm, load_tokenizer, sync_special_tokens
+    from danka.models.threads import use_cpu_threads
     from danka.tools.adapter_load import attach_adapter
     from danka.tools.locate import is_adapter, resolve_checkpoint
 
@@ -107,6 +108,7 @@ def load_for_inference(
         trust_remote_code=trust_remote_code,
         log=log,
     )
+    use_cpu_threads("auto", next(net.parameters()).device.type, log)  # a shared CPU: one line
     if adapter is not None:
         net = attach_adapter(net, adapter, base_name=model)
         log(f"Loaded adapter {adapter}")
@@ -133,6 +135,8 @@ def generate_text(
     prompt: str | list[dict[str, str]],
     *,
     system: str | None = None,
+    instruction: str | None = None,
+    examples: Sequence[Mapping[str, str]] = (),
     max_new_tokens: int = 256,
     temperature: float = 0.7,
     top_p: float = 0.95,
@@ -140,14 +144,16 @@ def generate_text(
     stream: bool = True,
 ) -> str:
     """One answer to ``prompt`` (text or chat messages); streamed to stdout token by token
-    when ``stream``. ``temperature <= 0`` is greedy."""
+    when ``stream``. ``temperature <= 0`` is greedy. ``system``, ``instruction``,
+    ``examples``: the run's prompt format (danka.data.prompt_format), as in training."""
     from transformers import TextStreamer
 
     from danka.data.template import has_chat_template, render_prompt
 
     if seed is not None:
         torch.manual_seed(seed)
-    text = render_prompt(tokenizer, prompt, system_prompt=system)
+    style = {"system_prompt": system, "instruction": instruction, "examples": examples}
+    text = render_prompt(tokenizer, prompt, **style)
     ids = torch.tensor([_encode(tokenizer, text, has_chat_template(tokenizer))])
     device = next(model.parameters()).device
     streamer = (

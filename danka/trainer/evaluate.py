@@ -30,6 +30,10 @@ from danka.trainer.sample import SampleContext, sample
 from danka.types import PromptRow, RolloutBatch
 
 SHOWN = 16  # answers written into eval/step_N.json
+# eval.probe_max_new_tokens: auto. On a CPU the probe's 8 answers x 96 tokens took longer
+# than the quickstart's 200 held-out answers x 16 tokens (96 decode steps at batch 8 against
+# 16 at batch 200); 32 tokens still show an answer looping or shrinking
+PROBE_TOKENS_GPU, PROBE_TOKENS_CPU = 96, 32
 
 
 @dataclass(frozen=True)
@@ -177,19 +181,20 @@ class Evaluator:
         self.log.info(f"step {step} | evaluating {len(ctx.prompts.rows)} held-out prompts (greedy)")
         t0 = time.perf_counter()
         got = held_out(ctx, self.rewards, micro)
-        seconds = time.perf_counter() - t0
-        metrics = {
-            **got.metrics,
-            "eval/seconds": round(seconds, 2),
-            "eval/minutes": round((time.perf_counter() - started) / 60, 3),
-        }
+        metrics = dict(got.metrics)
         if self.floors is None:  # on the whole held-out set, scored by the run's rewards
             held = self.held.prompts
             found = guess_floors(held.rows, held.texts, self.rewards, threshold=CORRECT_AT)
             self.floors = GuessFloors(found.metrics(), found.to_json())
         metrics.update(self.floors.metrics)
+        t_probe = time.perf_counter()
         probe_metrics, answers = self._probe(micro)
         metrics.update(probe_metrics)
+        now = time.perf_counter()
+        seconds = now - t0  # the whole evaluation: held-out answers, floors, drift probe
+        metrics["eval/seconds"] = round(seconds, 2)
+        metrics["eval/probe_seconds"] = round(now - t_probe, 2)  # the drift probe's part
+        metrics["eval/minutes"] = round((now - started) / 60, 3)
         return EvalResult(step, metrics, got.samples, self.floors, answers, self.reference, seconds)
 
     @torch.no_grad()
@@ -240,9 +245,11 @@ def build_evaluator(
     chunk = per_call if isinstance(per_call, int) and per_call else 256
     held_ctx = dataclasses.replace(sampling.context(cfg, held, params), chunk=chunk)
     probes = probe_prompts(sampling.tokenizer, cfg.eval.probe_prompts, t.max_length)
-    probe_params = SamplingParams(
-        n=1, temperature=0.0, max_new_tokens=cfg.eval.probe_max_new_tokens
-    )
+    on_gpu = next(sampling.models.policy.parameters()).device.type == "cuda"
+    probe_tokens = cfg.eval.probe_max_new_tokens
+    if probe_tokens == "auto":  # a CPU decodes the probe's 8 answers a token at a time
+        probe_tokens = PROBE_TOKENS_GPU if on_gpu else PROBE_TOKENS_CPU
+    probe_params = SamplingParams(n=1, temperature=0.0, max_new_tokens=probe_tokens)
     probe_ctx = dataclasses.replace(sampling.context(cfg, probes, probe_params), agent=None)
     return Evaluator(held_ctx, probe_ctx, rewards, sampling.models, forward, log,
                      subset_size=cfg.eval.subset_size)  # fmt: skip

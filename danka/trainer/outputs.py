@@ -51,6 +51,8 @@ class Outputs:
     trackers: SafeTrackers | dist.Null
     save_completions: int = 0  # logging.save_completions
     log_interval: int = 1  # logging.log_interval
+    verbose: bool = False  # logging.verbose: every metric in the step line, on the console too
+    progress: bool = True  # logging.progress: the console's one line per step is the bar's
     result_file: str = "result.json"  # logging.result_file
     history: dict = field(default_factory=lambda: {"eval": []})
     doctor: LiveDiagnoser | None = None  # the run doctor's checks, live (rank 0)
@@ -78,6 +80,8 @@ class Outputs:
             trackers=trackers,
             save_completions=cfg.logging.save_completions,
             log_interval=cfg.logging.log_interval,
+            verbose=cfg.logging.verbose,
+            progress=cfg.logging.progress,
             result_file=cfg.logging.result_file,
         )
         if main:
@@ -104,8 +108,10 @@ class Outputs:
             check_run_lock(self.output_dir, what=f"step {step}'s metrics")
         self.metrics.write(step, metrics)
         self.trackers.log(metrics, step)
-        if step % self.log_interval == 0 or step == total_steps:
-            self.log.info(format_step_line(step, metrics))
+        if step % self.log_interval == 0 or step == total_steps:  # on the console: one line a step
+            console = self.verbose or not self.progress
+            line = format_step_line(step, metrics, verbose=self.verbose)
+            self.log.info(line, extra={"console": console})
         if not self.main:
             return
         self.warn(self.doctor.observe(step, metrics))
@@ -159,7 +165,8 @@ class Outputs:
             f"step {step} | held-out accuracy: {100 * m['eval/accuracy']:.1f}% "
             f"({int(m['eval/n'])} problems; guess floor "
             f"{100 * m['eval/guess_floor']:.1f}%, mean answer "
-            f"{m['eval/response_length']:.0f} tokens; {result.seconds:.1f} s)"
+            f"{m['eval/response_length']:.0f} tokens; {result.seconds:.1f} s, the drift probe "
+            f"{m['eval/probe_seconds']:.1f} s of it)"
         )
         return record
 

@@ -96,3 +96,14 @@ def test_completions_writer(tmp_path):
     CompletionsWriter(tmp_path).write(9, prompts=["p"], completions=["c"], rewards=[0.0])
     assert remove_completions_after(tmp_path, 7) == 1
     assert sorted(p.name for p in (tmp_path / "completions").iterdir()) == ["step_7.jsonl"]
+
+
+def test_the_short_step_line_keeps_what_says_how_the_step_went():
+    metrics = {
+        **{"time/step": 5.2, "time/rollout": 3.0, "actor/clipfrac": 0.1, "kl": 0.0012},
+        **{"actor/entropy": 1.23454, "response_length": 42.14, "reward": 0.5, "loss": 0.1},
+    }
+    assert format_step_line(3, metrics, verbose=False) == (
+        "step 3 | loss: 0.1000, reward: 0.5000, kl: 0.0012, actor/entropy: 1.2345, "
+        "response_length: 42.1, time/step: 5.20s"
+    )

@@ -76,3 +76,12 @@ def test_work_progress_slow_rates_read_as_seconds_per_item(monkeypatch):
     with progress_mod.WorkProgress(24, "rm eval", unit="pairs", stream=out) as p:
         p.advance(4)
     assert "| 20.0 s/pair |" in out.getvalue()
+
+
+def test_phases_that_did_not_run_are_left_out():
+    from danka.logging.progress import summarize
+
+    pieces = summarize(
+        {"reward": 0.5, "time/rollout": 1.25, "time/values": 0.0, "time/reward": 0.01}
+    )
+    assert pieces == ["reward 0.500", "rollout 1.2s"]

@@ -122,7 +122,9 @@ def test_cli_export_gguf_round_trips_and_has_a_card(adapter_dir, tmp_path, capsy
     card = (out / "README.md").read_text()
     assert "library_name: transformers" in card and "gguf" in card
     assert f"llama-cli -m {gguf_file.name}" in card
-    assert "writing " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "writing " in printed and f"wrote {out / gguf_file.name} (f32" in printed
+    assert ".tmp-export" not in printed  # the final path only, never the staging folder
 
 
 def test_export_a_full_parameter_checkpoint_to_gguf(tiny_dir, tmp_path):

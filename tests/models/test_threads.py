@@ -1,0 +1,106 @@
+"""speed.cpu_threads: auto takes the CPUs this process may use (affinity, OMP_NUM_THREADS,
+the cgroup quota) less what the load says others keep busy, at least one; faked here."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from danka.models import threads
+from danka.models.threads import ThreadGovernor, cgroup_cpu_quota, share, use_cpu_threads
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    "cpus, quota, load, own, want",
+    [
+        (2, None, 0.2, 0, 2),  # alone on 2 cores: both
+        (2, None, 2.1, 0, 1),  # another torch job keeps 2 cores busy: one, never zero
+        (2, None, 0.8, 0, 1),  # a neighbour at ~0.8 of a core counts
+        (2, None, 0.6, 0, 2),  # background noise does not
+        (8, 2.0, 0.0, 0, 2),  # an 8-CPU affinity inside a 2-CPU cgroup quota
+        (8, 1.5, 0.0, 0, 2),  # a fractional quota rounds up
+        (2, None, 2.2, 2, 2),  # this run's own 2 threads in the load are not a neighbour
+        (2, None, 3.1, 2, 1),  # ... a second run beside them is
+        (4, None, 40.0, 0, 1),  # an overloaded machine: still one
+    ],
+)
+def test_auto_counts_usable_cpus_less_the_neighbours(cpus, quota, load, own, want):
+    got = share(own, cpus=cpus, quota=quota, load=load)
+    assert got.threads == want
+    assert got.line().startswith(f"cpu threads: {want} (speed.cpu_threads: auto; {cpus} CPUs")
+
+
+def test_the_machine_is_read_affinity_load_and_omp_cap(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 0.5, 0.2))
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda root=None: None)
+    assert share().threads == 3  # 4 CPUs, one kept busy by someone else
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's (or torchrun's) limit
+    assert share().threads == 1
+
+
+def test_cgroup_quota_v2_and_v1(tmp_path):
+    assert cgroup_cpu_quota(tmp_path) is None
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_quota(tmp_path) is None  # v1, unlimited
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("250000\n")
+    assert cgroup_cpu_quota(tmp_path) == 2.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(tmp_path) is None  # v2 says unlimited (it wins over v1)
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_quota(tmp_path) == 1.5
+
+
+def test_use_sets_torch_and_says_it_in_one_line(monkeypatch):
+    monkeypatch.setattr(threads, "share", lambda own=0: threads.CpuShare(2, None, 2.3, own, 1))
+    lines: list[str] = []
+    gov = use_cpu_threads("auto", "cpu", lines.append)
+    assert torch.get_num_threads() == 1 and gov.threads == 1
+    assert lines == [
+        "cpu threads: 1 (speed.cpu_threads: auto; 2 CPUs usable, load 2.3: others keep ~2.3 busy)"
+    ]
+    lines.clear()
+    torch.set_num_threads(2)
+    gov = use_cpu_threads(3, "cpu", lines.append)
+    assert torch.get_num_threads() == 3 and lines == ["cpu threads: 3 (speed.cpu_threads)"]
+    gov.restore()  # danka.train gives a Python caller its count back
+    assert torch.get_num_threads() == 2
+
+
+def test_the_governor_follows_a_neighbour_that_comes_and_goes(monkeypatch):
+    loads = iter([2.1, 3.2, 3.0, 1.2])  # alone at 2 threads; a neighbour comes; it goes
+    monkeypatch.setattr(threads, "_load", lambda: next(loads))
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda root=None: None)
+    monkeypatch.setattr(threads, "_affinity", lambda: 2)
+    lines: list[str] = []
+    gov = ThreadGovernor(lines.append, auto=True, threads=2)
+    counts = []
+    for step in range(1, 5):
+        gov.on_step(step, {})
+        counts.append((gov.threads, torch.get_num_threads()))
+    assert counts[0][0] == 2 and counts[1:] == [(1, 1), (1, 1), (2, 2)]
+    assert len(lines) == 2 and lines[0].startswith("step 2 | cpu threads: 2 -> 1")
+    assert lines[1].startswith("step 4 | cpu threads: 1 -> 2")
+
+
+def test_the_setting_is_checked_at_start_up():
+    import danka
+    from danka.errors import UserError
+
+    base = {"model": {"actor_model_name_or_path": "x"}, "data": {"task": "arithmetic"}}
+    assert danka.Config.from_dict(base).speed.cpu_threads == "auto"
+    assert danka.Config.from_dict(base, ["speed.cpu_threads=2"]).speed.cpu_threads == 2
+    with pytest.raises(UserError, match="speed.cpu_threads"):
+        danka.Config.from_dict(base, ["speed.cpu_threads=0"])

@@ -116,6 +116,24 @@ def check_limits(config: Any, source: Any) -> None:
             )
 
 
+# a number written as text (a memory size): longer than this it is no size anyone means,
+# and float() reads 400 digits as inf (or 1e399), which overflows every integer it becomes
+NUMBER_CHARS = 40
+
+
+def read_decimal(text: str) -> float | None:
+    """The finite number ``text`` writes (digits, a point), or None where it is none or
+    longer than :data:`NUMBER_CHARS`: every numeric string a setting or flag holds is
+    read through this, so none can overflow later."""
+    if len(text) > NUMBER_CHARS:
+        return None
+    try:
+        value = float(text)
+    except ValueError:  # "1.2.3"
+        return None
+    return value if math.isfinite(value) else None
+
+
 # command-line flags: an int flag is a count unless named here; a float must be finite
 FLAG_LIMITS: dict[str, tuple[int, int, str]] = {
     "seed": (*SEED, "a random seed"),

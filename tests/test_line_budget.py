@@ -15,7 +15,7 @@ BUDGET = {
     "agent": 2150,
     "algorithms": 1000,
     "checkpoint": 1050,
-    "config": 2000,
+    "config": 2100,  # + overrides located by number, old+new names refused there, probe checks
     "data": 1950,  # + chat-row checks (i37), data.examples (few-shot turns)
     "diagnose": 1450,  # + numeric columns and sampled checks for 250k-step runs (i37)
     "distributed": 800,

@@ -162,8 +162,8 @@ def check_speed(cfg: DankaConfig, at) -> None:
     if sp.gpu_memory is not None:
         try:
             parse_memory(sp.gpu_memory)
-        except UserError:
-            at.fail("speed.gpu_memory", f"cannot read {sp.gpu_memory!r} as a size", "e.g. 24GiB")
+        except UserError as err:
+            at.fail("speed.gpu_memory", err.what, "write it like 24GiB, 80GB or 40 (GiB)")
     at.size_or_auto("speed.logprob_chunk_size", sp.logprob_chunk_size, 1,
                     "e.g. 1024 (tokens per chunk), or auto")  # fmt: skip
     if sp.packing and sp.max_packed_length < t.max_length:

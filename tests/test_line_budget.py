@@ -24,7 +24,7 @@ BUDGET = {
     "planning": 1150,  # + the vLLM share (i38), the data's prompt length
     "rewards": 1500,
     "rm": 450,
-    "rollout": 3800,  # + the vLLM engine: calls, sync, memory (i38); its sleep mode and LoRA base names
+    "rollout": 3850,  # + the vLLM engine: calls, sync, memory (i38); its sleep mode and LoRA base names; the engine-option check the config shares
     "tools": 3200,  # + report verdict, export safety, eval partial results, adapter checks
     "trainer": 4100,
     "usercode": 850,  # + the kill -9 guardian of reward and tool workers (i37)

@@ -8,6 +8,7 @@ from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from danka.config.schema import DankaConfig
 from danka.config.units import parse_memory
 from danka.errors import UserError
+from danka.rollout.base import options_of, unsupported_option
 
 
 def check_model(cfg: DankaConfig, at) -> None:
@@ -193,6 +194,9 @@ def check_rollout(cfg: DankaConfig, at) -> None:
             f"true asks for the vLLM engine, which conflicts with rollout.engine: {r.engine}",
             "set only one of them",
         )
+    named = "vllm" if cfg.backend.vllm.enable_vllm else r.engine
+    if named != "auto" and (bad := unsupported_option(named, options_of(r))):
+        at.fail(*bad)  # auto: once the device picks the engine (trainer.setup.choose_engine)
 
 
 def check_loss_and_optim(cfg: DankaConfig, at) -> None:

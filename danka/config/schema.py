@@ -283,7 +283,8 @@ class RolloutConfig:
         "the next rollout captures its one graph again, milliseconds); vllm engine: null or "
         "false (the default) = vLLM's sleep mode, its KV cache and weights freed after every "
         "rollout and the weights sent again before the next (the update gets the memory), "
-        "true = vLLM keeps its share all run",
+        "true = vLLM keeps its share all run; hf engine: null or false (it keeps no cache "
+        "between calls; true is refused at start-up)",
     )
     compile: bool = _f(
         False,

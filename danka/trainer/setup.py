@@ -27,10 +27,7 @@ from danka.models.speed import compile_forward, enable_tf32
 from danka.planning.engine import choose_engine as choose_rollout_engine
 from danka.planning.shape import ModelShape
 from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
-from danka.rollout.base import (
-    ROLLOUT_ENGINES,
-    engine_meta,
-)
+from danka.rollout.base import ROLLOUT_ENGINES, check_options, engine_meta, options_of
 from danka.trainer.agent import encode_agent_prompts
 from danka.trainer.dynamic_sampling import DynamicSampler
 from danka.trainer.models import build_models
@@ -97,6 +94,7 @@ def choose_engine(
     )
     if dist.is_active():
         dist.check_config(cfg, name)
+    check_options(name, options_of(cfg.rollout))  # rollout.* the engine ignores: refused now
     mode = cfg.trainer.rollout_correction.mode
     needs_logprobs = ROLLOUT_CORRECTIONS.get(mode, "trainer.rollout_correction.mode") is not None
     if needs_logprobs and not engine_meta(name).reports_logprobs:

@@ -7,7 +7,9 @@ from __future__ import annotations
 from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from danka.config.schema import DankaConfig
 from danka.config.units import parse_memory
+from danka.data.tasks import check_task_options
 from danka.errors import UserError
+from danka.limits import check_template
 from danka.rollout.base import options_of, unsupported_option
 
 
@@ -39,6 +41,11 @@ def check_data(cfg: DankaConfig, at) -> None:
         )
     if d.eval_size < 0 or d.task_train_size < 1:
         at.fail("data.eval_size", "sizes must be >= 0", "e.g. data.eval_size: 200")
+    if d.task:  # its options (a template's format specs) before any row is made
+        try:
+            check_task_options(d.task, d.task_kwargs)
+        except UserError as err:
+            at.fail(err.where or "data.task_kwargs", err.what, err.fix or "")
     check_examples(d.examples, at)
 
 
@@ -251,6 +258,11 @@ def check_reward(cfg: DankaConfig, at) -> None:
 
     if not cfg.reward.timeout_s > 0:
         at.fail("reward.timeout_s", "must be > 0", "e.g. 30")
+    if (judge := cfg.reward.judge_template) is not None:
+        try:
+            check_template("reward.judge_template", judge, ["prompt", "completion"])
+        except UserError as err:
+            at.fail("reward.judge_template", err.what, err.fix or "")
     check_reward_specs(cfg.reward.functions)
     ob, new = cfg.reward.overlong_buffer, cfg.trainer.max_new_tokens
     if not 0 <= ob.length < new:

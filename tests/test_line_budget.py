@@ -20,7 +20,7 @@ BUDGET = {
     "diagnose": 1450,  # + numeric columns and sampled checks for 250k-step runs (i37)
     "distributed": 800,
     "logging": 900,
-    "models": 1950,  # + GGUF conversion cleanup on signals (i37), dims (one reading of H/I/L/V)
+    "models": 1975,  # + GGUF conversion cleanup on signals (i37), dims (one reading of H/I/L/V); one .gguf check for the shape reader too
     "planning": 1150,  # + the vLLM share (i38), the data's prompt length
     "rewards": 1500,
     "rm": 450,

@@ -306,6 +306,28 @@ def check_outputs(cfg: DankaConfig, at) -> None:
         )
 
 
+# characters a token may hold, at most, over a whole prompt: English runs about 4 a
+# token; no tokenizer for chat packs 32 a token into every token of a prompt
+PROBE_CHARS_PER_TOKEN = 32
+
+
+def check_probe_prompts(cfg: DankaConfig, at) -> None:
+    """eval.probe_prompts: each one a question. There is no tokenizer before the model
+    loads, so the length bound here is in characters, a conservative one (more than
+    PROBE_CHARS_PER_TOKEN characters per token of trainer.max_length cannot fit); the
+    exact count follows with the tokenizer, still before the model loads
+    (danka.trainer.evaluate.probe_prompts, from danka.trainer.setup.build_prompts)."""
+    most = cfg.trainer.max_length * PROBE_CHARS_PER_TOKEN
+    for i, text in enumerate(cfg.eval.probe_prompts):
+        key = f"eval.probe_prompts[{i}]"
+        if not text.strip():
+            fix = "write a question, or remove it (no probe_prompts: danka's own set)"
+            at.fail(key, "is empty: the probe would ask the model nothing", fix)
+        if len(text) > most:
+            what = f"is {len(text):,} characters, more than trainer.max_length tokens hold"
+            at.fail(key, what, "shorten the probe prompt, or raise trainer.max_length")
+
+
 def check_agent(cfg: DankaConfig, at) -> None:
     """agent.tools / agent.environment: the agent settings, and a prompt budget that
     leaves room for the whole multi-turn response (all turns + tool responses)."""
@@ -351,5 +373,5 @@ def check_rm(cfg: DankaConfig, at) -> None:
 CHECKS = (
     check_model, check_data, check_trainer_sizes, check_speed, check_rollout,
     check_trainer_batches, check_trainer_algorithm, check_loss_and_optim, check_sampling,
-    check_lora, check_reward, check_outputs, check_agent, check_rm,
+    check_lora, check_reward, check_outputs, check_probe_prompts, check_agent, check_rm,
 )  # fmt: skip

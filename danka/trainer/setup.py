@@ -30,6 +30,7 @@ from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_compu
 from danka.rollout.base import ROLLOUT_ENGINES, check_options, engine_meta, options_of
 from danka.trainer.agent import encode_agent_prompts
 from danka.trainer.dynamic_sampling import DynamicSampler
+from danka.trainer.evaluate import probe_prompts
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
 from danka.trainer.run import Algorithm, PromptSet
@@ -140,6 +141,8 @@ def build_prompts(
     held = None
     if held_rows:
         held = enc(held_rows, d.eval_dataset or d.train_dataset or "data.task")
+        # the evaluation's drift probe, refused now rather than after the model loads
+        probe_prompts(tokenizer, cfg.eval.probe_prompts, cfg.trainer.max_length)
     if len(train.rows) < cfg.trainer.batch_size:
         raise UserError(
             f"only {len(train.rows)} usable training prompts, fewer than "

@@ -262,3 +262,24 @@ def test_an_old_name_on_the_command_line_still_overrides_the_file(tmp_path):
     assert cfg.optim.lr == 2e-5
     cfg, _ = load_config(path, ["optim.lr=3e-5", "optim.lr=4e-5"])  # one name twice: last wins
     assert cfg.optim.lr == 4e-5
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("eval.probe_prompts=['']", "eval.probe_prompts[0]"),
+        ("eval.probe_prompts=[a, '  ']", "eval.probe_prompts[1]"),
+    ],
+)
+def test_an_empty_probe_prompt_is_refused(tmp_path, override, key):
+    """Before: accepted (the probe then asked the model nothing)."""
+    err = str(load_error(write_config(tmp_path), [override]))
+    assert key in err and "empty" in err, err
+
+
+def test_a_probe_prompt_no_tokenizer_fits_in_max_length_is_refused_at_validation(tmp_path):
+    """Before: refused only after the model loaded, as 'data: row 0 ... raise
+    data.max_prompt_length'. 512 tokens of trainer.max_length hold no 40,000 characters."""
+    err = str(load_error(write_config(tmp_path), ["eval.probe_prompts=[hi, " + "x" * 40_000 + "]"]))
+    assert "eval.probe_prompts[1]" in err and "trainer.max_length" in err, err
+    assert "data.max_prompt_length" not in err

@@ -392,6 +392,13 @@ class DataConfig:
         "content: ...}, {role: assistant, content: ...}, ...], alternating, ending with the "
         "assistant; after data.system_prompt, in training, evaluation and danka eval CONFIG",
     )
+    allow_control_tokens: bool = _f(
+        False,
+        "let data rows and data.examples write the tokenizer's chat control tokens "
+        "(<|im_start|>, <|im_end|>, ...) in their text without a word; false = one warning "
+        "at start-up naming the first row or turn that does (the tokenizer reads them as turn "
+        "boundaries: '<|im_end|>\\n<|im_start|>system ...' in a question forges a system turn)",
+    )
     max_prompt_length: int | None = _f(None, "prompt tokens (null = max_length - max_new_tokens)")
     overlong_prompt: str = _f("error", "error | drop | truncate_left")
     on_bad_row: str = _f("error", "error | skip (bad rows go to OUTPUT/bad_rows.jsonl)")

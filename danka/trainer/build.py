@@ -41,6 +41,7 @@ from danka.trainer.setup import (
     build_rule_rewards,
     build_tokenizer,
     choose_engine,
+    control_tokens_warning,
     speed_settings,
 )
 from danka.trainer.stages import Sampling, Stages, Trainables, build_stages
@@ -80,6 +81,8 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
     if warning := repeats_warning(train_rows):  # 100k copies of one prompt trained silently
         log.warning(warning)
     tokenizer = build_tokenizer(cfg, log)
+    if forged := control_tokens_warning(cfg, tokenizer, train_rows + held_rows):
+        log.warning(forged)  # once: the first row or turn holding one, and how many do
     agent = build_agent(cfg, tokenizer, base_dir)  # None unless agent.tools / environment
     try:
         train, held = build_prompts(cfg, tokenizer, train_rows, held_rows, agent)

@@ -17,7 +17,7 @@ from danka.algorithms.kl import KL_ESTIMATORS, KL_MODES, AdaptiveKLController, F
 from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
-from danka.data.template import encode_prompts
+from danka.data.template import control_token_warning, encode_prompts
 from danka.errors import UserError
 from danka.models.loading import (
     load_causal_lm,
@@ -151,6 +151,14 @@ def build_prompts(
             fix="add rows or lower trainer.batch_size",
         )
     return train, held
+
+
+def control_tokens_warning(cfg: DankaConfig, tokenizer, rows: list[PromptRow]) -> str | None:
+    """The one start-up warning for chat control tokens in ``rows`` or data.examples
+    (danka.data.template.control_token_warning); None where data.allow_control_tokens."""
+    if cfg.data.allow_control_tokens:
+        return None
+    return control_token_warning(tokenizer, rows, cfg.data.examples)
 
 
 def build_rule_rewards(

@@ -1,4 +1,4 @@
-"""The range of every integer setting, and of every number on a command line.
+"""The range of every integer setting, every number on a command line, every template.
 
 YAML and Python read integers of any size, and the type check accepts them: a
 ``trainer.seed`` of 2**70 passed validation and then broke ``torch.manual_seed`` (a
@@ -8,7 +8,9 @@ has a range from what it counts, checked once after the type check
 (:func:`check_limits`), and every number a command-line flag takes is checked the same
 way (:func:`check_flag_numbers`): integers in range, floats finite. A duration (a
 timeout, minutes) is at most a year: ``reward.timeout_s: 1e300`` is finite, but Python's
-clocks overflow on it mid-run.
+clocks overflow on it mid-run. A number written as text (a memory size) is read through
+:func:`read_decimal`, and a ``str.format`` template's specs are bounded
+(:func:`check_template`): ``{a:>20000000}`` is one short setting and a 20 MB prompt.
 
 Lower bounds that mean something (a batch of at least 1) stay with the validation that
 words them; the ranges here are what no setting of that kind can sensibly exceed.
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from danka.errors import UserError
@@ -114,6 +117,62 @@ def check_limits(config: Any, source: Any) -> None:
                 where=source.where(key),
                 fix=f"set {key} between {max(lo, 0):,} and {hi:,}",
             )
+
+
+# a number written as text (a memory size): longer than this it is no size anyone means,
+# and float() reads 400 digits as inf (or 1e399), which overflows every integer it becomes
+NUMBER_CHARS = 40
+
+
+def read_decimal(text: str) -> float | None:
+    """The finite number ``text`` writes (digits, a point), or None where it is none or
+    longer than :data:`NUMBER_CHARS`: every numeric string a setting or flag holds is
+    read through this, so none can overflow later."""
+    if len(text) > NUMBER_CHARS:
+        return None
+    try:
+        value = float(text)
+    except ValueError:  # "1.2.3"
+        return None
+    return value if math.isfinite(value) else None
+
+
+FORMAT_WIDTH = 1000  # the widest field (or most digits) a template's format spec asks
+TEMPLATE_CHARS = 10_000  # a template asks one question; a document is data, not a setting
+
+
+def check_template(key: str, text: str, names: Sequence[str]) -> None:
+    """UserError naming ``key`` unless ``text`` is a ``str.format`` template of at most
+    TEMPLATE_CHARS characters whose fields are plain ``names`` with format specs of at
+    most FORMAT_WIDTH: ``{a:>20000000}`` makes every prompt 20 MB (2000 rows: past 3 GB
+    in seconds); a field inside a spec (``{a:>{b}}``) takes its width from a value."""
+    import string
+
+    fields = ", ".join("{" + n + "}" for n in names)
+
+    def refuse(why: str) -> None:
+        raise UserError(
+            f"template {text[:60]!r} cannot be filled: {why}"[:300],
+            where=key,
+            fix=f"write the text with the placeholders {fields} (a format spec such as "
+            f"{{{names[0]}:>4}} at most {FORMAT_WIDTH} wide); double a literal {{ or }}",
+        )
+
+    if len(text) > TEMPLATE_CHARS:
+        refuse(f"{len(text):,} characters, more than {TEMPLATE_CHARS:,}")
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as err:  # an unmatched brace
+        refuse(str(err))
+    for _, field, spec, _ in parsed:
+        if field is None:
+            continue
+        if field not in names:
+            refuse(f"no placeholder {{{field}}} (it has {fields})")
+        if "{" in spec:
+            refuse(f"a field inside a format spec ({{{field}:{spec}}})")
+        if any(len(n.lstrip("0")) > 4 or int(n) > FORMAT_WIDTH for n in re.findall(r"\d+", spec)):
+            refuse(f"its spec {spec[:20]!r}: a width or precision is at most {FORMAT_WIDTH}")
 
 
 # command-line flags: an int flag is a count unless named here; a float must be finite

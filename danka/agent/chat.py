@@ -77,16 +77,20 @@ DEFAULT_TOOL_PROMPT = "auto"
 def check_tool_prompt(value: str) -> None:
     """``auto``, a name of :data:`TOOL_PROMPTS`, or a text holding ``{schemas}``."""
     from danka.errors import UserError
+    from danka.limits import check_template
 
     if value == "auto" or value in TOOL_PROMPTS:
         return
-    try:
-        ok = "{schemas}" in value and bool(value.format(schemas="[]"))
-    except (KeyError, IndexError, ValueError):
-        ok = False
+    why = ""
+    try:  # its fields and format specs bounded, as every template's (danka.limits)
+        check_template("agent.tool_prompt", value, ["schemas"])
+        ok = "{schemas}" in value
+    except UserError as err:
+        ok, why = False, f" ({err.what.rsplit('cannot be filled: ', 1)[-1]})"
     if not ok:
         raise UserError(
-            f"agent.tool_prompt {value[:60]!r} is neither a known name nor a text with {{schemas}}",
+            f"agent.tool_prompt {value[:60]!r} is neither a known name nor a text with "
+            f"{{schemas}}{why}",
             where="agent.tool_prompt",
             fix=f"use auto, one of {', '.join(TOOL_PROMPTS)}, or your own system text with "
             "{schemas} where the tool schemas go (double any other { and })",

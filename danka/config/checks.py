@@ -7,7 +7,10 @@ from __future__ import annotations
 from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from danka.config.schema import DankaConfig
 from danka.config.units import parse_memory
+from danka.data.tasks import check_task_options
 from danka.errors import UserError
+from danka.limits import check_template
+from danka.rollout.base import options_of, unsupported_option
 
 
 def check_model(cfg: DankaConfig, at) -> None:
@@ -38,6 +41,11 @@ def check_data(cfg: DankaConfig, at) -> None:
         )
     if d.eval_size < 0 or d.task_train_size < 1:
         at.fail("data.eval_size", "sizes must be >= 0", "e.g. data.eval_size: 200")
+    if d.task:  # its options (a template's format specs) before any row is made
+        try:
+            check_task_options(d.task, d.task_kwargs)
+        except UserError as err:
+            at.fail(err.where or "data.task_kwargs", err.what, err.fix or "")
     check_examples(d.examples, at)
 
 
@@ -162,8 +170,8 @@ def check_speed(cfg: DankaConfig, at) -> None:
     if sp.gpu_memory is not None:
         try:
             parse_memory(sp.gpu_memory)
-        except UserError:
-            at.fail("speed.gpu_memory", f"cannot read {sp.gpu_memory!r} as a size", "e.g. 24GiB")
+        except UserError as err:
+            at.fail("speed.gpu_memory", err.what, "write it like 24GiB, 80GB or 40 (GiB)")
     at.size_or_auto("speed.logprob_chunk_size", sp.logprob_chunk_size, 1,
                     "e.g. 1024 (tokens per chunk), or auto")  # fmt: skip
     at.size_or_auto("speed.cpu_threads", sp.cpu_threads, 1, "e.g. 2 (threads), or auto")
@@ -194,6 +202,9 @@ def check_rollout(cfg: DankaConfig, at) -> None:
             f"true asks for the vLLM engine, which conflicts with rollout.engine: {r.engine}",
             "set only one of them",
         )
+    named = "vllm" if cfg.backend.vllm.enable_vllm else r.engine
+    if named != "auto" and (bad := unsupported_option(named, options_of(r))):
+        at.fail(*bad)  # auto: once the device picks the engine (trainer.setup.choose_engine)
 
 
 def check_loss_and_optim(cfg: DankaConfig, at) -> None:
@@ -248,6 +259,11 @@ def check_reward(cfg: DankaConfig, at) -> None:
 
     if not cfg.reward.timeout_s > 0:
         at.fail("reward.timeout_s", "must be > 0", "e.g. 30")
+    if (judge := cfg.reward.judge_template) is not None:
+        try:
+            check_template("reward.judge_template", judge, ["prompt", "completion"])
+        except UserError as err:
+            at.fail("reward.judge_template", err.what, err.fix or "")
     check_reward_specs(cfg.reward.functions)
     rm = cfg.reward.model_weight if cfg.model.reward_model_name_or_path else None
     check_reward_weights(cfg.reward.functions, rm)
@@ -290,6 +306,28 @@ def check_outputs(cfg: DankaConfig, at) -> None:
             f"{cfg.logging.result_file!r} is not a file name",
             "a plain file name written inside output_dir, e.g. result.json",
         )
+
+
+# characters a token may hold, at most, over a whole prompt: English runs about 4 a
+# token; no tokenizer for chat packs 32 a token into every token of a prompt
+PROBE_CHARS_PER_TOKEN = 32
+
+
+def check_probe_prompts(cfg: DankaConfig, at) -> None:
+    """eval.probe_prompts: each one a question. There is no tokenizer before the model
+    loads, so the length bound here is in characters, a conservative one (more than
+    PROBE_CHARS_PER_TOKEN characters per token of trainer.max_length cannot fit); the
+    exact count follows with the tokenizer, still before the model loads
+    (danka.trainer.evaluate.probe_prompts, from danka.trainer.setup.build_prompts)."""
+    most = cfg.trainer.max_length * PROBE_CHARS_PER_TOKEN
+    for i, text in enumerate(cfg.eval.probe_prompts):
+        key = f"eval.probe_prompts[{i}]"
+        if not text.strip():
+            fix = "write a question, or remove it (no probe_prompts: danka's own set)"
+            at.fail(key, "is empty: the probe would ask the model nothing", fix)
+        if len(text) > most:
+            what = f"is {len(text):,} characters, more than trainer.max_length tokens hold"
+            at.fail(key, what, "shorten the probe prompt, or raise trainer.max_length")
 
 
 def check_agent(cfg: DankaConfig, at) -> None:
@@ -337,5 +375,5 @@ def check_rm(cfg: DankaConfig, at) -> None:
 CHECKS = (
     check_model, check_data, check_trainer_sizes, check_speed, check_rollout,
     check_trainer_batches, check_trainer_algorithm, check_loss_and_optim, check_sampling,
-    check_lora, check_reward, check_outputs, check_agent, check_rm,
+    check_lora, check_reward, check_outputs, check_probe_prompts, check_agent, check_rm,
 )  # fmt: skip

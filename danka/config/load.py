@@ -52,7 +52,7 @@ class _Source:
     def __init__(self, path: Path | None, text: str = ""):
         self.path = path
         self.lines = _key_lines(text) if text else {}
-        self.overridden: set[str] = set()
+        self.overridden: dict[str, str] = {}  # dotted key -> "#k: key=value" as typed
         self.explicit: set[str] = set()  # dotted keys the user set (file or override)
         self.written: dict[str, str] = {}  # key -> the older name the user wrote (moved.py)
 
@@ -70,11 +70,20 @@ class _Source:
                 return f"{old + key[len(new) :]} (now {key})"
         return key
 
+    def override_of(self, key: str) -> str | None:
+        """The override (``command-line override #k: key=value``) that set ``key``: the
+        key itself, a list or mapping holding it (``reward.functions=[{weight: .nan}]``
+        for ``reward.functions[0].weight``), or a section it created (``foo.bar=1``
+        makes the unknown key ``foo``); None when the file (or the default) set it."""
+        for k, shown in reversed(self.overridden.items()):  # the last override wins
+            inside = key.startswith((k + ".", k + "["))
+            if key == k or inside or (k.startswith(key + ".") and key not in self.lines):
+                return f"command-line override {shown}" + (f": key {key}" if inside else "")
+        return None
+
     def where(self, key: str) -> str:
-        # an override may create a section: `foo.bar=1` makes the unknown key `foo`
-        by_override = [k for k in self.overridden if k == key or k.startswith(key + ".")]
-        if key in self.overridden or (by_override and key not in self.lines):
-            return f"command-line override {self._shown(by_override[0])}"
+        if by_override := self.override_of(key):
+            return by_override
         if self.path is None:
             return f"config key {self._shown(key)}"
         line = self.lines.get(key)
@@ -152,7 +161,8 @@ def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
     """Apply ``a.b.c=value`` overrides; values are parsed as YAML (lists, null, numbers)."""
     if isinstance(overrides, str):  # danka.train(..., overrides="a=1"): one override
         overrides = [overrides]
-    for item in overrides:
+    named: dict[str, tuple[int, str]] = {}  # current dotted key -> (#k, the name written)
+    for number, item in enumerate(overrides, 1):
         if not isinstance(item, str):
             raise UserError(
                 f"an override must be a 'key=value' string, got {_shown(item, 60)}",
@@ -168,8 +178,12 @@ def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
         key, raw = item.split("=", 1)
         written = key.strip()
         key = new_key(written)  # a key under its older name (moved.py) lands in its place
+        _refuse_both_names(named, key, written, number)
+        named[key] = (number, written)
         if key != written:
             source.written[key] = written
+        text = raw.strip()
+        shown = f"#{number}: {written}={text if len(text) <= 60 else text[:60] + '...'}"
         try:
             value = (
                 load_yaml(raw, where=f"command-line override {written}") if raw.strip() else None
@@ -185,12 +199,29 @@ def apply_overrides(data: dict, overrides: list[str], source: _Source) -> None:
             if not isinstance(child, dict):
                 raise UserError(
                     f"{part!r} is not a section",
-                    where=f"override {key}",
+                    where=f"command-line override {shown}",
                     fix="override a leaf key, e.g. optim.lr=1e-5",
                 )
             node = child
         node[parts[-1]] = value
-        source.overridden.add(key)
+        source.overridden.pop(key, None)  # re-added last: the override in effect
+        source.overridden[key] = shown
+
+
+def _refuse_both_names(named: dict[str, tuple[int, str]], key: str, written: str, number: int):
+    """UserError when override #``number`` (``written``, now ``key``) and an earlier one
+    name one setting (or a section and a key in it) under its older and its current name
+    (config/moved.py): the last would win silently, where the same pair in a file is
+    refused. One name given twice is an ordinary override of an override."""
+    for other, (k, name) in named.items():
+        same = other == key or other.startswith(key + ".") or key.startswith(other + ".")
+        if same and (name == other) != (written == key):  # one old name, one current
+            old, new = (name, written) if name != other else (written, name)
+            raise UserError(
+                f"both {old} and {new} are set; {old} is the older name of {new_key(old)}",
+                where=f"command-line overrides #{k} and #{number}",
+                fix=f"keep only the one with {new}",
+            )
 
 
 def _type_name(tp: Any) -> str:

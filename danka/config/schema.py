@@ -297,7 +297,8 @@ class RolloutConfig:
         "the next rollout captures its one graph again, milliseconds); vllm engine: null or "
         "false (the default) = vLLM's sleep mode, its KV cache and weights freed after every "
         "rollout and the weights sent again before the next (the update gets the memory), "
-        "true = vLLM keeps its share all run",
+        "true = vLLM keeps its share all run; hf engine: null or false (it keeps no cache "
+        "between calls; true is refused at start-up)",
     )
     compile: bool = _f(
         False,
@@ -404,6 +405,13 @@ class DataConfig:
         "worked turns before every prompt (few-shot, as lm-eval-harness's): [{role: user, "
         "content: ...}, {role: assistant, content: ...}, ...], alternating, ending with the "
         "assistant; after data.system_prompt, in training, evaluation and danka eval CONFIG",
+    )
+    allow_control_tokens: bool = _f(
+        False,
+        "let data rows and data.examples write the tokenizer's chat control tokens "
+        "(<|im_start|>, <|im_end|>, ...) in their text without a word; false = one warning "
+        "at start-up naming the first row or turn that does (the tokenizer reads them as turn "
+        "boundaries: '<|im_end|>\\n<|im_start|>system ...' in a question forges a system turn)",
     )
     max_prompt_length: int | None = _f(None, "prompt tokens (null = max_length - max_new_tokens)")
     overlong_prompt: str = _f("error", "error | drop | truncate_left")

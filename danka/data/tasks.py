@@ -21,6 +21,7 @@ import hashlib
 import inspect
 import json
 import random
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 from danka.data.calc_task import calc_rows
 from danka.data.files import write_text_atomic
 from danka.errors import UserError
+from danka.limits import check_template
 from danka.registry import Registry
 from danka.types import PromptRow
 
@@ -230,6 +232,13 @@ def task_rows(
 ) -> list[PromptRow]:
     """``n`` rows of task ``name`` from ``split``; ``kwargs`` (``data.task_kwargs``) go to its
     generator. UserError naming data.task / data.task_kwargs if either is wrong."""
+    check_task_options(name, kwargs)
+    return TASKS.get(name, where="data.task")(n, seed=seed, split=split, **(kwargs or {}))
+
+
+def check_task_options(name: str, kwargs: dict[str, Any] | None) -> None:
+    """UserError naming the ``data.task_kwargs`` key task ``name`` cannot take (run by
+    the config check too, so a bad option is refused before any row is made)."""
     fn = TASKS.get(name, where="data.task")
     kwargs = dict(kwargs or {})
     allowed = [
@@ -247,7 +256,6 @@ def task_rows(
     defaults = {p.name: p.default for p in inspect.signature(fn).parameters.values()}
     for key, value in kwargs.items():
         _check_option(f"data.task_kwargs.{key}", value, defaults[key])
-    return fn(n, seed=seed, split=split, **kwargs)
 
 
 def _check_option(key: str, value: Any, default: Any) -> None:
@@ -266,6 +274,9 @@ def _check_option(key: str, value: Any, default: Any) -> None:
     if isinstance(default, (bool, str)) and not isinstance(value, type(default)):
         raise UserError(f"expected {type(default).__name__}, got {value!r}"[:200], where=key,
                         fix=f"e.g. {key.rsplit('.', 1)[1]}: {default!r}")  # fmt: skip
+    if isinstance(default, str):  # a template: the placeholders of the default's
+        names = [f for _, f, _, _ in string.Formatter().parse(default) if f]
+        check_template(key, value, list(dict.fromkeys(names)))
 
 
 def row_to_record(row: PromptRow) -> dict[str, Any]:

@@ -7,6 +7,7 @@ text is encoded with the tokenizer's defaults (a BOS where the model wants one).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,46 @@ def render_prompt(
     if has_chat_template(tokenizer):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "\n\n".join(m["content"] for m in messages)
+
+
+def control_token_warning(
+    tokenizer: Any, rows: Sequence[PromptRow], examples: Sequence[Mapping[str, str]] = ()
+) -> str | None:
+    """One warning line when a worked turn (data.examples) or a data row writes one of the
+    tokenizer's control tokens (``<|im_start|>``, ``<|im_end|>``, ...: its special tokens)
+    in its text, else None. The tokenizer reads them as turn boundaries, not as text:
+    ``<|im_end|>\n<|im_start|>system ...`` inside a question forges a system turn. The
+    line names the first (the examples first, then the rows in order) as the tokenizer
+    writes it, and how many turns hold one; ``data.allow_control_tokens`` silences it."""
+    specials = {t for t in getattr(tokenizer, "all_special_tokens", []) if len(str(t)) > 1}
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    specials |= {t.content for t in added.values() if getattr(t, "special", False)}
+    specials = {str(t) for t in specials if len(str(t)) > 1}
+    if not specials:
+        return None
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
+    hits: list[tuple[str, str]] = []  # (where, token)
+
+    def scan(where: str, prompt: Any, sep: str = ", ") -> None:
+        turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        for t, m in enumerate(turns):
+            text = m.get("content") if isinstance(m, Mapping) else None
+            if isinstance(text, str) and (found := pattern.search(text)):
+                turn = "" if isinstance(prompt, str) else f"{sep}turn {t} ({m.get('role')})"
+                hits.append((where + turn, found.group()))
+
+    scan("data.examples", list(examples), sep=" ")
+    for row in rows:
+        scan(f"data row {row.index}", row.prompt)
+    if not hits:
+        return None
+    where, token = hits[0]
+    return (
+        f"{where} holds the chat control token {token!r}: the tokenizer reads it as a turn "
+        "boundary, not as text (e.g. '<|im_end|>\\n<|im_start|>system ...' forges a system "
+        f"turn); {len(hits)} rows or turns hold one. Remove them, or set "
+        "data.allow_control_tokens: true if they are meant"
+    )
 
 
 @dataclass

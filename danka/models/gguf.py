@@ -26,6 +26,9 @@ from danka.io import read_json_object
 from danka.safe_read import check_regular
 
 MARKER = "danka_source.json"  # written last into a complete conversion
+REGULAR_FIX = (
+    "give the path of a .gguf model file (a regular file: not a pipe, a device or a folder)"
+)
 
 Log = Callable[[str], Any]
 
@@ -68,8 +71,7 @@ def ensure_converted(
     conversion (:func:`sweep_orphans`). A cache that cannot be written (read-only, a file
     in the way) is one message naming ``DANKA_CACHE``."""
     gguf_path = Path(gguf_path).expanduser()
-    check_regular(gguf_path, what=f"GGUF file {gguf_path}", fix="give the path of a .gguf "
-                  "model file (a regular file: not a pipe, a device or a folder)")  # fmt: skip
+    check_regular(gguf_path, what=f"GGUF file {gguf_path}", fix=REGULAR_FIX)
     target = target or cache_dir_for(gguf_path)
     if is_complete(target):
         return target
@@ -181,6 +183,15 @@ def cache_error(folder: Path, err: OSError) -> UserError:
         where=f"{folder} (DANKA_CACHE={os.environ.get('DANKA_CACHE') or 'unset: ~/.cache/danka'})",
         fix="set DANKA_CACHE to a writable folder, e.g. export DANKA_CACHE=/tmp/danka-cache",
     )
+
+
+def check_gguf(gguf_path: Path) -> None:
+    """The one check before anything reads a ``.gguf`` path (the memory plan's shape, the
+    conversion): a regular file (never a pipe that blocks), then :func:`check_readable`.
+    transformers reads the header unchecked: an empty file or a wrong magic is its
+    ValueError, a header claiming 2**60 keys a misleading "JSON file is broken"."""
+    check_regular(gguf_path, what=f"GGUF file {gguf_path}", fix=REGULAR_FIX)
+    check_readable(gguf_path)
 
 
 def check_readable(gguf_path: Path) -> None:

@@ -33,6 +33,7 @@ def load_model_config(name: str, base_dir: Path | None = None) -> Any:
     then the Hub when it answers."""
     from transformers import AutoConfig
 
+    from danka.models.gguf import check_gguf
     from danka.safe_read import refuse_special_files
 
     for candidate in (Path(name).expanduser(), (base_dir or Path.cwd()) / name):
@@ -42,6 +43,7 @@ def load_model_config(name: str, base_dir: Path | None = None) -> Any:
         if candidate.is_dir() and (candidate / "config.json").is_file():
             return AutoConfig.from_pretrained(str(candidate))
         if candidate.is_file() and candidate.suffix == ".gguf":
+            check_gguf(candidate)  # the loader's bounded reader: transformers reads unchecked
             return AutoConfig.from_pretrained(str(candidate.parent), gguf_file=candidate.name)
     try:
         return AutoConfig.from_pretrained(name, local_files_only=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 
@@ -110,7 +111,8 @@ class EngineOptions:
     """
 
     generation_batch_size: int = 0  # sequences per generate call (0 = all at once)
-    keep_cache: bool | None = None  # keep the KV cache between calls (None = by model size)
+    # keep the KV cache between calls: None and False alike give it back (keeps_cache)
+    keep_cache: bool | None = field(default=None, metadata={"unset": (None, False)})
     compile: bool = False  # torch.compile the engine's decode layer
     decode_attention: str = "auto"  # the decode step's attention kernel (auto|sdpa|triton)
     shared_prefix: bool = True  # HF: prompt tokens the rows share are prefilled once
@@ -246,27 +248,51 @@ def resolve_engine(name: str, device_type: str, *, quantized: bool) -> str:
     return max(fits)[1]
 
 
+# the rollout.* settings that become EngineOptions as written (the rest are planned)
+SETTINGS = ("keep_cache", "compile", "decode_attention", "shared_prefix", "lora_compute")
+
+
+def options_of(rollout: Any) -> EngineOptions:
+    """The engine options the config's ``rollout`` section sets, for the checks made
+    before any model loads (the run adds the planned sizes later)."""
+    return EngineOptions(**{k: getattr(rollout, k) for k in SETTINGS})
+
+
+def unsupported_option(name: str, options: EngineOptions) -> tuple[str, str, str] | None:
+    """``(key, what, fix)`` for the first option set that engine ``name`` does not
+    honour, else None. An option is set unless it holds its default or a value meaning
+    the same (a field's ``unset`` metadata: ``keep_cache: false`` is the default too)."""
+    meta = ROLLOUT_ENGINES.meta(name)
+    for f in fields(options):
+        value = getattr(options, f.name)
+        unset = f.metadata.get("unset", (f.default,))
+        if f.name in meta.options or value == f.default or any(value is u for u in unset):
+            continue
+        able = [n for n, _ in ROLLOUT_ENGINES.items() if f.name in ROLLOUT_ENGINES.meta(n).options]
+        key = f"rollout.{f.name}"
+        what = f"{key} is set ({value}), but the {name!r} engine does not support it"
+        return key, what, f"remove {key}, or use rollout.engine: {' or '.join(able) or '?'}"
+    return None
+
+
+def check_options(name: str, options: EngineOptions) -> None:
+    """UserError naming the first option engine ``name`` does not honour."""
+    if bad := unsupported_option(name, options):
+        raise UserError(bad[1], where=bad[0], fix=bad[2])
+
+
 def build_engine(name: str, options: EngineOptions | None = None) -> RolloutEngine:
     """The engine registered as ``name``, built with the options the config set; an
     option it does not honour is a UserError naming the option and the engine."""
     cls = engine_class(name)
     meta = ROLLOUT_ENGINES.meta(name)
     options = options or EngineOptions()
-    kwargs = {}
-    for f in fields(options):
-        value = getattr(options, f.name)
-        if value == f.default:
-            continue
-        if f.name not in meta.options:
-            able = [
-                n for n, _ in ROLLOUT_ENGINES.items() if f.name in ROLLOUT_ENGINES.meta(n).options
-            ]
-            raise UserError(
-                f"rollout.{f.name} is set ({value}), but the {name!r} engine does not support it",
-                where=f"rollout.{f.name}",
-                fix=f"remove rollout.{f.name}, or use rollout.engine: {' or '.join(able) or '?'}",
-            )
-        kwargs[meta.options[f.name]] = value
+    check_options(name, options)
+    kwargs = {
+        meta.options[f.name]: getattr(options, f.name)
+        for f in fields(options)
+        if f.name in meta.options and getattr(options, f.name) != f.default
+    }
     return getattr(cls, "configured", cls)(**kwargs)  # a plain class: its constructor
 
 

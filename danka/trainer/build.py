@@ -8,7 +8,7 @@ state.py), which nothing here holds.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -24,7 +24,7 @@ from danka.planning.micro import SizePlan
 from danka.planning.shape import ModelShape
 from danka.planning.vllm import engine_memory
 from danka.rewards.combine import reward_specs
-from danka.rollout.base import EngineOptions, build_engine, engine_meta
+from danka.rollout.base import EngineOptions, build_engine, engine_meta, options_of
 from danka.trainer.agent import build_agent
 from danka.trainer.budget import longest_prompt, memory_budget, model_shape, planned_sizes
 from danka.trainer.checkpointing import Checkpointer
@@ -42,6 +42,7 @@ from danka.trainer.setup import (
     build_rule_rewards,
     build_tokenizer,
     choose_engine,
+    control_tokens_warning,
     speed_settings,
 )
 from danka.trainer.stages import Sampling, Stages, Trainables, build_stages
@@ -81,6 +82,8 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
     if warning := repeats_warning(train_rows):  # 100k copies of one prompt trained silently
         log.warning(warning)
     tokenizer = build_tokenizer(cfg, log)
+    if forged := control_tokens_warning(cfg, tokenizer, train_rows + held_rows):
+        log.warning(forged)  # once: the first row or turn holding one, and how many do
     agent = build_agent(cfg, tokenizer, base_dir)  # None unless agent.tools / environment
     try:
         train, held = build_prompts(cfg, tokenizer, train_rows, held_rows, agent)
@@ -118,15 +121,13 @@ def engine_options(
     """The engine's settings; ``sizes``: the planned generation batch where it is auto; an
     engine with its own memory (vllm) also gets its planned share of ``device`` for a model
     of ``shape``."""
-    keys = ("keep_cache", "compile", "decode_attention", "shared_prefix", "lora_compute")
     own = {}
     if engine and engine_meta(engine).own_memory and device is not None:
         if shape is None:  # no budget was planned (the shape was not read yet)
             shape = model_shape(cfg)
         if shape is not None:
             own = engine_memory(cfg, sizes.sizes, shape, device)
-    return EngineOptions(sizes.generation_batch, **{k: getattr(cfg.rollout, k) for k in keys},
-                         **own)  # fmt: skip
+    return replace(options_of(cfg.rollout), generation_batch_size=sizes.generation_batch, **own)
 
 
 def assemble(

@@ -19,7 +19,9 @@ from safetensors.torch import load_file, save_file
 from danka.data.template import encode_prompts
 from danka.diagnose.floors import guess_floors
 from danka.diagnose.probe import PROBE_PROMPTS, mean_kl, probe_stats
+from danka.errors import UserError
 from danka.io import atomic_path
+from danka.limits import TOKENS
 from danka.rewards.combine import RewardComputer
 from danka.rewards.scoring import CORRECT_AT, judge
 from danka.rollout.base import SamplingParams
@@ -221,12 +223,26 @@ class Evaluator:
 
 def probe_prompts(tokenizer, texts: list[str] | None, max_length: int) -> PromptSet:
     """The probe prompts as the model reads them: the chat template alone (no system
-    prompt, no task instruction: they ask the model as a user would)."""
+    prompt, no task instruction: they ask the model as a user would). One longer than
+    ``max_length`` (trainer.max_length) tokens is refused naming eval.probe_prompts[i];
+    the run calls this before the model loads (danka.trainer.setup.build_prompts), after
+    the config check bounded each prompt's characters."""
+    own = bool(texts)
     texts = list(texts or PROBE_PROMPTS)
     rows = [
         PromptRow(index=i, prompt=[{"role": "user", "content": t}]) for i, t in enumerate(texts)
     ]
-    enc = encode_prompts(tokenizer, rows, max_prompt_length=max_length)
+    enc = encode_prompts(tokenizer, rows, max_prompt_length=TOKENS, location="eval.probe_prompts")
+    for i, ids in enumerate(enc.input_ids):
+        if len(ids) > max_length:
+            raise UserError(
+                f"{'the' if own else 'the built-in'} probe prompt {i} is {len(ids)} tokens, "
+                f"longer than trainer.max_length ({max_length})",
+                where=f"eval.probe_prompts[{i}]" if own else "eval.probe_prompts",
+                fix="shorten the probe prompt, or raise trainer.max_length"
+                if own
+                else "raise trainer.max_length, or give shorter eval.probe_prompts",
+            )
     return PromptSet(rows=enc.rows, texts=enc.texts, ids=enc.input_ids)
 
 

@@ -17,7 +17,7 @@ from danka.algorithms.kl import KL_ESTIMATORS, KL_MODES, AdaptiveKLController, F
 from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.schema import DankaConfig
-from danka.data.template import encode_prompts
+from danka.data.template import control_token_warning, encode_prompts
 from danka.errors import UserError
 from danka.models import varlen
 from danka.models.loading import (
@@ -29,12 +29,10 @@ from danka.models.speed import compile_forward, enable_tf32
 from danka.planning.engine import choose_engine as choose_rollout_engine
 from danka.planning.shape import ModelShape
 from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
-from danka.rollout.base import (
-    ROLLOUT_ENGINES,
-    engine_meta,
-)
+from danka.rollout.base import ROLLOUT_ENGINES, check_options, engine_meta, options_of
 from danka.trainer.agent import encode_agent_prompts
 from danka.trainer.dynamic_sampling import DynamicSampler
+from danka.trainer.evaluate import probe_prompts
 from danka.trainer.models import build_models
 from danka.trainer.optim import build_optimizer, build_scheduler
 from danka.trainer.run import Algorithm, PromptSet
@@ -110,6 +108,7 @@ def choose_engine(
     )
     if dist.is_active():
         dist.check_config(cfg, name)
+    check_options(name, options_of(cfg.rollout))  # rollout.* the engine ignores: refused now
     mode = cfg.trainer.rollout_correction.mode
     needs_logprobs = ROLLOUT_CORRECTIONS.get(mode, "trainer.rollout_correction.mode") is not None
     if needs_logprobs and not engine_meta(name).reports_logprobs:
@@ -155,6 +154,8 @@ def build_prompts(
     held = None
     if held_rows:
         held = enc(held_rows, d.eval_dataset or d.train_dataset or "data.task")
+        # the evaluation's drift probe, refused now rather than after the model loads
+        probe_prompts(tokenizer, cfg.eval.probe_prompts, cfg.trainer.max_length)
     if len(train.rows) < cfg.trainer.batch_size:
         raise UserError(
             f"only {len(train.rows)} usable training prompts, fewer than "
@@ -163,6 +164,14 @@ def build_prompts(
             fix="add rows or lower trainer.batch_size",
         )
     return train, held
+
+
+def control_tokens_warning(cfg: DankaConfig, tokenizer, rows: list[PromptRow]) -> str | None:
+    """The one start-up warning for chat control tokens in ``rows`` or data.examples
+    (danka.data.template.control_token_warning); None where data.allow_control_tokens."""
+    if cfg.data.allow_control_tokens:
+        return None
+    return control_token_warning(tokenizer, rows, cfg.data.examples)
 
 
 def build_rule_rewards(

@@ -183,3 +183,103 @@ def test_a_memory_size_that_cannot_be_is_one_message(text):
 
     with pytest.raises(UserError, match="cannot read memory size"):
         parse_memory(text)
+
+
+# The red team of the newest surfaces (template specs, gpu_memory, override locations,
+# old and new names on the command line, keep_cache, the drift probe's prompts).
+
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize(
+    "text", [HUGE, HUGE + "GB", HUGE + ".5GiB", "0." + HUGE + "TB"], ids=["bare", "GB", "GiB", "TB"]
+)
+def test_a_400_digit_memory_size_is_one_message(text):
+    """Before: OverflowError (float inf into int) from parse_memory, a traceback in
+    --print-config, train and estimate --gpu-memory."""
+    from danka.config.units import parse_memory
+
+    with pytest.raises(UserError, match="cannot read memory size") as err:
+        parse_memory(text)
+    assert len(str(err.value)) < 400  # the number itself is cut in the message
+
+
+@pytest.mark.parametrize("unit", ["", "GB"])
+def test_a_400_digit_gpu_memory_is_exit_2_in_print_config_and_estimate(tmp_path, unit):
+    path = write_config(tmp_path, BASE + f'speed:\n  gpu_memory: "{HUGE}{unit}"\n')
+    done = _danka("train", str(path), "--print-config")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "speed.gpu_memory" in done.stderr and "Traceback" not in done.stderr
+    done = _danka("estimate", str(write_config(tmp_path)), "--gpu-memory", HUGE + unit)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--gpu-memory" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("reward.functions=[{name: last_number, weight: .nan}]", "reward.functions[0].weight"),
+        ("eval.probe_prompts=[5]", "eval.probe_prompts[0]"),
+        ("lora.target_modules=[1]", "lora.target_modules"),
+    ],
+)
+def test_an_error_inside_an_override_list_is_located_at_the_override(tmp_path, override, key):
+    """Before: 'c.yaml: key reward.functions[0].weight' although the file sets no reward."""
+    path = write_config(tmp_path)
+    err = str(load_error(path, ["trainer.total_steps=3", override]))
+    assert err.startswith(f"command-line override #2: {override}"), err
+    assert key in err and str(path) not in err
+
+
+def test_an_override_of_a_key_the_file_sets_is_located_at_the_override(tmp_path):
+    path = write_config(tmp_path, BASE + "eval:\n  probe_prompts: [a, b]\n")
+    err = str(load_error(path, ["eval.probe_prompts=[x, 5]"]))
+    assert err.startswith("command-line override #1: eval.probe_prompts=[x, 5]"), err
+    assert "eval.probe_prompts[1]" in err and str(path) not in err
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["trainer.lr=1e-5", "optim.lr=2e-5"],
+        ["optim.lr=2e-5", "trainer.lr=1e-5"],
+        ["loss.kl={coef: 0.1}", "trainer.kl.coef=0.2"],
+        ["rollout.max_turns=3", "agent.max_turns=4"],
+    ],
+)
+def test_old_and_new_names_of_one_key_on_the_command_line_are_refused(tmp_path, overrides):
+    """Before: the last of the two won silently (the same pair in a file is refused)."""
+    err = str(load_error(write_config(tmp_path), overrides))
+    for written in (o.split("=")[0] for o in overrides):
+        assert written in err, err
+    assert "older name" in err, err
+    assert "command-line overrides #1 and #2" in err, err
+
+
+def test_an_old_name_on_the_command_line_still_overrides_the_file(tmp_path):
+    path = write_config(tmp_path, BASE + "optim:\n  lr: 1.0e-5\n")
+    cfg, _ = load_config(path, ["trainer.lr=2e-5"])
+    assert cfg.optim.lr == 2e-5
+    cfg, _ = load_config(path, ["optim.lr=3e-5", "optim.lr=4e-5"])  # one name twice: last wins
+    assert cfg.optim.lr == 4e-5
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("eval.probe_prompts=['']", "eval.probe_prompts[0]"),
+        ("eval.probe_prompts=[a, '  ']", "eval.probe_prompts[1]"),
+    ],
+)
+def test_an_empty_probe_prompt_is_refused(tmp_path, override, key):
+    """Before: accepted (the probe then asked the model nothing)."""
+    err = str(load_error(write_config(tmp_path), [override]))
+    assert key in err and "empty" in err, err
+
+
+def test_a_probe_prompt_no_tokenizer_fits_in_max_length_is_refused_at_validation(tmp_path):
+    """Before: refused only after the model loaded, as 'data: row 0 ... raise
+    data.max_prompt_length'. 512 tokens of trainer.max_length hold no 40,000 characters."""
+    err = str(load_error(write_config(tmp_path), ["eval.probe_prompts=[hi, " + "x" * 40_000 + "]"]))
+    assert "eval.probe_prompts[1]" in err and "trainer.max_length" in err, err
+    assert "data.max_prompt_length" not in err

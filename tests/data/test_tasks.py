@@ -141,3 +141,69 @@ def test_chain_with_a_two_digit_start_and_a_worked_example_turn():
         assert [m["role"] for m in r.prompt] == ["user", "assistant", "user"]
         assert r.prompt[1]["content"].endswith("#### 39")
         assert r.prompt[2]["content"] == f"What is {chain_expression(t)}?"
+
+
+@pytest.mark.parametrize(
+    "template, word",
+    [
+        ("{a:>20000000}", "at most 1000"),  # before: past 3 GB in 8 s
+        ("{a:>1001} + {b}", "at most 1000"),
+        ("{a:.5000} + {b}", "at most 1000"),
+        ("{a:" + "9" * 5000 + "}", "at most 1000"),  # no int() of 5000 digits either
+        ("{a:>{b}}", "inside a format spec"),  # the width would come from a value
+        ("{a.__class__}", "cannot be filled"),
+        ("{a:>5", "cannot be filled"),
+        ("x" * 20_000 + "{a}", "characters"),
+    ],
+    ids=[
+        "width-20M",
+        "width-1001",
+        "precision",
+        "5000-digits",
+        "nested",
+        "attribute",
+        "unclosed",
+        "long",
+    ],
+)
+def test_a_template_is_bounded_before_any_row_is_made(template, word):
+    """One row each (the old code made them: 20 MB at most); a run makes thousands."""
+    with pytest.raises(UserError, match=word) as err:
+        task_rows("arithmetic", 1, seed=0, split="train", kwargs={"template": template})
+    assert err.value.where == "data.task_kwargs.template" and err.value.fix
+    with pytest.raises(UserError, match=word):  # every str.format template alike
+        kwargs = {"template": template.replace("a", "expr")}
+        task_rows("chain", 1, seed=0, split="train", kwargs=kwargs)
+
+
+def test_a_template_with_modest_specs_is_filled():
+    rows = task_rows("arithmetic", 3, seed=0, split="train", kwargs={"template": "{a:>4}+{b:03d}="})
+    assert all(r.prompt == f"{r.extra['a']:>4}+{r.extra['b']:03d}=" for r in rows)
+
+
+def test_a_template_is_refused_at_config_validation(tmp_path):
+    """Before: the config loaded, and the run grew past 3 GB making the rows."""
+    from danka.config import load_config
+    from tests.config.bad_config import BASE, write_config
+
+    text = BASE + 'data:\n  task: arithmetic\n  task_kwargs:\n    template: "{a:>20000000}"\n'
+    path = write_config(tmp_path, text.replace("data:\n  train_dataset: rows.jsonl\n", ""))
+    with pytest.raises(UserError, match="at most 1000") as err:
+        load_config(path)
+    assert f"{path}:8: key data.task_kwargs.template" in str(err.value), str(err.value)
+
+
+def test_the_tool_prompt_and_the_judge_template_are_bounded_alike(tmp_path):
+    from danka.agent.chat import check_tool_prompt
+    from danka.config import load_config
+    from tests.config.bad_config import write_config
+
+    with pytest.raises(UserError, match="at most 1000") as err:
+        check_tool_prompt("Tools: {schemas:>90000000}")
+    assert err.value.where == "agent.tool_prompt"
+    check_tool_prompt("Tools: {schemas}")
+    with pytest.raises(UserError, match="at most 1000") as err:
+        load_config(
+            write_config(tmp_path), ["reward.judge_template={prompt:>90000000} {completion}"]
+        )
+    assert "reward.judge_template" in str(err.value)

@@ -143,3 +143,55 @@ def test_a_model_folder_with_a_pipe_inside_is_refused_without_blocking(tmp_path)
     os.mkfifo(folder / "config.json")
     with pytest.raises(UserError, match="named pipe"):
         loading.load_causal_lm(str(folder), log=lambda s: None)
+
+
+def damaged_ggufs(folder: Path) -> dict[str, Path]:
+    """Six ways a .gguf file is damaged, built from a good tiny one: empty, a wrong magic,
+    cut at 64 KiB, a header claiming 2**60 tensors or 2**60 keys, a first key 2**62 bytes
+    long (the header: magic, version, tensor count, key count, then the first key's length)."""
+    import struct
+
+    good = write_tiny_gguf(folder / "good" / "tiny.gguf")[0].read_bytes()
+    tensors, keys = struct.unpack("<QQ", good[8:24])
+    damaged = {
+        "empty": b"",
+        "magic": b"XXXX" + good[4:],
+        "truncated": good[:65536],
+        "tensors": good[:8] + struct.pack("<QQ", 2**60, keys) + good[24:],
+        "keys": good[:8] + struct.pack("<QQ", tensors, 2**60) + good[24:],
+        "key_length": good[:24] + struct.pack("<Q", 2**62) + good[32:],
+    }
+    for name, data in damaged.items():
+        (folder / f"{name}.gguf").write_bytes(data)
+    return {name: folder / f"{name}.gguf" for name in damaged}
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory) -> dict[str, Path]:
+    return damaged_ggufs(tmp_path_factory.mktemp("damaged_gguf"))
+
+
+@pytest.mark.parametrize("kind", ["empty", "magic", "truncated", "tensors", "keys", "key_length"])
+def test_the_shape_reader_refuses_a_damaged_gguf_like_the_loader(damaged, kind):
+    """Before: danka estimate read the header through transformers unchecked: a ValueError
+    traceback (exit 1) for an empty file or a wrong magic, 'this JSON file is broken' for
+    the rest. Now one reader (gguf.check_gguf) refuses each, as danka generate did."""
+    from danka.planning.shape import load_model_config
+
+    with pytest.raises(UserError) as err:
+        load_model_config(str(damaged[kind]))
+    assert err.value.where == str(damaged[kind]) and "GGUF" in err.value.what
+    assert "JSON" not in str(err.value)
+
+
+def test_danka_estimate_of_a_damaged_gguf_is_exit_2(damaged, tmp_path, capsys, monkeypatch):
+    from danka.cli import main
+
+    monkeypatch.setenv("DANKA_CACHE", str(tmp_path / "cache"))
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"model:\n  actor_model_name_or_path: {damaged['empty']}\ndata:\n  task: arithmetic\n"
+    )
+    assert main(["estimate", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"danka: error: {damaged['empty']}: " in err and "Traceback" not in err

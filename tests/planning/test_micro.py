@@ -110,7 +110,7 @@ def test_a_numeric_micro_batch_is_left_alone(tmp_path):
     [
         ("trainer.micro_batch_size=big", "must be a number >= 1 or auto, got 'big'"),
         ("trainer.micro_batch_size=0", "must be a number >= 1 or auto, got 0"),
-        ("speed.gpu_memory=lots", "cannot read 'lots' as a size"),
+        ("speed.gpu_memory=lots", "cannot read memory size 'lots'"),
         ("rollout.generation_batch_size=many", "must be a number >= 0 or auto, got 'many'"),
         ("rollout.generation_batch_size=-1", "must be a number >= 0 or auto, got -1"),
         ("speed.logprob_chunk_size=0", "must be a number >= 1 or auto, got 0"),

@@ -97,7 +97,8 @@ def test_grpo_with_one_sample_per_prompt_says_so(tmp_path):
 def test_an_unknown_section_on_the_command_line_is_reported_there(tmp_path):
     path = write_config(tmp_path, BASE)
     err = load_error(path, ["trainr.lr=1e-5"])
-    assert str(err).startswith("command-line override trainr.lr: unknown key 'trainr'"), str(err)
+    assert str(err).startswith("command-line override #1: trainr.lr=1e-5: unknown key 'trainr'")
     assert str(path) not in str(err)
     err = load_error(path, ["trainer.kll.coef=1"])
-    assert "command-line override trainer.kll.coef" in str(err) and "trainer.kl" in str(err)
+    assert "command-line override #1: trainer.kll.coef=1" in str(err), str(err)
+    assert "trainer.kl" in str(err)

@@ -84,7 +84,8 @@ def test_hf_generation_batch_size_counts_sequences(monkeypatch):
 def test_unknown_option_is_refused():
     from danka.errors import UserError
 
-    # rollout.keep_cache is a fast-engine setting: with HF it is refused, not ignored
+    # keep_cache: true asks the engine to keep a cache HF has not: refused, not ignored
+    # (false and null are the default: tests/rollout/test_engine_registry.py)
     with pytest.raises(UserError, match="does not support"):
-        build_engine("hf", EngineOptions(keep_cache=False))
+        build_engine("hf", EngineOptions(keep_cache=True))
     assert build_engine("fast", EngineOptions(keep_cache=False)).options.keep_cache is False

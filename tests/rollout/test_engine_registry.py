@@ -82,3 +82,36 @@ def test_decode_attention_reaches_the_fast_engine_and_is_validated(monkeypatch):
     assert resolve_attention("auto", torch.device("cuda")) == "sdpa"
     assert resolve_attention("auto", torch.device("cpu")) == "sdpa"
     assert resolve_attention("sdpa", torch.device("cuda")) == "sdpa"
+
+
+@pytest.mark.parametrize("value", [None, False])
+def test_keep_cache_false_is_the_default_everywhere(value):
+    """Before: false (the documented default) was refused by the HF engine, after the
+    model had loaded; None and False mean the same for every engine (keeps_cache)."""
+    build_engine("hf", EngineOptions(keep_cache=value))
+
+
+def test_keep_cache_true_on_the_hf_engine_is_refused_by_the_config_check(tmp_path):
+    from danka.config import load_config
+    from tests.config.bad_config import BASE, write_config
+
+    path = write_config(tmp_path, BASE + "rollout:\n  engine: hf\n  keep_cache: false\n")
+    load_config(path)
+    with pytest.raises(UserError, match="does not support it") as err:
+        load_config(path, ["rollout.keep_cache=true"])
+    assert "rollout.keep_cache" in str(err.value) and "#1" in str(err.value)
+    with pytest.raises(UserError, match="rollout.compile"):  # every engine option alike
+        load_config(path, ["rollout.compile=true"])
+    load_config(path, ["rollout.engine=fast", "rollout.keep_cache=true"])
+
+
+def test_keep_cache_true_where_auto_picks_hf_is_refused_before_the_model_loads(tmp_path):
+    import logging
+
+    from danka.config import load_config
+    from danka.trainer.setup import choose_engine
+    from tests.config.bad_config import write_config
+
+    cfg, _ = load_config(write_config(tmp_path), ["rollout.keep_cache=true"])  # engine auto
+    with pytest.raises(UserError, match="rollout.keep_cache is set"):
+        choose_engine(cfg, torch.device("cpu"), logging.getLogger("test"))

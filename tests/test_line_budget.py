@@ -21,7 +21,7 @@ BUDGET = {
     "distributed": 800,
     "logging": 900,
     "models": 1950,  # + GGUF conversion cleanup on signals (i37), dims (one reading of H/I/L/V)
-    "planning": 1150,  # + the vLLM share (i38), the data's prompt length
+    "planning": 1200,  # + the vLLM share (i38), the data's prompt length, known shapes (offline estimate)
     "rewards": 1500,
     "rm": 450,
     "rollout": 3800,  # + the vLLM engine: calls, sync, memory (i38); its sleep mode and LoRA base names

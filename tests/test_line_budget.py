@@ -25,7 +25,7 @@ BUDGET = {
     "rewards": 1500,
     "rm": 450,
     "rollout": 3800,  # + the vLLM engine: calls, sync, memory (i38); its sleep mode and LoRA base names
-    "tools": 3200,  # + report verdict, export safety, eval partial results, adapter checks
+    "tools": 3650,  # + report verdict, export safety, eval partial results, adapter checks; the report's header, answers before -> after, drift probe answers, 0/1-reward groups (run_story)
     "trainer": 4100,
     "usercode": 850,  # + the kill -9 guardian of reward and tool workers (i37)
 }

@@ -210,14 +210,15 @@ def _figure(title: str, ylabel: str, xlabel: str = "step"):
 
 
 def _legend(fig, ax) -> None:
-    """The legend below the axes, outside them: never over the data."""
+    """The legend below the axes, outside them: never over the data; as many columns as
+    the longest label leaves room for in the figure's width."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
         fig.legend(
             handles,
             labels,
             loc="outside lower center",
-            ncols=min(3, len(labels)),
+            ncols=max(1, min(3, len(labels), 84 // (8 + max(map(len, labels))))),
             fontsize="small",
             frameon=False,
         )

@@ -340,29 +340,30 @@ def groups_figure(groups: list[Groups], records: list[dict[str, Any]]):
     return fig
 
 
+_VISIBLE = 0.01  # a phase under 1% of its step on every step would be a line of no width
+
+
 def timing_figure(records: list[dict[str, Any]]):
-    """Seconds per step, stacked by the phases that ran (time/rollout, time/reward, ...;
-    a phase at 0 on every step, e.g. the values of a run without a critic, is left out;
-    time/step is the total: what the phases do not cover is drawn as "other")."""
-    ran = {
-        k
-        for r in records
-        for k, v in r.items()
-        if k.startswith("time/") and k != "time/step" and (number(v) or 0.0) > 0
-    }
+    """Seconds per step, stacked by the phases that ran (time/rollout, time/reward, ...):
+    a phase under 1% of the step on every step (the values of a run without a critic,
+    timed at 0 or microseconds) is left out of the legend and counted in "other", what
+    time/step (the total) holds beyond the phases drawn, itself drawn only when visible."""
+    steps = [float(r["step"]) for r in records]
+    totals = [number(r.get("time/step")) for r in records]
+    found = {k for r in records for k in r if k.startswith("time/") and k != "time/step"}
+    column = {k: [number(r.get(k)) or 0.0 for r in records] for k in found}
+    whole = [t or sum(col) for t, col in zip(totals, zip(*column.values()))] if found else []
+    ran = {k for k, col in column.items() if any(v > _VISIBLE * w for v, w in zip(col, whole))}
     phases = [k for k in _PHASE_ORDER if k in ran] + sorted(ran - set(_PHASE_ORDER))
     if not phases:
         return None
-    steps = [float(r["step"]) for r in records]
-    stacks = [[number(r.get(k)) or 0.0 for r in records] for k in phases]
+    stacks = [column[k] for k in phases]
     labels = [k.removeprefix("time/") for k in phases]
-    totals = [number(r.get("time/step")) for r in records]
-    if any(t is not None for t in totals):
-        covered = [sum(col) for col in zip(*stacks)]
-        other = [max(0.0, (t or c) - c) for t, c in zip(totals, covered)]
-        if max(other) >= 0.01 * max(1e-9, max(covered)):  # more than rounding
-            stacks.append(other)
-            labels.append("other")
+    covered = [sum(col) for col in zip(*stacks)]
+    other = [max(0.0, w - c) for w, c in zip(whole, covered)]
+    if any(o > _VISIBLE * w for o, w in zip(other, whole)):
+        stacks.append(other)
+        labels.append("other")
     fig, ax = _figure("Time per step by phase", "seconds")
     ax.stackplot(steps, *stacks, labels=labels, alpha=0.8)
     _legend(fig, ax)

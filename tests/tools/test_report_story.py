@@ -92,7 +92,7 @@ def write_story_run(folder: Path, *, probe_after: dict | None = None) -> Path:
             "reward": 0.1 * s,
             "time/rollout": 2.0,
             "time/update": 1.0,
-            "time/values": 0.0,
+            "time/values": 2e-5,  # a run without a critic times a no-op
             "time/advantages": 0.0,
             "time/step": 3.0,
             "reward/zero_adv_groups": 0.5,
@@ -225,7 +225,11 @@ def test_timing_chart_draws_only_the_phases_that_ran(tmp_path):
     rec = read_run_dir(write_story_run(tmp_path / "run"))
     fig = timing_figure(rec.metrics)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels == ["rollout", "update"]  # values and advantages 0 on every step; no "other"
+    assert labels == ["rollout", "update"]  # values 2e-5 s and advantages 0 s; no "other"
+    # 1 s of a 4 s step outside the phases (the evaluation, a save) is drawn as "other"
+    longer = [{**r, "time/step": 4.0} for r in rec.metrics]
+    fig = timing_figure(longer)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["rollout", "update", "other"]
 
 
 def _overlaps(fig) -> bool:

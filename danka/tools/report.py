@@ -20,7 +20,7 @@ import base64
 import html
 from pathlib import Path
 
-from danka.tools.run_story import AnswerPair, Header, ProbeDrift
+from danka.tools.run_story import AnswerPair, Header, ProbeDrift, question
 from danka.tools.verdict import Change, Verdict
 
 REPORT = "report.html"
@@ -261,7 +261,7 @@ def probe_html(d: ProbeDrift | None) -> str:
             f"<table><tr><th>prompt</th><th>step 0</th><th>step {_e(d.step)}: degenerated</th></tr>"
         )
         out += [
-            f"<tr><td>{_e(p)}</td><td class='answer'>{_e(a)}</td>"
+            f"<tr><td>{_e(question(p))}</td><td class='answer'>{_e(a)}</td>"
             f"<td class='answer'>{_e(b)}</td></tr>"
             for p, a, b in d.worse
         ]

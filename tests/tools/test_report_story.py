@@ -56,6 +56,11 @@ def chatml(q: str) -> str:
     )
 
 
+def templated(q: str) -> str:
+    """A probe prompt as the model reads it: the chat template, no worked turn."""
+    return f"<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n"
+
+
 def _sample(q: str, truth: str, answer: str, ok: bool) -> dict:
     return {"prompt": chatml(q), "completion": answer, "ground_truth": truth, "correct": ok}
 
@@ -76,7 +81,7 @@ def _eval(step: int, acc: float, samples: list[dict], probe: dict, degenerate: f
         "probe/n": 2.0,
         "probe/degenerate_frac": degenerate,
         "probe/kl": 0.042,
-        "probe_answers": [{"prompt": p, "answer": a} for p, a in probe.items()],
+        "probe_answers": [{"prompt": templated(p), "answer": a} for p, a in probe.items()],
         "samples": samples,
     }
 
@@ -177,12 +182,13 @@ def test_probe_shows_only_the_answers_that_degenerated(tmp_path):
     worse = {**FLUENT, "Name three colours.": LOOP}
     drift = probe_drift(read_run_dir(write_story_run(tmp_path / "b", probe_after=worse)))
     assert (drift.n, drift.after, drift.kl, drift.step) == (2, 0.5, 0.042, 8)
-    assert drift.worse == (("Name three colours.", "Red, green and blue.", LOOP),)
+    assert drift.worse == ((templated("Name three colours."), "Red, green and blue.", LOOP),)
 
 
 def test_report_has_header_answers_and_probe_before_the_charts(tmp_path):
     run = write_story_run(tmp_path / "run", probe_after={**FLUENT, "Name three colours.": LOOP})
     page = plot_run(run)[-1].read_text(encoding="utf-8")
+    assert "&lt;|im_start|&gt;system" not in page.split("Drift probe")[1]  # the question only
     order = [
         "HuggingFaceTB/SmolLM2-135M-Instruct",
         "cuda:0 (NVIDIA H200), bfloat16",

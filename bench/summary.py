@@ -1,16 +1,20 @@
 """The headline numbers of BENCHMARKS.md, read back from the bench's JSON files.
 
-    python -m bench summary                 # markdown table from bench/results/*.json
+    python -m bench summary                 # the headline table, then every file's rows
     python -m bench summary --results DIR   # another results folder
 
-Each row names the file it comes from and computes every ratio from the two sides stored in
-that file, so a number in BENCHMARKS.md's summary can be checked against the run that made
-it. A file that is missing gives no row (a machine that ran only part of the suite).
+The headline (BENCHMARKS.md opens with it, verbatim): one row per question a user asks,
+its answer computed from one file, and that file's device, date and command from
+``INDEX.md``. The rows below it: each names the file it comes from and computes every ratio
+from the two sides stored in that file, so a number in BENCHMARKS.md can be checked against
+the run that made it. A file that is missing gives no row (a machine that ran only part of
+the suite); model paths are shown by their file name, never the machine's folder.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,21 +31,26 @@ def _pct(x: float) -> str:
 def rollout(d: dict, name: str) -> Iterator[Row]:
     sides = d["sides"]
     parts = []
-    variants = ("fast", "fast-whole-cache", "fast-compile", "fast-triton", "fast-compile-triton")
-    ran = [side for side in variants if "tok_s" in sides.get(side, {})]
+    ran = [side for side, v in sides.items() if side.startswith("fast") and "tok_s" in v]
     for side in ran:  # danka's engine variants
         v = sides[side]
-        lora = f"LoRA live {v['lora_tok_s']:,.0f}" if "lora_tok_s" in v else ""
-        for key, label in (("lora_base_tok_s", "LoRA base"), ("lora_merge_tok_s", "LoRA merge")):
-            if key in v:
-                lora += f", {label} {v[key]:,.0f}"
+        lora = ", ".join(
+            f"{label} {v[key]:,.0f}"
+            for key, label in (
+                ("lora_tok_s", "LoRA live"),
+                ("lora_auto_tok_s", "LoRA live"),
+                ("lora_base_tok_s", "LoRA base"),
+                ("lora_merge_tok_s", "LoRA merge"),
+            )
+            if key in v
+        )
         parts.append(f"{side} {v['tok_s']:,.0f} tok/s" + (f" ({lora})" if lora else ""))
-    first = ran[0] if ran else None  # the HF ratio is against the first danka side run
-    for side in ("hf-dynamic", "hf-static"):
+    first = ran[0] if ran else None  # every other side's ratio is against the first danka side
+    for side in ("hf-dynamic", "hf-static", "vllm"):
         if "tok_s" in sides.get(side, {}) and first:
             ratio = sides[first]["tok_s"] / sides[side]["tok_s"]
             parts.append(f"{side} {sides[side]['tok_s']:,.0f} ({first} {ratio:.2f}x)")
-    shape = f"{d['model']} {d['prompts']} x {d['new_tokens']}"
+    shape = f"{Path(str(d['model'])).name} {d['prompts']} x {d['new_tokens']}"
     yield f"rollout {shape}", "; ".join(parts), name
 
 
@@ -150,6 +159,21 @@ def learning(d: dict, name: str) -> Iterator[Row]:
         )
 
 
+def gsm8k_run(d: dict, name: str) -> Iterator[Row]:
+    """python -m bench gsm8k: a real model's held-out GSM8K accuracy, first -> last evaluation."""
+    b, a = d["before"], d["after"]
+    algorithm = d.get("config", {}).get("trainer", {}).get("algorithm", "?")
+    model = Path(str(d.get("model", {}).get("file", "?"))).name
+    yield (
+        f"GSM8K learning run, {model}, {algorithm}",
+        f"strict {_pct(b['strict'])} -> {_pct(a['strict'])}, flexible {_pct(b['flexible'])} -> "
+        f"{_pct(a['flexible'])} ({a['n']} questions), {d['steps']} steps, "
+        f"{d['wall_minutes_to_final_eval']:.1f} min to the final evaluation, peak "
+        f"{d['peak_gib']:.2f} GiB",
+        name,
+    )
+
+
 def gsm8k_floors(d: dict, name: str) -> Iterator[Row]:
     """python -m bench gsm8k-floors: the strict accuracy of answers that do not reason."""
     f = d["floors"]
@@ -220,6 +244,7 @@ def small_card(d: dict, name: str) -> Iterator[Row]:
 # file pattern -> row maker; a file matching several patterns uses the first
 READERS: list[tuple[str, Callable[[dict, str], Iterator[Row]]]] = [
     ("rollout_*x*.json", rollout),
+    ("gsm8k_qwen05_*.json", gsm8k_run),
     ("train_update_05b*.json", update),
     ("train_ppo_7b*.json", ppo_7b),
     ("trl_*.json", trl),
@@ -250,6 +275,138 @@ def rows(results: Path) -> list[Row]:
     return out
 
 
+def _pp(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _learned(d: dict) -> str:
+    b, a = d["before"], d["after"]
+    return (
+        f"strict {_pp(b['strict'])} -> {_pp(a['strict'])}, flexible {_pp(b['flexible'])} -> "
+        f"{_pp(a['flexible'])} (all {a['n']:,} test questions, greedy) in "
+        f"{d['wall_minutes_to_final_eval']:.1f} min; peak {d['peak_gib']:.2f} GiB"
+    )
+
+
+def _vs_trl(variant: str) -> Callable[[dict], str]:
+    def answer(d: dict) -> str:
+        sides = d["variants"][variant]["sides"]
+        k, t = sides["danka"], sides["trl"]
+        return (
+            f"{t['median_step_s'] / k['median_step_s']:.1f}x faster: {k['median_step_s']:.2f} s "
+            f"vs {t['median_step_s']:.2f} s a step; peak {k['peak_gib']:.2f} vs "
+            f"{t['peak_gib']:.2f} GiB"
+        )
+
+    return answer
+
+
+def _rollout_ratio(other: str) -> Callable[[dict], str]:
+    def answer(d: dict) -> str:
+        fast, them = d["sides"]["fast-default"]["tok_s"], d["sides"][other]["tok_s"]
+        return f"{fast / them:.1f}x: {fast:,.0f} vs {them:,.0f} tok/s (every sequence to 512)"
+
+    return answer
+
+
+def _clock(text: str) -> str:
+    """``/usr/bin/time``'s ``m:ss.cc`` as minutes and seconds."""
+    minutes, seconds = text.split(":")
+    return f"{int(minutes)} min {float(seconds):.0f} s"
+
+
+def _quickstart(d: dict) -> str:
+    return (
+        f"{_pp(d['held_out_before'])} -> {_pp(d['held_out_after'])} held out ({d['n']} "
+        f"problems, guess floor {_pp(d['guess_floor'])}) in {_clock(d['wall_clock'])}; peak "
+        f"RAM {d['max_rss_gb']} GB"
+    )
+
+
+def _small_card(d: dict) -> str:
+    return (
+        f"yes: micro-batch {d['micro_batch_final']} (auto), peak {d['measured_peak_gib']:.2f} "
+        f"GiB (planned {d['planned_peak_gib']:.2f}), {d['median_step_s']:.2f} s a step"
+    )
+
+
+# question, the file that answers it, how
+HEADLINE: list[tuple[str, str, Callable[[dict], str]]] = [
+    (
+        "Does the quickstart learn on a CPU? (SmolLM2-135M, GRPO + LoRA, 8 steps)",
+        "quickstart_cpu.json",
+        _quickstart,
+    ),
+    (
+        "What does a real model learn on GSM8K in 20 minutes? (Qwen2.5-Coder-0.5B-Instruct, "
+        "`examples/gsm8k_grpo.yaml`)",
+        "gsm8k_qwen05_grpo.json",
+        _learned,
+    ),
+    (
+        "The same with PPO? (the example's first recipe; the GPU shared with a GRPO run)",
+        "gsm8k_qwen05_ppo_tune1.json",
+        _learned,
+    ),
+    (
+        "A GRPO step against TRL's GRPOTrainer, LoRA (SmolLM2-135M, 8 x 8 x 256 tokens)",
+        "trl_smollm2_real_8x8_lora.json",
+        _vs_trl("lora"),
+    ),
+    ("The same, full-parameter", "trl_smollm2_real_8x8_full.json", _vs_trl("full")),
+    (
+        "Rollout against HF `generate` (static cache + compile), Qwen2.5-Coder-0.5B, 256 GSM8K "
+        "prompts x 512 tokens",
+        "rollout_qwen05_gsm8k_256x512.json",
+        _rollout_ratio("hf-static"),
+    ),
+    (
+        "Rollout against vLLM 0.26, the same shape",
+        "vllm_vs_fast_qwen05_gsm8k_256x512.json",
+        _rollout_ratio("vllm"),
+    ),
+    (
+        "Does the single-card tutorial's PPO + LoRA step fit a 24 GB card? (Qwen2-7B shape, "
+        "random weights, the process capped at 24 GiB)",
+        "small_card_24gib.json",
+        _small_card,
+    ),
+]
+
+
+def index(results: Path) -> dict[str, tuple[str, str, str]]:
+    """File name -> (device, date, command) from ``INDEX.md``'s table (a row may name two
+    files, a JSON and its PNG: the JSON counts)."""
+    out: dict[str, tuple[str, str, str]] = {}
+    path = results / "INDEX.md"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) == 5 and cells[0].startswith("`"):
+            for name in re.findall(r"`([^`]+\.json)`", cells[0]):
+                out[name] = (cells[2], cells[3], cells[4])
+    return out
+
+
+def headline(results: Path) -> str:
+    """The headline table: one row per question whose file is in ``results``."""
+    where = index(results)
+    lines = [
+        "| question | danka measured | device | date | command | file |",
+        "|---|---|---|---|---|---|",
+    ]
+    for question, name, answer in HEADLINE:
+        path = results / name
+        if not path.is_file():
+            continue
+        device, date, command = where.get(name, ("?", "?", "see the file"))
+        try:
+            measured = answer(json.loads(path.read_text()))
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+            measured = f"unreadable: {type(err).__name__}: {err}"
+        lines.append(f"| {question} | {measured} | {device} | {date} | {command} | `{name}` |")
+    return "\n".join(lines)
+
+
 def table(items: list[Row]) -> str:
     lines = ["| what | measured | file |", "|---|---|---|"]
     lines += [f"| {w} | {m} | `{f}` |" for w, m, f in items]
@@ -260,5 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser("summary", __doc__)
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    print(headline(args.results))
+    print()
     print(table(rows(args.results)))
     return 0

@@ -25,12 +25,13 @@ BUDGET = {
     "models": 2550,  # + GGUF cleanup on signals (i37), dims; varlen (padding-free forwards) and
     # flops (model FLOPs, moved from bench for the step's perf metrics) (i46); one .gguf check
     # for the shape reader (i48); threads (CPU threads from affinity, quota, load), quiet (i49)
-    "planning": 1150,  # + the vLLM share (i38), the data's prompt length
+    "planning": 1200,  # + the vLLM share (i38), the data's prompt length; known shapes (i49)
     "rewards": 1550,  # + danka's own reward names (labels checked), weights' range (i48)
     "rm": 450,
     "rollout": 3850,  # + the vLLM engine (i38); the engine-option check the config shares (i48)
-    "tools": 3300,  # + report verdict, export safety, eval partial results, adapter checks,
-    # generate/chat finding and applying the run's prompt format (prompt_source) (i49)
+    "tools": 3800,  # + report verdict, export safety, eval partial results, adapter checks;
+    # generate/chat applying the run's prompt format; the report's header, answers before ->
+    # after, drift-probe answers, 0/1-reward groups (run_story) (i49)
     "trainer": 4350,  # + token-budget micro-batches, padding-free forwards, perf metrics (i46);
     # clocks: the run's cadences, one owner agreed by all ranks; probe prompt checks (i48)
     "usercode": 850,  # + the kill -9 guardian of reward and tool workers (i37)

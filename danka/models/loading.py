@@ -262,7 +262,11 @@ def load_causal_lm(
         model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"Loaded model {name_or_path} with {dtype_name(torch_dtype)}")
-    log(f"  model: {n_params / 1e6:.1f}M parameters, attn {attn}, device {device}, from {source}")
+    card = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    log(
+        f"  model: {n_params / 1e6:.1f}M parameters, attn {attn}, device {device}{card}, "
+        f"from {source}"
+    )
     return model
 
 

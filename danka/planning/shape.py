@@ -5,31 +5,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from danka.errors import UserError
 from danka.models.dims import dims, text_config
-
-
-def _known_shapes() -> dict[str, Callable[[], Any]]:
-    from danka.models.tiny import qwen2_0_5b_config, qwen2_7b_config, smollm2_135m_config
-
-    shapes: dict[str, Callable[[], Any]] = {}
-    for family in ("qwen/qwen2", "qwen/qwen2.5"):
-        for suffix in ("", "-instruct"):
-            shapes[f"{family}-7b{suffix}"] = qwen2_7b_config
-            shapes[f"{family}-0.5b{suffix}"] = qwen2_0_5b_config
-    shapes["huggingfacetb/smollm2-135m-instruct"] = smollm2_135m_config
-    shapes["smollm2-135m-instruct"] = smollm2_135m_config
-    return shapes
+from danka.planning.known_shapes import FAMILIES, known_config
 
 
 def load_model_config(name: str, base_dir: Path | None = None) -> Any:
     """The transformers config of ``name`` without weights: a local folder, a ``.gguf``
-    file, the HF cache, danka's table of known shapes (Qwen2/2.5 0.5B and 7B, SmolLM2-135M),
+    file, the HF cache, danka's table of known shapes (:mod:`danka.planning.known_shapes`),
     then the Hub when it answers."""
     from transformers import AutoConfig
 
@@ -49,9 +36,9 @@ def load_model_config(name: str, base_dir: Path | None = None) -> Any:
         return AutoConfig.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError):
         pass
-    known = _known_shapes().get(name.lower())
+    known = known_config(name)
     if known is not None:
-        return known()
+        return known
     from danka.models.loading import hub_reachable
 
     if hub_reachable(timeout=3.0):
@@ -65,9 +52,9 @@ def load_model_config(name: str, base_dir: Path | None = None) -> Any:
             ) from err
     raise UserError(
         f"no model config for {name!r}: not a local folder, not in the HF cache, "
-        "not a known shape, and the Hub cannot be reached",
+        f"not a known shape ({FAMILIES}), and the Hub cannot be reached",
         where="model.actor_model_name_or_path",
-        fix="pass a local model folder (only its config.json is read)",
+        fix="pass a local model folder or .gguf file (only its config is read)",
     )
 
 

@@ -4,8 +4,10 @@ Reads what a run writes (``metrics.jsonl``, ``eval/step_N.json``, ``completions/
 through the run doctor's :func:`danka.diagnose.read_run_dir`) and works on a run in
 progress: a half-written last line is skipped, missing data simply leave their plot out.
 Held-out accuracy is drawn in percent next to the guess floor; the reward with the spread
-of the sampled rewards around it. The report (:mod:`danka.tools.report`) opens with the
-verdict (:mod:`danka.tools.verdict`). Figures are drawn with matplotlib's Agg canvas
+of the sampled rewards around it, or for a 0/1 reward its answer groups (any right, every
+right, mixed); the timings by the phases that ran; every legend below its axes, off the
+data. The report (:mod:`danka.tools.report`) opens with the run's header and the verdict
+(:mod:`danka.tools.verdict`), then answers before -> after (:mod:`danka.tools.run_story`). Figures are drawn with matplotlib's Agg canvas
 through the object API (``matplotlib.figure.Figure``), so the caller's pyplot backend and
 global state are never touched.
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 from danka.diagnose import RunRecord
 from danka.io import read_json_lines
+from danka.tools.run_story import answer_pairs, header_of, probe_drift
 from danka.tools.verdict import CORRECT, doctor, number, verdict_of
 
 PLOTS_DIR = "plots"
@@ -132,6 +135,42 @@ def reward_spread(rec: RunRecord) -> list[Spread]:
     return out
 
 
+def binary(rec: RunRecord) -> bool:
+    """Every saved sample's reward is 0 or 1 (a correctness reward): a mean +- std band
+    then spans 0..1 and says little; the groups' outcomes say more."""
+    values = {number(r.get("reward")) for _, rows in rec.completions for r in rows}
+    values.discard(None)
+    return bool(values) and values <= {0.0, 1.0}
+
+
+@dataclass(frozen=True)
+class Groups:
+    """One step's saved answer groups (the samples of one prompt) under a 0/1 reward."""
+
+    step: int
+    n: int  # groups of two or more saved samples
+    any_correct: float  # fraction of groups with at least one answer rewarded 1
+    all_correct: float  # fraction of groups with every answer rewarded 1
+
+
+def group_outcomes(rec: RunRecord) -> list[Groups]:
+    """Per step with saved completions: how many prompts' groups had any / every answer
+    right (a group with some right and some wrong is what GRPO learns from)."""
+    out = []
+    for step, rows in rec.completions:
+        by_prompt: dict[str, list[float]] = {}
+        for r in rows:
+            value, prompt = number(r.get("reward")), r.get("prompt")
+            if value is not None and isinstance(prompt, str):
+                by_prompt.setdefault(prompt, []).append(value)
+        groups = [g for g in by_prompt.values() if len(g) >= 2]
+        if groups:
+            n = len(groups)
+            anyone = sum(max(g) >= 1 for g in groups) / n
+            out.append(Groups(step, n, anyone, sum(min(g) >= 1 for g in groups) / n))
+    return out
+
+
 def reward_distributions(rec: RunRecord, records: list[dict[str, Any]]) -> dict[str, list]:
     """Rewards at the start and at the end of the run, for the histogram.
 
@@ -161,7 +200,7 @@ def reward_distributions(rec: RunRecord, records: list[dict[str, Any]]) -> dict[
 def _figure(title: str, ylabel: str, xlabel: str = "step"):
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4), dpi=100)
+    fig = Figure(figsize=(7, 4.4), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     ax.set_title(title)
     ax.set_xlabel(xlabel)
@@ -170,8 +209,22 @@ def _figure(title: str, ylabel: str, xlabel: str = "step"):
     return fig, ax
 
 
+def _legend(fig, ax) -> None:
+    """The legend below the axes, outside them: never over the data; as many columns as
+    the longest label leaves room for in the figure's width."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(
+            handles,
+            labels,
+            loc="outside lower center",
+            ncols=max(1, min(3, len(labels), 84 // (8 + max(map(len, labels))))),
+            fontsize="small",
+            frameon=False,
+        )
+
+
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
     fig.savefig(path, format="png")
     return path
 
@@ -184,7 +237,7 @@ def _line_plot(
     ax.plot(steps, values, marker=marker, alpha=0.4 if smooth else 1.0, label="per step")
     if smooth and len(values) >= 3:
         ax.plot(steps, ema(values), linewidth=2, label="smoothed (EMA 0.8)")
-        ax.legend()
+        _legend(fig, ax)
     return _save(fig, path)
 
 
@@ -214,7 +267,7 @@ def accuracy_figure(data: Lines, title: str):
         ax.set_xlim(min(xs) - 1, max(xs) + 1)
     if data.xlabel == "step":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(fontsize="small")
+    _legend(fig, ax)
     return fig
 
 
@@ -241,36 +294,87 @@ def reward_figure(steps: list, values: list, spread: list[Spread]):
         ax.plot(steps, values, marker=marker, alpha=0.4, label="mean over all samples")
         if len(values) >= 3:
             ax.plot(steps, ema(values), linewidth=2, label="smoothed (EMA 0.8)")
-    ax.legend(fontsize="small")
+    _legend(fig, ax)
     return fig
 
 
-def _timing_plot(path: Path, records: list[dict[str, Any]]) -> Path | None:
-    """Seconds per step, stacked by phase (time/rollout, time/reward, ...; time/step is
-    the total: what the phases do not cover is drawn as "other")."""
+def groups_figure(groups: list[Groups], records: list[dict[str, Any]]):
+    """The answer groups of a 0/1 reward, in percent of the groups: any answer right and
+    every answer right (saved samples), and rewards mixed (all groups, from the metrics'
+    ``reward/zero_adv_groups``): the groups GRPO learns from."""
+    from matplotlib.ticker import PercentFormatter
+
+    fig, ax = _figure("Answer groups per step (0/1 reward)", "groups")
+    if groups:
+        ns = sorted({g.n for g in groups})
+        per = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+        xs = [g.step for g in groups]
+        marker = "o" if len(xs) <= 30 else None
+        ax.plot(
+            xs,
+            [100 * g.any_correct for g in groups],
+            marker=marker,
+            color="tab:green",
+            linewidth=2,
+            label=f"any answer right (saved: {per} groups a step)",
+        )
+        ax.plot(
+            xs,
+            [100 * g.all_correct for g in groups],
+            marker=marker,
+            color="tab:blue",
+            label="every answer right (saved)",
+        )
+    steps, zero = series(records, "reward/zero_adv_groups")
+    if zero:
+        ax.plot(
+            steps,
+            [100 * (1 - z) for z in zero],
+            linestyle="--",
+            color="tab:orange",
+            label="rewards mixed: a learning signal (all groups)",
+        )
+    ax.set_ylim(0, 105)
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=100, decimals=0))
+    _legend(fig, ax)
+    return fig
+
+
+_VISIBLE = 0.01  # a phase under 1% of its step on every step would be a line of no width
+
+
+def timing_figure(records: list[dict[str, Any]]):
+    """Seconds per step, stacked by the phases that ran (time/rollout, time/reward, ...):
+    a phase under 1% of the step on every step (the values of a run without a critic,
+    timed at 0 or microseconds) is left out of the legend and counted in "other", what
+    time/step (the total) holds beyond the phases drawn, itself drawn only when visible."""
+    steps = [float(r["step"]) for r in records]
+    totals = [number(r.get("time/step")) for r in records]
     found = {k for r in records for k in r if k.startswith("time/") and k != "time/step"}
-    phases = [k for k in _PHASE_ORDER if k in found] + sorted(found - set(_PHASE_ORDER))
+    column = {k: [number(r.get(k)) or 0.0 for r in records] for k in found}
+    whole = [t or sum(col) for t, col in zip(totals, zip(*column.values()))] if found else []
+    ran = {k for k, col in column.items() if any(v > _VISIBLE * w for v, w in zip(col, whole))}
+    phases = [k for k in _PHASE_ORDER if k in ran] + sorted(ran - set(_PHASE_ORDER))
     if not phases:
         return None
-    steps = [float(r["step"]) for r in records]
-    stacks = [[number(r.get(k)) or 0.0 for r in records] for k in phases]
+    stacks = [column[k] for k in phases]
     labels = [k.removeprefix("time/") for k in phases]
-    totals = [number(r.get("time/step")) for r in records]
-    if any(t is not None for t in totals):
-        covered = [sum(col) for col in zip(*stacks)]
-        stacks.append([max(0.0, (t or c) - c) for t, c in zip(totals, covered)])
+    covered = [sum(col) for col in zip(*stacks)]
+    other = [max(0.0, w - c) for w, c in zip(whole, covered)]
+    if any(o > _VISIBLE * w for o, w in zip(other, whole)):
+        stacks.append(other)
         labels.append("other")
     fig, ax = _figure("Time per step by phase", "seconds")
     ax.stackplot(steps, *stacks, labels=labels, alpha=0.8)
-    ax.legend(loc="upper left", fontsize="small")
-    return _save(fig, path)
+    _legend(fig, ax)
+    return fig
 
 
 def _histogram(path: Path, dists: dict[str, list]) -> Path:
     fig, ax = _figure("Reward distribution: start vs end", "count", xlabel="reward")
     for label, values in dists.items():
         ax.hist(values, bins=20, alpha=0.5, label=f"{label}, mean {sum(values) / len(values):.3f}")
-    ax.legend(fontsize="small")
+    _legend(fig, ax)
     return _save(fig, path)
 
 
@@ -311,20 +415,20 @@ def plot_run(output_dir: Path) -> list[Path]:
     if by_minute.lines:  # runs before eval/minutes have none: no note
         add("eval_accuracy_minutes", accuracy_figure(by_minute, "Held-out accuracy over time"))
     steps, rewards = series(records, "reward")
-    spread = reward_spread(rec)
+    zero_one = binary(rec)
+    spread = [] if zero_one else reward_spread(rec)  # a 0/1 reward: its groups instead
     add("reward", reward_figure(steps, rewards, spread) if rewards or spread else None)
+    if zero_one:
+        add("groups", groups_figure(group_outcomes(rec), records))
     line("kl", "kl", "KL to the reference policy", "KL (nats/token)")
     line("entropy", "actor/entropy", "Policy entropy", "nats/token")
     line("response_length", "response_length", "Mean response length", "tokens")
-    timing = _timing_plot(out / "timings.png", records)
-    if timing:
-        written.append(timing)
-    else:
-        missing.append("timings")
+    add("timings", timing_figure(records))
     dists = reward_distributions(rec, records)
     if dists:
         written.append(_histogram(out / "reward_histogram.png", dists))
     else:
         missing.append("reward_histogram")
     verdict = verdict_of(output_dir, rec, findings, note)
-    return [*written, write_report(output_dir, verdict, written, missing)]
+    story = (header_of(output_dir, rec, verdict.steps), answer_pairs(rec), probe_drift(rec))
+    return [*written, write_report(output_dir, verdict, written, missing, story)]

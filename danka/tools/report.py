@@ -1,12 +1,17 @@
 """``OUTPUT/plots/report.html``: one self-contained page (PNGs embedded as base64) that
-opens with the verdict, then the charts.
+opens with which run it was and the verdict, then what the model answered, then the charts.
+
+The header (:class:`danka.tools.run_story.Header`): model, algorithm, the settings that
+shape a run, device, start and wall time.
 
 The verdict (:class:`danka.tools.verdict.Verdict`): held-out accuracy before -> after in
 percent with the points gained and the number of problems, next to the guess floor; each
 labelled correctness function before -> after; the answers' mean length and the share cut
 at the token limit before -> after; the run doctor's findings (problems, then risks: what,
 the evidence, the fix), or "no findings". A run in progress says so instead of an "after".
-Every string from the run folder is escaped: a run can hold any text.
+After the verdict: a few held-out answers at the first and the last evaluation, and the
+drift probe (general prompts): its share of degenerate answers, and the answers that
+degenerated. Every string from the run folder is escaped: a run can hold any text.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import base64
 import html
 from pathlib import Path
 
+from danka.tools.run_story import AnswerPair, Header, ProbeDrift, question
 from danka.tools.verdict import Change, Verdict
 
 REPORT = "report.html"
@@ -22,12 +28,16 @@ _CAPTIONS = {
     "eval_accuracy": "Held-out accuracy at each evaluation (greedy), in percent. Bold: the "
     "accuracy; dashed: each labelled correctness function; red dotted: the guess floor.",
     "eval_accuracy_minutes": "The same over wall-clock minutes since the run started.",
-    "reward": "Mean reward per step over all samples, and smoothed; green: how the rewards "
-    "of the saved samples (completions/step_N.jsonl) spread around their mean.",
+    "reward": "Mean reward per step over all samples, and smoothed; for a reward that is not "
+    "0/1, green: how the rewards of the saved samples (completions/step_N.jsonl) spread "
+    "around their mean.",
+    "groups": "A 0/1 reward's answer groups (the samples of one prompt), in percent of the "
+    "groups: with any answer right, with every answer right (saved samples), and with mixed "
+    "rewards (all groups): only mixed groups give GRPO something to learn.",
     "kl": "KL divergence to the reference policy, per token.",
     "entropy": "Policy entropy per token; a fall to near 0 means the policy stopped exploring.",
     "response_length": "Mean length of the sampled answers, in tokens.",
-    "timings": "Seconds per step, by phase.",
+    "timings": "Seconds per step, by the phases that ran.",
     "reward_histogram": "Rewards of the first and the last saved samples.",
 }
 _STYLE = """
@@ -41,6 +51,10 @@ text-align:right}th:first-child,td:first-child{text-align:left}
 .finding.risk{border-left-color:#d08a00}.sev{font-weight:bold;text-transform:uppercase}
 .finding div{margin-top:3px}img{max-width:100%;border:1px solid #ddd;margin:4px 0}
 code{background:#eee;padding:0 3px}
+table.header td{text-align:left}table.header td:first-child{color:#555}
+.answer{white-space:pre-wrap;text-align:left;max-height:9em;overflow:auto;font-size:.9em;
+font-family:ui-monospace,monospace;vertical-align:top}td.answer{min-width:220px}
+.ok{color:#0a6b2d;font-weight:bold}.no{color:#a40000;font-weight:bold}
 """
 
 
@@ -176,12 +190,93 @@ def _doctor(v: Verdict) -> list[str]:
     return out
 
 
-def verdict_html(v: Verdict, folder: Path) -> str:
-    """The report's first section: status, accuracy, floor, functions, lengths, doctor."""
+def _duration(seconds: float) -> str:
+    m, sec = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h} h {m} min" if h else f"{m} min {sec} s" if m else f"{sec} s"
+
+
+def header_html(h: Header, finished: bool) -> str:
+    """Which run it was: the rows the run folder records, as a two-column table."""
+    if h.wall_seconds is not None:
+        wall = f"{_duration(h.wall_seconds)} (start-up to the final evaluation)"
+    else:
+        wall = "no result file yet" if not finished else None
+    rows = [
+        ("model", h.model),
+        ("algorithm", h.algorithm),
+        *h.settings,
+        ("device", h.device),
+        ("started", h.started and f"{h.started} (the machine's clock)"),
+        ("wall time", wall),
+    ]
+    cells = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows if v)
+    return f"<table class='header'>{cells}</table>"
+
+
+def _mark(ok: bool) -> str:
+    return "<span class='ok'>right</span>" if ok else "<span class='no'>wrong</span>"
+
+
+def answers_html(pairs: list[AnswerPair], v: Verdict) -> str:
+    """Held-out prompts answered at the first and the last evaluation, side by side."""
+    if not pairs:
+        return ""
+    a, b = _step(v.first), _step(v.latest)
+    out = [
+        f"<section id='answers'><h2>Held-out answers: step {a} &rarr; step {b}</h2>",
+        "<p class='note'>The same held-out prompts, answered greedily at the first and at the "
+        "last evaluation; those whose answer turned right (then wrong) come first. Each "
+        "question is the prompt's last turn; the whole prompt as the model read it is "
+        "under it.</p>",
+        f"<table><tr><th>question</th><th>expected</th><th>step {a}</th><th>step {b}</th></tr>",
+    ]
+    for p in pairs:
+        out.append(
+            f"<tr><td class='answer'>{_e(p.question)}<details><summary>whole prompt</summary>"
+            f"{_e(p.prompt)}</details></td><td>{_e(p.truth)}</td>"
+            f"<td class='answer'>{_mark(p.before_ok)}\n{_e(p.before)}</td>"
+            f"<td class='answer'>{_mark(p.after_ok)}\n{_e(p.after)}</td></tr>"
+        )
+    return "\n".join([*out, "</table></section>"])
+
+
+def probe_html(d: ProbeDrift | None) -> str:
+    """The drift probe from step 0 to the last evaluation, and the answers that
+    degenerated (none shown when none did)."""
+    if d is None:
+        return ""
+    cls = "bad" if d.after > d.before else "good" if d.after < d.before else ""
+    kl = f"; KL on the step-0 answers {d.kl:.3f} nats/token" if d.kl is not None else ""
+    out = [
+        "<section id='probe'><h2>Drift probe: general prompts</h2>",
+        f"<p>Degenerate answers (empty, only an answer marker, or looping) to the {d.n} "
+        f"general prompts: <b class='{cls}'>{_pct(d.before)} &rarr; {_pct(d.after)}</b> "
+        f"(step 0 &rarr; step {_e(d.step)}){kl}.</p>",
+    ]
+    if not d.worse:
+        out.append("<p class='note'>No answer degenerated since step 0.</p>")
+    else:
+        out.append(
+            f"<table><tr><th>prompt</th><th>step 0</th><th>step {_e(d.step)}: degenerated</th></tr>"
+        )
+        out += [
+            f"<tr><td>{_e(question(p))}</td><td class='answer'>{_e(a)}</td>"
+            f"<td class='answer'>{_e(b)}</td></tr>"
+            for p, a, b in d.worse
+        ]
+        out.append("</table>")
+    return "\n".join([*out, "</section>"])
+
+
+def verdict_html(v: Verdict, folder: Path, header: Header | None = None) -> str:
+    """The report's first section: the run's name, status and header, then the verdict:
+    accuracy, floor, functions, lengths, doctor."""
     parts = [
         "<section id='verdict'>",
         f"<h1>danka run: {_e(folder.name)}</h1>",
         f"<p class='status'>{_e(_status(v, folder))}</p>",
+        header_html(header, v.finished) if header is not None else "",
         "<h2>Verdict</h2>",
         *_accuracy(v),
         *_floor(v),
@@ -193,14 +288,24 @@ def verdict_html(v: Verdict, folder: Path) -> str:
     return "\n".join(parts)
 
 
-def write_report(output_dir: Path, verdict: Verdict, pngs: list[Path], missing: list[str]) -> Path:
-    """``plots/report.html``: the verdict, then every PNG embedded as base64 (one file that
-    can be mailed or attached to an issue)."""
+def write_report(
+    output_dir: Path,
+    verdict: Verdict,
+    pngs: list[Path],
+    missing: list[str],
+    story: tuple[Header, list[AnswerPair], ProbeDrift | None] | None = None,
+) -> Path:
+    """``plots/report.html``: the header and the verdict, the answers before -> after and
+    the drift probe (``story``), then every PNG embedded as base64 (one file that can be
+    mailed or attached to an issue)."""
     output_dir = Path(output_dir)
+    header, pairs, drift = story if story is not None else (None, [], None)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>danka run {_e(output_dir.name)}</title><style>{_STYLE}</style></head><body>",
-        verdict_html(verdict, output_dir),
+        verdict_html(verdict, output_dir, header),
+        answers_html(pairs, verdict),
+        probe_html(drift),
         "<section id='charts'><h2>Charts</h2>",
     ]
     for png in pngs:

@@ -73,3 +73,42 @@ def test_danka_only_runs_and_the_eager_head_side_get_their_own_rows(tmp_path):
     assert rows["GRPO step, danka only, full [rollout.keep_cache=false]"] == (
         "danka 1.40 s; peak 2.00 GiB"
     )
+
+
+def test_no_machine_paths_no_empty_row_and_the_gsm8k_runs():
+    table = summary.table(summary.rows(summary.RESULTS))
+    assert "/root/" not in table and "/tmp/danka" not in table
+    assert all(measured for _, measured, _ in summary.rows(summary.RESULTS))
+    assert "| rollout qwen2.5-coder-0.5b-instruct.gguf 256 x 512 | fast-default 75,781" in table
+    assert (
+        "| GSM8K learning run, qwen2.5-coder-0.5b-instruct.gguf, grpo | strict 0.00% -> " in table
+    )
+
+
+def test_headline_answers_from_the_file_and_device_date_command_from_the_index(tmp_path):
+    sides = {
+        "trl": {"median_step_s": 12.0, "peak_gib": 1.5, "trl": "1.16.0"},
+        "danka": {"median_step_s": 3.0, "peak_gib": 2.0},
+    }
+    name = "trl_smollm2_real_8x8_lora.json"
+    (tmp_path / name).write_text(json.dumps({"variants": {"lora": {"sides": sides}}}))
+    (tmp_path / "INDEX.md").write_text(
+        "| file | what | device | date | command |\n|---|---|---|---|---|\n"
+        f"| `{name}` | GRPO step | H200 | 2026-12-02 | `python -m bench trl --variants lora` |\n"
+    )
+    lines = summary.headline(tmp_path).splitlines()
+    assert len(lines) == 3  # the header, its rule, the one question whose file is here
+    # TRL 12.0 s / danka 3.0 s = 4.0x
+    assert lines[2] == (
+        "| A GRPO step against TRL's GRPOTrainer, LoRA (SmolLM2-135M, 8 x 8 x 256 tokens) | "
+        "4.0x faster: 3.00 s vs 12.00 s a step; peak 2.00 vs 1.50 GiB | H200 | 2026-12-02 | "
+        f"`python -m bench trl --variants lora` | `{name}` |"
+    )
+
+
+def test_benchmarks_md_opens_with_the_headline_as_summary_prints_it():
+    text = (summary.RESULTS.parents[1] / "BENCHMARKS.md").read_text()
+    table = summary.headline(summary.RESULTS)
+    assert table in text
+    assert text.index(table) < text.index("\n## ")  # before the first section
+    assert table.count("\n") >= 8  # every question has its file

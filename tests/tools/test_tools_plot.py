@@ -7,6 +7,7 @@ from danka.tools.plot import ema, plot_run, read_metrics, reward_distributions, 
 EXPECTED = [
     "eval_accuracy",
     "reward",
+    "groups",  # the fake run's rewards are 0/1
     "kl",
     "entropy",
     "response_length",

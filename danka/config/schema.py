@@ -233,9 +233,9 @@ class SpeedConfig:
     cpu_threads: int | str = _f(
         "auto",
         "CPU threads torch computes with; auto = the CPUs this process may use (affinity, "
-        "cgroup quota) less those the machine's load keeps busy, at least 1, looked at again "
-        "after every step (a shared CPU: two runs on 2 cores take 1 thread each instead of 2 "
-        "fighting over each core); N = exactly N",
+        "OMP_NUM_THREADS, cgroup quota), not following the load (the count changes results "
+        "in their last bits; a run must repeat), with one line when others keep CPUs busy "
+        "naming the N that shares them better; N = exactly N (two runs on 2 cores: 1 each)",
     )
 
 

@@ -1,15 +1,17 @@
 """How many CPU threads torch computes with (``speed.cpu_threads``): a good neighbour on a
-shared CPU.
+shared CPU, without giving up runs that repeat bit for bit.
 
 torch starts one thread per core it sees. Two such processes on 2 cores run 4 busy threads
 on 2 cores, and each OpenMP barrier waits for a thread that is not running: a quickstart
 step measured 150-321 s beside another torch job instead of 21.8 s alone. ``auto`` counts
 the CPUs this process may use (``os.sched_getaffinity``, capped by ``OMP_NUM_THREADS``
-when set and by a cgroup CPU quota: ``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` in v1),
-takes away what others keep busy (the 1-minute load average, ``os.getloadavg``, less this
-process's own threads) and keeps at least one. During training it looks again after every
-step (:class:`ThreadGovernor`): a neighbour that starts or stops changes the count, said
-in one line.
+when set and by a cgroup CPU quota: ``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` in v1).
+The thread count changes a CPU run's numbers in their last bits (reductions split
+differently), so ``auto`` does not follow the load: a resumed run must repeat the
+uninterrupted one, and the same config the same numbers. It reads the load (the 1-minute
+load average, ``os.getloadavg``, less this process's own threads) and, when others keep a
+CPU busy, says so once with the setting that shares better (``speed.cpu_threads: N``),
+at start-up and after any step (:class:`ThreadGovernor`).
 """
 
 from __future__ import annotations
@@ -31,20 +33,29 @@ class CpuShare:
     load: float  # 1-minute load average of the machine
     own: int  # threads of this process counted in the load (0 before it computes)
     threads: int  # the choice
+    busy: int = 0  # CPUs the load says others keep busy (0: none)
 
     @property
     def usable(self) -> int:
         return min(self.cpus, max(1, math.ceil(self.quota))) if self.quota else self.cpus
 
-    def line(self, before: int | None = None) -> str:
-        """``cpu threads: 1 (speed.cpu_threads: auto; 2 CPUs usable, load 2.3: others keep
-        ~2.3 busy)``; with ``before``, ``cpu threads: 2 -> 1 (...)``."""
+    def line(self) -> str:
+        """``cpu threads: 2 (speed.cpu_threads: auto; 2 CPUs usable, load 0.3)``."""
         quota = f", cgroup quota {self.quota:g} CPUs" if self.quota else ""
-        others = max(0.0, self.load - self.own)
-        count = f"{before} -> {self.threads}" if before is not None else str(self.threads)
         return (
-            f"cpu threads: {count} (speed.cpu_threads: auto; {self.cpus} CPUs usable"
-            f"{quota}, load {self.load:.1f}: others keep ~{others:.1f} busy)"
+            f"cpu threads: {self.threads} (speed.cpu_threads: auto; {self.cpus} CPUs usable"
+            f"{quota}, load {self.load:.1f})"
+        )
+
+    def crowded(self) -> str | None:
+        """The one-line advice when others keep CPUs busy, else None."""
+        if not self.busy:
+            return None
+        fewer = max(1, self.usable - self.busy)
+        return (
+            f"cpu threads: load {self.load:.1f}, others keep ~{self.busy} of {self.usable} CPUs "
+            f"busy: speed.cpu_threads: {fewer} shares them better (auto keeps {self.threads}: "
+            "the thread count changes results in their last bits, and a run must repeat)"
         )
 
 
@@ -93,9 +104,9 @@ def share(
     quota: float | None | str = "read",
     load: float | None = None,
 ) -> CpuShare:
-    """The ``auto`` choice: usable CPUs less what others keep busy, at least 1. ``own``:
-    threads of this process already in the load average. The machine is read for what is
-    not given (tests give all three)."""
+    """The ``auto`` choice: the usable CPUs (at least 1), and how many the load says others
+    keep busy. ``own``: threads of this process already in the load average. The machine
+    is read for what is not given (tests give all three)."""
     cpus = _affinity() if cpus is None else cpus
     cap = os.environ.get("OMP_NUM_THREADS", "")
     if cap.isdigit() and int(cap) > 0:  # the user's (or torchrun's, 1 per rank) limit
@@ -103,8 +114,8 @@ def share(
     quota = cgroup_cpu_quota() if quota == "read" else quota
     load = _load() if load is None else load
     usable = CpuShare(cpus, quota, load, own, 0).usable
-    busy = math.floor(max(0.0, load - own) + 0.3)  # a neighbour counts from ~0.7 of a core
-    return CpuShare(cpus, quota, load, own, max(1, usable - busy))
+    busy = min(usable - 1, math.floor(max(0.0, load - own) + 0.3))  # from ~0.7 of a core
+    return CpuShare(cpus, quota, load, own, max(1, usable), max(0, busy))
 
 
 def use_cpu_threads(setting: int | str, device: str, log) -> ThreadGovernor:
@@ -127,29 +138,32 @@ def use_cpu_threads(setting: int | str, device: str, log) -> ThreadGovernor:
     chosen = share()
     torch.set_num_threads(chosen.threads)
     log(chosen.line())
-    return ThreadGovernor(log, auto=True, threads=chosen.threads, before=before)
+    gov = ThreadGovernor(log, auto=True, threads=chosen.threads, before=before)
+    gov.advise(chosen)
+    return gov
 
 
 @dataclass
 class ThreadGovernor:
-    """After each training step (a callback's ``on_step``): under ``auto``, the count
-    again from the load it finds now, changed (and said) only when it differs."""
+    """After each training step (a callback's ``on_step``): under ``auto``, the load read
+    again; when others keep CPUs busy, one line (once a run) says which count would share
+    them better. The count itself stays (module docstring)."""
 
     log: object
     auto: bool
     threads: int
     before: int = 0  # torch's count before the run: a Python caller gets it back (restore)
+    advised: bool = False
+
+    def advise(self, now: CpuShare) -> None:
+        if self.advised or (advice := now.crowded()) is None:
+            return
+        self.log(advice)
+        self.advised = True
 
     def on_step(self, step: int, metrics: dict) -> None:
-        if not self.auto:
-            return
-        import torch
-
-        now = share(own=self.threads)
-        if now.threads != self.threads:
-            torch.set_num_threads(now.threads)
-            self.log(f"step {step} | {now.line(before=self.threads)}")
-            self.threads = now.threads
+        if self.auto and not self.advised:
+            self.advise(share(own=self.threads))
 
     def restore(self) -> None:
         import torch

@@ -64,7 +64,9 @@ def test_an_old_config_json_compares_in_the_current_layout():
     old["rollout"] = {**new["rollout"], **new["agent"], "engine": "auto"}
     del old["agent"]
     old["data"] = {**new["data"], "packing": False, "max_packed_length": 4096}
-    old["speed"] = {k: v for k, v in new["speed"].items() if "pack" not in k}
+    old["speed"] = {
+        k: v for k, v in new["speed"].items() if k not in ("packing", "max_packed_length")
+    }
     old["backend"] = {
         "fsdp": {**new["backend"]["fsdp"], "enable_fsdp": False},
         "vllm": new["backend"]["vllm"],

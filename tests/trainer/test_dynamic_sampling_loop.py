@@ -44,7 +44,7 @@ def _config(tmp_path: Path, model_dir: Path, reward: str, **trainer) -> Path:
 
 
 def _metrics(out: Path) -> list[dict]:
-    clock = ("timestamp", "time/", "throughput/")
+    clock = ("timestamp", "time/", "throughput/", "perf/")  # perf: FLOPs / seconds
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in x.items() if not k.startswith(clock)} for x in lines]
 

@@ -60,7 +60,7 @@ def _log(out: Path) -> str:
 
 
 def _metrics(out: Path) -> list[dict]:
-    clock = ("timestamp", "time/", "throughput/")
+    clock = ("timestamp", "time/", "throughput/", "perf/")  # perf: FLOPs / seconds
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in x.items() if not k.startswith(clock)} for x in lines]
 

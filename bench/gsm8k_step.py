@@ -48,7 +48,7 @@ from bench.ppo_memory import compare
 from bench.step_report import report
 from bench.step_variants import full_variants, lora_variants, parse_variant
 from danka.config import load_config
-from danka.models.flops import FORMULA, Counts, mfu, mfu_6nt, phase_flops
+from danka.models.flops import FORMULA, Counts, mfu, mfu_6nt
 
 EXAMPLES = ROOT / "examples"
 PHASES = ("rollout", "reward", "logprobs", "values", "advantages", "update")
@@ -159,16 +159,12 @@ def profiler_hook(dev, phases: set[str], phase_s: dict[str, float], profiles: di
     return hook
 
 
-def step_record(result, counts: Counts, run, cfg) -> dict:
+def step_record(result, run) -> dict:
     """One step's phase seconds and peaks, its tokens and each phase's model FLOPs."""
     b = result.scored.batch
     prompt, response = float(b.prompt_mask.sum()), float(b.response_mask.sum())
     passes = ds.logprob_passes(result.prepared) if result.prepared is not None else 0
-    flops = phase_flops(
-        counts, prompt=prompt, response=response, sequences=b.size, logprob_passes=passes,
-        critic=ds.needs_critic(run), full=not cfg.lora.enable_lora,
-        epochs=cfg.trainer.ppo_epochs,
-    )  # fmt: skip
+    flops = ds.stages_of(run).phase_flops(result)  # the FLOPs of the step's perf/* metrics
     stats = result.scored.stats
     return {
         "seconds": dict(result.seconds), "peaks_gib": dict(result.peaks_gib),
@@ -219,7 +215,7 @@ def measure_steps(args, dev, run, cfg) -> tuple[dict, object]:
         hook = profiler_hook(dev, phases, phase_s, profiles) if profiled else None
         t0 = time.perf_counter()
         result = ds.step_result(run, i, hook)
-        rec = step_record(result, counts, run, cfg)
+        rec = step_record(result, run)
         rec.update(step=i, profiled=profiled, wall_s=time.perf_counter() - t0)
         records.append(rec)
         last = result.scored

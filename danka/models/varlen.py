@@ -83,14 +83,10 @@ def _find_kernel():
 _KERNEL = _find_kernel()  # read once: the attention below runs inside torch.compile too
 
 
-def _kernel():
-    return _KERNEL
-
-
 def available(device: torch.device) -> bool:
     """Whether the padding-free forward runs fast on ``device`` (CUDA with torch's varlen
     kernel); elsewhere it still runs (per-sequence attention) but gains nothing."""
-    return torch.device(device).type == "cuda" and _kernel()[0] is not None
+    return torch.device(device).type == "cuda" and _KERNEL[0] is not None
 
 
 def wanted(setting: bool | None, device) -> bool:
@@ -108,7 +104,7 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, **
     cu, max_len = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
     groups = q.shape[1] // k.shape[1]
-    fn, params = _kernel()
+    fn, params = _KERNEL
     if q.is_cuda and fn is not None and q.dtype in (torch.float16, torch.bfloat16):
         extra = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
         if "enable_gqa" in params and groups > 1:

@@ -66,8 +66,8 @@ def speed_settings(cfg: DankaConfig, models, device: torch.device, log: logging.
     if varlen.wanted(t.packed_update, device):
         dtype = next(models.policy.parameters()).dtype
         lora = cfg.lora.enable_lora and dtype in (torch.bfloat16, torch.float16)
-        for model in {id(m): m for m in (models.policy, models.critic_model) if m}.values():
-            if lora:  # the adapters' matmuls in the base dtype: no fp32 copy of each input
+        if lora:  # the adapters' matmuls in the base dtype: no fp32 copy of each input
+            for model in {id(m): m for m in (models.policy, models.critic_model) if m}.values():
                 compute_adapters_in(model, dtype)
         log.info(
             "speed.packed_update: log-prob, value and update forwards padding-free (varlen "

@@ -121,3 +121,17 @@ def test_only_plain_causal_attention_runs_padding_free():
     decoder.config.attn_logit_softcapping = None
     decoder.config.layer_types = ["sliding_attention"] * decoder.config.num_hidden_layers
     assert not varlen.supports(decoder)
+
+
+def test_packed_update_takes_a_bool_or_null():
+    import pytest
+
+    from danka.config import load_config
+    from danka.errors import UserError
+
+    with pytest.raises(UserError, match="speed.packed_update") as err:
+        load_config("examples/quickstart.yaml", ["speed.packed_update=maybe"])
+    assert "bool or null" in str(err.value) + err.value.fix
+    cfg, _ = load_config("examples/quickstart.yaml", ["speed.packed_update=false"])
+    assert cfg.speed.packed_update is False and not varlen.wanted(False, "cuda")
+    assert varlen.wanted(None, "cpu") is False and varlen.wanted(True, "cpu") is True

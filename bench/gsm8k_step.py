@@ -272,10 +272,12 @@ def one_algo(args, dev, log, algo: str, model: str, data: str, tmp: Path, out: d
         res, scored = measure_steps(args, dev, run, cfg)
         out.update(res)
         phases = res["phases"]  # the headline: the step, its update's MFU, its peak
-        out.update(median_step_s=phases.get("step", {}).get("s"),
-                   update_mfu=phases.get("update", {}).get("mfu"),
-                   peak_gib=(res["phase_peak_gib"] or {}).get("step"),
-                   packed_update=ds.stages_of(run).updating.forward.varlen)  # fmt: skip
+        out.update(
+            median_step_s=phases.get("step", {}).get("s"),
+            update_mfu=phases.get("update", {}).get("mfu"),
+            peak_gib=(res["phase_peak_gib"] or {}).get("step"),
+            packed_update=ds.stages_of(run).updating.forward.varlen,
+        )
         out["micro_batch_after"] = ds.micro_batch(run)
         out["plan"] = read_estimate(plan_proc)
         if "error" not in out["plan"] and out.get("phase_peak_gib"):

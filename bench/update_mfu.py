@@ -159,8 +159,14 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
         b = args.update_seqs
         real = gsm8k_like_batch(b, 151936, 8)
         _, tokens, responses, p, r = real
-        out.update(seqs=b, prompt_len=p, response_len=r, tokens_per_step=tokens,
-                   response_tokens=responses, lengths="gsm8k-like")  # fmt: skip
+        out.update(
+            seqs=b,
+            prompt_len=p,
+            response_len=r,
+            tokens_per_step=tokens,
+            response_tokens=responses,
+            lengths="gsm8k-like",
+        )
     try:
         cfg, group = update_config(args, dev, b, p, r, lora)
         base, config, dtype, what = base_model(args, dev)
@@ -174,8 +180,15 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
     counts = Counts.of(ds.policy_of(run))
     out.update(shape=what, params=counts.total)
     out.setdefault("counts", {})["lora" if lora else "full"] = vars(counts)
-    flops = phase_flops(counts, prompt=tokens - responses, response=responses, sequences=b,
-                        logprob_passes=0, critic=False, full=not lora)["update"]  # fmt: skip
+    flops = phase_flops(
+        counts,
+        prompt=tokens - responses,
+        response=responses,
+        sequences=b,
+        logprob_passes=0,
+        critic=False,
+        full=not lora,
+    )["update"]
     batch = real[0] if real else update_batch(b, p, r, config.vocab_size, group)
     stages = ds.stages_of(run)
     padded = stages.updating

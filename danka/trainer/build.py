@@ -175,9 +175,16 @@ def assemble(
     eos = stop_ids(tokenizer) if eos_ids is None else list(eos_ids)
     sampling = Sampling(engine, models, tokenizer, eos, pad, agent)
     stages = build_stages(
-        cfg, sampling, train, rewards, algo, trainables, logprob_chunk=sizes.logprob_chunk,
-        log=log, seq_tokens=sequence_tokens(sizes.sizes),
-    )  # fmt: skip
+        cfg,
+        sampling,
+        train,
+        rewards,
+        algo,
+        trainables,
+        logprob_chunk=sizes.logprob_chunk,
+        log=log,
+        seq_tokens=sequence_tokens(sizes.sizes),
+    )
     evaluator = None
     if held is not None:
         fwd = stages.updating.forward

@@ -222,12 +222,16 @@ class Stages:
         logp = prepared.old_and_ref
         passes = int(not isinstance(logp.old, OnPolicy)) + int(logp.ref is not None)
         return flops.phase_flops(
-            self._counts, prompt=float(batch.prompt_mask.sum()),
-            response=float(batch.response_mask.sum()), sequences=batch.size,
-            logprob_passes=passes, critic=self.models.value_head is not None,
-            full=not self.models.lora, epochs=self.updating.ppo_epochs,
+            self._counts,
+            prompt=float(batch.prompt_mask.sum()),
+            response=float(batch.response_mask.sum()),
+            sequences=batch.size,
+            logprob_passes=passes,
+            critic=self.models.value_head is not None,
+            full=not self.models.lora,
+            epochs=self.updating.ppo_epochs,
             generated=float(result.scored.rollout.generated_tokens),
-        )  # fmt: skip
+        )
 
 
 def forward_settings(

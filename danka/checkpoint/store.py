@@ -531,8 +531,12 @@ def _own_parts(state_dir: Path) -> set[str] | None:
 
 def _delete_checkpoint(output_dir: Path, state_dir: Path) -> bool:
     """Remove danka's checkpoint ``state_dir`` and its parts (manifest first, so a crash
-    mid-delete leaves an incomplete checkpoint, state last). A folder danka did not write
-    (no manifest, no parts.json) is left alone; returns whether it was deleted."""
+    mid-delete leaves an incomplete checkpoint, state last). Each folder is first renamed
+    to a ``.tmp-old-`` name and then deleted: a kill inside the delete leaves either the
+    folder whole (its ``parts.json`` still names it danka's) or a temporary folder the
+    next start sweeps, never a half-deleted ``checkpoint_<N>`` no pass could claim again.
+    A folder danka did not write (no manifest, no parts.json) is left alone; returns
+    whether it was deleted."""
     parts = _own_parts(state_dir)
     if parts is None:
         return False
@@ -541,9 +545,15 @@ def _delete_checkpoint(output_dir: Path, state_dir: Path) -> bool:
     if manifest.exists():
         manifest.unlink()
         fsync_dir(state_dir)
+    suffix = f"{os.getpid()}-{secrets.token_hex(4)}"
     for part in sorted(parts - {STATE_PART}) + [STATE_PART]:
-        shutil.rmtree(output_dir / part / name, ignore_errors=True)
-    fsync_dir(output_dir / STATE_PART)
+        folder = output_dir / part / name
+        if not folder.is_dir():
+            continue
+        trash = folder.with_name(f".tmp-old-{name}-{suffix}")
+        os.replace(folder, trash)
+        fsync_dir(folder.parent)
+        shutil.rmtree(trash, ignore_errors=True)
     return True
 
 

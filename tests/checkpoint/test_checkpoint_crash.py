@@ -76,3 +76,52 @@ def test_sigkill_during_save(tmp_path):
     assert find_latest_checkpoint(out) == out / "state" / "checkpoint_2"
     assert not list(out.glob("*/.tmp-*"))
     assert (out / "state" / "checkpoint_1" / "manifest.json").exists()
+
+
+def test_a_kill_inside_keep_last_delete_leaves_nothing_the_next_save_cannot_clear(
+    tmp_path, monkeypatch
+):
+    """keep_last deletes checkpoint_1's state folder; the process dies half-way through
+    that delete (the file holding parts.json already gone). The next save must still
+    remove what is left: before, the half-deleted ``state/checkpoint_1`` had neither a
+    manifest nor parts.json and stayed forever (seen in the SIGKILL-and-resume test)."""
+    import shutil
+
+    from danka.checkpoint import store
+
+    out = tmp_path / "out"
+
+    def writer(folder: Path) -> None:
+        (folder / "a.safetensors").write_bytes(b"a" * 100)
+
+    for step in (1, 2):
+        _save(out, step, writer)
+    real_rmtree = shutil.rmtree
+
+    class Killed(BaseException):
+        pass
+
+    def dies_in_state(path, *args, **kwargs):
+        path = Path(path)
+        if path.parent.name == "state":  # remove parts.json, then "die"
+            for f in path.iterdir():
+                if f.name == "parts.json":
+                    f.unlink()
+            raise Killed
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(store.shutil, "rmtree", dies_in_state)
+    with pytest.raises(Killed):
+        _save(out, 3, writer)
+    monkeypatch.setattr(store.shutil, "rmtree", real_rmtree)
+    assert not (out / "state" / "checkpoint_1").exists()  # renamed away before the delete
+    # the resumed run saves again: the leftovers of the interrupted delete are swept
+    _save(out, 4, writer)
+    names = sorted(p.name for part in out.iterdir() if part.is_dir() for p in part.iterdir())
+    assert names == ["checkpoint_3", "checkpoint_3", "checkpoint_4", "checkpoint_4"]
+
+
+def _save(out: Path, step: int, writer) -> None:
+    save_checkpoint(
+        out, step, {"actor": writer}, trainer_state={"step": step}, config_hash="h", keep_last=2
+    )

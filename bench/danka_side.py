@@ -1,11 +1,12 @@
 """Every place a benchmark reaches into danka's trainer, in one file, through its public
 builders only.
 
-The training benchmarks run danka's own step (``train_step``, ``update``) on random-weight
+The training benchmarks run danka's own step (``danka.step.train_step``: the step ``danka
+train`` runs, with a clock a benchmark may hook, e.g. to profile a phase) on random-weight
 models that have no files to load, so they cannot go through ``danka train``: they build
-the model set (``trainer.models.build_models``), hand it to ``trainer.build.assemble``
-(the builder ``build`` ends in) with stand-in rewards, and step it with the loop's own
-``train_step`` and a ``RunState`` they hold themselves. A/B switches are config settings
+the model set (``step.model_set.build_models``), hand it to ``trainer.build.assemble``
+(the builder ``build`` ends in) with stand-in rewards, and hold the step number and
+micro-batch in a ``RunState`` of their own. A/B switches are config settings
 (``speed.fused_logprob_head``, ``speed.shared_prefix_forward``,
 ``rollout.shared_prefix``), never patched module globals. Nothing else in ``bench/``
 imports ``danka.trainer``.
@@ -24,19 +25,19 @@ from danka.data.splits import load_rows
 from danka.models import prefix as _prefix
 from danka.models.lora import compute_adapters_in
 from danka.models.speed import compile_forward
+from danka.planning.run_plan import cap_process
 from danka.rewards.combine import RewardOutput
 from danka.rewards.combine import reward_specs as _reward_specs
-from danka.trainer import fit as _fit
-from danka.trainer.budget import cap_process
-from danka.trainer.build import Built, assemble, build
-from danka.trainer.forward import (
+from danka.step import train_step as _step
+from danka.step.forward import (
     ForwardSettings,
     effective_token_ratio,
     policy_logprobs,
     trim,
 )
-from danka.trainer.models import build_models
-from danka.trainer.records import (
+from danka.step.model_set import build_models
+from danka.step.prompt_set import PromptSet
+from danka.step.records import (
     ON_POLICY,
     Prepared,
     Scored,
@@ -44,11 +45,12 @@ from danka.trainer.records import (
     TrainBatch,
     select_rollout,
 )
-from danka.trainer.run import PromptSet
-from danka.trainer.setup import build_model_set
-from danka.trainer.stages import Stages
+from danka.step.stages import Stages
+from danka.step.train_step import PhaseClock
+from danka.step.update import UpdateSettings, update
+from danka.trainer.build import Built, assemble, build
+from danka.trainer.builders import build_model_set
 from danka.trainer.state import RunState
-from danka.trainer.update import UpdateSettings, update
 from danka.types import PromptRow, RolloutBatch
 
 __all__ = ["ForwardSettings", "cap_process", "effective_token_ratio", "policy_logprobs", "trim"]
@@ -180,34 +182,12 @@ def packing_ratio(run: BenchRun, batch: RolloutBatch) -> float:
     return effective_token_ratio(batch, run.state.micro, packed_length(run), varlen)
 
 
-# the stage calls of one step and the phase the loop's clock charges each to
-STAGE_PHASES = {"sample": "rollout", "score": "reward", "old_and_ref": "logprobs",
-                "values": "values", "advantages": "advantages", "update": "update"}  # fmt: skip
-
-
-class _Hooked:
-    """A step's stages whose phase calls go through ``hook(phase, call)`` (``call()`` runs
-    the stage); every other attribute is the stages' own."""
-
-    def __init__(self, stages: Stages, hook) -> None:
-        self._stages, self._hook = stages, hook
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._stages, name)
-        phase = STAGE_PHASES.get(name)
-        if phase is None:
-            return attr
-        return lambda *a, **k: self._hook(phase, lambda: attr(*a, **k))
-
-
-def step_result(run: BenchRun, step: int, hook=None) -> StepResult:
-    """Step ``step`` of the training loop (``fit.train_step``): its typed result (samples,
-    phase seconds and peaks, the prepared batch); the micro-batch it ended at is the run's
-    from now on. ``hook(phase, call)``, when given, runs each phase's stage call
-    (``call()``, its value returned) inside the loop's own clock, e.g. under a profiler."""
-    s = stages_of(run)
-    state = dataclasses.replace(run.state, step=step - 1)
-    result = _fit.train_step(_Hooked(s, hook) if hook else s, state)
+def step_result(run: BenchRun, step: int, around=None) -> StepResult:
+    """Step ``step`` of the training loop (the library's ``train_step``): its typed result
+    (samples, phase seconds and peaks, the prepared batch); the micro-batch it ended at is
+    the run's from now on. ``around(phase)``, when given, is a context each phase also
+    runs in, inside the step's own clock (e.g. a profiler)."""
+    result = _step.train_step(stages_of(run), step, run.state.micro, PhaseClock(around))
     run.state = dataclasses.replace(run.state, step=step, micro=result.micro)
     return result
 
@@ -224,20 +204,14 @@ def first_rows(scored: Scored, n: int) -> Scored:
 
 
 def prepare_and_update(run: BenchRun, scored: Scored, step: int, *, chunk: int | None = None):
-    """Steps 4-7 of ``fit.train_step`` (log-probs, values, advantages, update of step
-    ``step``) on an already scored rollout at the run's micro-batch, timed by the loop's own
-    clock: ``(seconds, peaks GiB, prepared)`` per phase. The micro-batch the update ended
-    at (an out-of-memory retry halves it) is the run's from now on."""
-    s, micro = stages_of(run, chunk=chunk), run.state.micro
-    clock = _fit.PhaseClock()
-    with clock("logprobs"):
-        logp, micro = s.old_and_ref(scored, micro)
-    with clock("values"):
-        values, micro = s.values(scored, micro)
-    with clock("advantages"):
-        prepared = s.advantages(scored, logp, values)
-    with clock("update"):
-        _, micro = s.update(prepared, step, micro)
+    """Steps 4-7 of the library's step (log-probs, values, advantages, update of step
+    ``step``) on an already scored rollout at the run's micro-batch, timed by the step's
+    own clock: ``(seconds, peaks GiB, prepared)`` per phase. The micro-batch the update
+    ended at (an out-of-memory retry halves it) is the run's from now on."""
+    clock = PhaseClock()
+    prepared, _, micro = _step.prepare_and_update(
+        stages_of(run, chunk=chunk), scored, step, run.state.micro, clock
+    )
     run.state = dataclasses.replace(run.state, micro=micro)
     return dict(clock.seconds), dict(clock.peaks), prepared
 

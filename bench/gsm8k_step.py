@@ -31,6 +31,7 @@ and peak), once each, after the main steps compiled the log-prob head; none star
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -43,15 +44,15 @@ import torch
 from bench import danka_side as ds
 from bench.common import GIB, ROOT, child_env, error_text, fmt, free
 from bench.gsm8k_data import data_path
-from bench.kernel_profile import profile_call
+from bench.kernel_profile import profiling
 from bench.ppo_memory import compare
 from bench.step_report import report
 from bench.step_variants import full_variants, lora_variants, parse_variant
 from danka.config import load_config
 from danka.models.flops import FORMULA, Counts, mfu, mfu_6nt
+from danka.step.guards import PHASES
 
 EXAMPLES = ROOT / "examples"
-PHASES = ("rollout", "reward", "logprobs", "values", "advantages", "update")
 
 
 def step_overrides(args, dev, algo: str, model: str, data: str, out_dir: Path) -> list[str]:
@@ -127,36 +128,40 @@ def read_estimate(proc) -> dict:
 
 
 def profiler_hook(dev, phases: set[str], phase_s: dict[str, float], profiles: dict):
-    """A ``danka_side.step_result`` hook: each phase in ``phases`` runs under its own
-    profiler (CUDA activity only), its top 20 kernels as shares of ``phase_s[phase]`` (the
-    unprofiled step's seconds) stored in ``profiles``. A profiler failure is recorded and
-    the phase runs as usual; the phase's own errors propagate. Should the device-only trace
-    come back without kernels, the later phases record the CPU operators too."""
+    """A ``PhaseClock`` ``around`` hook for ``danka_side.step_result``: each phase in
+    ``phases`` runs under its own profiler (CUDA activity only), its top 20 kernels as
+    shares of ``phase_s[phase]`` (the unprofiled step's seconds) stored in ``profiles``.
+    The phase's own errors propagate; a profiler failure is recorded and the step goes on.
+    Should the device-only trace come back without kernels, the later phases record the
+    CPU operators too."""
     cpu_ops = [False]
 
-    def hook(phase: str, call):
+    @contextlib.contextmanager
+    def around(phase: str):
         if phase not in phases:
-            return call()
-        box: dict = {}
-
-        def run() -> None:
-            try:
-                box["result"] = call()
-            except BaseException as err:  # noqa: BLE001 - re-raised below, outside the profiler
-                box["error"] = err
-
+            yield
+            return
+        cm = profiling(dev, steps=1, top=20, step_s=phase_s.get(phase), cpu_ops=cpu_ops[0])
         try:
-            _, profiles[phase] = profile_call(
-                run, dev, steps=1, top=20, step_s=phase_s.get(phase), cpu_ops=cpu_ops[0]
-            )
-            cpu_ops[0] = cpu_ops[0] or "note" in profiles[phase]  # no kernel seen: see above
+            report = cm.__enter__()
         except Exception as err:  # noqa: BLE001 - the profiler, not the phase
             profiles[phase] = {"error": error_text(err)}
-        if "error" in box:
-            raise box["error"]
-        return box["result"] if "result" in box else call()
+            yield
+            return
+        try:
+            yield
+        except BaseException as err:
+            with contextlib.suppress(Exception):  # the phase's error wins
+                cm.__exit__(type(err), err, err.__traceback__)
+            raise
+        try:
+            cm.__exit__(None, None, None)
+            profiles[phase] = report
+            cpu_ops[0] = cpu_ops[0] or "note" in report  # no kernel seen: see above
+        except Exception as err:  # noqa: BLE001 - the profiler, not the phase
+            profiles[phase] = {"error": error_text(err)}
 
-    return hook
+    return around
 
 
 def step_record(result, run) -> dict:

@@ -20,6 +20,7 @@ without CUDA (``--tiny --device cpu`` checks) the CPU operators by self time sta
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections import defaultdict
@@ -98,7 +99,23 @@ def profile_call(
     cpu_ops: bool = True,
 ) -> tuple[object, dict[str, object]]:
     """``(fn(), report)``: one call of ``fn`` (which runs ``steps`` steps) under the
-    profiler, and the report of :func:`top_kernels`. ``cpu_ops=False`` records only the
+    profiler, and the report of :func:`top_kernels` (see :func:`profiling`)."""
+    with profiling(device, steps=steps, top=top, step_s=step_s, cpu_ops=cpu_ops) as report:
+        result = fn()
+    return result, report
+
+
+@contextlib.contextmanager
+def profiling(
+    device: torch.device | str,
+    *,
+    steps: int = 1,
+    top: int = 15,
+    step_s: float | None = None,
+    cpu_ops: bool = True,
+):
+    """The body runs under the profiler; the dict it yields holds the report of
+    :func:`top_kernels` once the body is done. ``cpu_ops=False`` records only the
     device's activity on CUDA (a fraction of the events: a whole training phase has
     hundreds of thousands of kernels, and the CPU operators would triple what the profiler
     has to post-process)."""
@@ -110,9 +127,10 @@ def profile_call(
         activities.insert(0, ProfilerActivity.CPU)
     if cuda:
         torch.cuda.synchronize()
+    report: dict[str, object] = {}
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
-        result = fn()
+        yield report
         if cuda:
             torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - t0) * 1e3 / steps
@@ -129,12 +147,11 @@ def profile_call(
             t[0] += avg.count
             t[1] += avg.self_cpu_time_total
     step_ms = step_s * 1e3 if step_s else wall_ms
-    out = summarize({k: (int(c), us) for k, (c, us) in times.items()}, steps, step_ms, top)
-    out["kind"] = "cuda_kernels" if cuda else "cpu_ops"
-    out["profiled_step_ms"] = wall_ms
+    report.update(summarize({k: (int(c), us) for k, (c, us) in times.items()}, steps, step_ms, top))
+    report["kind"] = "cuda_kernels" if cuda else "cpu_ops"
+    report["profiled_step_ms"] = wall_ms
     if cuda and not times:
-        out["note"] = "no CUDA kernel events recorded (CUPTI unavailable?)"
-    return result, out
+        report["note"] = "no CUDA kernel events recorded (CUPTI unavailable?)"
 
 
 def profile_or_error(fn: Callable[[], object], device, **kwargs) -> dict[str, object]:

@@ -35,7 +35,7 @@ from bench.common import error_text, fmt, free, peak_gib, reset_peak, timed
 from bench.training import gc_active, random_model, shape
 from danka.config import load_config
 from danka.models import tiny
-from danka.models.lora import count_parameters
+from danka.models.lora import trainable_parameters
 from danka.types import RolloutBatch
 
 
@@ -209,7 +209,7 @@ def packing_step(args, dev: torch.device, log) -> dict:
                 raise ValueError(f"unknown shape {name!r} (use {', '.join(SHAPES)})")
             config, dtype = shape(args, SHAPES.get(name))
             base = random_model(config, dev, dtype)
-            res["params"] = count_parameters(base)[1]
+            res["params"] = trainable_parameters(base)[1]
             batch = gsm8k_like_batch(z, config.vocab_size)
             res["real_tokens"] = int(batch.prompt_mask.sum() + batch.response_mask.sum())
         except Exception as err:  # noqa: BLE001 - the next shape still runs

@@ -57,7 +57,7 @@ from bench.update_mfu import logprob_memory, logprob_rows, update_05b, update_ro
 from danka.config import load_config
 from danka.models import tiny
 from danka.models.loading import configure_attention_backends
-from danka.models.lora import count_parameters
+from danka.models.lora import trainable_parameters
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # (real, --tiny) sizes of grpo_step
@@ -125,7 +125,7 @@ def _grpo_one(args, dev, log, overrides: list[str]) -> dict:
             policy.train()
         res = run_steps(run, args.steps, dev)
         res["gc_active"] = gc_active(policy)
-        trainable, total = count_parameters(policy)
+        trainable, total = trainable_parameters(policy)
         res["params"], res["trainable_params"] = total, trainable
     finally:
         ds.close_run(run)

@@ -23,7 +23,7 @@ _LAZY = {
     "train": ("danka.api", "train"),
     "TrainResult": ("danka.api", "TrainResult"),
     "Callback": ("danka.callbacks", "Callback"),
-    "push": ("danka.hub", "push"),
+    "push": ("danka.tools.hub", "push"),
     "export": ("danka.tools.export", "export_merged"),
     "UserError": ("danka.errors", "UserError"),
 }

@@ -91,7 +91,7 @@ def _load_train_config(args):
     return load_config(path, overrides)
 
 
-@command("train", "train a policy with PPO/GRPO from a YAML config", _train_args)
+@command("train", "train a policy with PPO/GRPO from a YAML config", _train_args, computes=True)
 def _train(args) -> int:
     import yaml
 
@@ -247,8 +247,13 @@ def _gsm8k_pairs(args) -> int:
 
     from danka.data.gsm8k_pairs import build_gsm8k_pairs
 
-    info = build_gsm8k_pairs(input_path=Path(args.input), output_dir=Path(args.output),
-                             test_fraction=args.test_fraction, limit=args.limit, seed=args.seed)  # fmt: skip
+    info = build_gsm8k_pairs(
+        input_path=Path(args.input),
+        output_dir=Path(args.output),
+        test_fraction=args.test_fraction,
+        limit=args.limit,
+        seed=args.seed,
+    )
     print(f"{info['train']} train / {info['test']} test pairs:")
     for path in info["files"]:
         print(f"  {path}")
@@ -271,13 +276,19 @@ def _seed_mini(args) -> int:
 
     from danka.data.seed_mini import write_seed_mini
 
-    info = write_seed_mini(input_path=Path(args.input) if args.input else None,
-                           from_hub=args.from_hub, output=Path(args.output), n=args.n)  # fmt: skip
+    info = write_seed_mini(
+        input_path=Path(args.input) if args.input else None,
+        from_hub=args.from_hub,
+        output=Path(args.output),
+        n=args.n,
+    )
     print(f"wrote {info['rows']} rows (prompt, response, reward) to {info['output']}")
     return 0
 
 
-@command("rm", "train a reward model on preference pairs (Bradley-Terry)", _config_args)
+@command(
+    "rm", "train a reward model on preference pairs (Bradley-Terry)", _config_args, computes=True
+)
 def _rm(args) -> int:
     from danka.rm.train import train_reward_model
 
@@ -320,8 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     try:
         check_flag_numbers(args)  # integers in range, floats finite (danka/limits.py)
+        cmd = COMMANDS.get(args.command)
+        if cmd.computes:  # before torch loads: spin alone, sleep beside another process
+            from danka.models import openmp_wait
+
+            openmp_wait.choose()
         with exit_on_terminate():  # SIGTERM unwinds every command (danka/interrupt.py)
-            return COMMANDS.get(args.command).run(args) or 0
+            return cmd.run(args) or 0
     except Terminated as stop:
         print(f"danka: terminated ({stop.name})", file=sys.stderr)
         return int(stop.code)

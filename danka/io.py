@@ -119,8 +119,11 @@ def prepare_output_file(path: str | Path, flag: str = "--output") -> Path:
 
     path = Path(path)
     if path.is_dir():
-        raise UserError(f"{flag} is a folder, not a file", where=str(path),
-                        fix=f"{flag} results/answers.jsonl (a file name)")  # fmt: skip
+        raise UserError(
+            f"{flag} is a folder, not a file",
+            where=str(path),
+            fix=f"{flag} results/answers.jsonl (a file name)",
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:

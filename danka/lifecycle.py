@@ -331,8 +331,10 @@ class StopRequest:
         if self.signum is not None or not self._polled:  # stop now, no checkpoint
             why = "again" if self.signum is not None else "before the first step ended"
             self.signum = self.signum or signum
-            self._log.warning(f"{signal.Signals(signum).name} received {why}: stopping now "
-                              "without a checkpoint (the last saved one is intact)")  # fmt: skip
+            self._log.warning(
+                f"{signal.Signals(signum).name} received {why}: stopping now "
+                "without a checkpoint (the last saved one is intact)"
+            )
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             raise SystemExit(128 + signum)

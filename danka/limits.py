@@ -106,8 +106,11 @@ def check_limits(config: Any, source: Any) -> None:
         if isinstance(value, float):
             top, unit = FLOAT_LIMITS.get(key, (math.inf, ""))
             if abs(value) > top:
-                raise UserError(f"{value:g} {unit} is more than a year", where=source.where(key),
-                                fix=f"set {key} to at most {top:g}")  # fmt: skip
+                raise UserError(
+                    f"{value:g} {unit} is more than a year",
+                    where=source.where(key),
+                    fix=f"set {key} to at most {top:g}",
+                )
             continue
         lo, hi, what = LIMITS.get(key, DEFAULT)
         if not lo <= value <= hi:
@@ -212,8 +215,11 @@ def check_flag_numbers(args: Any) -> None:
         if isinstance(value, float) and name in FLOAT_FLAGS:
             lo, hi, what = FLOAT_FLAGS[name]
             if not lo <= value <= hi:
-                raise UserError(f"{value:g} is out of range for {what}", where=flag,
-                                fix=f"give {flag} a number from {lo:g} to {hi:g}")  # fmt: skip
+                raise UserError(
+                    f"{value:g} is out of range for {what}",
+                    where=flag,
+                    fix=f"give {flag} a number from {lo:g} to {hi:g}",
+                )
         if isinstance(value, int) and not isinstance(value, bool):
             lo, hi, what = FLAG_LIMITS.get(name, DEFAULT)
             if not lo <= value <= hi:

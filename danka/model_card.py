@@ -115,8 +115,10 @@ def _eval_lines(evals: list[dict]) -> list[str]:
     first, last = evals[0], evals[-1]
     n = last["n"]
     if len(evals) == 1:
-        return [f"Held-out accuracy at step {first['step']}: {100 * first['accuracy']:.1f}% "
-                f"({n} problems)."]  # fmt: skip
+        return [
+            f"Held-out accuracy at step {first['step']}: {100 * first['accuracy']:.1f}% "
+            f"({n} problems)."
+        ]
     b, a = first["accuracy"], last["accuracy"]
     floor = noise_floor(b, a, n)
     return [
@@ -165,12 +167,16 @@ def card_text(info: dict[str, Any], *, what: str = "checkpoint") -> str:
         f"This is {kind_text}, trained with danka (RL post-training) from `{base}`.",
         "",
         f"- algorithm: `{info['algorithm']}`"
-        + (f" (advantages: `{info['advantage_estimator']}`)" if info.get("advantage_estimator") else ""),
+        + (
+            f" (advantages: `{info['advantage_estimator']}`)"
+            if info.get("advantage_estimator")
+            else ""
+        ),
         f"- steps: {info['step']}",
         f"- training data: {info['data']['train']}",
         f"- held-out data: {info['data']['eval']}",
         f"- rewards: {rewards or 'from the data source'}",
-    ]  # fmt: skip
+    ]
     if info.get("lora"):
         lc = info["lora"]
         lines.append(f"- LoRA: r={lc['r']}, alpha={lc['alpha']:g}, on {lc['target_modules']}")

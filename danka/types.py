@@ -56,7 +56,7 @@ def to_device(obj: T, device: torch.device | str, non_blocking: bool = False) ->
 class RolloutBatch:
     """What a rollout engine (or the agent loop) returns: token ids and masks, nothing a
     later stage computes. Scores, log-probs and advantages travel on the trainer's own
-    typed records (danka/trainer/records.py).
+    typed records (danka/step/records.py).
 
     Masks: ``response_mask`` says which response tokens EXIST (generated, up to and
     including EOS); ``loss_mask`` says which of them the loss may train on (equal for a

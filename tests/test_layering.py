@@ -13,10 +13,11 @@ first (a module belongs to the longest prefix listed):
 5 rewards (the reward computer, which also scores agent answers), planning (memory
   plans and the engine choice), config (loading and validation read every registry),
   diagnose (the run doctor's checks), model_card (what a checkpoint says about its run)
-6 distributed, trainer
-7 the user's commands: tools, rm, cli, commands, api, the package itself
+6 distributed, step (one training step: its stages, records, forwards, update)
+7 trainer (the run around the step: build, fit, outputs, checkpoints, resume)
+8 the user's commands: tools, rm, cli, commands, api, the package itself
 
-Above the engines, the trainer sees the rollout through its interface only
+Above the engines, the step and the trainer see the rollout through its interface only
 (``danka.rollout`` and ``danka.rollout.base``): what the engines and the training forward
 share (the prefix layout, the model inside its wrappers) lives below both, in
 ``danka.models``.
@@ -54,15 +55,15 @@ LAYERS = {
     "danka.diagnose": 5,
     "danka.model_card": 5,
     "danka.distributed": 6,
-    "danka.trainer": 6,
-    "danka.tools": 7,
-    "danka.rm": 7,
-    "danka.cli": 7,
-    "danka.commands": 7,
-    "danka.api": 7,
-    "danka.hub": 7,
-    "danka.__main__": 7,
-    "danka": 7,
+    "danka.step": 6,
+    "danka.trainer": 7,
+    "danka.tools": 8,
+    "danka.rm": 8,
+    "danka.cli": 8,
+    "danka.commands": 8,
+    "danka.api": 8,
+    "danka.__main__": 8,
+    "danka": 8,
 }
 
 
@@ -97,7 +98,7 @@ def test_the_trainer_reaches_the_rollout_through_its_interface_only():
     internal = sorted(
         f"{a} imports {b}"
         for a, targets in import_graph().items()
-        if a.startswith("danka.trainer")
+        if a.startswith(("danka.trainer", "danka.step"))
         for b in targets
         if b.startswith("danka.rollout.") and b not in ROLLOUT_INTERFACE
     )

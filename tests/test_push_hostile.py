@@ -4,7 +4,7 @@ checkpoint before failing), and an endpoint's credentials are never echoed."""
 from __future__ import annotations
 
 from danka.cli import main
-from danka.hub import redact
+from danka.tools.hub import redact
 from tests.test_cli_push import _run_dir
 
 

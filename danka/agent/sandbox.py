@@ -91,8 +91,12 @@ def _bwrap_argv(code: str, work: str) -> list[str]:
     for p in _read_only_paths():
         argv += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
     argv += ["--dev", "/dev", "--proc", "/proc", "--bind", work, "/tmp", "--chdir", "/tmp"]
-    for key, value in (("PATH", "/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("HOME", "/tmp"),
-                       ("TMPDIR", "/tmp")):  # fmt: skip
+    for key, value in (
+        ("PATH", "/usr/bin:/bin"),
+        ("LANG", "C.UTF-8"),
+        ("HOME", "/tmp"),
+        ("TMPDIR", "/tmp"),
+    ):
         argv += ["--setenv", key, value]
     argv += ["--remount-ro", "/"]  # the empty root itself too: only /tmp is writable
     return [*argv, os.path.realpath(sys.executable), "-I", "-c", code]
@@ -111,8 +115,15 @@ def run_snippet(code: str, mode: str, timeout_s: float) -> Snippet:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         preexec = None
         if mode == "namespaces":
-            spec = {"root": root, "work": work, "read_only": _read_only_paths(), "code": code,
-                    "python": os.path.realpath(sys.executable), "nobody": _nobody(), **limits}  # fmt: skip
+            spec = {
+                "root": root,
+                "work": work,
+                "read_only": _read_only_paths(),
+                "code": code,
+                "python": os.path.realpath(sys.executable),
+                "nobody": _nobody(),
+                **limits,
+            }
             argv = [sys.executable, "-I", "-S", str(_SETUP), json.dumps(spec)]
         elif mode == "bwrap":
             argv, preexec = _bwrap_argv(code, work), functools.partial(set_limits, limits)
@@ -176,7 +187,7 @@ def choose(requested: str) -> str:
                     "(no bwrap on PATH)"
                     if requested == "bwrap" and not shutil.which("bwrap")
                     else "(the probe snippet failed)"
-                ),  # fmt: skip
+                ),
                 where="agent.tool_sandbox",
                 fix="use auto (the best that works) or " + _FIX,
             )

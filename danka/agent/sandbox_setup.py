@@ -84,8 +84,15 @@ def _locked_flags(path: str) -> int:
     namespace may not clear them: EPERM otherwise)."""
     f = os.statvfs(path).f_flag
     out = 0
-    for st, ms in ((1, MS_RDONLY), (2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC),
-                   (1024, MS_NOATIME), (2048, MS_NODIRATIME), (4096, MS_RELATIME)):  # fmt: skip
+    for st, ms in (
+        (1, MS_RDONLY),
+        (2, MS_NOSUID),
+        (4, MS_NODEV),
+        (8, MS_NOEXEC),
+        (1024, MS_NOATIME),
+        (2048, MS_NODIRATIME),
+        (4096, MS_RELATIME),
+    ):
         if f & st:
             out |= ms
     return out
@@ -150,8 +157,11 @@ def drop_privileges(in_userns: bool, nobody: tuple[int, int]) -> None:
             _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
         class Data(ctypes.Structure):
-            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                        ("inheritable", ctypes.c_uint32)]  # fmt: skip
+            _fields_ = [
+                ("effective", ctypes.c_uint32),
+                ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32),
+            ]
 
         header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
         _check(_libc.capset(ctypes.byref(header), data), "drop capabilities")

@@ -78,8 +78,12 @@ def build_agent_loop(
             kv_reuse=agent.kv_reuse,
         )
     tools = load_tools(list(agent.tools), base_dir, timeout_s=agent.tool_timeout_s)
-    runner = ToolRunner(tools, timeout_s=agent.tool_timeout_s, max_chars=agent.tool_max_chars,
-                        sandbox=agent.tool_sandbox)  # fmt: skip
+    runner = ToolRunner(
+        tools,
+        timeout_s=agent.tool_timeout_s,
+        max_chars=agent.tool_max_chars,
+        sandbox=agent.tool_sandbox,
+    )
     builtin = [t.name for t in tools if t.source == "builtin"]
     demo = load_demo(agent.tool_demo, builtin, base_dir, instruction)
     chat = ChatFormat(tokenizer, agent.tool_prompt, demo)

@@ -151,12 +151,14 @@ def _probe_main() -> None:
             named = [
                 n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
             ]
-            reply["tools"].append({
-                "schema": tool_schema(fn, f"{path}:{function}"),
-                "names": named,
-                "required": [n for n in named if params[n].default is params[n].empty],
-                "var_kw": any(p.kind is p.VAR_KEYWORD for p in params.values()),
-            })  # fmt: skip
+            reply["tools"].append(
+                {
+                    "schema": tool_schema(fn, f"{path}:{function}"),
+                    "names": named,
+                    "required": [n for n in named if params[n].default is params[n].empty],
+                    "var_kw": any(p.kind is p.VAR_KEYWORD for p in params.values()),
+                }
+            )
     except UserError as err:
         reply = {"error": [err.what, err.where, err.fix]}
     except (TypeError, ValueError) as err:  # no signature
@@ -212,9 +214,15 @@ def probe_tool_files(files: list[tuple[Path, str]], timeout_s: float) -> list[To
     if "tools" not in reply:
         raise UserError("building the tool schemas took too long", where=where)
     return [
-        ToolSpec(f, str(p), f, t["schema"], signature=(tuple(t["names"]), tuple(t["required"]), t["var_kw"]))
+        ToolSpec(
+            f,
+            str(p),
+            f,
+            t["schema"],
+            signature=(tuple(t["names"]), tuple(t["required"]), t["var_kw"]),
+        )
         for (p, f), t in zip(files, reply["tools"])
-    ]  # fmt: skip
+    ]
 
 
 def _read_lines(proc, limits: list[float]) -> list[bytes]:

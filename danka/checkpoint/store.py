@@ -462,8 +462,9 @@ def load_checkpoint_config(state_dir: Path) -> dict | None:
         return None
     config = read_json(path, what=f"the checkpoint's {CONFIG_NAME}", fix=_RESUME_FIX)
     if not isinstance(config, dict):
-        raise UserError(f"the checkpoint's {CONFIG_NAME} is not a JSON object",
-                        where=str(path), fix=_RESUME_FIX)  # fmt: skip
+        raise UserError(
+            f"the checkpoint's {CONFIG_NAME} is not a JSON object", where=str(path), fix=_RESUME_FIX
+        )
     return config
 
 

@@ -82,8 +82,16 @@ def check_trainer_sizes(cfg: DankaConfig, at) -> None:
     """The step's shape: every count >= 1, prompt and response within max_length, a time
     limit > 0."""
     t = cfg.trainer
-    for key in ("batch_size", "mini_batch_size", "samples_per_prompt", "ppo_epochs",
-                "num_epochs", "max_new_tokens", "max_length", "max_bad_steps"):  # fmt: skip
+    for key in (
+        "batch_size",
+        "mini_batch_size",
+        "samples_per_prompt",
+        "ppo_epochs",
+        "num_epochs",
+        "max_new_tokens",
+        "max_length",
+        "max_bad_steps",
+    ):
         if getattr(t, key) < 1:
             at.fail(
                 f"trainer.{key}", f"must be >= 1, got {getattr(t, key)}", "use a positive number"
@@ -132,8 +140,12 @@ def check_trainer_batches(cfg: DankaConfig, at) -> None:
         )
     seqs = t.mini_batch_size * t.samples_per_prompt
     micro = t.micro_batch_size
-    at.size_or_auto("trainer.micro_batch_size", micro, 1,
-                    "e.g. 8, or auto (the largest the GPU's memory plan fits)")  # fmt: skip
+    at.size_or_auto(
+        "trainer.micro_batch_size",
+        micro,
+        1,
+        "e.g. 8, or auto (the largest the GPU's memory plan fits)",
+    )
     if micro != "auto" and seqs % micro:
         at.fail(
             "trainer.micro_batch_size",
@@ -172,8 +184,12 @@ def check_speed(cfg: DankaConfig, at) -> None:
             parse_memory(sp.gpu_memory)
         except UserError as err:
             at.fail("speed.gpu_memory", err.what, "write it like 24GiB, 80GB or 40 (GiB)")
-    at.size_or_auto("speed.logprob_chunk_size", sp.logprob_chunk_size, 1,
-                    "e.g. 1024 (tokens per chunk), or auto")  # fmt: skip
+    at.size_or_auto(
+        "speed.logprob_chunk_size",
+        sp.logprob_chunk_size,
+        1,
+        "e.g. 1024 (tokens per chunk), or auto",
+    )
     at.size_or_auto("speed.cpu_threads", sp.cpu_threads, 1, "e.g. 2 (threads), or auto")
     if sp.packing and sp.max_packed_length < t.max_length:
         at.fail(
@@ -186,8 +202,12 @@ def check_speed(cfg: DankaConfig, at) -> None:
 
 def check_rollout(cfg: DankaConfig, at) -> None:
     r = cfg.rollout
-    at.size_or_auto("rollout.generation_batch_size", r.generation_batch_size, 0,
-                    "e.g. 0 (all at once), 64 (sequences per call), or auto")  # fmt: skip
+    at.size_or_auto(
+        "rollout.generation_batch_size",
+        r.generation_batch_size,
+        0,
+        "e.g. 0 (all at once), 64 (sequences per call), or auto",
+    )
     if r.lora_compute != "auto" and not cfg.lora.enable_lora:
         at.fail(
             "rollout.lora_compute",
@@ -215,17 +235,28 @@ def check_loss_and_optim(cfg: DankaConfig, at) -> None:
             "clip ranges must be in (0, 1) below and > 0 above",
             "typical: clip_ratio_low 0.2, clip_ratio_high 0.2-0.28",
         )
-    at.in_range("loss.dual_clip_c", lo.dual_clip_c, lo.dual_clip_c is None or lo.dual_clip_c > 1.0,
-                "> 1", "use 3.0 or null")  # fmt: skip
+    at.in_range(
+        "loss.dual_clip_c",
+        lo.dual_clip_c,
+        lo.dual_clip_c is None or lo.dual_clip_c > 1.0,
+        "> 1",
+        "use 3.0 or null",
+    )
     at.in_range("optim.lr", opt.lr, opt.lr > 0, "> 0", "typical LoRA: 1e-5 to 5e-4")
 
 
 def check_sampling(cfg: DankaConfig, at) -> None:
     smp, t = cfg.sampling, cfg.trainer
-    at.in_range("sampling.temperature", smp.temperature, smp.temperature >= 0, ">= 0",
-                "typical: 1.0")  # fmt: skip
-    at.in_range("sampling.top_p", smp.top_p, 0 < smp.top_p <= 1, "in (0, 1]",
-                "1.0 samples from the whole distribution; 0.9-0.95 cuts the tail")  # fmt: skip
+    at.in_range(
+        "sampling.temperature", smp.temperature, smp.temperature >= 0, ">= 0", "typical: 1.0"
+    )
+    at.in_range(
+        "sampling.top_p",
+        smp.top_p,
+        0 < smp.top_p <= 1,
+        "in (0, 1]",
+        "1.0 samples from the whole distribution; 0.9-0.95 cuts the tail",
+    )
     at.in_range("sampling.top_k", smp.top_k, smp.top_k >= 0, ">= 0", "0 (off) or e.g. 50")
     if smp.max_sampling_rounds < 1:
         at.fail("sampling.max_sampling_rounds", "must be >= 1", "e.g. 3 (1 = no extra round)")
@@ -318,7 +349,7 @@ def check_probe_prompts(cfg: DankaConfig, at) -> None:
     loads, so the length bound here is in characters, a conservative one (more than
     PROBE_CHARS_PER_TOKEN characters per token of trainer.max_length cannot fit); the
     exact count follows with the tokenizer, still before the model loads
-    (danka.trainer.evaluate.probe_prompts, from danka.trainer.setup.build_prompts)."""
+    (danka.step.heldout.probe_prompts, from danka.trainer.builders.build_prompts)."""
     most = cfg.trainer.max_length * PROBE_CHARS_PER_TOKEN
     for i, text in enumerate(cfg.eval.probe_prompts):
         key = f"eval.probe_prompts[{i}]"
@@ -373,7 +404,19 @@ def check_rm(cfg: DankaConfig, at) -> None:
 
 # in this order (the first failing check names its key)
 CHECKS = (
-    check_model, check_data, check_trainer_sizes, check_speed, check_rollout,
-    check_trainer_batches, check_trainer_algorithm, check_loss_and_optim, check_sampling,
-    check_lora, check_reward, check_outputs, check_probe_prompts, check_agent, check_rm,
-)  # fmt: skip
+    check_model,
+    check_data,
+    check_trainer_sizes,
+    check_speed,
+    check_rollout,
+    check_trainer_batches,
+    check_trainer_algorithm,
+    check_loss_and_optim,
+    check_sampling,
+    check_lora,
+    check_reward,
+    check_outputs,
+    check_probe_prompts,
+    check_agent,
+    check_rm,
+)

@@ -105,8 +105,9 @@ def read_yaml(path: Path) -> tuple[dict, str]:
         )
     what, fix = "the config file", "give the YAML config file itself (danka train CONFIG.yaml)"
     raw = read_bytes(path, limit=MAX_CONFIG_BYTES, what=what, fix=fix)  # never a pipe
-    text = decode_utf8(raw, path, what=what, fix="save the file as UTF-8 (most editors: "
-                       "'Save with encoding')")  # fmt: skip
+    text = decode_utf8(
+        raw, path, what=what, fix="save the file as UTF-8 (most editors: 'Save with encoding')"
+    )
     try:
         data = load_yaml(text, where=str(path))  # alias bombs and deep nesting refused
     except yaml.YAMLError as err:

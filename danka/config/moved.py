@@ -78,7 +78,7 @@ MOVED: dict[str, str] = {
             "tool_demo",
             "kv_reuse",
         )
-    },  # fmt: skip
+    },
 }
 
 
@@ -168,6 +168,8 @@ def retire(data: dict, where=lambda key: f"config key {key}") -> list[str]:
         rollout["engine"] = "hf"
         notes.append(f"{HF_SWITCH}: true is read as rollout.engine: hf (the HF generate rollout)")
     elif found:
-        notes.append(f"{HF_SWITCH}: {str(hf).lower()} is not a setting any more "
-                     "(rollout.engine decides); ignored")  # fmt: skip
+        notes.append(
+            f"{HF_SWITCH}: {str(hf).lower()} is not a setting any more "
+            "(rollout.engine decides); ignored"
+        )
     return notes

@@ -66,9 +66,13 @@ def sections(cls: type = DankaConfig) -> list[tuple[str, str, list[tuple[str, st
 def render(cls: type = DankaConfig) -> str:
     """The Markdown reference of every key of ``cls``."""
     parts = sections(cls)
-    lines = [INTRO.format(regenerate=REGENERATE), "Sections: " + ", ".join(
-        f"[{name}](#{name.replace(' ', '-')})" for name, _, _ in parts
-    ) + ".", ""]  # fmt: skip
+    lines = [
+        INTRO.format(regenerate=REGENERATE),
+        "Sections: "
+        + ", ".join(f"[{name}](#{name.replace(' ', '-')})" for name, _, _ in parts)
+        + ".",
+        "",
+    ]
     for name, doc, rows in parts:
         lines += [f"## {name}", ""]
         if doc:

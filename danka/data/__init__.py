@@ -18,8 +18,8 @@ from danka.data.formats import (
 from danka.data.gsm8k import (
     GSM8K_INSTRUCTION,
     convert_gsm8k,
-    extract_gsm8k_answer,
     find_gsm8k_answer,
+    reference_answer,
 )
 from danka.data.inspect import describe_first_batch
 from danka.data.tasks import arithmetic_rows, write_rows_jsonl
@@ -44,7 +44,7 @@ __all__ = [
     "describe_first_batch",
     "detect_format",
     "encode_prompts",
-    "extract_gsm8k_answer",
+    "reference_answer",
     "find_gsm8k_answer",
     "left_pad",
     "load_prompt_rows",

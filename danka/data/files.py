@@ -135,8 +135,11 @@ def _refuse_long_lines(path: Path, bad_lines: list | None) -> set[int]:
             "per row (no prompt that long fits a model)"
         )
         if bad_lines is None:
-            raise UserError(what, f"{path}:{lineno}", "remove or shorten the row "
-                            "(data.on_bad_row: skip skips it)")  # fmt: skip
+            raise UserError(
+                what,
+                f"{path}:{lineno}",
+                "remove or shorten the row (data.on_bad_row: skip skips it)",
+            )
         bad_lines.append((f"{path}:{lineno}", what))
     return set(found)
 
@@ -177,8 +180,11 @@ def _parse_json_array(path: Path, text: str) -> list[Record]:
             "(check with python -m json.tool)",
         ) from err
     except (RecursionError, ValueError) as err:  # nested thousands deep; a 5000-digit number
-        raise UserError(f"unreadable JSON ({type(err).__name__}: {str(err)[:100]})", str(path),
-                        "the file must be one JSON array of objects") from None  # fmt: skip
+        raise UserError(
+            f"unreadable JSON ({type(err).__name__}: {str(err)[:100]})",
+            str(path),
+            "the file must be one JSON array of objects",
+        ) from None
     records = []
     for i, item in enumerate(items):
         where = f"{path}:item {i}"

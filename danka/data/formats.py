@@ -236,8 +236,10 @@ def _prompt(record: dict, key: str, *, answerable: bool = True) -> str | list[di
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise BadRow(f"{key}[{i}] must be an object with string 'role' and 'content'")
         if msg["role"] not in CHAT_ROLES:  # it would go into the template as written
-            raise BadRow(f"{key}[{i}] has the role {msg['role'][:40]!r}; a chat message is "
-                         f"one of {', '.join(CHAT_ROLES)}")  # fmt: skip
+            raise BadRow(
+                f"{key}[{i}] has the role {msg['role'][:40]!r}; a chat message is "
+                f"one of {', '.join(CHAT_ROLES)}"
+            )
         if not isinstance(msg.get("content"), str):
             raise BadRow(
                 f"{key}[{i}] ({msg['role']}) needs a string 'content', "
@@ -248,8 +250,10 @@ def _prompt(record: dict, key: str, *, answerable: bool = True) -> str | list[di
         messages.append({"role": msg["role"], "content": msg["content"]})
     asks = any(m["role"] == "user" for m in messages) and messages[-1]["role"] != "assistant"
     if answerable and not asks:
-        raise BadRow(f"{key} must hold a user message and end with one (or a tool result) for "
-                     "the model to answer; it has " + " -> ".join(m["role"] for m in messages))  # fmt: skip
+        raise BadRow(
+            f"{key} must hold a user message and end with one (or a tool result) for "
+            "the model to answer; it has " + " -> ".join(m["role"] for m in messages)
+        )
     return messages
 
 

@@ -43,7 +43,7 @@ def find_gsm8k_answer(text: str) -> str | None:
     return tail or None
 
 
-def extract_gsm8k_answer(answer_text: str) -> str:
+def reference_answer(answer_text: str) -> str:
     """Like :func:`find_gsm8k_answer` but raises ValueError when there is no answer."""
     found = find_gsm8k_answer(answer_text)
     if found is None:
@@ -57,7 +57,7 @@ def gsm8k_to_verl(question: str, answer: str, *, split: str, index: int) -> dict
         "data_source": GSM8K_SOURCE,
         "prompt": [{"role": "user", "content": question + " " + GSM8K_INSTRUCTION}],
         "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": extract_gsm8k_answer(answer)},
+        "reward_model": {"style": "rule", "ground_truth": reference_answer(answer)},
         "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
     }
 
@@ -74,7 +74,7 @@ def official_row(where: str, record: dict) -> tuple[str, str, str]:
             "use the official GSM8K files (one {question, answer} object per line)",
         )
     try:
-        return question, answer, extract_gsm8k_answer(answer)
+        return question, answer, reference_answer(answer)
     except ValueError as err:
         raise UserError(str(err), where, "each GSM8K answer must end with '#### <number>'") from err
 

@@ -88,8 +88,9 @@ def to_pair(record: dict, location: str, columns: PairColumns = PairColumns()) -
     margin = record.get(c.margin_key)
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
         raise BadRow(f"{c.margin_key!r} must be a number, got {type(margin).__name__}")
-    return PreferencePair(prompt, chosen, rejected, None if margin is None else float(margin),
-                          location)  # fmt: skip
+    return PreferencePair(
+        prompt, chosen, rejected, None if margin is None else float(margin), location
+    )
 
 
 def load_pairs(

@@ -72,8 +72,11 @@ def arithmetic_rows(
     try:  # a typo in the template fails here, before any model loads
         template.format(a=low, b=high)
     except (KeyError, IndexError, ValueError) as e:
-        raise UserError(f"template {template!r} cannot be filled: {e!r}"[:200],
-                        "data.task_kwargs.template", 'e.g. "What is {a} + {b}?"') from None  # fmt: skip
+        raise UserError(
+            f"template {template!r} cannot be filled: {e!r}"[:200],
+            "data.task_kwargs.template",
+            'e.g. "What is {a} + {b}?"',
+        ) from None
     if (high - low + 1) ** 2 > MAX_POOL:  # every pair is listed below
         raise UserError(
             f"operands {low}..{high} make {(high - low + 1) ** 2:,} pairs, over {MAX_POOL:,}",
@@ -166,8 +169,11 @@ def chain_rows(
     if split not in ("train", "test"):
         raise UserError(f"unknown split {split!r}", "chain task", "use train or test")
     if not (1 <= low <= high) or not 2 <= length <= 100:
-        raise UserError(f"need 1 <= low <= high and 2 <= length <= 100, got {low}, {high}, {length}",
-                        "chain task", "e.g. length 3, low 10, high 99")  # fmt: skip
+        raise UserError(
+            f"need 1 <= low <= high and 2 <= length <= 100, got {low}, {high}, {length}",
+            "chain task",
+            "e.g. length 3, low 10, high 99",
+        )
     rng = random.Random(f"{seed}:chain:{split}")
     rows: list[PromptRow] = []
     seen: set[str] = set()
@@ -175,8 +181,11 @@ def chain_rows(
     lo0, hi0 = first or (low, high)
     while len(rows) < n:
         if misses > 1000 * (len(rows) + 1) + 100_000:  # the split holds (almost) no problem
-            raise UserError(f"cannot draw {n} {split} problems with these options",
-                            "data.task_kwargs", "widen low..high or raise length")  # fmt: skip
+            raise UserError(
+                f"cannot draw {n} {split} problems with these options",
+                "data.task_kwargs",
+                "widen low..high or raise length",
+            )
         terms = [rng.randint(lo0, hi0)]
         for _ in range(length - 1):
             t = rng.randint(low, high)
@@ -194,8 +203,11 @@ def chain_rows(
             continue
         prompt: str | list[dict[str, str]] = question
         if demo:
-            prompt = [{"role": r, "content": c} for q, a in demo
-                      for r, c in (("user", q), ("assistant", a))]  # fmt: skip
+            prompt = [
+                {"role": r, "content": c}
+                for q, a in demo
+                for r, c in (("user", q), ("assistant", a))
+            ]
             prompt.append({"role": "user", "content": question})
         rows.append(
             PromptRow(
@@ -264,16 +276,25 @@ def _check_option(key: str, value: Any, default: Any) -> None:
     numbers = [value] if isinstance(default, int) and not isinstance(default, bool) else []
     if isinstance(default, tuple) and all(isinstance(x, int) for x in default):
         if not isinstance(value, (list, tuple)) or len(value) != len(default):
-            raise UserError(f"expected a list of {len(default)} integers, got {value!r}"[:200],
-                            where=key, fix=f"e.g. {key.rsplit('.', 1)[1]}: {list(default)}")  # fmt: skip
+            raise UserError(
+                f"expected a list of {len(default)} integers, got {value!r}"[:200],
+                where=key,
+                fix=f"e.g. {key.rsplit('.', 1)[1]}: {list(default)}",
+            )
         numbers = list(value)
     for x in numbers:
         if isinstance(x, bool) or not isinstance(x, int) or abs(x) > MAX_OPERAND:
-            raise UserError(f"expected an integer of at most {MAX_OPERAND:,}, got {x!r}"[:200],
-                            where=key, fix=f"e.g. {key.rsplit('.', 1)[1]}: {default!r}")  # fmt: skip
+            raise UserError(
+                f"expected an integer of at most {MAX_OPERAND:,}, got {x!r}"[:200],
+                where=key,
+                fix=f"e.g. {key.rsplit('.', 1)[1]}: {default!r}",
+            )
     if isinstance(default, (bool, str)) and not isinstance(value, type(default)):
-        raise UserError(f"expected {type(default).__name__}, got {value!r}"[:200], where=key,
-                        fix=f"e.g. {key.rsplit('.', 1)[1]}: {default!r}")  # fmt: skip
+        raise UserError(
+            f"expected {type(default).__name__}, got {value!r}"[:200],
+            where=key,
+            fix=f"e.g. {key.rsplit('.', 1)[1]}: {default!r}",
+        )
     if isinstance(default, str):  # a template: the placeholders of the default's
         names = [f for _, f, _, _ in string.Formatter().parse(default) if f]
         check_template(key, value, list(dict.fromkeys(names)))

@@ -181,8 +181,10 @@ def truncation_at_start(rec: RunRecord, at: int) -> Finding | None:
     limit = setting(rec.config, "max_new_tokens")
     fix = f"raise {key('max_new_tokens')} (now {limit}) until few answers are cut"
     if not masked:
-        fix += (f", and set {key('mask_truncated')}: true or {key('overlong_buffer')} so a "
-                "cut answer does not teach 'shorter is better'")  # fmt: skip
+        fix += (
+            f", and set {key('mask_truncated')}: true or {key('overlong_buffer')} so a "
+            "cut answer does not teach 'shorter is better'"
+        )
     return Finding(
         "truncation_at_start",
         "many of the first answers hit the token limit",

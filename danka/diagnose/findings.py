@@ -70,8 +70,9 @@ def _run_check(name: str, rec: RunRecord, at: int) -> Finding | None:
     if found is None:
         return None
     # the registry's severity is the check's: one place says whether it fails the doctor
-    return Finding(found.id or name, found.what, found.evidence, found.fix, found.step,
-                   meta.severity)  # fmt: skip
+    return Finding(
+        found.id or name, found.what, found.evidence, found.fix, found.step, meta.severity
+    )
 
 
 def _checks(reads: str | None = None, final: bool | None = None) -> list[str]:

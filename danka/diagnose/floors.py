@@ -2,7 +2,7 @@
 
 For every reward function that scores correctness, three constant policies are scored
 exactly as the evaluation scores the model (the same reward computer, the same "score at
-least 1.0" rule as ``danka.trainer.evaluate.judge``):
+least 1.0" rule as ``danka.step.heldout.judge``):
 
 - ``common_answer``: every question answered with the most common ground truth of the set;
 - ``last_prompt_number``: each question answered with the last number in its prompt;
@@ -117,9 +117,12 @@ def _accuracy(scores: Any, threshold: float) -> float:
 
 
 def _best_render(
-    rewards: Scorer, rows: Sequence[Any], prompts: Sequence[str], answers: list[str],
+    rewards: Scorer,
+    rows: Sequence[Any],
+    prompts: Sequence[str],
+    answers: list[str],
     threshold: float,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """function -> the best accuracy of ``answers`` over the RENDERS (an empty answer is
     only ever the empty string)."""
     renders = ("{}",) if all(a == "" for a in answers) else RENDERS

@@ -96,8 +96,9 @@ def read_run_dir(path: str | Path) -> RunRecord:
         raise UserError("run folder not found", where=str(folder), fix=FIX)
     metrics_path, config_path = folder / "metrics.jsonl", folder / "config.json"
     if not any(p.exists() or p.is_symlink() for p in (metrics_path, config_path)):
-        raise UserError("no metrics.jsonl or config.json here: not a run folder",
-                        where=str(folder), fix=FIX)  # fmt: skip
+        raise UserError(
+            "no metrics.jsonl or config.json here: not a run folder", where=str(folder), fix=FIX
+        )
     config: Any = {}
     if config_path.exists() or config_path.is_symlink():
         config = loads_json(
@@ -107,8 +108,11 @@ def read_run_dir(path: str | Path) -> RunRecord:
             fix=_DAMAGED,
         )
     if not isinstance(config, dict):
-        raise UserError(f"config.json holds a JSON {type(config).__name__}, not the run's "
-                        "config (an object)", where=str(config_path), fix=FIX)  # fmt: skip
+        raise UserError(
+            f"config.json holds a JSON {type(config).__name__}, not the run's config (an object)",
+            where=str(config_path),
+            fix=FIX,
+        )
     metrics = _metrics(metrics_path)
     evals = []
     for step, p in _step_files(folder / "eval"):

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from danka.errors import UserError, library_errors
-from danka.io import read_json_object
 from danka.safe_read import check_regular
 
 MARKER = "danka_source.json"  # written last into a complete conversion
@@ -40,11 +39,6 @@ def danka_cache_root() -> Path:
 
 def is_complete(folder: Path) -> bool:
     return (folder / MARKER).is_file() and (folder / "config.json").is_file()
-
-
-def source_of(folder: str | Path) -> dict | None:
-    """What a converted folder was made from (its marker file), or None for other folders."""
-    return read_json_object(Path(folder) / MARKER)
 
 
 def cache_dir_for(gguf_path: Path) -> Path:

@@ -115,8 +115,9 @@ def _load(
         return loader(str(folder), **kwargs), f"{folder} (converted from {path})"
     if os.path.lexists(path):  # a file, a pipe, a device, a symlink loop: no model
         kind = "a file" if path.is_file() else "not a folder or a regular file"
-        raise UserError(f"{what} path {name} is {kind}, not a model folder or a .gguf file",
-                        where=name, fix=fix)  # fmt: skip
+        raise UserError(
+            f"{what} path {name} is {kind}, not a model folder or a .gguf file", where=name, fix=fix
+        )
     if _looks_like_path(name):
         raise UserError(
             f"{what} path {name} does not exist",
@@ -321,5 +322,6 @@ def pick_device(name: str = "auto", where: str = "model.device") -> torch.device
     try:
         return torch.device(name)
     except (RuntimeError, ValueError):
-        raise UserError(f"unknown device {name!r}", where=where,
-                        fix="use auto, cpu, cuda or cuda:N") from None  # fmt: skip
+        raise UserError(
+            f"unknown device {name!r}", where=where, fix="use auto, cpu, cuda or cuda:N"
+        ) from None

@@ -186,7 +186,7 @@ def adapter_parameters(model: nn.Module, name: str) -> list[nn.Parameter]:
     ]
 
 
-def count_parameters(model: nn.Module) -> tuple[int, int]:
+def trainable_parameters(model: nn.Module) -> tuple[int, int]:
     """``(trainable, total)`` parameter counts (shared/tied tensors counted once)."""
     seen: set[int] = set()
     trainable = total = 0

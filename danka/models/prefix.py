@@ -1,5 +1,5 @@
 """The shared-prefix layout both the HF engine's prefill (danka.rollout.hf_prefix) and the
-training forward (danka.trainer.shared_prefix) run prompts in: the tokens every prompt
+training forward (danka.step.shared_prefix) run prompts in: the tokens every prompt
 shares go through the model once.
 
 Layout of a row (left-aligned prefix, padding between prefix and remainder, so every row's

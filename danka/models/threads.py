@@ -8,10 +8,12 @@ the CPUs this process may use (``os.sched_getaffinity``, capped by ``OMP_NUM_THR
 when set and by a cgroup CPU quota: ``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` in v1).
 The thread count changes a CPU run's numbers in their last bits (reductions split
 differently), so ``auto`` does not follow the load: a resumed run must repeat the
-uninterrupted one, and the same config the same numbers. It reads the load (the 1-minute
-load average, ``os.getloadavg``, less this process's own threads) and, when others keep a
-CPU busy, says so once with the setting that shares better (``speed.cpu_threads: N``),
-at start-up and after any step (:class:`ThreadGovernor`).
+uninterrupted one, and the same config the same numbers. Sharing is done by how the
+threads wait instead (models/openmp_wait: they sleep when another process computes beside
+the run, which changes no number). After each step the load is read again (the 1-minute
+load average, ``os.getloadavg``, less this process's own threads): when others keep a CPU
+busy while this run's threads spin (it started alone), one line says that a resume
+shares better (:class:`ThreadGovernor`).
 """
 
 from __future__ import annotations
@@ -51,11 +53,11 @@ class CpuShare:
         """The one-line advice when others keep CPUs busy, else None."""
         if not self.busy:
             return None
-        fewer = max(1, self.usable - self.busy)
         return (
             f"cpu threads: load {self.load:.1f}, others keep ~{self.busy} of {self.usable} CPUs "
-            f"busy: speed.cpu_threads: {fewer} shares them better (auto keeps {self.threads}: "
-            "the thread count changes results in their last bits, and a run must repeat)"
+            "busy while this run's threads spin-wait (it started alone): stop it (Ctrl-C) and "
+            "`--resume auto` to share them (a resumed run repeats this one bit for bit; its "
+            "threads then sleep while they wait)"
         )
 
 
@@ -125,9 +127,13 @@ def use_cpu_threads(setting: int | str, device: str, log) -> ThreadGovernor:
     default: the CPU only feeds the GPU there."""
     import torch
 
+    from danka.models import openmp_wait
     from danka.models.loading import pick_device
 
     before = torch.get_num_threads()
+    waits = openmp_wait.CHOSEN  # None: a Python caller (torch loaded before danka chose)
+    if waits is not None:
+        log(waits.line())
 
     if setting == "auto" and pick_device(device).type != "cpu":
         return ThreadGovernor(log, auto=False, threads=before, before=before)
@@ -138,16 +144,18 @@ def use_cpu_threads(setting: int | str, device: str, log) -> ThreadGovernor:
     chosen = share()
     torch.set_num_threads(chosen.threads)
     log(chosen.line())
-    gov = ThreadGovernor(log, auto=True, threads=chosen.threads, before=before)
-    gov.advise(chosen)
+    spins = waits is None or waits.policy == "active"  # only a spinning run is advised
+    gov = ThreadGovernor(log, auto=spins, threads=chosen.threads, before=before)
+    if waits is None:  # otherwise the choice just looked at the CPU, more currently
+        gov.advise(chosen)
     return gov
 
 
 @dataclass
 class ThreadGovernor:
-    """After each training step (a callback's ``on_step``): under ``auto``, the load read
-    again; when others keep CPUs busy, one line (once a run) says which count would share
-    them better. The count itself stays (module docstring)."""
+    """After each training step (a callback's ``on_step``): under ``auto`` with spinning
+    threads, the load read again; when others keep CPUs busy, one line (once a run) says
+    that a resume shares them better. The count itself stays (module docstring)."""
 
     log: object
     auto: bool

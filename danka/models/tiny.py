@@ -80,10 +80,19 @@ def tiny_config(
     if cls is None:
         raise ValueError(f"unknown tiny arch {arch!r}: use 'llama' or 'qwen2'")
     return decoder_config(
-        cls, len(tokenizer), hidden, 2 * hidden, layers, 4, 2,
-        max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        cls,
+        len(tokenizer),
+        hidden,
+        2 * hidden,
+        layers,
+        4,
+        2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
 
 
 def tiny_causal_lm(
@@ -135,17 +144,28 @@ _QWEN2 = dict(
 
 def qwen2_0_5b_config() -> Qwen2Config:
     """Qwen2.5-0.5B(-Instruct) shapes: 24 layers, hidden 896, 14 heads / 2 KV heads, tied."""
-    return decoder_config(Qwen2Config, 151936, 896, 4864, 24, 14, 2, tie_word_embeddings=True,
-                          **_QWEN2)  # fmt: skip
+    return decoder_config(
+        Qwen2Config, 151936, 896, 4864, 24, 14, 2, tie_word_embeddings=True, **_QWEN2
+    )
 
 
 def qwen2_7b_config() -> Qwen2Config:
     """Qwen2.5-7B(-Instruct) shapes: 28 layers, hidden 3584, 28 heads / 4 KV heads, untied."""
-    return decoder_config(Qwen2Config, 152064, 3584, 18944, 28, 28, 4, tie_word_embeddings=False,
-                          **_QWEN2)  # fmt: skip
+    return decoder_config(
+        Qwen2Config, 152064, 3584, 18944, 28, 28, 4, tie_word_embeddings=False, **_QWEN2
+    )
 
 
 def smollm2_135m_config() -> LlamaConfig:
     """SmolLM2-135M(-Instruct) shapes: 30 layers, hidden 576, 9 heads / 3 KV heads, tied."""
-    return decoder_config(LlamaConfig, 49152, 576, 1536, 30, 9, 3, max_position_embeddings=8192,
-                          tie_word_embeddings=True)  # fmt: skip
+    return decoder_config(
+        LlamaConfig,
+        49152,
+        576,
+        1536,
+        30,
+        9,
+        3,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    )

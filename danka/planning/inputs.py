@@ -60,25 +60,35 @@ class PlanInput:
         meta = estimator_meta(cfg)
         n = t.samples_per_prompt
         return cls(
-            model=m.actor_model_name_or_path, torch_dtype=m.torch_dtype,
-            load_in_4bit=bool(m.load_in_4bit), load_in_8bit=bool(m.load_in_8bit),
+            model=m.actor_model_name_or_path,
+            torch_dtype=m.torch_dtype,
+            load_in_4bit=bool(m.load_in_4bit),
+            load_in_8bit=bool(m.load_in_8bit),
             use_gradient_checkpointing=bool(m.use_gradient_checkpointing),
             separate_critic=m.critic_model_name_or_path
             not in (None, "", m.actor_model_name_or_path),
             batch_size=t.batch_size,
             samples_per_prompt=n if n is not None else (8 if meta.grouped else 1),
-            mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
-            max_length=t.max_length, max_new_tokens=t.max_new_tokens,
+            mini_batch_size=t.mini_batch_size,
+            micro_batch_size=t.micro_batch_size,
+            max_length=t.max_length,
+            max_new_tokens=t.max_new_tokens,
             max_prompt_length=cfg.data.max_prompt_length,
-            data_prompt_tokens=data_prompt_tokens, needs_critic=meta.needs_critic,
-            reference=cfg.loss.kl.coef > 0, enable_lora=lo.enable_lora,
-            target_modules=lo.target_modules, lora_r=lo.lora_r, engine=r.engine,
-            generation_batch_size=r.generation_batch_size, lora_compute=r.lora_compute,
-            keep_cache=r.keep_cache, tools=bool(cfg.agent.tools or cfg.agent.environment),
+            data_prompt_tokens=data_prompt_tokens,
+            needs_critic=meta.needs_critic,
+            reference=cfg.loss.kl.coef > 0,
+            enable_lora=lo.enable_lora,
+            target_modules=lo.target_modules,
+            lora_r=lo.lora_r,
+            engine=r.engine,
+            generation_batch_size=r.generation_batch_size,
+            lora_compute=r.lora_compute,
+            keep_cache=r.keep_cache,
+            tools=bool(cfg.agent.tools or cfg.agent.environment),
             logprob_chunk_size=cfg.speed.logprob_chunk_size,
             fused_logprob_head=cfg.speed.fused_logprob_head,
             packed_update=cfg.speed.packed_update,
-        )  # fmt: skip
+        )
 
     def with_(self, **changes: Any) -> PlanInput:
         """This input with some settings changed (the variants a plan prices)."""

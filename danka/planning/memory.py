@@ -12,7 +12,7 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
 * weights           params x d; a quantised base (``model.load_in_4bit``, QLoRA: NF4 with
                     double quantisation, 0.516 bytes per parameter; ``load_in_8bit``: 1 byte)
                     only for the decoder's linear layers, plus one dequantised weight; the
-                    rest (embeddings, lm_head, norms) stays in d (danka.trainer.setup.
+                    rest (embeddings, lm_head, norms) stays in d (danka.trainer.builders.
                     freeze_quantized_base does not make peft's fp32 cast)
 * LoRA              lora_params x 16 (fp32 value 4 + grad 4 + Adam m, v 8); full
                     fine-tuning: params x (d grad + 8 Adam)
@@ -163,19 +163,33 @@ class MemoryPlan:
     def to_dict(self) -> dict[str, Any]:
         """The plan as ``danka estimate --json`` prints it."""
         out = {
-            "dtype": self.dtype, "params": self.params, "lora_params": self.lora_params,
-            "components": self.components, "persistent": self.persistent,
-            "phases": self.phases, "peak_phase": self.peak_phase, "peak": self.peak,
-            "overhead": self.overhead, "full_logits_would_be": self.full_logits_would_be,
-            "chunk_rows": self.chunk_rows, "response_rows": self.response_rows,
-            "assumptions": asdict(self.assumptions), "model": self.model, "shape": self.shape,
-        }  # fmt: skip
+            "dtype": self.dtype,
+            "params": self.params,
+            "lora_params": self.lora_params,
+            "components": self.components,
+            "persistent": self.persistent,
+            "phases": self.phases,
+            "peak_phase": self.peak_phase,
+            "peak": self.peak,
+            "overhead": self.overhead,
+            "full_logits_would_be": self.full_logits_would_be,
+            "chunk_rows": self.chunk_rows,
+            "response_rows": self.response_rows,
+            "assumptions": asdict(self.assumptions),
+            "model": self.model,
+            "shape": self.shape,
+        }
         if self.vllm_share is not None:
             out["vllm_share"] = asdict(self.vllm_share)
         v = self.verdict
         if v is not None:
-            out.update(gpu_memory=v.gpu_memory, fits=v.fits, headroom=v.headroom,
-                       tight=v.tight, suggestions=list(v.suggestions))  # fmt: skip
+            out.update(
+                gpu_memory=v.gpu_memory,
+                fits=v.fits,
+                headroom=v.headroom,
+                tight=v.tight,
+                suggestions=list(v.suggestions),
+            )
         return out
 
 
@@ -295,13 +309,21 @@ def _rollout(
         # sleeps between rollouts (rollout.keep_cache null or false): then only its graphs,
         # workspaces and buffers (share.asleep) stay through the update
         slot = inp.enable_lora and (inp.quantized or inp.lora_compute == "adapter")  # a LoRA
-        share = vllm_share(shape.dims(), dtype_bytes=d, weight_bytes=weights, sequences=seqs,
-                           max_model_len=seq_len,
-                           adapter_bytes=shape.lora_params * d if slot else 0)  # fmt: skip
+        share = vllm_share(
+            shape.dims(),
+            dtype_bytes=d,
+            weight_bytes=weights,
+            sequences=seqs,
+            max_model_len=seq_len,
+            adapter_bytes=shape.lora_params * d if slot else 0,
+        )
         # the rollout's logits and prefill are inside vLLM's work
-        c = {"KV cache (rollout)": share.kv_cache,
-             "vLLM weights + work (held)": share.weights + share.work,
-             "logits (rollout)": 0, "prefill (rollout)": 0}  # fmt: skip
+        c = {
+            "KV cache (rollout)": share.kv_cache,
+            "vLLM weights + work (held)": share.weights + share.work,
+            "logits (rollout)": 0,
+            "prefill (rollout)": 0,
+        }
         held = share.total if keeps_cache(inp.keep_cache) else share.asleep
         return _Rollout(c, seqs, "vllm", held, share)
     # the fast engine runs a CUDA-graph batch bucket of rows and a length rounded up to
@@ -394,21 +416,34 @@ def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
     }
     peak_phase = max(phases, key=phases.get)
     return MemoryPlan(
-        dtype=dtype, params=shape.params,
-        lora_params=shape.lora_params if inp.enable_lora else 0, components=c,
-        persistent=persistent, phases=phases, peak_phase=peak_phase, peak=phases[peak_phase],
+        dtype=dtype,
+        params=shape.params,
+        lora_params=shape.lora_params if inp.enable_lora else 0,
+        components=c,
+        persistent=persistent,
+        phases=phases,
+        peak_phase=peak_phase,
+        peak=phases[peak_phase],
         # the same fp32 buffers (z, log-softmax, p, grad) over every response row at once
         full_logits_would_be=micro * inp.max_new_tokens * v * 4 * LOGIT_FACTOR_UPDATE,
-        chunk_rows=chunk, response_rows=micro * inp.max_new_tokens,
+        chunk_rows=chunk,
+        response_rows=micro * inp.max_new_tokens,
         assumptions=Assumptions(
-            rollout_engine=rollout.engine, rollout_cache_kept_for_update=held > 0,
-            quantised_base=inp.quantized, rollout_sequences=rollout.sequences,
-            prompt_tokens=prompt_len, prompt_tokens_from=prompt_from, sequence_tokens=seq_len,
+            rollout_engine=rollout.engine,
+            rollout_cache_kept_for_update=held > 0,
+            quantised_base=inp.quantized,
+            rollout_sequences=rollout.sequences,
+            prompt_tokens=prompt_len,
+            prompt_tokens_from=prompt_from,
+            sequence_tokens=seq_len,
             update_tokens_per_micro_batch=tokens,
-            gradient_checkpointing=inp.use_gradient_checkpointing, lora=inp.enable_lora,
+            gradient_checkpointing=inp.use_gradient_checkpointing,
+            lora=inp.enable_lora,
         ),
-        model=inp.model, shape=shape.dims(), vllm_share=rollout.share,
-    )  # fmt: skip
+        model=inp.model,
+        shape=shape.dims(),
+        vllm_share=rollout.share,
+    )
 
 
 def _round_up(tokens: int) -> int:

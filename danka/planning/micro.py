@@ -36,7 +36,6 @@ from danka.planning.shape import ModelShape
 
 CPU_MICRO_BATCH = 8  # the size every config had before ``auto`` (no memory model for RAM)
 CPU_CHUNK = 1024  # the schema's former default of speed.logprob_chunk_size
-AUTO_SIZES = ("generation_batch_size", "micro_batch_size", "logprob_chunk_size")  # try order
 
 
 @dataclass(frozen=True)
@@ -148,8 +147,15 @@ def plan_memory(
             return SizePlan(trial, auto, priced.peak, budget, priced.peak_phase)
     trial = inp.with_(**combos[-1])
     priced = price(trial, shape)
-    return SizePlan(trial, auto, priced.peak, budget, priced.peak_phase, False,
-                    tuple(fixes(trial, shape, budget)))  # fmt: skip
+    return SizePlan(
+        trial,
+        auto,
+        priced.peak,
+        budget,
+        priced.peak_phase,
+        False,
+        tuple(fixes(trial, shape, budget)),
+    )
 
 
 def check_fits(plan: SizePlan, shape: ModelShape, *, world_size: int = 1) -> None:

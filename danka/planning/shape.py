@@ -25,8 +25,11 @@ def load_model_config(name: str, base_dir: Path | None = None) -> Any:
 
     for candidate in (Path(name).expanduser(), (base_dir or Path.cwd()) / name):
         if candidate.is_dir():  # a pipe inside would block transformers' open
-            refuse_special_files(candidate, what=f"model folder {candidate}",
-                                 fix="give a model folder of regular files")  # fmt: skip
+            refuse_special_files(
+                candidate,
+                what=f"model folder {candidate}",
+                fix="give a model folder of regular files",
+            )
         if candidate.is_dir() and (candidate / "config.json").is_file():
             return AutoConfig.from_pretrained(str(candidate))
         if candidate.is_file() and candidate.suffix == ".gguf":
@@ -108,8 +111,12 @@ class ModelShape:
     @classmethod
     def of(cls, config: Any, target_modules: list[str] | str, rank: int) -> ModelShape:
         params, lora = count_parameters(config, target_modules, rank)
-        return cls(**dims(config), params=params, lora_params=lora,
-                   model_type=getattr(config, "model_type", None))  # fmt: skip
+        return cls(
+            **dims(config),
+            params=params,
+            lora_params=lora,
+            model_type=getattr(config, "model_type", None),
+        )
 
     def dims(self) -> dict[str, int]:
         return {"H": self.H, "I": self.I, "L": self.L, "V": self.V, "q": self.q, "kv": self.kv}

@@ -38,8 +38,9 @@ def engine_memory(
     # the longest request: a multi-turn sample grows to max_length, an evaluation answer
     # may be longer than a training one
     a = plan.assumptions
-    longest = max(cfg.trainer.max_length, a.sequence_tokens,
-                  a.prompt_tokens + (cfg.eval.max_new_tokens or 0))  # fmt: skip
+    longest = max(
+        cfg.trainer.max_length, a.sequence_tokens, a.prompt_tokens + (cfg.eval.max_new_tokens or 0)
+    )
     return {"gpu_memory_fraction": share.fraction(total), "max_model_len": longest}
 
 

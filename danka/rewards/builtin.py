@@ -297,8 +297,9 @@ def tool_answer(completion: str, row: PromptRow, valid_call_bonus: float = 0.1) 
     from danka.agent.rewards import tool_answer_reward
 
     messages = [getattr(row, "messages", None)]
-    return tool_answer_reward([None], [completion], [row.ground_truth], valid_call_bonus,
-                              messages=messages)[0]  # fmt: skip
+    return tool_answer_reward(
+        [None], [completion], [row.ground_truth], valid_call_bonus, messages=messages
+    )[0]
 
 
 def default_reward_for(data_source: str) -> str | None:

@@ -84,8 +84,12 @@ def _adopt(fn: Any, target: Target, timeout_s: float) -> Worker:
 def _row_fields(row: PromptRow, messages: Any = None) -> dict[str, Any]:
     # What a builtin may read from its row, as plain data (PromptRow imports torch), and
     # an agent rollout's messages after the prompt (None single-turn)
-    return {"ground_truth": row.ground_truth, "data_source": row.data_source, "index": row.index,
-            "messages": messages}  # fmt: skip
+    return {
+        "ground_truth": row.ground_truth,
+        "data_source": row.data_source,
+        "index": row.index,
+        "messages": messages,
+    }
 
 
 class GuardedReward:

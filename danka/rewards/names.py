@@ -7,7 +7,7 @@ and the run doctor read it."""
 from __future__ import annotations
 
 # danka's numbers about a step's reward: the RewardStats fields of these names
-# (danka/trainer/records.py), logged as reward/<name> by danka/trainer/metrics.py
+# (danka/step/records.py), logged as reward/<name> by danka/step/metrics.py
 OWN_METRICS = ("error_rate", "not_applicable", "valid_frac", "zero_adv_groups")
 REWARD_MODEL = "reward_model"  # model.reward_model_name_or_path's score
 ENV = "env"  # an environment's step rewards (agent.environment)

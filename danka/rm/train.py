@@ -45,22 +45,51 @@ from danka.rm.loss import bradley_terry_loss, pair_stats
 
 # Settings danka rm reads; any other key set to a non-default value is refused.
 USED_KEYS = (
-    "model.actor_model_name_or_path", "model.torch_dtype", "model.use_flash_attention_2",
-    "model.attn_implementation", "model.trust_remote_code", "model.tokenizer_kwargs",
-    "model.use_gradient_checkpointing", "model.gradient_checkpointing_kwargs", "model.device",
-    "trainer.num_epochs", "trainer.total_steps", "trainer.max_train_minutes",
-    "trainer.batch_size", "trainer.micro_batch_size", "trainer.max_length", "optim.lr",
-    "optim.weight_decay", "optim.warmup_steps", "optim.lr_scheduler",
-    "optim.max_grad_norm", "eval.every_steps", "trainer.seed", "lora", "data.train_dataset",
-    "data.eval_dataset", "data.eval_size", "data.dataset_type", "data.prompt_key",
-    "data.on_bad_row", "data.shuffle", "data.limit", "logging.log_interval", "output_dir", "rm",
-)  # fmt: skip
+    "model.actor_model_name_or_path",
+    "model.torch_dtype",
+    "model.use_flash_attention_2",
+    "model.attn_implementation",
+    "model.trust_remote_code",
+    "model.tokenizer_kwargs",
+    "model.use_gradient_checkpointing",
+    "model.gradient_checkpointing_kwargs",
+    "model.device",
+    "trainer.num_epochs",
+    "trainer.total_steps",
+    "trainer.max_train_minutes",
+    "trainer.batch_size",
+    "trainer.micro_batch_size",
+    "trainer.max_length",
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.warmup_steps",
+    "optim.lr_scheduler",
+    "optim.max_grad_norm",
+    "eval.every_steps",
+    "trainer.seed",
+    "lora",
+    "data.train_dataset",
+    "data.eval_dataset",
+    "data.eval_size",
+    "data.dataset_type",
+    "data.prompt_key",
+    "data.on_bad_row",
+    "data.shuffle",
+    "data.limit",
+    "logging.log_interval",
+    "output_dir",
+    "rm",
+)
 # Filled in by validate() from other keys, so they differ from the bare defaults
 # (max_new_tokens is set to 1 by the CLI: an RM generates nothing).
 _DERIVED = {
-    "trainer.advantage_estimator", "trainer.samples_per_prompt", "trainer.mini_batch_size",
-    "loss.policy_loss", "data.max_prompt_length", "trainer.max_new_tokens",
-}  # fmt: skip
+    "trainer.advantage_estimator",
+    "trainer.samples_per_prompt",
+    "trainer.mini_batch_size",
+    "loss.policy_loss",
+    "data.max_prompt_length",
+    "trainer.max_new_tokens",
+}
 _SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}
 
 
@@ -189,8 +218,17 @@ def _rewards(model, tokenizer, pairs: _Pairs, idx: list[int], max_length: int, d
     return r[: len(idx)], r[len(idx) :]
 
 
-def evaluate_pairs(model, tokenizer, pairs: _Pairs, *, batch: int, max_length: int, device,
-                   center_coef: float | None = None, log=None) -> dict[str, float]:  # fmt: skip
+def evaluate_pairs(
+    model,
+    tokenizer,
+    pairs: _Pairs,
+    *,
+    batch: int,
+    max_length: int,
+    device,
+    center_coef: float | None = None,
+    log=None,
+) -> dict[str, float]:
     """Held-out accuracy / margin / reward mean and std / loss (see :func:`pair_stats`);
     ``log``: where progress lines go (``[rm eval] 120/747 pairs | ...``)."""
     from danka.logging.progress import WorkProgress
@@ -201,8 +239,14 @@ def evaluate_pairs(model, tokenizer, pairs: _Pairs, *, batch: int, max_length: i
     progress = WorkProgress(len(pairs), "rm eval", unit="pairs", log=log, enabled=log is not None)
     with torch.no_grad():
         for s in range(0, len(pairs), batch):
-            c, r = _rewards(model, tokenizer, pairs, list(range(s, min(s + batch, len(pairs)))),
-                            max_length, device)  # fmt: skip
+            c, r = _rewards(
+                model,
+                tokenizer,
+                pairs,
+                list(range(s, min(s + batch, len(pairs)))),
+                max_length,
+                device,
+            )
             rc.append(c.cpu())
             rr.append(r.cpu())
             progress.advance(len(c))
@@ -223,11 +267,15 @@ def _build_model(cfg: DankaConfig, log):
     m, lora = cfg.model, cfg.lora
     device = pick_device(m.device)
     model, tokenizer = load_score_model(
-        m.actor_model_name_or_path, dtype=resolve_dtype(m.torch_dtype, device), device=device,
-        attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
+        m.actor_model_name_or_path,
+        dtype=resolve_dtype(m.torch_dtype, device),
+        device=device,
+        attn_implementation=m.attn_implementation,
+        trust_remote_code=m.trust_remote_code,
         tokenizer_kwargs={k: v for k, v in vars(m.tokenizer_kwargs).items() if v is not None},
-        seed=cfg.trainer.seed, log=log,
-    )  # fmt: skip
+        seed=cfg.trainer.seed,
+        log=log,
+    )
     scorer = ClassifierReward(model, tokenizer)
     if m.use_gradient_checkpointing:
         model.gradient_checkpointing_enable(
@@ -236,8 +284,14 @@ def _build_model(cfg: DankaConfig, log):
     if lora.enable_lora:
         from danka.models.lora import apply_lora
 
-        model = apply_lora(model, r=lora.lora_r, alpha=lora.lora_alpha, dropout=lora.lora_dropout,
-                           target_modules=lora.target_modules, task_type="SEQ_CLS")  # fmt: skip
+        model = apply_lora(
+            model,
+            r=lora.lora_r,
+            alpha=lora.lora_alpha,
+            dropout=lora.lora_dropout,
+            target_modules=lora.target_modules,
+            task_type="SEQ_CLS",
+        )
         if m.use_gradient_checkpointing:
             model.enable_input_require_grads()
     return model, tokenizer, scorer, device
@@ -258,8 +312,13 @@ def _train_step(model, tokenizer, train: _Pairs, idx: list[int], cfg: DankaConfi
         rc_all.append(r_c.detach().cpu())
         rr_all.append(r_r.detach().cpu())
     stats = pair_stats(torch.cat(rc_all), torch.cat(rr_all))
-    return {"loss": loss_sum, "reward": stats["mean"], "accuracy": stats["accuracy"],
-            "margin": stats["margin"], "time/step": time.perf_counter() - ts}  # fmt: skip
+    return {
+        "loss": loss_sum,
+        "reward": stats["mean"],
+        "accuracy": stats["accuracy"],
+        "margin": stats["margin"],
+        "time/step": time.perf_counter() - ts,
+    }
 
 
 def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
@@ -290,18 +349,25 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     model, tokenizer, scorer, device = _build_model(cfg, log)
     train, held = _Pairs(train_pairs, scorer), _Pairs(held_pairs, scorer)
     params = [p for p in model.parameters() if p.requires_grad]
-    log(f"training {sum(p.numel() for p in params) / 1e6:.2f}M parameters "
-        f"({'LoRA + score head' if cfg.lora.enable_lora else 'full'})")  # fmt: skip
+    log(
+        f"training {sum(p.numel() for p in params) / 1e6:.2f}M parameters "
+        f"({'LoRA + score head' if cfg.lora.enable_lora else 'full'})"
+    )
 
     # 3./4. optimisation with periodic held-out evaluation
     steps_per_epoch = len(train) // t.batch_size
     total = t.total_steps or t.num_epochs * steps_per_epoch
     o = cfg.optim
     opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
-    sched = get_scheduler(_SCHEDULES[o.lr_scheduler], opt, num_warmup_steps=o.warmup_steps,
-                          num_training_steps=total)  # fmt: skip
-    ev = dict(batch=t.micro_batch_size, max_length=t.max_length, device=device,
-              center_coef=cfg.rm.center_rewards_coefficient)  # fmt: skip
+    sched = get_scheduler(
+        _SCHEDULES[o.lr_scheduler], opt, num_warmup_steps=o.warmup_steps, num_training_steps=total
+    )
+    ev = dict(
+        batch=t.micro_batch_size,
+        max_length=t.max_length,
+        device=device,
+        center_coef=cfg.rm.center_rewards_coefficient,
+    )
     metrics = MetricsWriter(out)
 
     def evaluate(step: int) -> dict:
@@ -347,16 +413,29 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     # 5. save: the merged model (temp folder + rename: never half a model) and the result
     tmp = out / ".model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_score_model(model, tokenizer, tmp, reward_mean=final["mean"], reward_std=final["std"],
-                     max_length=t.max_length)  # fmt: skip
+    save_score_model(
+        model,
+        tokenizer,
+        tmp,
+        reward_mean=final["mean"],
+        reward_std=final["std"],
+        max_length=t.max_length,
+    )
     tmp.rename(out / "model")
-    result = {**{k: final[k] for k in ("accuracy", "n", "mean", "std", "margin", "loss")},
-              "accuracy_before": before["accuracy"], "steps": step,
-              "train_pairs": len(train), "bad_rows": n_bad,
-              "minutes": (time.perf_counter() - t0) / 60, "model": str(out / "model")}  # fmt: skip
+    result = {
+        **{k: final[k] for k in ("accuracy", "n", "mean", "std", "margin", "loss")},
+        "accuracy_before": before["accuracy"],
+        "steps": step,
+        "train_pairs": len(train),
+        "bad_rows": n_bad,
+        "minutes": (time.perf_counter() - t0) / 60,
+        "model": str(out / "model"),
+    }
     write_text_atomic(out / "rm_result.json", json.dumps(result, indent=2))
-    log(f"held-out accuracy {before['accuracy']:.3f} -> {final['accuracy']:.3f} on "
+    log(
+        f"held-out accuracy {before['accuracy']:.3f} -> {final['accuracy']:.3f} on "
         f"{final['n']} pairs; reward mean {final['mean']:.3f} std {final['std']:.3f}; "
-        f"saved {out / 'model'}")  # fmt: skip
+        f"saved {out / 'model'}"
+    )
     close_run_logger()
     return result

@@ -134,7 +134,12 @@ def _need_model(args) -> None:
         )
 
 
-@command("generate", "answer a prompt (streamed) or a file of prompts (JSON lines)", _generate_args)
+@command(
+    "generate",
+    "answer a prompt (streamed) or a file of prompts (JSON lines)",
+    _generate_args,
+    computes=True,
+)
 def _generate(args) -> int:
     from danka.tools.generate import generate_file, generate_text, load_for_inference
 
@@ -193,7 +198,7 @@ def _chat_args(p: argparse.ArgumentParser) -> None:
     _tool_args(p)
 
 
-@command("chat", "chat with a model in the terminal (/exit quits)", _chat_args)
+@command("chat", "chat with a model in the terminal (/exit quits)", _chat_args, computes=True)
 def _chat(args) -> int:
     from danka.tools.generate import chat_loop, load_for_inference
 
@@ -247,7 +252,12 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("eval", "accuracy / pass@k of a model (+ adapter) under a reward function", _eval_args)
+@command(
+    "eval",
+    "accuracy / pass@k of a model (+ adapter) under a reward function",
+    _eval_args,
+    computes=True,
+)
 def _eval(args) -> int:
     from danka.tools.evaluate import format_result, run_eval
 
@@ -412,7 +422,7 @@ def _estimate(args) -> int:
             if torch.cuda.is_available()
             else parse_memory("24GB")
         )
-    from danka.trainer.budget import data_prompt_tokens
+    from danka.trainer.builders import data_prompt_tokens
 
     longest = data_prompt_tokens(cfg, base_dir, log=lambda msg: print(msg, file=sys.stderr))
     inp = PlanInput.of(cfg, longest)
@@ -444,15 +454,29 @@ def _distill_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answer-key", help="column with the ground truth (default: '#### N' in it)")
 
 
-@command("distill", "distil a reward (rule, function or model) into a small classifier",
-         _distill_args)  # fmt: skip
+@command(
+    "distill",
+    "distil a reward (rule, function or model) into a small classifier",
+    _distill_args,
+    computes=True,
+)
 def _distill(args) -> int:
     from danka.tools.distill import distill
 
-    distill(data=args.data, teacher=args.teacher, teacher_model=args.teacher_model,
-            student=args.student, output=Path(args.output), epochs=args.epochs, lr=args.lr,
-            batch_size=args.batch_size, max_length=args.max_length, limit=args.limit,
-            response_key=args.response_key, answer_key=args.answer_key)  # fmt: skip
+    distill(
+        data=args.data,
+        teacher=args.teacher,
+        teacher_model=args.teacher_model,
+        student=args.student,
+        output=Path(args.output),
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        limit=args.limit,
+        response_key=args.response_key,
+        answer_key=args.answer_key,
+    )
     return 0
 
 
@@ -471,7 +495,7 @@ def _push_args(p: argparse.ArgumentParser) -> None:
 
 @command("push", "upload a checkpoint or export (with its model card) to the HF Hub", _push_args)
 def _push(args) -> int:
-    from danka.hub import push
+    from danka.tools.hub import push
 
     push(
         args.path,

@@ -138,12 +138,18 @@ def distill(
     corr = float(torch.corrcoef(torch.stack([pred, target]))[0, 1]) if len(held) > 1 else math.nan
     save_score_model(model, tokenizer, output, max_length=max_length)
     result = {
-        "pairs": len(rows), "train": len(train), "held_out": len(held),
-        "teacher": teacher or teacher_model, "student": student, "epochs": epochs,
-        "held_out_mse_before": before, "held_out_mse_after": after,
+        "pairs": len(rows),
+        "train": len(train),
+        "held_out": len(held),
+        "teacher": teacher or teacher_model,
+        "student": student,
+        "epochs": epochs,
+        "held_out_mse_before": before,
+        "held_out_mse_after": after,
         "held_out_pearson": None if math.isnan(corr) else corr,
-        "first_loss": losses[0], "last_loss": losses[-1],
-    }  # fmt: skip
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+    }
     (output / "distill_result.json").write_text(json.dumps(result, indent=2))
     log(f"held-out mse {before:.4f} -> {after:.4f}, pearson {corr:.3f}; saved to {output}")
     return result

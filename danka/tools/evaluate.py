@@ -176,8 +176,12 @@ class _Answered:
         items = [it for it, _, _ in self.items]
         scores = [s for _, s, _ in self.items]
         correct = [c for _, _, c in self.items]
-        result = summarize(correct, [it["response_tokens"] for it in items],
-                           [it["truncated"] for it in items], scores)  # fmt: skip
+        result = summarize(
+            correct,
+            [it["response_tokens"] for it in items],
+            [it["truncated"] for it in items],
+            scores,
+        )
         answers = max(1, sum(len(c) for c in correct))
         result["correct_per_function"] = {k: v / answers for k, v in self.per_fn.items()}
         result.update(self.metrics)
@@ -430,8 +434,11 @@ def format_result(result: dict[str, Any]) -> str:
     ]
     if result.get("partial"):
         why = f"stopped by {result['stopped']}" if result.get("stopped") else "stopped"
-        lines.insert(0, f"PARTIAL: {why} after {result['answered']} of {result['prompts']} "
-                     "prompts; the numbers below are over those")  # fmt: skip
+        lines.insert(
+            0,
+            f"PARTIAL: {why} after {result['answered']} of {result['prompts']} "
+            "prompts; the numbers below are over those",
+        )
     for key, value in result.get("pass@k", {}).items():
         lines.append(f"  {key}: {100 * value:.1f}%")
     lines.append(

@@ -26,8 +26,16 @@ from danka.tools.verdict import CORRECT, doctor, number, verdict_of
 
 PLOTS_DIR = "plots"
 # the labelled functions' lines: neither the accuracy's blue nor the guess floor's red
-_FUNCTION_COLOURS = ["tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
-                     "tab:olive", "tab:cyan", "tab:gray"]  # fmt: skip
+_FUNCTION_COLOURS = [
+    "tab:orange",
+    "tab:green",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:cyan",
+    "tab:gray",
+]
 _PHASE_ORDER = (
     "time/rollout",
     "time/reward",
@@ -178,8 +186,10 @@ def reward_distributions(rec: RunRecord, records: list[dict[str, Any]]) -> dict[
     completion files, from the per-step mean rewards of the first and last fifth of the
     steps. Returns ``{label: values}`` (empty when there is nothing to compare).
     """
-    saved = [(s, [v for r in rows if (v := number(r.get("reward"))) is not None])
-             for s, rows in rec.completions]  # fmt: skip
+    saved = [
+        (s, [v for r in rows if (v := number(r.get("reward"))) is not None])
+        for s, rows in rec.completions
+    ]
     saved = [(s, v) for s, v in saved if v]
     if len(saved) >= 2:
         (s0, v0), (s1, v1) = saved[0], saved[-1]
@@ -254,12 +264,21 @@ def accuracy_figure(data: Lines, title: str):
             style = {"linewidth": 2.5, "color": "tab:blue", "zorder": 3, "label": "accuracy"}
         else:
             same = " (= accuracy)" if (xs, ys) == main else ""
-            style = {"linewidth": 1.2, "linestyle": "--", "color": next(colours),
-                     "label": label + same}  # fmt: skip
+            style = {
+                "linewidth": 1.2,
+                "linestyle": "--",
+                "color": next(colours),
+                "label": label + same,
+            }
         ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=4, **style)
     if data.floor is not None:
-        ax.axhline(data.floor, color="tab:red", linestyle=":", linewidth=1.5,
-                   label=f"guess floor {data.floor:.1f}%")  # fmt: skip
+        ax.axhline(
+            data.floor,
+            color="tab:red",
+            linestyle=":",
+            linewidth=1.5,
+            label=f"guess floor {data.floor:.1f}%",
+        )
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(PercentFormatter(xmax=100, decimals=0))
     xs = {x for xs, _ in data.lines.values() for x in xs}
@@ -285,10 +304,18 @@ def reward_figure(steps: list, values: list, spread: list[Spread]):
         if len(spread) > 2 and len(spread) >= len(steps) / 2:
             ax.fill_between(sx, lo, hi, alpha=0.2, color="tab:green", label=label)
         else:
-            ax.errorbar(sx, [s.mean for s in spread],
-                        yerr=[[s.mean - a for s, a in zip(spread, lo)],
-                              [b - s.mean for s, b in zip(spread, hi)]],
-                        fmt="s", color="tab:green", capsize=3, label=label)  # fmt: skip
+            ax.errorbar(
+                sx,
+                [s.mean for s in spread],
+                yerr=[
+                    [s.mean - a for s, a in zip(spread, lo)],
+                    [b - s.mean for s, b in zip(spread, hi)],
+                ],
+                fmt="s",
+                color="tab:green",
+                capsize=3,
+                label=label,
+            )
     if values:
         marker = "o" if len(steps) <= 20 else None
         ax.plot(steps, values, marker=marker, alpha=0.4, label="mean over all samples")

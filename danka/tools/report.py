@@ -88,8 +88,10 @@ def _step(record: dict | None) -> str:
 def _status(v: Verdict, folder: Path) -> str:
     evals = ", ".join(str(s) for s in v.eval_steps) or "none"
     state = "finished" if v.finished else "in progress (no result file yet)"
-    return (f"{v.steps} steps logged; held-out evaluations at step(s) {evals}; run {state}. "
-            f"Folder: {folder}")  # fmt: skip
+    return (
+        f"{v.steps} steps logged; held-out evaluations at step(s) {evals}; run {state}. "
+        f"Folder: {folder}"
+    )
 
 
 def _accuracy(v: Verdict) -> list[str]:
@@ -97,29 +99,39 @@ def _accuracy(v: Verdict) -> list[str]:
     if v.accuracy is None:
         if last is None:
             what = "no held-out evaluation yet" if not v.finished else "no held-out evaluation"
-            return [f"<p class='headline'>Run {'in progress' if not v.finished else 'finished'}"
-                    f": {what}, so no before &rarr; after.</p>"]  # fmt: skip
+            return [
+                f"<p class='headline'>Run {'in progress' if not v.finished else 'finished'}"
+                f": {what}, so no before &rarr; after.</p>"
+            ]
         when = "Run in progress: one" if not v.finished else "Only one"
-        return [f"<p class='headline'>{when} held-out evaluation so far: <b>"
-                f"{_pct(v.latest_accuracy)}</b> at step {_step(last)} ({_n(last)} problems); "
-                "the before &rarr; after comes with the next evaluation.</p>"]  # fmt: skip
+        return [
+            f"<p class='headline'>{when} held-out evaluation so far: <b>"
+            f"{_pct(v.latest_accuracy)}</b> at step {_step(last)} ({_n(last)} problems); "
+            "the before &rarr; after comes with the next evaluation.</p>"
+        ]
     a = v.accuracy
     cls = "good" if a.delta > 0 else "bad" if a.delta < 0 else ""
     n0, n1 = _n(first), _n(last)
     problems = f"{n1} problems" if n0 == n1 else f"{n0} &rarr; {n1} problems"
     head = "Held-out accuracy" if v.finished else "Run in progress: held-out accuracy so far"
-    out = [f"<p class='headline'>{head}: <b>{_pct(a.before)} &rarr; {_pct(a.after)}</b> "
-           f"(<span class='{cls}'>{_points(a.delta)}</span>; {problems}, step {_step(first)} "
-           f"&rarr; step {_step(last)})</p>"]  # fmt: skip
+    out = [
+        f"<p class='headline'>{head}: <b>{_pct(a.before)} &rarr; {_pct(a.after)}</b> "
+        f"(<span class='{cls}'>{_points(a.delta)}</span>; {problems}, step {_step(first)} "
+        f"&rarr; step {_step(last)})</p>"
+    ]
     if v.noise is not None:
-        out.append(f"<p class='note'>A change within &plusmn;{100 * v.noise:.1f} points may be "
-                   "chance (95% interval of the difference of two accuracies).</p>")  # fmt: skip
+        out.append(
+            f"<p class='note'>A change within &plusmn;{100 * v.noise:.1f} points may be "
+            "chance (95% interval of the difference of two accuracies).</p>"
+        )
     return out
 
 
 def _floor(v: Verdict) -> list[str]:
-    what = ("the best a constant answer scores on this set: the most common answer, the "
-            "prompt's last number, or an empty answer")  # fmt: skip
+    what = (
+        "the best a constant answer scores on this set: the most common answer, the "
+        "prompt's last number, or an empty answer"
+    )
     if v.floor is None:
         return ["<p>Guess floor: not recorded by these evaluations.</p>"] if v.latest else []
     acc = v.latest_accuracy
@@ -128,12 +140,13 @@ def _floor(v: Verdict) -> list[str]:
     label = "final" if v.finished and v.accuracy else "latest"
     if acc > v.floor:
         times = f", {acc / v.floor:.1f}x" if v.floor > 0 else ""
-        judged = (f"<span class='good'>{_points(acc - v.floor).lstrip('+')} above it"
-                  f"{times}</span>")  # fmt: skip
+        judged = f"<span class='good'>{_points(acc - v.floor).lstrip('+')} above it{times}</span>"
     else:
         judged = "<span class='bad'>at or below it: no better than a constant guess</span>"
-    return [f"<p>Guess floor: <b>{_pct(v.floor)}</b> ({what}). The {label} accuracy "
-            f"{_pct(acc)} is {judged}.</p>"]  # fmt: skip
+    return [
+        f"<p>Guess floor: <b>{_pct(v.floor)}</b> ({what}). The {label} accuracy "
+        f"{_pct(acc)} is {judged}.</p>"
+    ]
 
 
 def _cells(c: Change | None, latest: float) -> str:
@@ -148,8 +161,9 @@ def _functions(v: Verdict) -> list[str]:
     steps = f"<th>step {_step(v.latest)}</th>"
     if v.accuracy is not None:
         steps = f"<th>step {_step(v.first)}</th>{steps}<th>change</th>"
-    rows = [f"<table><tr><th>correctness function</th>{steps}<th>guess floor</th>"
-            "<th>reward</th></tr>"]  # fmt: skip
+    rows = [
+        f"<table><tr><th>correctness function</th>{steps}<th>guess floor</th><th>reward</th></tr>"
+    ]
     for f in v.functions:
         pays = {True: "trained", False: "logged only", None: "-"}[f.trained]
         floor = _pct(f.floor) if f.floor is not None else "-"
@@ -176,8 +190,10 @@ def _doctor(v: Verdict) -> list[str]:
     problems = sum(f.severity == "problem" for f in v.findings)
     risks = len(v.findings) - problems
     if not v.findings:
-        return ["<h3>Run doctor: no findings</h3><p>No problem and no risk found "
-                "(<code>danka doctor</code> on this folder says the same).</p>"]  # fmt: skip
+        return [
+            "<h3>Run doctor: no findings</h3><p>No problem and no risk found "
+            "(<code>danka doctor</code> on this folder says the same).</p>"
+        ]
     out = [f"<h3>Run doctor: {_count(problems, 'problem')}, {_count(risks, 'risk')}</h3>"]
     for f in v.findings:
         when = "from the config" if f.step is None else f"first at step {_e(f.step)}"

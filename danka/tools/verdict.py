@@ -128,8 +128,15 @@ def _functions(evals: list[dict[str, Any]], config: dict) -> tuple[Function, ...
         latest = number(last.get(CORRECT + name))
         if latest is None:
             continue
-        out.append(Function(name, _change(first, last, CORRECT + name), latest,
-                            _floor(evals, f"eval/guess_floor/{name}"), trained.get(name)))  # fmt: skip
+        out.append(
+            Function(
+                name,
+                _change(first, last, CORRECT + name),
+                latest,
+                _floor(evals, f"eval/guess_floor/{name}"),
+                trained.get(name),
+            )
+        )
     return tuple(out)
 
 
@@ -166,8 +173,9 @@ def doctor(folder: Path) -> tuple[RunRecord, tuple[Finding, ...], str | None]:
         return rec, (), f"the run doctor failed: {type(err).__name__}: {err}"
 
 
-def verdict_of(folder: Path, rec: RunRecord, findings: tuple[Finding, ...],
-               doctor_note: str | None = None) -> Verdict:  # fmt: skip
+def verdict_of(
+    folder: Path, rec: RunRecord, findings: tuple[Finding, ...], doctor_note: str | None = None
+) -> Verdict:
     """The verdict of the run in ``folder`` (read for its result file only)."""
     evals = [e for e in rec.evals if number(e.get("eval/accuracy")) is not None]
     first, last = (evals[0], evals[-1]) if evals else (None, None)

@@ -21,17 +21,16 @@ from danka.data.splits import load_rows
 from danka.models.loading import pick_device, resolve_dtype, stop_ids
 from danka.planning.memory import sequence_tokens
 from danka.planning.micro import SizePlan
-from danka.planning.shape import ModelShape
-from danka.planning.vllm import engine_memory
+from danka.planning.run_plan import plan_run, planned_sizes
 from danka.rewards.combine import reward_specs
-from danka.rollout.base import EngineOptions, build_engine, engine_meta, options_of
-from danka.trainer.agent import build_agent
-from danka.trainer.budget import longest_prompt, memory_budget, model_shape, planned_sizes
-from danka.trainer.checkpointing import Checkpointer
-from danka.trainer.evaluate import Evaluator, build_evaluator
-from danka.trainer.run import PromptSet
-from danka.trainer.sampler import PromptSampler
-from danka.trainer.setup import (
+from danka.rollout.base import build_engine, engine_meta, options_of
+from danka.step.agent_rollout import build_agent
+from danka.step.heldout import Evaluator, build_evaluator
+from danka.step.prompt_order import PromptSampler
+from danka.step.prompt_set import PromptSet
+from danka.step.stages import Sampling, Stages, Trainables, build_stages
+from danka.step.update import Optimizers
+from danka.trainer.builders import (
     _reward_model,
     build_algorithm,
     build_dynamic_sampler,
@@ -41,12 +40,12 @@ from danka.trainer.setup import (
     build_prompts,
     build_rule_rewards,
     build_tokenizer,
-    choose_engine,
+    check_engine,
     control_tokens_warning,
+    longest_prompt,
     speed_settings,
 )
-from danka.trainer.stages import Sampling, Stages, Trainables, build_stages
-from danka.trainer.update import Optimizers
+from danka.trainer.saving import Checkpointer
 
 
 @dataclass(frozen=True)
@@ -62,18 +61,13 @@ class Built:
     log: logging.Logger
     agent: AgentLoop | None = None  # the multi-turn loop's tool worker, closed at the end
 
-    def close(self) -> None:
-        """Stop the reward workers (and the tool worker, when there is one)."""
-        self.stages.rewards.close()
-        self.close_agent()
-
     def close_agent(self) -> None:
         if self.agent is not None:
             self.agent.close()
 
 
 def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logger) -> Built:
-    """Every long-lived object of a run, from small builders (danka/trainer/setup.py).
+    """Every long-lived object of a run, from small builders (danka/trainer/builders.py).
     Data, prompts and rule rewards are checked before minutes of model loading."""
     device = dist.init(pick_device(cfg.model.device))  # cuda:LOCAL_RANK under torchrun
     torch.manual_seed(cfg.trainer.seed)
@@ -87,12 +81,17 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
     agent = build_agent(cfg, tokenizer, base_dir)  # None unless agent.tools / environment
     try:
         train, held = build_prompts(cfg, tokenizer, train_rows, held_rows, agent)
-        budget = memory_budget(cfg, device, log)
-        shape = model_shape(cfg, base_dir) if budget is not None else None  # read once
-        longest = longest_prompt(train)  # the plan prices this prompt + max_new_tokens
-        engine_name = choose_engine(cfg, device, log, budget, shape, longest)
-        sizes = planned_sizes(cfg, budget, engine=engine_name, shape=shape, base_dir=base_dir,
-                              log=log, prompt_tokens=longest)  # fmt: skip
+        plan = plan_run(
+            cfg,
+            device,
+            prompt_tokens=longest_prompt(train),  # the plan prices it + max_new_tokens
+            log=log,
+            base_dir=base_dir,
+            world_size=dist.world_size(),
+            check=lambda name: check_engine(cfg, name),
+        )
+        log.info(engine_meta(plan.engine).banner or f"rollout engine: {plan.engine}")
+        log.info(f"rollout engine {plan.engine}: {plan.engine_why}")
         specs = reward_specs(cfg, train.rows)
         rewards = build_rule_rewards(cfg, base_dir, specs, train.rows)
         models, load = build_model_set(cfg, device, log)
@@ -100,34 +99,29 @@ def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logge
         if rewards is None:  # a reward model needs the loaded models (a judge shares the base)
             reward_model = _reward_model(cfg, models, tokenizer, load)
             rewards = build_rule_rewards(cfg, base_dir, specs, train.rows, reward_model)
-        engine = build_engine(engine_name, engine_options(cfg, sizes, engine_name, device, shape))
+        options = replace(
+            options_of(cfg.rollout),
+            generation_batch_size=plan.sizes.generation_batch,
+            **plan.engine_memory,
+        )
+        engine = build_engine(plan.engine, options)
         return assemble(
-            cfg, models, engine=engine, rewards=rewards, train=train, held=held,
-            tokenizer=tokenizer, log=log, output_dir=output_dir, agent=agent, sizes=sizes,
-        )  # fmt: skip
+            cfg,
+            models,
+            engine=engine,
+            rewards=rewards,
+            train=train,
+            held=held,
+            tokenizer=tokenizer,
+            log=log,
+            output_dir=output_dir,
+            agent=agent,
+            sizes=plan.sizes,
+        )
     except BaseException:
         if agent is not None:  # stop the tool worker process
             agent.close()
         raise
-
-
-def engine_options(
-    cfg: DankaConfig,
-    sizes: SizePlan,
-    engine: str = "",
-    device: torch.device | None = None,
-    shape: ModelShape | None = None,
-) -> EngineOptions:
-    """The engine's settings; ``sizes``: the planned generation batch where it is auto; an
-    engine with its own memory (vllm) also gets its planned share of ``device`` for a model
-    of ``shape``."""
-    own = {}
-    if engine and engine_meta(engine).own_memory and device is not None:
-        if shape is None:  # no budget was planned (the shape was not read yet)
-            shape = model_shape(cfg)
-        if shape is not None:
-            own = engine_memory(cfg, sizes.sizes, shape, device)
-    return replace(options_of(cfg.rollout), generation_batch_size=sizes.generation_batch, **own)
 
 
 def assemble(
@@ -152,7 +146,7 @@ def assemble(
     optimisers, schedules, algorithm, KL controller and prompt sampler from the config and
     binds the stages. :func:`build` ends here; benchmarks on random-weight models start
     here. ``sizes``: the planned sizes of the settings that are ``auto`` (without them,
-    auto takes the CPU sizes: danka.trainer.budget.planned_sizes plans for a GPU)."""
+    auto takes the CPU sizes: danka.planning.run_plan.planned_sizes plans for a GPU)."""
     t = cfg.trainer
     if sizes is None:
         sizes = planned_sizes(cfg, None)
@@ -168,10 +162,12 @@ def assemble(
     pad = tokenizer.pad_token_id if pad_id is None else pad_id
     algo, kl_ctl = build_algorithm(cfg), build_kl_controller(cfg)
     trainables = Trainables(
-        opts=Optimizers(actor_opt, actor_sched, critic_opt, critic_sched), kl_ctl=kl_ctl,
-        sampler=sampler, generator=torch.Generator().manual_seed(t.seed),
+        opts=Optimizers(actor_opt, actor_sched, critic_opt, critic_sched),
+        kl_ctl=kl_ctl,
+        sampler=sampler,
+        generator=torch.Generator().manual_seed(t.seed),
         dynamic=build_dynamic_sampler(cfg, pad),
-    )  # fmt: skip
+    )
     eos = stop_ids(tokenizer) if eos_ids is None else list(eos_ids)
     sampling = Sampling(engine, models, tokenizer, eos, pad, agent)
     stages = build_stages(
@@ -191,8 +187,15 @@ def assemble(
         evaluator = build_evaluator(cfg, sampling, held, rewards, fwd, log)
     device = next(models.policy.parameters()).device
     checkpointer = Checkpointer(
-        cfg=cfg, output_dir=output_dir or Path(cfg.output_dir), log=log, models=models,
-        opts=trainables.opts, kl_ctl=kl_ctl, sampler=sampler, generator=trainables.generator,
-        dtype=resolve_dtype(cfg.model.torch_dtype, device), dynamic=trainables.dynamic,
-    )  # fmt: skip
+        cfg=cfg,
+        output_dir=output_dir or Path(cfg.output_dir),
+        log=log,
+        models=models,
+        opts=trainables.opts,
+        kl_ctl=kl_ctl,
+        sampler=sampler,
+        generator=trainables.generator,
+        dtype=resolve_dtype(cfg.model.torch_dtype, device),
+        dynamic=trainables.dynamic,
+    )
     return Built(stages, evaluator, checkpointer, total, sizes.micro, log, agent)

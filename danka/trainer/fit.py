@@ -3,25 +3,22 @@
 Each step: 1 sample prompts -> 2 rollout -> 3 rewards -> 4 old/reference log-probs ->
 5 values (critic) -> 6 advantages -> 7 update (actor, critic) -> 8 log -> 9 checkpoint ->
 10 evaluate. Stages hand typed records on (Rollout -> Scored -> OldAndRef -> Prepared ->
-UpdateStats, danka/trainer/records.py), each stage bound once to what it needs
-(danka/trainer/stages.py); which algorithm needs what (a critic, a reference, a
+UpdateStats, danka/step/records.py), each stage bound once to what it needs
+(danka/step/stages.py); which algorithm needs what (a critic, a reference, a
 correction) is registry metadata resolved once into ``stages.algo``. The loop owns the
 run's one changing record, ``RunState`` (step, last step, micro-batch, bad steps:
 danka/trainer/state.py), passes it to each step and takes the next one from
 ``state.after(result)``; it builds the metrics dict only to write it
-(danka/trainer/metrics.py). It measures its own phases: ``time/<phase>`` in every line.
+(danka/step/metrics.py). It measures its own phases: ``time/<phase>`` in every line.
 When to evaluate, save and stop it asks one owner, ``RunClocks`` (danka/trainer/clocks.py),
 whose answer is the same on every rank.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from pathlib import Path
-
-import torch
 
 from danka import callbacks
 from danka import distributed as dist
@@ -32,15 +29,13 @@ from danka.config.secrets import mask_secrets
 from danka.lifecycle import StopRequest, current_stop
 from danka.logging.progress import TrainProgress
 from danka.logging.runlog import close_run_logger, run_logger_open
+from danka.step.train_step import train_step
 from danka.trainer.build import Built, build
-from danka.trainer.checkpointing import check_compatible
 from danka.trainer.clocks import RunClocks
-from danka.trainer.dynamic_sampling import concat_scored, mean_stats
 from danka.trainer.outputs import Outputs, is_main_process, run_logger
 from danka.trainer.preflight import preflight
-from danka.trainer.records import Scored, StepResult
 from danka.trainer.resume import resolve_resume, resume_from
-from danka.trainer.stages import Stages
+from danka.trainer.saving import check_compatible
 from danka.trainer.state import RunState
 
 
@@ -80,23 +75,22 @@ def _fit(built: Built, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: 
     if cfg.speed.preflight:  # before a restore, which then sets every RNG as saved
         micro = preflight(s, micro, log)
     start, history = resume_from(built.checkpointer, ckpt, resolved, main)
-    outputs = Outputs.open(cfg, log, resolved, start)
-    outputs.history, outputs.t0 = history, t0
+    outputs = Outputs.open(cfg, log, resolved, start, history, t0)
     if built.evaluator is not None:
-        built.evaluator.remember(history, outputs.probe_file)  # a resumed run's step 0
+        built.evaluator.remember(history.floors, outputs.probe_file)  # a resumed run's step 0
     state = RunState(step=start, total=built.total_steps, micro=micro)
-    if start == 0 and not history["eval"]:
+    if start == 0 and not history.evals:
         evaluate(built, outputs, state, full=True)
     h, stop, stopping = config_hash(resolved), current_stop(), False
     clocks = RunClocks.start(cfg, log)  # when to evaluate, save, stop: agreed by all ranks
     stop_requested(stop)  # from here a signal waits for the end of the step (then saves)
     save = lambda st: callbacks.on_checkpoint(  # noqa: E731
-        st.step, built.checkpointer.save(st.step, outputs.history, resolved, h)
+        st.step, built.checkpointer.save(st.step, outputs.history.to_json(), resolved, h)
     )
     with TrainProgress(state.total, start_step=start, enabled=cfg.logging.progress and main) as bar:
         while not state.done:
             step = state.next_step
-            result = train_step(s, state)  # 1-7
+            result = train_step(s, state.next_step, state.micro)  # 1-7
             m = s.metrics(result)
             outputs.record(step, m, result.scored, s.prompts, state.total)  # 8. log
             callbacks.on_step(step, m)
@@ -157,107 +151,6 @@ def stop_requested(stop: StopRequest | None) -> bool:
 def signal_name(stop: StopRequest | None) -> str:
     """SIGTERM / SIGINT, or where this rank got none, the other rank's."""
     return stop.name if stop is not None and stop.signum is not None else "signal on another rank"
-
-
-def train_step(s: Stages, state: RunState) -> StepResult:
-    """Steps 1-7 of step ``state.next_step`` at micro-batch ``state.micro``; the typed
-    result carries everything the loop and the log need, the micro-batch the step ended at
-    included (an out-of-memory retry halves it). With nothing informative to train on
-    (dynamic sampling) the update is skipped, logged, and the last round is what gets
-    logged."""
-    step, micro, clock = state.next_step, state.micro, PhaseClock()
-    scored, rounds, dynamic = sample_and_score(s, clock, micro)  # 1-3 (a round, or DAPO's)
-    stats = [r.stats for r in rounds]
-    if scored is None:
-        s.log.warning(
-            f"step {step}: dynamic sampling found no group with differing rewards in "
-            f"{len(rounds)} round(s); update skipped"
-        )
-        s.opts.step_schedules()
-        return clock.result(rounds[-1], stats, None, None, dynamic, micro)
-    with clock("logprobs"):
-        logp, micro = s.old_and_ref(scored, micro)  # 4. old / reference log-probs
-    with clock("values"):
-        values, micro = s.values(scored, micro)  # 5. critic values (estimators with a critic)
-    with clock("advantages"):
-        prepared = s.advantages(scored, logp, values)  # 6. advantages (the registry's estimator)
-    with clock("update"):
-        update, micro = s.update(prepared, step, micro)  # 7. update (actor, critic); schedules
-    if update.skipped:
-        s.log.warning(f"step {step}: {update.reason}; optimizer step skipped")
-    kl = s.measured_kl(prepared, update)  # the same on every rank
-    s.adapt_kl(kl)
-    return clock.result(scored, stats, prepared, update, dynamic, micro, kl)
-
-
-def sample_and_score(s: Stages, clock: PhaseClock, micro: int):
-    """Steps 1-3: (the samples to train on or None, every round scored, DynamicStats).
-    Without dynamic sampling one round; with it (DAPO) rounds repeat until the step has
-    ``batch_size`` informative groups or ``max_sampling_rounds`` were generated."""
-    rounds: list[Scored] = []
-    kept: list[Scored] = []
-    have = generated = informative = 0
-    for _ in range(s.dynamic.max_rounds if s.dynamic is not None else 1):
-        prompt_idx = s.next_prompts()  # 1. sample prompts
-        with clock("rollout"):
-            rollout = s.sample(prompt_idx, micro)  # 2. rollout (single-turn or the agent loop)
-        with clock("reward"):
-            scored = s.score(rollout)  # 3. rewards
-        rounds.append(scored)
-        if s.dynamic is None:
-            return scored, rounds, None
-        good, n_good = s.dynamic.keep(scored, have)
-        generated += n_groups(scored)
-        informative += n_good
-        if good is not None:
-            kept.append(good)
-            have += n_groups(good)
-        if have >= s.dynamic.batch_size:
-            break
-    dynamic = s.dynamic.record(len(rounds), generated, informative, have)
-    if not kept:
-        return None, rounds, dynamic
-    merged = concat_scored(kept, s.dynamic.pad_id, mean_stats([r.stats for r in rounds]))
-    return merged, rounds, dynamic
-
-
-def n_groups(scored: Scored) -> int:
-    gi = scored.batch.group_index
-    return int(gi.max()) + 1 if gi.numel() else 0
-
-
-class PhaseClock:
-    """Seconds per phase of one step and, on CUDA, each phase's peak memory (the device is
-    synchronised at the boundaries, so GPU work is charged to the phase that queued it)."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-        self.peaks: dict[str, float] = {}
-        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.cuda:
-                torch.cuda.synchronize()
-                peak = torch.cuda.max_memory_allocated() / 2**30
-                self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
-
-    def result(self, scored, stats, prepared, update, dynamic, micro, kl=None) -> StepResult:
-        """The step's result with its timings (``step``: the whole step)."""
-        seconds = {**self.seconds, "step": time.perf_counter() - self.t0}
-        return StepResult(
-            scored=scored, rounds=stats, prepared=prepared, update=update, dynamic=dynamic,
-            seconds=seconds, peaks_gib=dict(self.peaks), micro=micro, kl_measured=kl,
-        )  # fmt: skip
 
 
 def describe(cfg: DankaConfig, built: Built) -> str:

@@ -1,6 +1,6 @@
 """What a run writes while it trains: train.log lines, metrics.jsonl, completions, the
 trackers, the held-out evaluations' files, and the closing result file. It only writes:
-the evaluation itself is a stage (danka/trainer/evaluate.py). Rank 0 writes; other ranks
+the evaluation itself is a stage (danka/step/heldout.py). Rank 0 writes; other ranks
 get ``dist.Null`` writers (they still evaluate, in step with rank 0)."""
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from danka.logging.metrics import (
 )
 from danka.logging.runlog import setup_run_logger
 from danka.logging.trackers import SafeTrackers, build_trackers
-from danka.trainer.evaluate import EvalResult
-from danka.trainer.records import Scored
-from danka.trainer.run import PromptSet
+from danka.step.heldout import EvalResult
+from danka.step.prompt_set import PromptSet
+from danka.step.records import Scored
+from danka.trainer.history import RunHistory
 
 
 def is_main_process() -> bool:
@@ -54,14 +55,23 @@ class Outputs:
     verbose: bool = False  # logging.verbose: every metric in the step line, on the console too
     progress: bool = True  # logging.progress: the console's one line per step is the bar's
     result_file: str = "result.json"  # logging.result_file
-    history: dict = field(default_factory=lambda: {"eval": []})
+    history: RunHistory = field(default_factory=RunHistory)  # recorded here only
     doctor: LiveDiagnoser | None = None  # the run doctor's checks, live (rank 0)
     t0: float = field(default_factory=time.perf_counter)  # when `danka train` started
 
     @classmethod
-    def open(cls, cfg: DankaConfig, log: logging.Logger, resolved: dict, start: int) -> Outputs:
+    def open(
+        cls,
+        cfg: DankaConfig,
+        log: logging.Logger,
+        resolved: dict,
+        start: int,
+        history: RunHistory,
+        t0: float,
+    ) -> Outputs:
         """Writers that continue after step ``start`` (later lines of an abandoned
-        continuation are removed: those steps will be redone)."""
+        continuation are removed: those steps will be redone) with the run's ``history``
+        so far; ``t0``: when ``danka train`` started."""
         out, main = Path(cfg.output_dir), is_main_process()
         if main:
             truncate_metrics_after(out, start)
@@ -83,6 +93,8 @@ class Outputs:
             verbose=cfg.logging.verbose,
             progress=cfg.logging.progress,
             result_file=cfg.logging.result_file,
+            history=history,
+            t0=t0,
         )
         if main:
             outputs.doctor = LiveDiagnoser(mask_secrets(resolved))
@@ -127,16 +139,27 @@ class Outputs:
             )
             self.completions.write(step, **shown)
             records = [
-                {"prompt": p, "completion": c, "reward": r, "ground_truth": g,
-                 "rewards": {n: v[i] for n, v in shown["reward_parts"].items()}}
-                for i, (p, c, r, g) in enumerate(zip(shown["prompts"], shown["completions"],
-                                                     shown["rewards"], shown["ground_truths"]))
-            ]  # fmt: skip
+                {
+                    "prompt": p,
+                    "completion": c,
+                    "reward": r,
+                    "ground_truth": g,
+                    "rewards": {n: v[i] for n, v in shown["reward_parts"].items()},
+                }
+                for i, (p, c, r, g) in enumerate(
+                    zip(
+                        shown["prompts"],
+                        shown["completions"],
+                        shown["rewards"],
+                        shown["ground_truths"],
+                    )
+                )
+            ]
             self.warn(self.doctor.observe_completions(step, records))
 
     @property
     def probe_file(self) -> Path:
-        """The step-0 probe answers (danka.trainer.evaluate.ProbeReference)."""
+        """The step-0 probe answers (danka.step.heldout.ProbeReference)."""
         return self.output_dir / "eval" / "probe_reference.safetensors"
 
     def record_eval(self, result: EvalResult) -> dict:
@@ -144,8 +167,7 @@ class Outputs:
         callbacks, OUTPUT/eval/step_N.json (rank 0, with the step-0 probe answers once),
         the trackers, the run doctor and train.log. Returns its record."""
         step, record = result.step, result.record
-        self.history.setdefault("floors", result.floors.to_json())
-        self.history["eval"].append(record)
+        self.history.add(record, result.floors.to_json())
         callbacks.on_eval(step, record)
         if not self.main:
             return record
@@ -153,7 +175,7 @@ class Outputs:
         (self.output_dir / "eval").mkdir(exist_ok=True)
         if not self.probe_file.is_file():
             result.probe_reference.save(self.probe_file)
-        detail = {"guess": self.history["floors"]["detail"], "probe_answers": result.probe_answers}
+        detail = {"guess": self.history.floors["detail"], "probe_answers": result.probe_answers}
         write_text_atomic(
             self.output_dir / "eval" / f"step_{step}.json",
             json.dumps({**record, **detail, "samples": result.samples}, indent=2),
@@ -182,7 +204,7 @@ class Outputs:
         result: dict = {"steps": steps, "seconds": round(seconds, 1)}
         if stopped:
             result["stopped"] = stopped
-        evals = self.history["eval"]
+        evals = self.history.evals
         if len(evals) >= 2 and not stopped:
             first, last = evals[0], evals[-1]
             before, after = first["eval/accuracy"], last["eval/accuracy"]

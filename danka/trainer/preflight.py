@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from danka.rollout.base import finish_batch
-from danka.trainer.guards import DoesNotFit, OutOfMemory
-from danka.trainer.records import RewardStats, Rollout, Scored
-from danka.trainer.stages import Stages
+from danka.step.guards import DoesNotFit, OutOfMemory
+from danka.step.records import RewardStats, Rollout, Scored
+from danka.step.stages import Stages
 
 
 def worst_case(s: Stages, prompts: list[list[int]]) -> Scored:

@@ -9,7 +9,8 @@ from pathlib import Path
 from danka.checkpoint import complete_checkpoints, put_aside_after, verify_checkpoint
 from danka.checkpoint.store import latest_verified
 from danka.errors import UserError
-from danka.trainer.checkpointing import Checkpointer
+from danka.trainer.history import RunHistory
+from danka.trainer.saving import Checkpointer
 
 
 def resolve_resume(resume: str | None, output_dir: Path, log: logging.Logger) -> Path | None:
@@ -58,10 +59,10 @@ def resolve_resume(resume: str | None, output_dir: Path, log: logging.Logger) ->
 
 def resume_from(
     checkpointer: Checkpointer, ckpt: Path | None, resolved: dict, main: bool
-) -> tuple[int, dict]:
+) -> tuple[int, RunHistory]:
     """(step, history) to continue from: (0, no evaluations) for a fresh run."""
     if ckpt is None:
-        return 0, {"eval": []}
+        return 0, RunHistory()
     log = checkpointer.log
     start, history = checkpointer.restore(ckpt, resolved)
     log.info(f"Resumed from {ckpt} at step {start}")
@@ -71,4 +72,4 @@ def resume_from(
         # set aside, not deleted (`danka train --discard-newer` deletes them first)
         for line in put_aside_after(checkpointer.output_dir, start):
             log.warning(line)
-    return start, history
+    return start, RunHistory.from_json(history)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from danka.trainer.guards import TrainingFault
-from danka.trainer.records import StepResult
+from danka.step.guards import TrainingFault
+from danka.step.records import StepResult
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ def test_a_cpu_run_plans_no_memory_and_needs_no_retry(tmp_path):
 
 
 def test_an_out_of_memory_in_the_update_is_counted_and_the_size_kept(tmp_path, monkeypatch):
-    import danka.trainer.update as upd
+    import danka.step.update as upd
 
     real = upd.actor_minibatch
 

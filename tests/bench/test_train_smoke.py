@@ -55,7 +55,7 @@ def test_phase_timings_come_from_the_loop():
     # the bench reads time/<phase> from the loop's own clock (no monkeypatching)
     import time
 
-    from danka.trainer.fit import PhaseClock
+    from danka.step.train_step import PhaseClock
 
     clock = PhaseClock()
     with clock("rollout"):

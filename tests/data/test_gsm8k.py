@@ -4,7 +4,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from danka.data.formats import load_prompt_rows
-from danka.data.gsm8k import GSM8K_INSTRUCTION, convert_gsm8k, extract_gsm8k_answer
+from danka.data.gsm8k import GSM8K_INSTRUCTION, convert_gsm8k, reference_answer
 from danka.errors import UserError
 
 # Hand-written rows in the official GSM8K layout (not read from ../shared).
@@ -20,12 +20,12 @@ OFFICIAL = [
     [("x\n#### 72", "72"), ("#### 1,234", "1234"), ("#### $5.50", "5.50"), ("#### -3", "-3")],
 )
 def test_extract_gsm8k_answer(text, expected):
-    assert extract_gsm8k_answer(text) == expected
+    assert reference_answer(text) == expected
 
 
 def test_extract_without_marker_raises():
     with pytest.raises(ValueError):
-        extract_gsm8k_answer("the answer is 7")
+        reference_answer("the answer is 7")
 
 
 def test_convert_writes_verl_layout_parquet_and_jsonl(tmp_path):

@@ -1,6 +1,6 @@
 """The PPO critic's checkpoint state under FSDP2 (two gloo ranks) against one process:
 gathered to the single-process layout on every rank, written by rank 0, loaded back into
-sharded models (the functions danka/trainer/checkpointing.py calls)."""
+sharded models (the functions danka/trainer/saving.py calls)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 from danka import distributed as dist
 from danka.config import load_config
 from danka.models.tiny import tiny_causal_lm
-from danka.trainer.models import build_models
+from danka.step.model_set import build_models
 
 dist.init(torch.device("cpu"))
 cfg, _ = load_config(sys.argv[1])

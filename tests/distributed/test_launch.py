@@ -27,7 +27,7 @@ from danka.distributed.launch import (
     record_failure,
 )
 from danka.errors import UserError
-from danka.trainer.guards import TrainingFault
+from danka.step.guards import TrainingFault
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ import atexit, sys, time
 import torch
 from danka import distributed as dist
 from danka.errors import UserError
-from danka.trainer.guards import TrainingFault
+from danka.step.guards import TrainingFault
 
 mode = sys.argv[1]
 slow_exit = mode.endswith("_slow_exit")

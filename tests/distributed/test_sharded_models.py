@@ -22,7 +22,7 @@ from danka.models.tiny import tiny_causal_lm
 from danka.rollout.base import SamplingParams
 from danka.rollout.fast import FastEngine
 from danka.rollout.fast_options import FastExperiments, FastOptions
-from danka.trainer.models import build_models
+from danka.step.model_set import build_models
 
 dist.init(torch.device("cpu"))
 cfg, _ = load_config(sys.argv[1])

@@ -8,10 +8,10 @@ from danka.models.lora import (
     adapter_parameters,
     add_adapter,
     apply_lora,
-    count_parameters,
     linear_module_names,
     reference_mode,
     set_active,
+    trainable_parameters,
 )
 from danka.models.tiny import tiny_causal_lm, tiny_tokenizer
 
@@ -30,7 +30,7 @@ def _perturb(model, name):
 
 def test_apply_lora_trains_only_adapters():
     model = apply_lora(_model(), r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
-    trainable, total = count_parameters(model)
+    trainable, total = trainable_parameters(model)
     # per layer: q_proj A (4x64) + B (64x4) = 512; v_proj A (4x64) + B (32x4; 2 KV heads x 16)
     # = 384 -> 896 per layer, 2 layers = 1792
     assert trainable == 1792

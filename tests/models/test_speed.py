@@ -22,12 +22,12 @@ def test_tf32_and_compile_are_refused_without_a_gpu():
 
 
 def test_compile_wraps_the_body_the_training_forward_calls(monkeypatch):
-    """The training forward calls the decoder body (danka.trainer.forward.decoder_of), not
+    """The training forward calls the decoder body (danka.step.forward.decoder_of), not
     ``model.forward``: compiling ``model.forward`` would be a no-op."""
     from peft import LoraConfig, get_peft_model
 
     from danka.models import tiny
-    from danka.trainer.forward import decoder_of
+    from danka.step.forward import decoder_of
 
     monkeypatch.setattr(speed, "_cuda_device", lambda device: True)  # no GPU here
     model = get_peft_model(tiny.tiny_causal_lm(), LoraConfig(r=2, target_modules=["q_proj"]))

@@ -1,7 +1,7 @@
 """speed.cpu_threads: auto takes the CPUs this process may use (affinity, OMP_NUM_THREADS,
 the cgroup quota), at least one, and never follows the load (the count changes results in
-their last bits); when the load says others keep CPUs busy it says once which count would
-share them better; faked here."""
+their last bits); when the load says others keep CPUs busy while the threads spin, it says
+once that a resume shares them better; faked here."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from danka.models import threads
+from danka.models import openmp_wait, threads
 from danka.models.threads import ThreadGovernor, cgroup_cpu_quota, share, use_cpu_threads
 
 
@@ -43,7 +43,8 @@ def test_auto_counts_usable_cpus_and_the_neighbours(cpus, quota, load, own, want
     advice = got.crowded()
     assert (advice is None) == (busy == 0)
     if advice:
-        assert f"speed.cpu_threads: {max(1, got.usable - busy)} shares them better" in advice
+        assert f"others keep ~{busy} of {got.usable} CPUs busy" in advice
+        assert "--resume auto" in advice
 
 
 def test_the_machine_is_read_affinity_load_and_omp_cap(monkeypatch):
@@ -70,6 +71,7 @@ def test_cgroup_quota_v2_and_v1(tmp_path):
 
 
 def test_use_sets_torch_and_says_it_in_one_line(monkeypatch):
+    monkeypatch.setattr(openmp_wait, "CHOSEN", None)  # a Python caller: torch loaded first
     monkeypatch.setattr(
         threads, "share", lambda own=0: threads.CpuShare(2, None, 2.3, own, 2, busy=1)
     )
@@ -77,7 +79,7 @@ def test_use_sets_torch_and_says_it_in_one_line(monkeypatch):
     gov = use_cpu_threads("auto", "cpu", lines.append)
     assert torch.get_num_threads() == 2 and gov.threads == 2
     assert lines[0] == "cpu threads: 2 (speed.cpu_threads: auto; 2 CPUs usable, load 2.3)"
-    assert len(lines) == 2 and "speed.cpu_threads: 1 shares them better" in lines[1]
+    assert len(lines) == 2 and "--resume auto" in lines[1]
     lines.clear()
     torch.set_num_threads(2)
     gov = use_cpu_threads(3, "cpu", lines.append)
@@ -100,6 +102,23 @@ def test_the_governor_keeps_the_count_and_advises_once(monkeypatch):
         gov.on_step(step, {})
         assert gov.threads == 2 and torch.get_num_threads() == 2
     assert len(lines) == 1 and "others keep ~1 of 2 CPUs busy" in lines[0]
+
+
+@pytest.mark.parametrize("policy", ["active", "passive"])
+def test_the_wait_choice_is_logged_and_only_a_spinning_run_is_advised(monkeypatch, policy):
+    """The CLI chose how the threads wait before torch loaded: that line is logged; the
+    start-up advice (from the 1-minute load) is not repeated over the fresher choice, and a
+    run whose threads already sleep is never told to resume."""
+    monkeypatch.setattr(openmp_wait, "CHOSEN", openmp_wait.WaitChoice(policy, "why"))
+    monkeypatch.setattr(
+        threads, "share", lambda own=0: threads.CpuShare(2, None, 3.1, own, 2, busy=1)
+    )
+    lines: list[str] = []
+    gov = use_cpu_threads("auto", "cpu", lines.append)
+    assert lines == [f"OpenMP threads wait {policy} (why)", lines[1]]
+    assert lines[1].startswith("cpu threads: 2 (speed.cpu_threads: auto")
+    gov.on_step(1, {})
+    assert len(lines) == (3 if policy == "active" else 2)
 
 
 def test_the_setting_is_checked_at_start_up():

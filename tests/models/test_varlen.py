@@ -11,7 +11,7 @@ from danka.models.lora import apply_lora, compute_adapters_in
 from danka.models.tiny import tiny_causal_lm
 from danka.models.value_head import ValueHead
 from danka.rollout.base import finish_batch
-from danka.trainer.forward import (
+from danka.step.forward import (
     ForwardSettings,
     critic_values,
     micro_batch_indices,

@@ -10,7 +10,7 @@ from danka.models import varlen
 from danka.models.tiny import tiny_causal_lm
 from danka.models.value_head import ValueHead
 from danka.rollout.base import finish_batch
-from danka.trainer.forward import ForwardSettings, critic_values, policy_logprobs, trim
+from danka.step.forward import ForwardSettings, critic_values, policy_logprobs, trim
 
 pytestmark = [
     pytest.mark.gpu,

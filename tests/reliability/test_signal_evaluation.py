@@ -14,14 +14,14 @@ import pytest
 
 from .conftest import REPO, child_env, one_step_config, running, wait_until
 
-# Test hook: the evaluation stage (danka.trainer.evaluate.Evaluator) at step DANKA_TEST_EVAL_STEP writes a marker, then sleeps.
+# Test hook: the evaluation stage (danka.step.heldout.Evaluator) at step DANKA_TEST_EVAL_STEP writes a marker, then sleeps.
 HOOK = """
 import importlib.abc, importlib.util, os, sys, time
 _MARK, _STEP = os.environ.get("DANKA_TEST_EVAL_MARK"), os.environ.get("DANKA_TEST_EVAL_STEP")
 
 class _Hook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "danka.trainer.evaluate":
+        if name != "danka.step.heldout":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)

@@ -109,9 +109,16 @@ def test_keep_cache_true_where_auto_picks_hf_is_refused_before_the_model_loads(t
     import logging
 
     from danka.config import load_config
-    from danka.trainer.setup import choose_engine
+    from danka.planning.run_plan import plan_run
+    from danka.trainer.builders import check_engine
     from tests.config.bad_config import write_config
 
     cfg, _ = load_config(write_config(tmp_path), ["rollout.keep_cache=true"])  # engine auto
     with pytest.raises(UserError, match="rollout.keep_cache is set"):
-        choose_engine(cfg, torch.device("cpu"), logging.getLogger("test"))
+        plan_run(
+            cfg,
+            torch.device("cpu"),
+            prompt_tokens=None,
+            log=logging.getLogger("test"),
+            check=lambda name: check_engine(cfg, name),
+        )

@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 from danka import distributed as dist
 from danka.config import load_config
-from danka.trainer.metrics import update_metrics
-from danka.trainer.records import ON_POLICY, OldAndRef, RewardStats, Rollout, Scored, TrainBatch
+from danka.step.metrics import update_metrics
+from danka.step.records import ON_POLICY, OldAndRef, RewardStats, Rollout, Scored, TrainBatch
 from danka.trainer.build import build
-from danka.trainer.update import NonFiniteError, update
+from danka.step.update import NonFiniteError, update
 from danka.types import RolloutBatch
 
 cfg, base = load_config(sys.argv[1])

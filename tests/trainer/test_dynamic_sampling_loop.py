@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from danka.checkpoint import load_trainer_state
-from danka.trainer.stages import Stages
+from danka.step.stages import Stages
 
 from .conftest import make_config, train_cli
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from danka.errors import UserError
-from danka.trainer.checkpointing import check_compatible
-from danka.trainer.forward import trim
+from danka.step.forward import trim
+from danka.step.prompt_order import PromptSampler
+from danka.step.records import ON_POLICY, TrainBatch
+from danka.step.update import loss_norm
 from danka.trainer.optim import build_scheduler
-from danka.trainer.records import ON_POLICY, TrainBatch
-from danka.trainer.sampler import PromptSampler
-from danka.trainer.update import loss_norm
+from danka.trainer.saving import check_compatible
 from danka.types import RolloutBatch
 
 

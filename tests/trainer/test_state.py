@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from danka.trainer.guards import TrainingFault
-from danka.trainer.records import StepResult, UpdateStats
+from danka.step.guards import TrainingFault
+from danka.step.records import StepResult, UpdateStats
 from danka.trainer.state import RunState
 
 

@@ -12,8 +12,8 @@ import torch
 from danka.config import load_config
 from danka.errors import UserError
 from danka.rollout.base import finish_batch
+from danka.step.stages import Stages
 from danka.trainer.fit import fit
-from danka.trainer.stages import Stages
 
 from .conftest import make_config, smollm2_installed
 

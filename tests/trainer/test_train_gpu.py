@@ -111,7 +111,7 @@ def test_a_real_cuda_oom_in_the_update_halves_the_micro_batch_with_the_same_loss
     """An allocation the card cannot hold inside the update at micro-batch 4: the update
     runs again at 2, the step is not skipped, and the loss equals an untroubled run's
     (fp32 on the GPU; losses are normalised by the step's token counts)."""
-    import danka.trainer.update as upd
+    import danka.step.update as upd
 
     fp32 = {"device": "cuda", "torch_dtype": "float32"}
     for side in ("clean", "oom"):

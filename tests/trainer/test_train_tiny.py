@@ -86,7 +86,7 @@ def test_preflight_and_oom_is_explained(tmp_path, tiny_model_dir, monkeypatch, c
     """Preflight runs the worst case without an optimizer step; an out-of-memory in its
     update is reported with the phase and the settings to change (exit code 2: the
     settings do not fit the card)."""
-    import danka.trainer.update as upd
+    import danka.step.update as upd
     from danka.cli import main
 
     cfg_path = make_config(tmp_path, tiny_model_dir, trainer={"preflight": True, "total_steps": 1})
@@ -120,7 +120,7 @@ def test_preflight_and_oom_is_explained(tmp_path, tiny_model_dir, monkeypatch, c
 def test_an_oom_in_the_update_halves_the_micro_batch_for_the_rest_of_the_run(
     tmp_path, tiny_model_dir, monkeypatch
 ):
-    import danka.trainer.update as upd
+    import danka.step.update as upd
 
     real, calls = upd.actor_minibatch, []
 
@@ -145,7 +145,7 @@ def test_an_oom_in_the_log_probs_halves_the_micro_batch_with_the_same_numbers(
     """The reference log-probs (KL to the reference) run out at micro-batch 4: computed
     again at 2, the run trains on, and its losses equal an untroubled run's (the forward
     under no_grad has no randomness; losses use the step's token counts)."""
-    import danka.trainer.prepare as prep
+    import danka.step.prepare as prep
 
     kl = {"kl": {"coef": 0.01}}  # a reference forward at every step
     for side in ("clean", "oom"):
@@ -163,7 +163,7 @@ def test_an_oom_in_the_log_probs_halves_the_micro_batch_with_the_same_numbers(
     _, got = run(tmp_path / "oom", tiny_model_dir, trainer={"total_steps": 1}, loss=kl)
     assert calls[:2] == [4, 2]
     log = (tmp_path / "oom" / "out" / "logs" / "train.log").read_text()
-    assert "out of memory in the log-probs: micro_batch_size 4 -> 2 (kept for" in log
+    assert "out of memory in the logprobs: micro_batch_size 4 -> 2 (kept for" in log
     lines = {
         side: json.loads((tmp_path / side / "out" / "metrics.jsonl").read_text())
         for side in ("clean", "oom")
@@ -173,8 +173,8 @@ def test_an_oom_in_the_log_probs_halves_the_micro_batch_with_the_same_numbers(
 
 
 def test_an_oom_at_micro_batch_1_stops_with_the_explanation(tmp_path, tiny_model_dir, monkeypatch):
-    import danka.trainer.update as upd
-    from danka.trainer.guards import OutOfMemory
+    import danka.step.update as upd
+    from danka.step.guards import OutOfMemory
 
     def boom(*args, **kwargs):
         raise torch.OutOfMemoryError("out of memory")

@@ -16,10 +16,10 @@ from danka import distributed as dist
 from danka.agent.loop import AgentLoop
 from danka.agent.setup import prompt_messages
 from danka.rollout.base import RolloutEngine, SamplingParams, engine_meta
-from danka.trainer.guards import Sizes, oom_guard
-from danka.trainer.models import ModelSet
-from danka.trainer.records import Rollout
-from danka.trainer.run import PromptSet
+from danka.step.guards import Sizes, oom_guard
+from danka.step.model_set import ModelSet
+from danka.step.prompt_set import PromptSet
+from danka.step.records import Rollout
 from danka.types import RolloutBatch
 
 

@@ -1,4 +1,4 @@
-"""The shared-prefix training forward (danka/trainer/shared_prefix.py): the same log-probs
+"""The shared-prefix training forward (danka/step/shared_prefix.py): the same log-probs
 and LoRA gradients as the plain forward, and the cases where it must stand aside."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from danka.models.tiny import tiny_causal_lm
-from danka.trainer import shared_prefix
-from danka.trainer.forward import ForwardSettings, critic_values, decoder_of, policy_logprobs
+from danka.step import shared_prefix
+from danka.step.forward import ForwardSettings, critic_values, decoder_of, policy_logprobs
 from danka.types import RolloutBatch
 
 SYSTEM = list(range(10, 20))  # 10 tokens every prompt starts with (>= MIN_PREFIX)

@@ -7,14 +7,14 @@ import torch
 from danka.models.tiny import tiny_causal_lm
 from danka.models.value_head import ValueHead
 from danka.rollout.base import finish_batch
-from danka.trainer.forward import (
+from danka.step.forward import (
     ForwardSettings,
     critic_values,
     effective_token_ratio,
     policy_logprobs,
     trim,
 )
-from danka.trainer.packing import assign_rows, pack
+from danka.step.packing import assign_rows, pack
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]]
 RESPONSES = [[20, 21, 22, 2], [23], [24, 25], [26, 27, 28, 29, 30], [31, 2], [32, 33, 34]]

@@ -8,14 +8,14 @@ import torch
 
 from danka.config import load_config
 from danka.errors import UserError
-from danka.trainer.dynamic_sampling import (
+from danka.step.dynamic_sampling import (
     DynamicSampler,
     concat_batches,
     informative_groups,
     select_groups,
 )
-from danka.trainer.fit import PhaseClock, sample_and_score
-from danka.trainer.records import RewardStats, Rollout, Scored
+from danka.step.records import RewardStats, Rollout, Scored
+from danka.step.train_step import PhaseClock, sample_and_score
 from danka.types import RolloutBatch
 
 PAD = 0

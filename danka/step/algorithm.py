@@ -1,6 +1,6 @@
-"""Two things a run builds once and every stage reads: its prompt sets and its algorithm
-(the config's choices looked up in the registries). The rest is bound stage by stage in
-danka/trainer/stages.py and put together in danka/trainer/build.py.
+"""The algorithm a run trains with: the config's choices looked up in the registries once
+(the estimator, the policy loss, the KL term, the rollout correction). Every stage reads it;
+the rest is bound stage by stage in danka/step/stages.py.
 """
 
 from __future__ import annotations
@@ -14,16 +14,6 @@ from danka.algorithms.advantages import AdvantageInput, EstimatorMeta
 from danka.algorithms.kl import KLModeMeta
 from danka.algorithms.losses import PolicyLossParams
 from danka.algorithms.rollout_correction import Correction
-from danka.types import PromptRow
-
-
-@dataclass
-class PromptSet:
-    """Prompts ready for the rollout: rows, rendered text and token ids (no padding)."""
-
-    rows: list[PromptRow]
-    texts: list[str]
-    ids: list[list[int]]
 
 
 @dataclass(frozen=True)

@@ -99,8 +99,11 @@ def _hub_error(err: Exception, endpoint: str, repo_id: str) -> UserError:
                 fix="use a token with write access to that namespace (hf auth login)",
             )
         shown = first_line(err).replace(endpoint, redact(endpoint))
-        return UserError(f"the Hub answered {status}: {shown}", where="danka push",
-                         fix="check the repo id (owner/name) and try again")  # fmt: skip
+        return UserError(
+            f"the Hub answered {status}: {shown}",
+            where="danka push",
+            fix="check the repo id (owner/name) and try again",
+        )
     detail = str(err).replace(endpoint, redact(endpoint))
     return UserError(
         f"cannot reach the Hugging Face Hub at {redact(endpoint)} ({type(err).__name__}: {detail})",
@@ -142,8 +145,10 @@ def push(
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
     ]
     size = sum(p.stat().st_size for p in files)
-    log(f"pushing {folder} ({len(files)} files, {size / 2**20:.1f} MiB) to "
-        f"{redact(endpoint)}/{repo_id}")  # fmt: skip
+    log(
+        f"pushing {folder} ({len(files)} files, {size / 2**20:.1f} MiB) to "
+        f"{redact(endpoint)}/{repo_id}"
+    )
     ops = [CommitOperationAdd(p.relative_to(folder).as_posix(), str(p)) for p in files]
     if card is not None:
         ops.append(CommitOperationAdd(CARD_FILE, card))

@@ -2,7 +2,7 @@
 
 ``build_stages`` is the only place that reads the config for a step; every stage
 function (sample, score, old_and_ref, values, advantages, update) takes its own inputs and
-settings and returns a typed record (danka/trainer/records.py), so a test or a benchmark
+settings and returns a typed record (danka/step/records.py), so a test or a benchmark
 builds a stage's inputs directly. Nothing here changes during a run but the objects the
 stages train (models, optimisers, the KL controller, the prompt sampler's position): the
 micro-batch comes in with each call and an out-of-memory retry hands the smaller one back.
@@ -22,13 +22,17 @@ from danka.config.schema import DankaConfig
 from danka.models import flops, varlen
 from danka.rewards.combine import RewardComputer
 from danka.rollout.base import RolloutEngine, SamplingParams
-from danka.trainer import prepare as prep
-from danka.trainer.dynamic_sampling import DynamicSampler
-from danka.trainer.forward import ForwardSettings, effective_token_ratio
-from danka.trainer.guards import DoesNotFit, OutOfMemory, Sizes, oom_guard
-from danka.trainer.metrics import step_metrics
-from danka.trainer.models import ModelSet
-from danka.trainer.records import (
+from danka.step import prepare as prep
+from danka.step.algorithm import Algorithm
+from danka.step.answers import SampleContext, sample
+from danka.step.dynamic_sampling import DynamicSampler
+from danka.step.forward import ForwardSettings, effective_token_ratio
+from danka.step.guards import DoesNotFit, OutOfMemory, Sizes, oom_guard
+from danka.step.metrics import step_metrics
+from danka.step.model_set import ModelSet
+from danka.step.prompt_order import PromptSampler
+from danka.step.prompt_set import PromptSet
+from danka.step.records import (
     OldAndRef,
     OnPolicy,
     Prepared,
@@ -37,11 +41,8 @@ from danka.trainer.records import (
     StepResult,
     UpdateStats,
 )
-from danka.trainer.run import Algorithm, PromptSet
-from danka.trainer.sample import SampleContext, sample
-from danka.trainer.sampler import PromptSampler
-from danka.trainer.score import ScoreSettings, score
-from danka.trainer.update import NonFiniteError, Optimizers, UpdateSettings, update
+from danka.step.score import ScoreSettings, score
+from danka.step.update import NonFiniteError, Optimizers, UpdateSettings, update
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class Stages:
     def old_and_ref(self, scored: Scored, micro: int) -> tuple[OldAndRef, int]:
         """Step 4 at ``micro`` sequences a forward; (its record, the micro-batch it ran at)."""
         return self._retry_micro(
-            "log-probs",
+            "logprobs",
             lambda m: prep.old_and_ref(self.models, self.algo, scored, self.preparing, m),
             micro,
         )
@@ -99,7 +100,7 @@ class Stages:
     def values(self, scored: Scored, micro: int) -> tuple[torch.Tensor | None, int]:
         """Step 5 at ``micro`` sequences a forward; (the values, the micro-batch it ran at)."""
         return self._retry_micro(
-            "log-probs",
+            "values",
             lambda m: prep.values(self.models, self.algo, scored, self.preparing, m),
             micro,
         )
@@ -141,11 +142,17 @@ class Stages:
         device = next(self.models.policy.parameters()).device
         with oom_guard("update", self.preparing.sizes.at(micro), device):
             return update(
-                self.models, self.algo, self.opts, prepared.batch, self.updating,
-                micro_size=micro, kl_coef=float(self.kl_ctl.value),
-                generator=generator or self.generator, train_actor=train_actor,
+                self.models,
+                self.algo,
+                self.opts,
+                prepared.batch,
+                self.updating,
+                micro_size=micro,
+                kl_coef=float(self.kl_ctl.value),
+                generator=generator or self.generator,
+                train_actor=train_actor,
                 dry_run=dry_run,
-            )  # fmt: skip
+            )
 
     def _retry_micro(self, phase: str, attempt, micro: int, before_retry=None):
         """``(attempt(micro), micro)``; with ``speed.auto_micro_batch`` (the default) an
@@ -280,12 +287,20 @@ class Sampling:
     def context(self, cfg: DankaConfig, prompts: PromptSet, params: SamplingParams):
         """A :class:`SampleContext` drawing from ``prompts`` with ``params``."""
         return SampleContext(
-            engine=self.engine, models=self.models, prompts=prompts, params=params,
-            tokenizer=self.tokenizer, eos_ids=self.eos_ids, pad_id=self.pad_id,
-            sizes=sizes(cfg), agent=self.agent, environment=bool(cfg.agent.environment),
-            system_prompt=cfg.data.system_prompt, instruction=cfg.data.instruction,
+            engine=self.engine,
+            models=self.models,
+            prompts=prompts,
+            params=params,
+            tokenizer=self.tokenizer,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            sizes=sizes(cfg),
+            agent=self.agent,
+            environment=bool(cfg.agent.environment),
+            system_prompt=cfg.data.system_prompt,
+            instruction=cfg.data.instruction,
             examples=cfg.data.examples,
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -317,30 +332,51 @@ def build_stages(
     ``seq_tokens``: the planned tokens of one sequence (:func:`forward_settings`)."""
     t, ob, smp, lo = cfg.trainer, cfg.reward.overlong_buffer, cfg.sampling, cfg.loss
     params = SamplingParams(
-        n=t.samples_per_prompt, temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k,
+        n=t.samples_per_prompt,
+        temperature=smp.temperature,
+        top_p=smp.top_p,
+        top_k=smp.top_k,
         max_new_tokens=t.max_new_tokens,
-    )  # fmt: skip
+    )
     device = next(sampling.models.policy.parameters()).device
     fwd = forward_settings(cfg, logprob_chunk, device, seq_tokens)
     scoring = ScoreSettings(
-        t.samples_per_prompt, response_budget(cfg, sampling.agent), ob.length, ob.penalty,
+        t.samples_per_prompt,
+        response_budget(cfg, sampling.agent),
+        ob.length,
+        ob.penalty,
         lo.mask_truncated,
-    )  # fmt: skip
+    )
     one_step = t.ppo_epochs == 1 and t.mini_batch_size == t.batch_size
     preparing = prep.PrepareSettings(fwd, one_step, t.gamma, t.lam, lo.kl.estimator, sizes(cfg))
     updating = UpdateSettings(
-        forward=fwd, ppo_epochs=t.ppo_epochs,
+        forward=fwd,
+        ppo_epochs=t.ppo_epochs,
         mini_batch_seqs=t.mini_batch_size * t.samples_per_prompt // dist.world_size(),
-        max_response_length=t.max_new_tokens, loss_agg_mode=lo.agg_mode,
-        entropy_coef=lo.entropy_coef, vf_coef=lo.vf_coef, value_clip=lo.value_clip,
+        max_response_length=t.max_new_tokens,
+        loss_agg_mode=lo.agg_mode,
+        entropy_coef=lo.entropy_coef,
+        vf_coef=lo.vf_coef,
+        value_clip=lo.value_clip,
         max_grad_norm=cfg.optim.max_grad_norm,
-    )  # fmt: skip
+    )
     tr = trainables
     return Stages(
-        sampler=tr.sampler, sampling=sampling.context(cfg, train, params), rewards=rewards,
-        prompts=train, scoring=scoring, models=sampling.models, algo=algo,
-        preparing=preparing, updating=updating, opts=tr.opts, kl_ctl=tr.kl_ctl,
-        generator=tr.generator, log=log, dynamic=tr.dynamic,
-        critic_warmup_steps=t.critic_warmup_steps, auto_micro_batch=cfg.speed.auto_micro_batch,
+        sampler=tr.sampler,
+        sampling=sampling.context(cfg, train, params),
+        rewards=rewards,
+        prompts=train,
+        scoring=scoring,
+        models=sampling.models,
+        algo=algo,
+        preparing=preparing,
+        updating=updating,
+        opts=tr.opts,
+        kl_ctl=tr.kl_ctl,
+        generator=tr.generator,
+        log=log,
+        dynamic=tr.dynamic,
+        critic_warmup_steps=t.critic_warmup_steps,
+        auto_micro_batch=cfg.speed.auto_micro_batch,
         kl_n_steps=t.batch_size,
-    )  # fmt: skip
+    )

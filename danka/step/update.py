@@ -16,16 +16,16 @@ import torch
 
 from danka import distributed as dist
 from danka.algorithms.losses import LossNorm, PolicyLossInput, aggregate, value_loss
-from danka.trainer.forward import (
+from danka.step.algorithm import Algorithm
+from danka.step.forward import (
     ForwardSettings,
     critic_values,
     micro_batch_indices,
     policy_logprobs,
     trim,
 )
-from danka.trainer.models import ModelSet
-from danka.trainer.records import ActorStats, CriticStats, OnPolicy, TrainBatch, UpdateStats
-from danka.trainer.run import Algorithm
+from danka.step.model_set import ModelSet
+from danka.step.records import ActorStats, CriticStats, OnPolicy, TrainBatch, UpdateStats
 
 
 class NonFiniteError(RuntimeError):

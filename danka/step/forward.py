@@ -16,8 +16,8 @@ import torch
 from danka.data.template import mask_positions
 from danka.models import varlen
 from danka.models.logprobs import chunked_logprobs_entropy
-from danka.trainer import shared_prefix
-from danka.trainer.packing import assign_rows, pack
+from danka.step import shared_prefix
+from danka.step.packing import assign_rows, pack
 from danka.types import RolloutBatch
 
 

@@ -3,7 +3,7 @@ the reward functions (danka.rewards.scoring, the rule ``danka eval`` uses too), 
 what no model needs (the guess floor of the held-out set, fixed at the first evaluation),
 and the drift probe: general prompts answered at every evaluation, to see whether the model
 still answers them as it did before training. An evaluation returns one ``EvalResult``;
-writing it is danka/trainer/outputs.py's."""
+the run writes it."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from danka.limits import TOKENS
 from danka.rewards.combine import RewardComputer
 from danka.rewards.scoring import CORRECT_AT, judge
 from danka.rollout.base import SamplingParams
-from danka.trainer.forward import ForwardSettings, batched, policy_logprobs
-from danka.trainer.models import ModelSet
-from danka.trainer.run import PromptSet
-from danka.trainer.sample import SampleContext, sample
+from danka.step.answers import SampleContext, sample
+from danka.step.forward import ForwardSettings, batched, policy_logprobs
+from danka.step.model_set import ModelSet
+from danka.step.prompt_set import PromptSet
 from danka.types import PromptRow, RolloutBatch
 
 SHOWN = 16  # answers written into eval/step_N.json
@@ -162,10 +162,10 @@ class Evaluator:
     floors: GuessFloors | None = None
     reference: ProbeReference | None = None
 
-    def remember(self, history: dict, probe_file: Path) -> None:
-        """A resumed run's floors (in its history) and step-0 probe answers (on disk)."""
-        if self.floors is None and "floors" in history:
-            self.floors = GuessFloors.from_json(history["floors"])
+    def remember(self, floors: dict | None, probe_file: Path) -> None:
+        """A resumed run's floors (from its history) and step-0 probe answers (on disk)."""
+        if self.floors is None and floors is not None:
+            self.floors = GuessFloors.from_json(floors)
         if self.reference is None and probe_file.is_file():
             self.reference = ProbeReference.load(probe_file)
 
@@ -178,8 +178,9 @@ class Evaluator:
         subset = 0 if full else self.subset_size
         if 0 < subset < len(ctx.prompts.rows):
             p = ctx.prompts
-            ctx = dataclasses.replace(ctx, prompts=PromptSet(p.rows[:subset], p.texts[:subset],
-                                                            p.ids[:subset]))  # fmt: skip
+            ctx = dataclasses.replace(
+                ctx, prompts=PromptSet(p.rows[:subset], p.texts[:subset], p.ids[:subset])
+            )
         self.log.info(f"step {step} | evaluating {len(ctx.prompts.rows)} held-out prompts (greedy)")
         t0 = time.perf_counter()
         got = held_out(ctx, self.rewards, micro)
@@ -225,7 +226,7 @@ def probe_prompts(tokenizer, texts: list[str] | None, max_length: int) -> Prompt
     """The probe prompts as the model reads them: the chat template alone (no system
     prompt, no task instruction: they ask the model as a user would). One longer than
     ``max_length`` (trainer.max_length) tokens is refused naming eval.probe_prompts[i];
-    the run calls this before the model loads (danka.trainer.setup.build_prompts), after
+    the run calls this before the model loads (with the other prompt sets), after
     the config check bounded each prompt's characters."""
     own = bool(texts)
     texts = list(texts or PROBE_PROMPTS)
@@ -252,7 +253,7 @@ def build_evaluator(
     """Step 10 for the run's held-out prompts: greedy, one answer each,
     ``eval.max_new_tokens`` (or trainer.max_new_tokens) tokens,
     ``rollout.generation_batch_size`` (or 256, also for auto) prompts a call; ``sampling``:
-    danka.trainer.stages.Sampling."""
+    danka.step.stages.Sampling."""
     t = cfg.trainer
     params = SamplingParams(
         n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens or t.max_new_tokens
@@ -267,5 +268,12 @@ def build_evaluator(
         probe_tokens = PROBE_TOKENS_GPU if on_gpu else PROBE_TOKENS_CPU
     probe_params = SamplingParams(n=1, temperature=0.0, max_new_tokens=probe_tokens)
     probe_ctx = dataclasses.replace(sampling.context(cfg, probes, probe_params), agent=None)
-    return Evaluator(held_ctx, probe_ctx, rewards, sampling.models, forward, log,
-                     subset_size=cfg.eval.subset_size)  # fmt: skip
+    return Evaluator(
+        held_ctx,
+        probe_ctx,
+        rewards,
+        sampling.models,
+        forward,
+        log,
+        subset_size=cfg.eval.subset_size,
+    )

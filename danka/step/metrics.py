@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from danka import distributed as dist
 from danka.rewards.names import OWN_METRICS
-from danka.trainer.records import ActorStats, CriticStats, RewardStats, StepResult, UpdateStats
+from danka.step.records import ActorStats, CriticStats, RewardStats, StepResult, UpdateStats
 
 
 def _reward(r: RewardStats) -> dict[str, float]:
@@ -67,13 +67,15 @@ def step_metrics(
         means[key] = sum(p.get(key, 0.0) for p in parts) / len(parts)
     if r.dynamic is not None:
         d = r.dynamic
-        means.update({
-            "dynamic_sampling/rounds": float(d.rounds),
-            "dynamic_sampling/groups_generated": float(d.groups_generated),
-            "dynamic_sampling/groups_dropped": float(d.groups_dropped),
-            "dynamic_sampling/groups_kept": float(d.groups_kept),
-            "dynamic_sampling/filled": d.filled,
-        })  # fmt: skip
+        means.update(
+            {
+                "dynamic_sampling/rounds": float(d.rounds),
+                "dynamic_sampling/groups_generated": float(d.groups_generated),
+                "dynamic_sampling/groups_dropped": float(d.groups_dropped),
+                "dynamic_sampling/groups_kept": float(d.groups_kept),
+                "dynamic_sampling/filled": d.filled,
+            }
+        )
     if not r.trained:
         means["dynamic_sampling/skipped_update"] = 1.0
     if r.prepared is not None:

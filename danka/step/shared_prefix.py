@@ -12,7 +12,7 @@ recomputes the same prompt tokens. Here, per micro-batch:
 
 Copies and selections are differentiable: the backward sums the rows' gradients into the
 one forward of each shared token. Same result as the plain forward up to floating-point
-rounding (tests/trainer/test_shared_prefix.py). Prompts are laid out as in
+rounding (tests/step/test_shared_prefix.py). Prompts are laid out as in
 ``danka.models.prefix`` (prefix | pad | rest); positions come from the mask, as the
 plain forward and generation compute them.
 

@@ -37,10 +37,10 @@ from danka.errors import UserError, library_errors
 from danka.lifecycle import check_run_lock
 from danka.model_card import hub_ready_writers
 from danka.models.value_head import load_value_head, save_value_head
-from danka.trainer.dynamic_sampling import DynamicSampler
-from danka.trainer.models import ModelSet
-from danka.trainer.sampler import PromptSampler
-from danka.trainer.update import Optimizers
+from danka.step.dynamic_sampling import DynamicSampler
+from danka.step.model_set import ModelSet
+from danka.step.prompt_order import PromptSampler
+from danka.step.update import Optimizers
 
 ADAPTER_FILE = "adapter_model.safetensors"
 

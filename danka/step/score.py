@@ -12,8 +12,8 @@ from danka.errors import UserError
 from danka.rewards.combine import RewardComputer
 from danka.rewards.names import ENV, OVERLONG
 from danka.rewards.shaping import overlong_penalty, response_lengths
-from danka.trainer.records import RewardStats, Rollout, Scored
-from danka.trainer.run import PromptSet
+from danka.step.prompt_set import PromptSet
+from danka.step.records import RewardStats, Rollout, Scored
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,77 @@
-"""The memory a run plans with, and the micro-batch ``auto`` picks in it."""
+"""A run's whole start-up plan in one call, made before the models load: the memory it
+plans with, the model's shape, the rollout engine and why, the sizes ``auto`` picks, and
+an engine's own memory share (vLLM). ``danka train`` makes it once (trainer.build) and
+builds from it; nothing is priced twice.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from danka import distributed as dist
 from danka.config.schema import DankaConfig
 from danka.config.units import GIB, parse_memory
 from danka.errors import UserError
+from danka.planning.engine import choose_engine
 from danka.planning.inputs import PlanInput
 from danka.planning.micro import SizePlan, candidates, check_fits, plan_memory
 from danka.planning.shape import ModelShape, load_model_config, model_config_or_none
+from danka.planning.vllm import engine_memory
+from danka.rollout.base import engine_meta
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run is built with (each field logged at start-up)."""
+
+    budget: int | None  # bytes the plan may use (None: a CPU run, nothing is planned)
+    shape: ModelShape | None  # the actor's shape (None: not readable before it loads)
+    engine: str  # the rollout engine: "hf", "fast" or "vllm"
+    engine_why: str  # why that engine
+    sizes: SizePlan  # micro-batch, generation batch, log-prob chunk (auto ones planned)
+    engine_memory: dict = field(default_factory=dict)  # vLLM's planned share, else {}
+
+
+def plan_run(
+    cfg: DankaConfig,
+    device: torch.device,
+    *,
+    prompt_tokens: int | None,
+    log: logging.Logger,
+    base_dir=None,
+    world_size: int = 1,
+    check: Callable[[str], None] | None = None,
+) -> RunPlan:
+    """The plan of a run of ``cfg`` on ``device`` whose longest training prompt encodes to
+    ``prompt_tokens`` (None: the config's bound is priced). ``check(engine)`` runs as soon
+    as the engine is chosen, before anything is sized (the trainer's refusals of settings
+    that engine ignores). Exit 2 when the smallest sizes do not fit."""
+    budget = memory_budget(cfg, device, log)
+    shape = model_shape(cfg, base_dir) if budget is not None else None  # read once
+    name, why = choose_engine(
+        cfg, device, free_bytes=budget, shape=shape, prompt_tokens=prompt_tokens
+    )
+    if check is not None:
+        check(name)
+    sizes = planned_sizes(
+        cfg,
+        budget,
+        engine=name,
+        shape=shape,
+        base_dir=base_dir,
+        log=log,
+        prompt_tokens=prompt_tokens,
+        world_size=world_size,
+    )
+    own = {}
+    if engine_meta(name).own_memory:
+        shape = shape or model_shape(cfg, base_dir)  # not read when nothing was budgeted
+        if shape is not None:
+            own = engine_memory(cfg, sizes.sizes, shape, device)
+    return RunPlan(budget, shape, name, why, sizes, own)
 
 
 def memory_budget(cfg: DankaConfig, device: torch.device, log: logging.Logger) -> int | None:
@@ -73,6 +132,7 @@ def planned_sizes(
     base_dir=None,
     log=None,
     prompt_tokens: int | None = None,
+    world_size: int = 1,
 ) -> SizePlan:
     """The run's micro-batch, and the sizes of ``rollout.generation_batch_size`` and
     ``speed.logprob_chunk_size`` where they are ``auto``: the largest the memory plan fits
@@ -81,7 +141,7 @@ def planned_sizes(
     micro-batch the plan cannot fit is refused (danka.planning.micro.check_fits).
     ``prompt_tokens``: the longest training prompt as encoded (the plan prices it plus
     ``max_new_tokens``; None: the config's bound)."""
-    inp, world = PlanInput.of(cfg, prompt_tokens).with_(engine=engine), dist.world_size()
+    inp, world = PlanInput.of(cfg, prompt_tokens).with_(engine=engine), world_size
     auto = set(candidates(inp))
     if budget is not None and shape is None and auto - {"logprob_chunk_size"}:
         config = load_model_config(inp.model, base_dir)  # the plan needs the model: why it
@@ -101,40 +161,3 @@ def planned_sizes(
     if log is not None and auto:
         log.info(f"{', '.join(k for k, _ in plan.planned)}: auto -> {plan.line()}")
     return plan
-
-
-def data_prompt_tokens(cfg: DankaConfig, base_dir, log=None) -> int | None:
-    """The longest training prompt of ``cfg``'s data as ``danka train`` encodes it (the
-    length the run's plan prices), for ``danka estimate``; None where the data or the
-    tokenizer cannot be read here (the plan then prices the config's bound), saying why
-    through ``log``, and for a tool or environment rollout (its sequences grow turn by turn:
-    the plan prices the bound, danka.planning.memory.prompt_tokens). Nothing is written
-    (bad-row reports go to a temporary folder)."""
-    import tempfile
-    from pathlib import Path
-
-    from danka.data.splits import load_rows
-    from danka.trainer.setup import build_prompts, build_tokenizer
-
-    if cfg.agent.tools or cfg.agent.environment:
-        return None
-    quiet = logging.getLogger("danka.estimate.data")
-    quiet.propagate = False
-    if not quiet.handlers:  # once per process, not once per call
-        quiet.addHandler(logging.NullHandler())
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            train_rows, _ = load_rows(cfg, Path(base_dir), Path(tmp))
-        tokenizer = build_tokenizer(cfg, quiet)
-        train, _ = build_prompts(cfg, tokenizer, train_rows, [])
-    except (UserError, OSError, ValueError) as e:
-        if log is not None:
-            log(f"prompts priced at the config's bound: the training prompts were not read ({e})")
-        return None
-    return longest_prompt(train)
-
-
-def longest_prompt(prompts) -> int | None:
-    """Tokens of the longest encoded prompt of a ``PromptSet`` (None without prompts): the
-    prompt length the memory plan prices (danka.planning.memory.prompt_tokens)."""
-    return max((len(ids) for ids in prompts.ids), default=None)

@@ -9,11 +9,19 @@ import torch
 
 from danka.errors import UserError
 
+# The step's phases, in order: the keys of its clock (time/<phase>, peak/<phase>), of this
+# guard, of the perf/<phase>_* metrics and of the benchmarks' tables. The memory plan prices
+# logprobs and values as one peak, "prepare" (danka.planning.memory).
+PHASES = ("rollout", "reward", "logprobs", "values", "advantages", "update")
+_PREPARE_FIX = (
+    "lower speed.logprob_chunk_size or trainer.micro_batch_size "
+    "(speed.auto_micro_batch, on by default, halves it down to 1)"
+)
 FIXES = {
     "rollout": "lower trainer.batch_size or trainer.samples_per_prompt, trainer.max_new_tokens, "
     "or set rollout.generation_batch_size (sequences per generate call)",
-    "log-probs": "lower speed.logprob_chunk_size or trainer.micro_batch_size "
-    "(speed.auto_micro_batch, on by default, halves it down to 1)",
+    "logprobs": _PREPARE_FIX,
+    "values": _PREPARE_FIX,
     "update": "lower trainer.micro_batch_size (speed.auto_micro_batch, on by default, halves "
     "it down to 1), set model.use_gradient_checkpointing: true, lower trainer.max_length, "
     "or keep lora.enable_lora: true",

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from danka.models.lora import apply_lora
 from danka.models.tiny import tiny_causal_lm, tiny_tokenizer
-from danka.trainer.forward import ForwardSettings, policy_logprobs
+from danka.step.forward import ForwardSettings, policy_logprobs
 from danka.types import RolloutBatch
 
 

@@ -7,7 +7,7 @@ generated until the step has ``batch_size`` informative groups. verl raises once
 ``max_num_gen_batches`` rounds are used; here the step then trains on the informative
 groups it has (fewer than ``batch_size``; with none at all the update is skipped). Surplus
 groups of the last round are dropped, as in verl. The rounds themselves are a plain loop
-in ``danka/trainer/fit.py``; this module holds the pieces it uses.
+in ``danka/step/train_step.py``; this module holds the pieces it uses.
 
 Shapes follow :class:`~danka.types.RolloutBatch`: B samples, P prompt tokens (LEFT
 padded), R response tokens (right padded); ``group_index`` (B,) numbers a batch's groups
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from danka.trainer.records import DynamicStats, RewardStats, Scored, select_rollout
+from danka.step.records import DynamicStats, RewardStats, Scored, select_rollout
 from danka.types import RolloutBatch
 
 LEFT_PADDED = frozenset({"prompt_ids", "prompt_mask"})  # (B, P): padding on the left
@@ -50,9 +50,11 @@ def select_groups(scored: Scored, groups: list[int]) -> Scored:
     gi = scored.batch.group_index
     parts = [torch.nonzero(gi == g).flatten() for g in groups]
     idx = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
-    new_index = torch.cat(
-        [torch.full((len(p),), k, dtype=torch.long) for k, p in enumerate(parts)]
-    ) if parts else torch.zeros(0, dtype=torch.long)  # fmt: skip
+    new_index = (
+        torch.cat([torch.full((len(p),), k, dtype=torch.long) for k, p in enumerate(parts)])
+        if parts
+        else torch.zeros(0, dtype=torch.long)
+    )
     return Scored(
         rollout=select_rollout(scored.rollout, idx, new_index),
         rewards=scored.rewards[idx],
@@ -175,8 +177,11 @@ class DynamicSampler:
         )
 
     def state_dict(self) -> dict[str, int]:
-        return {"total_rounds": self.total_rounds, "total_dropped": self.total_dropped,
-                "total_generated": self.total_generated}  # fmt: skip
+        return {
+            "total_rounds": self.total_rounds,
+            "total_dropped": self.total_dropped,
+            "total_generated": self.total_generated,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.total_rounds = int(state["total_rounds"])

@@ -3,7 +3,7 @@ loop (danka/agent) in place of the single-turn ``engine.generate``.
 
 * prompts are chat messages (``data.system_prompt`` / ``instruction`` / ``examples`` applied),
   encoded by the loop with the tool schemas (:func:`encode_agent_prompts`);
-* step 2 (danka/trainer/sample.py) returns the same ``Rollout`` as single-turn sampling,
+* step 2 (danka/step/answers.py) returns the same ``Rollout`` as single-turn sampling,
   with ``loss_mask`` 0 on tool and environment tokens, the final answers for the rewards,
   the trajectories for the completions log, the environment rewards and ``agent/*`` stats;
 * rewards see the final assistant turn as the completion, and the messages after the
@@ -19,7 +19,7 @@ from danka.agent.loop import AgentLoop
 from danka.agent.setup import build_agent_loop, prompt_messages
 from danka.config.schema import DankaConfig
 from danka.errors import UserError
-from danka.trainer.run import PromptSet
+from danka.step.prompt_set import PromptSet
 from danka.types import PromptRow
 
 

@@ -1,4 +1,4 @@
-"""The metrics builder (danka/trainer/metrics.py): the one place typed step results become
+"""The metrics builder (danka/step/metrics.py): the one place typed step results become
 the logged dict, with the names docs/metrics.md lists; the loop's own signals are fields."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from danka.trainer.metrics import step_metrics, update_metrics
-from danka.trainer.records import (
+from danka.step.metrics import step_metrics, update_metrics
+from danka.step.records import (
     ON_POLICY,
     ActorStats,
     CriticStats,

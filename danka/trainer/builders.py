@@ -26,16 +26,15 @@ from danka.models.loading import (
 )
 from danka.models.lora import compute_adapters_in
 from danka.models.speed import compile_forward, enable_tf32
-from danka.planning.engine import choose_engine as choose_rollout_engine
-from danka.planning.shape import ModelShape
 from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
 from danka.rollout.base import ROLLOUT_ENGINES, check_options, engine_meta, options_of
-from danka.trainer.agent import encode_agent_prompts
-from danka.trainer.dynamic_sampling import DynamicSampler
-from danka.trainer.evaluate import probe_prompts
-from danka.trainer.models import build_models
+from danka.step.agent_rollout import encode_agent_prompts
+from danka.step.algorithm import Algorithm
+from danka.step.dynamic_sampling import DynamicSampler
+from danka.step.heldout import probe_prompts
+from danka.step.model_set import build_models
+from danka.step.prompt_set import PromptSet
 from danka.trainer.optim import build_optimizer, build_scheduler
-from danka.trainer.run import Algorithm, PromptSet
 from danka.types import PromptRow
 
 
@@ -92,20 +91,10 @@ def build_dynamic_sampler(cfg: DankaConfig, pad_id: int) -> DynamicSampler | Non
     return DynamicSampler(t.batch_size, cfg.sampling.max_sampling_rounds, pad_id)
 
 
-def choose_engine(
-    cfg: DankaConfig,
-    device: torch.device,
-    log: logging.Logger,
-    budget: int | None = None,
-    shape: ModelShape | None = None,
-    prompt_tokens: int | None = None,
-) -> str:
-    """The rollout engine by its registered capabilities (device, quantised base, the
-    log-probs a rollout correction needs); ``budget``: the bytes its memory plan may use
-    for a model of ``shape`` whose longest training prompt is ``prompt_tokens``."""
-    name, reason = choose_rollout_engine(
-        cfg, device, free_bytes=budget, shape=shape, prompt_tokens=prompt_tokens
-    )
+def check_engine(cfg: DankaConfig, name: str) -> None:
+    """The trainer's refusals once the plan chose engine ``name`` (before anything is
+    sized): every rank on the same engine, ``rollout.*`` settings it would ignore, a
+    rollout correction that needs the engine's log-probs."""
     if dist.is_active():
         dist.check_config(cfg, name)
     check_options(name, options_of(cfg.rollout))  # rollout.* the engine ignores: refused now
@@ -119,9 +108,6 @@ def choose_engine(
             where="trainer.rollout_correction.mode",
             fix=f"use rollout.engine: {' or '.join(able)} (a GPU), or mode: none",
         )
-    log.info(engine_meta(name).banner or f"rollout engine: {name}")
-    log.info(f"rollout engine {name}: {reason}")
-    return name
 
 
 def build_tokenizer(cfg: DankaConfig, log: logging.Logger) -> PreTrainedTokenizerBase:
@@ -309,3 +295,39 @@ def _reward_model(cfg: DankaConfig, models, tokenizer, load: dict):
     return ClassifierReward.from_pretrained(
         path, device=load["device"], trust_remote_code=cfg.model.trust_remote_code
     )
+
+
+def data_prompt_tokens(cfg: DankaConfig, base_dir, log=None) -> int | None:
+    """The longest training prompt of ``cfg``'s data as ``danka train`` encodes it (the
+    length the run's plan prices), for ``danka estimate``; None where the data or the
+    tokenizer cannot be read here (the plan then prices the config's bound), saying why
+    through ``log``, and for a tool or environment rollout (its sequences grow turn by turn:
+    the plan prices the bound, danka.planning.memory.prompt_tokens). Nothing is written
+    (bad-row reports go to a temporary folder)."""
+    import tempfile
+    from pathlib import Path
+
+    from danka.data.splits import load_rows
+
+    if cfg.agent.tools or cfg.agent.environment:
+        return None
+    quiet = logging.getLogger("danka.estimate.data")
+    quiet.propagate = False
+    if not quiet.handlers:  # once per process, not once per call
+        quiet.addHandler(logging.NullHandler())
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            train_rows, _ = load_rows(cfg, Path(base_dir), Path(tmp))
+        tokenizer = build_tokenizer(cfg, quiet)
+        train, _ = build_prompts(cfg, tokenizer, train_rows, [])
+    except (UserError, OSError, ValueError) as e:
+        if log is not None:
+            log(f"prompts priced at the config's bound: the training prompts were not read ({e})")
+        return None
+    return longest_prompt(train)
+
+
+def longest_prompt(prompts) -> int | None:
+    """Tokens of the longest encoded prompt of a ``PromptSet`` (None without prompts): the
+    prompt length the memory plan prices (danka.planning.memory.prompt_tokens)."""
+    return max((len(ids) for ids in prompts.ids), default=None)

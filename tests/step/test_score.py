@@ -1,4 +1,4 @@
-"""Step 3 (``danka.trainer.score.score``) without a model: per-function means over the
+"""Step 3 (``danka.step.score.score``) without a model: per-function means over the
 samples a function applies to, the not-applicable fraction, DAPO's overlong penalty added
 to the reward, and ``trainer.mask_truncated`` switching truncated samples off (by validity,
 never by zeroing a mask)."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from danka.rewards.combine import RewardOutput
-from danka.trainer.records import Rollout
-from danka.trainer.run import PromptSet
-from danka.trainer.score import ScoreSettings, score
+from danka.step.prompt_set import PromptSet
+from danka.step.records import Rollout
+from danka.step.score import ScoreSettings, score
 from danka.types import PromptRow, RolloutBatch
 
 PROMPTS = PromptSet(
@@ -118,7 +118,7 @@ def test_weight_zero_rule_reward_is_logged_next_to_a_reward_model_but_not_traine
 
 
 def test_equal_reward_groups_counts_the_groups_whose_advantage_is_zero():
-    from danka.trainer.score import equal_reward_groups
+    from danka.step.score import equal_reward_groups
 
     r = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5 + 1e-7, 2.0, 3.0])
     # groups of 2: (1, 1) equal, (0, 1) not, (0.5, 0.5 + 1e-7) equal within the estimators'
@@ -147,7 +147,7 @@ def test_a_combined_reward_past_float32_stops_the_run_keeping_the_steps_before(
 ):
     """weight 1e30 x score 1e10 is inf in float32: exit 2 at step 2 naming the weight, not
     a "loss is nan" step logged with reward inf; step 1's metrics and checkpoint stay."""
-    from .conftest import make_config, train_cli
+    from tests.trainer.conftest import make_config, train_cli
 
     cfg = make_config(
         tmp_path,

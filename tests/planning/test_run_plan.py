@@ -1,15 +1,16 @@
-"""danka.trainer.budget: an explicit micro-batch the memory plan cannot fit is refused at
-start-up (the plan is arithmetic on the model config: no GPU needed to test it)."""
+"""danka.planning.run_plan: the start-up plan in one call; an explicit micro-batch the
+memory plan cannot fit is refused at start-up (the plan is arithmetic on the model config:
+no GPU needed to test it)."""
 
 import pytest
 
 from danka.config import load_config
 from danka.errors import UserError
 from danka.models.tiny import qwen2_7b_config
+from danka.planning import run_plan as budget
 from danka.planning.inputs import PlanInput
 from danka.planning.memory import GIB, MARGIN
 from danka.planning.shape import ModelShape
-from danka.trainer import budget
 from tests.planning.test_micro import _need
 
 
@@ -57,3 +58,29 @@ def test_tool_rollouts_are_not_checked(tmp_path):
     """The plan does not model multi-turn tool rollouts: it refuses nothing there."""
     cfg = _config(tmp_path, rollout={"tools": ["calculator"]}, micro_batch_size=16)
     assert planned_sizes(cfg, 24 * GIB).micro == 16
+
+
+def test_a_cpu_run_is_planned_in_one_call_and_the_engine_checked_before_sizing(tmp_path):
+    """On a CPU: nothing budgeted, no shape read, HF chosen (and why), the trainer's check
+    called with it before the sizes (a refusal there stops the plan), the sizes as
+    written."""
+    import logging
+
+    import torch
+
+    cfg = _config(tmp_path, micro_batch_size=2)
+    seen: list[str] = []
+    plan = budget.plan_run(
+        cfg, torch.device("cpu"), prompt_tokens=40, log=logging.getLogger("t"), check=seen.append
+    )
+    assert (plan.budget, plan.shape, plan.engine, plan.engine_memory) == (None, None, "hf", {})
+    assert plan.engine_why == "rollout.engine: hf" and seen == ["hf"]
+    assert plan.sizes.micro == 2
+
+    def refuse(name: str) -> None:
+        raise UserError(f"{name} refused", where="rollout.engine", fix="x")
+
+    with pytest.raises(UserError, match="hf refused"):
+        budget.plan_run(
+            cfg, torch.device("cpu"), prompt_tokens=40, log=logging.getLogger("t"), check=refuse
+        )

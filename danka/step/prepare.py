@@ -13,11 +13,11 @@ from danka import distributed as dist
 from danka.algorithms._masked import masked_whiten
 from danka.algorithms.advantages import AdvantageInput, sequence_rewards_to_tokens
 from danka.algorithms.kl import apply_kl_in_reward
-from danka.trainer.forward import ForwardSettings, batched, critic_values, policy_logprobs
-from danka.trainer.guards import Sizes, oom_guard
-from danka.trainer.models import ModelSet
-from danka.trainer.records import ON_POLICY, OldAndRef, Prepared, Scored, TrainBatch
-from danka.trainer.run import Algorithm
+from danka.step.algorithm import Algorithm
+from danka.step.forward import ForwardSettings, batched, critic_values, policy_logprobs
+from danka.step.guards import Sizes, oom_guard
+from danka.step.model_set import ModelSet
+from danka.step.records import ON_POLICY, OldAndRef, Prepared, Scored, TrainBatch
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def old_and_ref(
     batch = scored.batch
     device = next(models.policy.parameters()).device
     old, ref, gap = ON_POLICY, None, None
-    with oom_guard("log-probs", s.sizes.at(micro), device):
+    with oom_guard("logprobs", s.sizes.at(micro), device):
         if not on_policy_shortcut(algo, s.one_optimizer_step):
             with models.actor() as policy:
                 old = batched(policy_logprobs, policy, batch, micro, settings=s.forward)
@@ -74,7 +74,7 @@ def values(models: ModelSet, algo: Algorithm, scored: Scored, s: PrepareSettings
     if not algo.needs_critic:
         return None
     device = next(models.policy.parameters()).device
-    with oom_guard("log-probs", s.sizes.at(micro), device), models.critic() as critic:
+    with oom_guard("values", s.sizes.at(micro), device), models.critic() as critic:
         return batched(
             critic_values,
             critic,
@@ -106,16 +106,29 @@ def advantages(
         )
     whitener = dist.global_masked_whiten if dist.is_active() else masked_whiten
     adv_in = AdvantageInput(
-        token_rewards=token_rewards, response_mask=batch.loss_mask,
-        group_index=batch.group_index, values=critic_v, gamma=s.gamma, lam=s.lam,
-        valid=logp.valid, whitener=whitener,
-    )  # fmt: skip
+        token_rewards=token_rewards,
+        response_mask=batch.loss_mask,
+        group_index=batch.group_index,
+        values=critic_v,
+        gamma=s.gamma,
+        lam=s.lam,
+        valid=logp.valid,
+        whitener=whitener,
+    )
     adv, returns = algo.estimator(adv_in)
     train = TrainBatch(
-        prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask,
-        response_ids=batch.response_ids, response_mask=batch.response_mask,
-        loss_mask=batch.loss_mask, valid=logp.valid, advantages=adv, old_logprobs=logp.old,
-        rollout_logprobs=batch.rollout_logprobs, ref_logprobs=logp.ref,
-        is_weights=logp.is_weights, values=critic_v, returns=returns,
-    )  # fmt: skip
+        prompt_ids=batch.prompt_ids,
+        prompt_mask=batch.prompt_mask,
+        response_ids=batch.response_ids,
+        response_mask=batch.response_mask,
+        loss_mask=batch.loss_mask,
+        valid=logp.valid,
+        advantages=adv,
+        old_logprobs=logp.old,
+        rollout_logprobs=batch.rollout_logprobs,
+        ref_logprobs=logp.ref,
+        is_weights=logp.is_weights,
+        values=critic_v,
+        returns=returns,
+    )
     return Prepared(batch=train, old_and_ref=logp, kl_in_reward=kl_in_reward)

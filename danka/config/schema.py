@@ -234,8 +234,8 @@ class SpeedConfig:
         "auto",
         "CPU threads torch computes with; auto = the CPUs this process may use (affinity, "
         "OMP_NUM_THREADS, cgroup quota), not following the load (the count changes results "
-        "in their last bits; a run must repeat), with one line when others keep CPUs busy "
-        "naming the N that shares them better; N = exactly N (two runs on 2 cores: 1 each)",
+        "in their last bits; a run must repeat; sharing is done by how threads wait, see "
+        "docs/memory_and_speed.md); N = exactly N",
     )
 
 

@@ -2,7 +2,7 @@
 example's problems and on harder splits: which held-out number can still move in training?
 
 With ``agent.tool_demo: auto`` the untrained SmolLM2-135M-Instruct already answers every
-held-out problem greedily (BENCHMARKS.md, "Calculator tool on the H200"), so greedy
+held-out problem greedily (BENCHMARKS.md, "Calculator tool"), so greedy
 accuracy cannot show learning. This measures, per split, greedy accuracy (1 answer) and
 sampled accuracy at the training temperature (``--samples K`` answers per problem: mean
 accuracy = pass@1, and the valid-call rates), with examples/calculator_tool.yaml's tool

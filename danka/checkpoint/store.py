@@ -162,53 +162,19 @@ def save_checkpoint(
         raise ValueError(f"writer name {STATE_PART!r} is reserved for the trainer state")
     name = f"checkpoint_{step}"
     suffix = f"{os.getpid()}-{secrets.token_hex(4)}"
-
-    def write_state(folder: Path) -> None:
-        torch.save(trainer_state, folder / TRAINER_STATE_NAME)
-        (folder / PARTS_NAME).write_text(json.dumps(sorted(all_writers)), encoding="utf-8")
-        if config is not None:
-            from danka.config.secrets import mask_secrets
-
-            (folder / CONFIG_NAME).write_text(
-                json.dumps(mask_secrets(config), indent=2, sort_keys=True, default=str),
-                encoding="utf-8",
-            )
-
+    write_state = _state_writer(trainer_state, config, sorted([*writers, STATE_PART]))
     all_writers = {**writers, STATE_PART: write_state}
-    tmp_dirs: dict[str, Path] = {}
+    state_final = output_dir / STATE_PART / name
+    tmp_dirs: dict[str, Path] = {}  # filled as each is made: a failure removes those made
     try:
         # 1. write every part into its temporary folder and fsync it
-        for part, writer in all_writers.items():
-            part_root = output_dir / part
-            if not part_root.is_dir():
-                part_root.mkdir(parents=True, exist_ok=True)
-                fsync_dir(output_dir)
-            tmp = part_root / f".tmp-{name}-{suffix}"
-            tmp.mkdir()
-            tmp_dirs[part] = tmp
-            writer(tmp)
-            apply_file_mode(tmp)  # the writers' own modes (safetensors: 0600) -> danka's
-            _fsync_tree(tmp)
+        _write_parts(output_dir, f".tmp-{name}-{suffix}", all_writers, tmp_dirs)
         parts = {
             part: {"dir": f"{part}/{name}", "files": _hash_tree(tmp)}
             for part, tmp in tmp_dirs.items()
         }
-        # 2. an older attempt at this step loses its manifest first, so it is never
-        #    "complete" while its parts are being swapped
-        state_final = output_dir / STATE_PART / name
-        old_manifest = state_final / MANIFEST_NAME
-        if old_manifest.exists():
-            old_manifest.unlink()
-            fsync_dir(state_final)
-        for part, tmp in tmp_dirs.items():
-            final = output_dir / part / name
-            if final.exists():
-                trash = final.with_name(f".tmp-old-{name}-{suffix}")
-                os.replace(final, trash)
-                fsync_dir(final.parent)
-                shutil.rmtree(trash, ignore_errors=True)
-            os.replace(tmp, final)
-            fsync_dir(final.parent)
+        # 2. swap each temporary folder in for the final name (rename is atomic)
+        _swap_in(output_dir, name, suffix, tmp_dirs)
         # 3. the manifest, last and atomically
         _write_manifest(state_final, step, config_hash, parts)
     except Exception as err:
@@ -224,12 +190,74 @@ def save_checkpoint(
         raise
     size = checkpoint_size(state_final)
     log.info("Saved checkpoint %d to %s (%s)", step, state_final, format_size(size))
+    _retain(output_dir, state_final, step, keep_last)
+    return state_final
 
+
+def _state_writer(trainer_state: dict, config: dict | None, parts: list[str]):
+    """The writer of the ``state`` part: trainer_state.pt, parts.json (``parts``: every
+    part this save writes) and the masked config.json."""
+
+    def write_state(folder: Path) -> None:
+        torch.save(trainer_state, folder / TRAINER_STATE_NAME)
+        (folder / PARTS_NAME).write_text(json.dumps(parts), encoding="utf-8")
+        if config is not None:
+            from danka.config.secrets import mask_secrets
+
+            (folder / CONFIG_NAME).write_text(
+                json.dumps(mask_secrets(config), indent=2, sort_keys=True, default=str),
+                encoding="utf-8",
+            )
+
+    return write_state
+
+
+def _write_parts(
+    output_dir: Path, tmp_name: str, writers: dict[str, Callable[[Path], None]], tmp_dirs: dict
+) -> None:
+    """Step 1: each part written into ``<part>/<tmp_name>`` and fsynced; each folder goes
+    into ``tmp_dirs`` as soon as it exists (the caller removes them on failure)."""
+    for part, writer in writers.items():
+        part_root = output_dir / part
+        if not part_root.is_dir():
+            part_root.mkdir(parents=True, exist_ok=True)
+            fsync_dir(output_dir)
+        tmp = part_root / tmp_name
+        tmp.mkdir()
+        tmp_dirs[part] = tmp
+        writer(tmp)
+        apply_file_mode(tmp)  # the writers' own modes (safetensors: 0600) -> danka's
+        _fsync_tree(tmp)
+
+
+def _swap_in(output_dir: Path, name: str, suffix: str, tmp_dirs: dict[str, Path]) -> None:
+    """Step 2: each temporary folder renamed to ``<part>/<name>``; an older folder of that
+    name is first moved aside and deleted."""
+    # an older attempt at this step loses its manifest first, so it is never
+    # "complete" while its parts are being swapped
+    state_final = output_dir / STATE_PART / name
+    old_manifest = state_final / MANIFEST_NAME
+    if old_manifest.exists():
+        old_manifest.unlink()
+        fsync_dir(state_final)
+    for part, tmp in tmp_dirs.items():
+        final = output_dir / part / name
+        if final.exists():
+            trash = final.with_name(f".tmp-old-{name}-{suffix}")
+            os.replace(final, trash)
+            fsync_dir(final.parent)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+
+
+def _retain(output_dir: Path, state_final: Path, step: int, keep_last: int | None) -> None:
+    """After the commit: remember the new checkpoint as verified, sweep crash leftovers,
+    apply ``keep_last``."""
     remember_verified(state_final)  # just hashed: keep_last need not read it again
     _sweep_tmp(output_dir)  # leftovers of writes a crash interrupted
     if keep_last is not None:
         prune(output_dir, keep_last, keep_step=step)
-    return state_final
 
 
 def format_size(n_bytes: int) -> str:

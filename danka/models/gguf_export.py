@@ -161,6 +161,27 @@ def write_gguf(
     """Write ``model`` (a plain HF causal LM, no adapters) and ``tokenizer`` to ``path``."""
     import gguf
 
+    arch_key, permute_qk = _arch(model, out_type)
+    cfg = model.config
+    arch = getattr(gguf.MODEL_ARCH, arch_key)
+    arch_name = gguf.MODEL_ARCH_NAMES[arch]
+    heads = _heads(cfg)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), arch_name)
+    _add_metadata(w, gguf, cfg, out_type, name, heads)
+    _add_tokenizer(w, tokenizer)
+    count = _add_tensors(w, gguf, model, arch, out_type, heads[:2] if permute_qk else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    log(f"wrote {path} ({out_type}, {count} tensors, {path.stat().st_size / 2**20:.1f} MiB)")
+    return path
+
+
+def _arch(model: torch.nn.Module, out_type: str) -> tuple[str, bool]:
+    """(gguf arch, q/k permuted) of ``model``; UserError for an unknown type or arch."""
     if out_type not in OUT_TYPES:
         raise UserError(
             f"unknown GGUF type {out_type!r}",
@@ -175,14 +196,18 @@ def write_gguf(
             fix=f"supported: {', '.join(ARCHES)}; otherwise convert the merged folder "
             "with llama.cpp's convert_hf_to_gguf.py",
         )
-    arch_key, permute_qk = ARCHES[cfg.model_type]
-    arch = getattr(gguf.MODEL_ARCH, arch_key)
-    arch_name = gguf.MODEL_ARCH_NAMES[arch]
+    return ARCHES[cfg.model_type]
+
+
+def _heads(cfg: Any) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head dim)."""
     n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(path), arch_name)
+    return n_head, n_kv, getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head
+
+
+def _add_metadata(w: Any, gguf: Any, cfg: Any, out_type: str, name: str | None, heads) -> None:
+    """``general.*`` and ``<arch>.*``: name, file type, sizes, heads, RoPE, RMS-norm eps."""
+    n_head, n_kv, head_dim = heads
     w.add_name(name or Path(str(cfg.name_or_path or "model")).name)
     w.add_file_type(_file_type(out_type, gguf))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -203,8 +228,12 @@ def write_gguf(
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_vocab_size(cfg.vocab_size)
 
-    _add_tokenizer(w, tokenizer)
 
+def _add_tensors(w: Any, gguf: Any, model: Any, arch: Any, out_type: str, qk_heads) -> int:
+    """Every weight under its llama.cpp name, encoded in ``out_type``; ``qk_heads``: (query
+    heads, key/value heads) to permute q/k into llama.cpp's RoPE layout, None to leave them.
+    Returns the number written."""
+    cfg = model.config
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     count = 0
@@ -221,18 +250,13 @@ def write_gguf(
                 fix="export without --gguf and convert with llama.cpp's convert_hf_to_gguf.py",
             )
         t = tensor.detach().to(torch.float32).cpu()
-        if permute_qk and key.endswith("q_proj.weight"):
-            t = _permute(t, n_head, n_head)
-        elif permute_qk and key.endswith("k_proj.weight"):
-            t = _permute(t, n_head, n_kv)
+        if qk_heads and key.endswith("q_proj.weight"):
+            t = _permute(t, qk_heads[0], qk_heads[0])
+        elif qk_heads and key.endswith("k_proj.weight"):
+            t = _permute(t, *qk_heads)
         qtype = _tensor_type(out_type, gguf, t.ndim)
         data = _encode(t.numpy(), qtype, gguf)
         raw = qtype if data.dtype == np.uint8 else None
         w.add_tensor(new, data, raw_dtype=raw)
         count += 1
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    log(f"wrote {path} ({out_type}, {count} tensors, {path.stat().st_size / 2**20:.1f} MiB)")
-    return path
+    return count

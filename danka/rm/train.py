@@ -323,11 +323,8 @@ def _train_step(model, tokenizer, train: _Pairs, idx: list[int], cfg: DankaConfi
 
 def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     """Run steps 1-5 of the module docstring; returns the rm_result.json content."""
-    from transformers import get_scheduler
-
-    from danka.logging.metrics import MetricsWriter, format_step_line
+    from danka.logging.metrics import MetricsWriter
     from danka.logging.runlog import close_run_logger, setup_run_logger
-    from danka.models.classifier import save_score_model
 
     check_rm_config(cfg)
     t = cfg.trainer
@@ -341,11 +338,9 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     log = setup_run_logger(out, console=True).info
     t0 = time.perf_counter()
 
-    # 1. pairs
+    # 1. pairs, 2. model
     train_pairs, held_pairs, n_bad = _load_all(cfg, base_dir, out)
     log(f"{len(train_pairs)} training pairs, {len(held_pairs)} held out, {n_bad} bad rows")
-
-    # 2. model
     model, tokenizer, scorer, device = _build_model(cfg, log)
     train, held = _Pairs(train_pairs, scorer), _Pairs(held_pairs, scorer)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -355,73 +350,19 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     )
 
     # 3./4. optimisation with periodic held-out evaluation
-    steps_per_epoch = len(train) // t.batch_size
-    total = t.total_steps or t.num_epochs * steps_per_epoch
-    o = cfg.optim
-    opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
-    sched = get_scheduler(
-        _SCHEDULES[o.lr_scheduler], opt, num_warmup_steps=o.warmup_steps, num_training_steps=total
-    )
-    ev = dict(
-        batch=t.micro_batch_size,
-        max_length=t.max_length,
-        device=device,
-        center_coef=cfg.rm.center_rewards_coefficient,
-    )
+    total = t.total_steps or t.num_epochs * (len(train) // t.batch_size)
+    update = _optimizer(cfg, params, total)
     metrics = MetricsWriter(out)
-
-    def evaluate(step: int) -> dict:
-        log(f"eval step {step} | scoring {len(held)} held-out pairs")
-        stats = evaluate_pairs(model, tokenizer, held, **ev, log=log)
-        log(f"eval step {step} | " + ", ".join(f"{k}: {v:.4f}" for k, v in stats.items()))
-        metrics.write(step, {f"eval/{k}": v for k, v in stats.items()})
-        return stats
-
+    evaluate = _evaluator(model, tokenizer, held, cfg, device, metrics, log)
     before = evaluate(0)
-    model.train()
-    step, order = 0, []
-    deadline = t0 + 60 * t.max_train_minutes if t.max_train_minutes else math.inf
-    while step < total and time.perf_counter() < deadline:
-        if len(order) < t.batch_size:  # a new epoch: seeded order, the tail is dropped
-            epoch = step // max(1, steps_per_epoch)
-            order = list(range(len(train)))
-            if cfg.data.shuffle:
-                random.Random(t.seed + epoch).shuffle(order)
-        idx, order = order[: t.batch_size], order[t.batch_size :]
-        row = _train_step(model, tokenizer, train, idx, cfg, device)
-        if not math.isfinite(row["loss"]):
-            raise UserError(
-                f"the loss is {row['loss']} at step {step + 1}; no update was made",
-                where="optim.lr",
-                fix="lower optim.lr (or use model.torch_dtype: float32)",
-            )
-        if o.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, o.max_grad_norm)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        row["lr"] = sched.get_last_lr()[0]
-        metrics.write(step, row)
-        if step % cfg.logging.log_interval == 0:
-            log(format_step_line(step, row))
-        if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < total:
-            evaluate(step)
+    step = _train_loop(
+        model, tokenizer, train, cfg, device, update, total, t0, metrics, evaluate, log
+    )
     final = evaluate(step)
     metrics.close()
 
     # 5. save: the merged model (temp folder + rename: never half a model) and the result
-    tmp = out / ".model.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_score_model(
-        model,
-        tokenizer,
-        tmp,
-        reward_mean=final["mean"],
-        reward_std=final["std"],
-        max_length=t.max_length,
-    )
-    tmp.rename(out / "model")
+    _save_model(model, tokenizer, out, final, t.max_length)
     result = {
         **{k: final[k] for k in ("accuracy", "n", "mean", "std", "margin", "loss")},
         "accuracy_before": before["accuracy"],
@@ -439,3 +380,98 @@ def train_reward_model(cfg: DankaConfig, base_dir: Path) -> dict:
     )
     close_run_logger()
     return result
+
+
+def _optimizer(cfg: DankaConfig, params: list, total: int):
+    """``update()``: clip the gradients, step AdamW and the schedule, zero the gradients;
+    returns the learning rate now."""
+    from transformers import get_scheduler
+
+    o = cfg.optim
+    opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+    sched = get_scheduler(
+        _SCHEDULES[o.lr_scheduler], opt, num_warmup_steps=o.warmup_steps, num_training_steps=total
+    )
+
+    def update() -> float:
+        if o.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, o.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        return sched.get_last_lr()[0]
+
+    return update
+
+
+def _evaluator(model, tokenizer, held: _Pairs, cfg: DankaConfig, device, metrics, log):
+    """``evaluate(step)``: the held-out stats, logged and written to metrics.jsonl."""
+    t = cfg.trainer
+    ev = dict(
+        batch=t.micro_batch_size,
+        max_length=t.max_length,
+        device=device,
+        center_coef=cfg.rm.center_rewards_coefficient,
+    )
+
+    def evaluate(step: int) -> dict:
+        log(f"eval step {step} | scoring {len(held)} held-out pairs")
+        stats = evaluate_pairs(model, tokenizer, held, **ev, log=log)
+        log(f"eval step {step} | " + ", ".join(f"{k}: {v:.4f}" for k, v in stats.items()))
+        metrics.write(step, {f"eval/{k}": v for k, v in stats.items()})
+        return stats
+
+    return evaluate
+
+
+def _train_loop(model, tokenizer, train, cfg, device, update, total, t0, metrics, evaluate, log):
+    """Steps 3 and 4: ``total`` steps (or until ``trainer.max_train_minutes`` after ``t0``)
+    over epochs in seeded order, a held-out evaluation every ``eval.every_steps``; returns
+    the number of steps made."""
+    from danka.logging.metrics import format_step_line
+
+    t = cfg.trainer
+    steps_per_epoch = len(train) // t.batch_size
+    model.train()
+    step, order = 0, []
+    deadline = t0 + 60 * t.max_train_minutes if t.max_train_minutes else math.inf
+    while step < total and time.perf_counter() < deadline:
+        if len(order) < t.batch_size:  # a new epoch: seeded order, the tail is dropped
+            epoch = step // max(1, steps_per_epoch)
+            order = list(range(len(train)))
+            if cfg.data.shuffle:
+                random.Random(t.seed + epoch).shuffle(order)
+        idx, order = order[: t.batch_size], order[t.batch_size :]
+        row = _train_step(model, tokenizer, train, idx, cfg, device)
+        if not math.isfinite(row["loss"]):
+            raise UserError(
+                f"the loss is {row['loss']} at step {step + 1}; no update was made",
+                where="optim.lr",
+                fix="lower optim.lr (or use model.torch_dtype: float32)",
+            )
+        row["lr"] = update()
+        step += 1
+        metrics.write(step, row)
+        if step % cfg.logging.log_interval == 0:
+            log(format_step_line(step, row))
+        if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < total:
+            evaluate(step)
+    return step
+
+
+def _save_model(model, tokenizer, out: Path, final: dict, max_length: int) -> None:
+    """``OUTPUT/model`` with the held-out reward mean/std, written to a temporary folder
+    and renamed (never half a model)."""
+    from danka.models.classifier import save_score_model
+
+    tmp = out / ".model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_score_model(
+        model,
+        tokenizer,
+        tmp,
+        reward_mean=final["mean"],
+        reward_std=final["std"],
+        max_length=max_length,
+    )
+    tmp.rename(out / "model")

@@ -70,32 +70,12 @@ def distill(
     log=print,
 ) -> dict:
     """Score ``data`` with the teacher, train the student on the scores, save it."""
-    from danka.data.formats import Columns, ReadOptions, load_prompt_rows
-    from danka.models.classifier import encode, load_score_model, save_score_model, score
+    from danka.models.classifier import load_score_model, save_score_model
     from danka.rewards.model import ClassifierReward
 
-    if not teacher and not teacher_model:
-        raise UserError(
-            "no teacher given",
-            where="danka distill",
-            fix="--teacher gsm8k (or path.py:function) and/or --teacher-model DIR",
-        )
-    if output.exists() and any(output.iterdir()):
-        raise UserError(
-            "output folder is not empty", where=str(output), fix="choose a new --output folder"
-        )
-    rows = load_prompt_rows(
-        data,
-        Columns(response_key=response_key, answer_key=answer_key),
-        ReadOptions(limit=limit, base_dir=Path.cwd()),
-    ).rows
-    if len(rows) < 4:
-        raise UserError(
-            f"{len(rows)} rows are too few to distil",
-            where=data,
-            fix="give at least a few dozen scored pairs",
-        )
-    completions = [_completion(r, response_key) for r in rows]
+    rows, completions = _read_pairs(
+        data, teacher, teacher_model, output, limit, response_key, answer_key
+    )
     t0 = time.perf_counter()
     scores = teacher_scores(rows, completions, teacher, teacher_model, Path.cwd())
     log(
@@ -119,19 +99,9 @@ def distill(
         return float(((predict(idx) - scores[idx]) ** 2).mean())
 
     before = mse(held)
-    model.train()
-    losses = []
-    for epoch in range(epochs):
-        random.Random(seed + epoch).shuffle(train)
-        for s in range(0, len(train), batch_size):
-            idx = train[s : s + batch_size]
-            pred = score(model, encode(tokenizer, [texts[i] for i in idx], max_length, "cpu"))
-            loss = torch.nn.functional.mse_loss(pred, scores[idx])
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())  # (float() of a tensor with grad warns)
-        log(f"epoch {epoch + 1}/{epochs}: train mse {sum(losses[-8:]) / len(losses[-8:]):.4f}")
+    losses = _train_student(
+        model, tokenizer, opt, texts, scores, train, epochs, batch_size, max_length, seed, log
+    )
     after = mse(held)
     pred = predict(held)
     target = scores[held]
@@ -153,3 +123,56 @@ def distill(
     (output / "distill_result.json").write_text(json.dumps(result, indent=2))
     log(f"held-out mse {before:.4f} -> {after:.4f}, pearson {corr:.3f}; saved to {output}")
     return result
+
+
+def _read_pairs(data, teacher, teacher_model, output: Path, limit, response_key, answer_key):
+    """(rows, completions) to distil; UserError without a teacher, for a non-empty
+    ``output``, for too few rows or a row without its response."""
+    from danka.data.formats import Columns, ReadOptions, load_prompt_rows
+
+    if not teacher and not teacher_model:
+        raise UserError(
+            "no teacher given",
+            where="danka distill",
+            fix="--teacher gsm8k (or path.py:function) and/or --teacher-model DIR",
+        )
+    if output.exists() and any(output.iterdir()):
+        raise UserError(
+            "output folder is not empty", where=str(output), fix="choose a new --output folder"
+        )
+    rows = load_prompt_rows(
+        data,
+        Columns(response_key=response_key, answer_key=answer_key),
+        ReadOptions(limit=limit, base_dir=Path.cwd()),
+    ).rows
+    if len(rows) < 4:
+        raise UserError(
+            f"{len(rows)} rows are too few to distil",
+            where=data,
+            fix="give at least a few dozen scored pairs",
+        )
+    return rows, [_completion(r, response_key) for r in rows]
+
+
+def _train_student(
+    model, tokenizer, opt, texts, scores, train, epochs, batch, max_length, seed, log
+):
+    """``epochs`` passes of mean squared error to the teacher's ``scores`` over the rows
+    ``train`` (reshuffled in place each epoch), ``batch`` rows a step; returns the loss of
+    every step."""
+    from danka.models.classifier import encode, score
+
+    model.train()
+    losses = []
+    for epoch in range(epochs):
+        random.Random(seed + epoch).shuffle(train)
+        for s in range(0, len(train), batch):
+            idx = train[s : s + batch]
+            pred = score(model, encode(tokenizer, [texts[i] for i in idx], max_length, "cpu"))
+            loss = torch.nn.functional.mse_loss(pred, scores[idx])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())  # (float() of a tensor with grad warns)
+        log(f"epoch {epoch + 1}/{epochs}: train mse {sum(losses[-8:]) / len(losses[-8:]):.4f}")
+    return losses

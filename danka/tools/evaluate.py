@@ -300,30 +300,10 @@ def run_eval(
     generate, score, write ``output`` (JSON) when given; returns the result dict.
     ``tools`` (and the tool limits) set or replace the config's ``agent.tools``; a
     config with ``agent.tools`` or ``agent.environment`` is evaluated through them."""
-    from danka.rewards.combine import build_reward_computer
     from danka.tools.eval_result import ResultFile
-    from danka.tools.generate import load_for_inference
 
-    if samples < 1:
-        raise UserError(f"--samples must be >= 1, got {samples}", where="--samples")
-    if temperature is not None and (samples == 1 or temperature <= 0):
-        raise UserError(
-            f"--temperature {temperature:g} needs --samples K > 1 and a temperature > 0",
-            where="--temperature",
-            fix="add --samples 4 (greedy, the default, takes no temperature)",
-        )
-    if adapter is not None:
-        model, adapter = _scored_checkpoint(model, adapter, log)
-    src = (
-        _from_config(config, overrides or [])
-        if config
-        else _from_args(model, adapter, data, reward, split)
-    )
-    if config and model:
-        src["model"] = model
-    base_only = config is not None and adapter is None and model is None
-    if base_only:
-        log(_base_model_warning(config, src))
+    _check_sampling(samples, temperature)
+    src, adapter, base_only = _inputs(config, overrides, model, adapter, data, reward, split, log)
     budget = max_new_tokens or src["max_new_tokens"]
     flags = {"max_turns": max_turns, "max_tool_calls": max_tool_calls}
     flags.update(tool_prompt=tool_prompt, tool_demo=tool_demo)
@@ -339,6 +319,50 @@ def run_eval(
         **({"tools": list(agent.tools)} if agent is not None else {}),
     }
     write = ResultFile(output, header, log)  # a bad --output fails before the model loads
+    gen = dict(samples=samples, max_new_tokens=budget, seed=seed, temperature=temperature)
+    result = _load_and_score(src, adapter, rows, agent, write, gen, dtype, device, log)
+    written = write(result)
+    if write.last is not None:
+        log(f"wrote {write.last}")
+    return written
+
+
+def _check_sampling(samples: int, temperature: float | None) -> None:
+    """UserError for fewer than one sample, or a temperature without sampling."""
+    if samples < 1:
+        raise UserError(f"--samples must be >= 1, got {samples}", where="--samples")
+    if temperature is not None and (samples == 1 or temperature <= 0):
+        raise UserError(
+            f"--temperature {temperature:g} needs --samples K > 1 and a temperature > 0",
+            where="--temperature",
+            fix="add --samples 4 (greedy, the default, takes no temperature)",
+        )
+
+
+def _inputs(config, overrides, model, adapter, data, reward, split, log):
+    """(the inputs to score, the adapter, whether that is the config's base model): from
+    the config or the model/data/reward arguments; says loudly when it is the base."""
+    if adapter is not None:
+        model, adapter = _scored_checkpoint(model, adapter, log)
+    src = (
+        _from_config(config, overrides or [])
+        if config
+        else _from_args(model, adapter, data, reward, split)
+    )
+    if config and model:
+        src["model"] = model
+    base_only = config is not None and adapter is None and model is None
+    if base_only:
+        log(_base_model_warning(config, src))
+    return src, adapter, base_only
+
+
+def _load_and_score(src, adapter, rows, agent, write, gen: dict, dtype, device, log):
+    """Load the model, generate and score ``rows`` (``write`` gets the result so far after
+    every batch); the reward functions are closed at the end."""
+    from danka.rewards.combine import build_reward_computer
+    from danka.tools.generate import load_for_inference
+
     rewards = build_reward_computer(
         src["specs"], base_dir=src["base_dir"], timeout_s=src["timeout_s"], on_error="fail"
     )
@@ -351,29 +375,22 @@ def run_eval(
             trust_remote_code=src["trust_remote_code"],
             log=log,
         )
-        result = evaluate_rows(
+        return evaluate_rows(
             net,
             tokenizer,
             rows,
             rewards,
-            samples=samples,
-            max_new_tokens=budget,
+            **gen,
             system=src["system"],
             instruction=src["instruction"],
             examples=src["examples"],
-            seed=seed,
             tools=agent,
             base_dir=src["base_dir"],
-            temperature=temperature,
             log=log,
             on_progress=write,  # the result so far, after every batch (partial: true)
         )
     finally:
         rewards.close()
-    written = write(result)
-    if write.last is not None:
-        log(f"wrote {write.last}")
-    return written
 
 
 def _scored_checkpoint(model: str | None, adapter: str, log: Any) -> tuple[str | None, str | None]:

@@ -117,16 +117,7 @@ def export_merged(
     MergeMismatch if the check fails (nothing is written then). ``adapter`` may be a run
     folder (its newest checkpoint); a full-parameter checkpoint is not merged: it is
     copied (and converted with ``gguf``)."""
-    from danka.models.loading import (
-        dtype_name,
-        load_causal_lm,
-        load_tokenizer,
-        pick_device,
-        resolve_dtype,
-    )
-    from danka.tools.adapter_load import attach_adapter
     from danka.tools.export_output import check_output
-    from danka.tools.generate import base_model_of, canonical_dtype
     from danka.tools.locate import is_model, resolve_checkpoint
 
     t0 = time.perf_counter()
@@ -135,37 +126,8 @@ def export_merged(
     check_output(output, adapter, overwrite=overwrite)  # never the checkpoint, a run, a file
     if is_model(adapter):  # a full-parameter checkpoint: nothing to merge
         return _export_full(adapter, output, dtype, device, gguf, log)
-    base_name = base_model_of(adapter, model)  # also checks the adapter folder
-    dev = pick_device(device, where="--device")
-    if dtype == "trained":  # the dtype the adapter was trained in (fp32 for a CPU run)
-        dtype = trained_dtype(adapter) or "auto"
-    torch_dtype = resolve_dtype(canonical_dtype(dtype), dev)
-    name = dtype_name(torch_dtype)
-    has_tok = (adapter / "tokenizer_config.json").is_file()
-    tokenizer = load_tokenizer(str(adapter) if has_tok else base_name, log=log)
-    base = load_causal_lm(base_name, dtype=name, device=dev, log=log)
-    peft_model = attach_adapter(base, adapter, base_name=base_name)
-    peft_model.eval()
-
-    seqs = check_ids(tokenizer)
-    with_adapter = logits_of(peft_model, seqs)
-    with peft_model.disable_adapter():
-        effect = max_abs_diff(logits_of(peft_model, seqs), with_adapter)
-    merged = peft_model.merge_and_unload()
-    diff = max_abs_diff(logits_of(merged, seqs), with_adapter)
-    scale = max(float(x.abs().max()) for x in with_adapter)
-    tol = RTOL.get(name, 5e-2) * max(1.0, scale)
-    log(
-        f"merge check: max |logits(merged) - logits(base + adapter)| = {diff:.3g} "
-        f"(tolerance {tol:.3g} for {name}; the adapter itself moves logits by up to {effect:.3g})"
-    )
-    if not diff <= tol:  # also catches NaN
-        raise MergeMismatch(
-            f"merged logits differ from base + adapter by {diff:.3g} > {tol:.3g}",
-            where=str(adapter),
-            fix="export in float32 (--dtype fp32), and check that --model is the base the "
-            "adapter was trained on",
-        )
+    peft_model, tokenizer, base_name, name = _load_adapted(adapter, model, dtype, device, log)
+    merged, diff, tol, effect = _merge_checked(peft_model, tokenizer, adapter, name, log)
     log(f"saving the merged model to {output} ...")
     info = _card_info(adapter, base_name, kind="merged")
     gguf_path = _save(merged, tokenizer, output, gguf, info, log)
@@ -185,6 +147,58 @@ def export_merged(
         "merged_bytes": m_bytes,
         "gguf": str(gguf_path) if gguf_path else None,
     }
+
+
+def _load_adapted(adapter: Path, model: str | None, dtype: str, device: str, log: Any):
+    """(base + adapter in eval mode, tokenizer, base model name, dtype name): the base is
+    ``model`` or the adapter's own, in ``dtype`` ("trained": the dtype of its training)."""
+    from danka.models.loading import (
+        dtype_name,
+        load_causal_lm,
+        load_tokenizer,
+        pick_device,
+        resolve_dtype,
+    )
+    from danka.tools.adapter_load import attach_adapter
+    from danka.tools.generate import base_model_of, canonical_dtype
+
+    base_name = base_model_of(adapter, model)  # also checks the adapter folder
+    dev = pick_device(device, where="--device")
+    if dtype == "trained":  # the dtype the adapter was trained in (fp32 for a CPU run)
+        dtype = trained_dtype(adapter) or "auto"
+    torch_dtype = resolve_dtype(canonical_dtype(dtype), dev)
+    name = dtype_name(torch_dtype)
+    has_tok = (adapter / "tokenizer_config.json").is_file()
+    tokenizer = load_tokenizer(str(adapter) if has_tok else base_name, log=log)
+    base = load_causal_lm(base_name, dtype=name, device=dev, log=log)
+    peft_model = attach_adapter(base, adapter, base_name=base_name)
+    peft_model.eval()
+    return peft_model, tokenizer, base_name, name
+
+
+def _merge_checked(peft_model, tokenizer, adapter: Path, name: str, log: Any):
+    """(merged model, max |diff|, tolerance, the adapter's own effect): the merge, its
+    logits compared with base + adapter's (module docstring); MergeMismatch past ``tol``."""
+    seqs = check_ids(tokenizer)
+    with_adapter = logits_of(peft_model, seqs)
+    with peft_model.disable_adapter():
+        effect = max_abs_diff(logits_of(peft_model, seqs), with_adapter)
+    merged = peft_model.merge_and_unload()
+    diff = max_abs_diff(logits_of(merged, seqs), with_adapter)
+    scale = max(float(x.abs().max()) for x in with_adapter)
+    tol = RTOL.get(name, 5e-2) * max(1.0, scale)
+    log(
+        f"merge check: max |logits(merged) - logits(base + adapter)| = {diff:.3g} "
+        f"(tolerance {tol:.3g} for {name}; the adapter itself moves logits by up to {effect:.3g})"
+    )
+    if not diff <= tol:  # also catches NaN
+        raise MergeMismatch(
+            f"merged logits differ from base + adapter by {diff:.3g} > {tol:.3g}",
+            where=str(adapter),
+            fix="export in float32 (--dtype fp32), and check that --model is the base the "
+            "adapter was trained on",
+        )
+    return merged, diff, tol, effect
 
 
 def _card_info(folder: Path, base_name: str, *, kind: str) -> dict[str, Any]:

@@ -25,7 +25,8 @@ BUDGET = {
     "logging": 950,  # 873: train.log, metrics.jsonl, console, trackers
     "models": 2900,  # 2687: loading (hub, folder, GGUF), LoRA, value head, chunked
     # log-probs, padding-free attention, FLOPs, CPU threads and OpenMP waits
-    "planning": 1400,  # 1250: the memory plan per phase, engine choice, known shapes
+    "planning": 1550,  # 1412: the memory plan per phase, engine choice, known shapes, and
+    # the whole start-up plan in one call (run_plan: budget, shape, engine, sizes)
     "rewards": 1700,  # 1545: rule rewards, user functions in workers, reward models
     "rm": 550,  # 494: reward-model training (Bradley-Terry)
     "rollout": 4250,  # 3900: HF generate, the fast engine and its Triton kernels, vLLM

@@ -14,10 +14,10 @@ import torch
 from bench.common import parser
 from danka.agent.rewards import final_number, same_number, tool_answer_reward
 from danka.agent.setup import build_agent_loop
-from danka.config.schema import AgentConfig
 from danka.data.calc_task import calc_rows
 from danka.models.loading import load_causal_lm, load_tokenizer, pick_device, stop_ids
 from danka.rollout.base import SamplingParams, build_engine
+from danka.schema.sections import AgentConfig
 
 NO_TOOL = " Reply with only the number."
 WITH_TOOL = " Use the calculator tool, then reply with only the number."

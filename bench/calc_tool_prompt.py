@@ -33,8 +33,8 @@ DESIGNS = ["hermes:none", "smollm:none", "hermes:auto", "smollm:auto", "short:au
 def measure(model, tok, rows, tool_prompt: str, tool_demo: str, args) -> dict:
     from danka.agent.rewards import tool_answer_reward
     from danka.agent.setup import agent_generate, build_agent_loop
-    from danka.config.schema import AgentConfig
     from danka.rollout.base import AnswerOptions
+    from danka.schema.sections import AgentConfig
 
     cfg = AgentConfig(
         tools=["calculator"],

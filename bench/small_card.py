@@ -28,13 +28,13 @@ from bench.common import GIB, add_output_args, environment, free, parser, write_
 from bench.ppo_memory import SIZES, qlora_overrides, random_prompts, save_checkpoint, step_overrides
 from bench.training import pick_size, random_model, run_steps, shape
 from danka.config import load_config
-from danka.config.units import parse_memory
 from danka.models import tiny
 from danka.planning.inputs import PlanInput
 from danka.planning.memory import OVERHEAD_BYTES
 from danka.planning.micro import plan_memory
 from danka.planning.shape import ModelShape
 from danka.rollout.base import build_engine
+from danka.schema.units import parse_memory
 
 
 class _Retries(logging.Handler):

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 # public name -> (module, attribute); resolved by __getattr__ on first use
 _LAZY = {
-    "Config": ("danka.config.schema", "DankaConfig"),
+    "Config": ("danka.schema.sections", "DankaConfig"),
     "train": ("danka.api", "train"),
     "TrainResult": ("danka.api", "TrainResult"),
     "Callback": ("danka.callbacks", "Callback"),

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from danka.config.schema import DankaConfig
+from danka.schema.sections import DankaConfig
 
 ConfigLike = DankaConfig | dict | str | Path
 

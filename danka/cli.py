@@ -98,7 +98,7 @@ def _train(args) -> int:
     from danka import distributed as dist
     from danka.config import config_to_dict
     from danka.config.compat import config_notes, fallback_warnings
-    from danka.config.secrets import mask_secrets
+    from danka.schema.secrets import mask_secrets
 
     if args.help_config:
         from danka.config.help import config_help

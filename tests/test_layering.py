@@ -5,7 +5,8 @@ first (a module belongs to the longest prefix listed):
 0 foundations: errors, registry, types, io, safe_read (bounded reads), limits (number
   ranges), interrupt (SIGTERM unwinds), lifecycle, callbacks (the user's hooks),
   usercode (running code the user named: workers, call contracts, process sweeps),
-  config.schema, config.dtypes, config.secrets, config.moved (where keys moved)
+  schema (the config's typed sections, dtype names, secret masking, where keys moved,
+  memory units)
 1 pure pieces: algorithms, data, checkpoint
 2 models, rewards' building blocks, logging
 3 rollout (generation engines)
@@ -37,10 +38,7 @@ LAYERS = {
     "danka.interrupt": 0,
     "danka.lifecycle": 0,
     "danka.callbacks": 0,
-    "danka.config.schema": 0,
-    "danka.config.dtypes": 0,
-    "danka.config.secrets": 0,
-    "danka.config.moved": 0,
+    "danka.schema": 0,
     "danka.algorithms": 1,
     "danka.data": 1,
     "danka.checkpoint": 1,

@@ -18,7 +18,7 @@ BUDGET = {
     "agent": 2300,  # 2126: the multi-turn loop, tools in sandboxed workers, environments
     "algorithms": 1100,  # 974: advantage estimators, policy losses, KL, rollout correction
     "checkpoint": 1100,  # 1013: the crash-safe commit protocol, verification, retention
-    "config": 2350,  # 2153: the typed schema with help text, loading, per-section checks
+    "config": 1450,  # 1317: loading (YAML + overrides, located errors), per-section checks
     "data": 2250,  # 2055: row formats, templates, splits, tasks, packing, prompt format
     "diagnose": 1600,  # 1447: the run doctor's checks over metrics and completions
     "distributed": 850,  # 767: torch.distributed ranks, FSDP sharding, agreed decisions
@@ -28,6 +28,7 @@ BUDGET = {
     "planning": 1550,  # 1412: the memory plan per phase, engine choice, known shapes, and
     # the whole start-up plan in one call (run_plan: budget, shape, engine, sizes)
     "rewards": 1700,  # 1545: rule rewards, user functions in workers, reward models
+    "schema": 920,  # 840: the config's typed sections with help text, dtypes, secrets, units
     "rm": 550,  # 494: reward-model training (Bradley-Terry)
     "rollout": 4250,  # 3900: HF generate, the fast engine and its Triton kernels, vLLM
     "step": 3050,  # 2810: one training step: stages, records, forwards, update, evaluation

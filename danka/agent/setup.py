@@ -136,7 +136,7 @@ def cli_agent_config(
     """The agent settings of ``danka generate/chat/eval --tools``: ``base`` (a config's
     ``agent`` section, or the defaults) with the flags given on the command line. Without
     a config's tool settings the whole answer may take ``max_turns * max_new_tokens`` tokens."""
-    from danka.config.schema import AgentConfig
+    from danka.schema.sections import AgentConfig
 
     cfg = AgentConfig()
     if base is not None:  # a plain copy: a validated config is read-only

@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-from danka.config.moved import relocate, retire
+from danka.schema.moved import relocate, retire
 
 
 def config_hash(resolved_config: dict) -> str:
@@ -49,7 +49,7 @@ def current_layout(cfg: dict) -> dict:
 def diff_configs(old: dict, new: dict) -> list[str]:
     """One line per changed leaf, dotted keys, sorted: ``"optim.lr: 1e-5 -> 2e-5"``;
     keys present on one side only show ``<unset>`` on the other. A config saved with keys
-    in their older place (danka/config/moved.py) is compared in the current layout."""
+    in their older place (danka/schema/moved.py) is compared in the current layout."""
     a, b = _flatten(current_layout(old)), _flatten(current_layout(new))
     lines = []
     for key in sorted(set(a) | set(b)):

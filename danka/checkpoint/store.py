@@ -202,7 +202,7 @@ def _state_writer(trainer_state: dict, config: dict | None, parts: list[str]):
         torch.save(trainer_state, folder / TRAINER_STATE_NAME)
         (folder / PARTS_NAME).write_text(json.dumps(parts), encoding="utf-8")
         if config is not None:
-            from danka.config.secrets import mask_secrets
+            from danka.schema.secrets import mask_secrets
 
             (folder / CONFIG_NAME).write_text(
                 json.dumps(mask_secrets(config), indent=2, sort_keys=True, default=str),

@@ -1,6 +1,6 @@
 """Typed config: schema (dataclasses), loading (YAML + overrides) and validation."""
 
 from danka.config.load import config_to_dict, load_config
-from danka.config.schema import DankaConfig
+from danka.schema.sections import DankaConfig
 
 __all__ = ["DankaConfig", "config_to_dict", "load_config"]

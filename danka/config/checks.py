@@ -5,12 +5,12 @@ after :func:`danka.config.resolve.resolve` (derived values filled in) and change
 from __future__ import annotations
 
 from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
-from danka.config.schema import DankaConfig
-from danka.config.units import parse_memory
 from danka.data.tasks import check_task_options
 from danka.errors import UserError
 from danka.limits import check_template
 from danka.rollout.base import options_of, unsupported_option
+from danka.schema.sections import DankaConfig
+from danka.schema.units import parse_memory
 
 
 def check_model(cfg: DankaConfig, at) -> None:

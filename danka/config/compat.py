@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from danka.config.schema import DankaConfig
+from danka.schema.sections import DankaConfig
 
 _WARNINGS_ATTR = "_danka_fallback_warnings"
 

@@ -6,7 +6,7 @@ import dataclasses
 import typing
 
 from danka.config.load import _type_name
-from danka.config.schema import DankaConfig
+from danka.schema.sections import DankaConfig
 
 
 def _default(f: dataclasses.Field) -> object:

@@ -15,12 +15,12 @@ from typing import Any
 
 import yaml
 
-from danka.config.moved import new_key, relocate, retire
-from danka.config.schema import LOADERS, DankaConfig
 from danka.config.validate import freeze, validate
 from danka.errors import UserError
 from danka.limits import check_limits
 from danka.safe_read import MAX_CONFIG_BYTES, decode_utf8, load_yaml, read_bytes
+from danka.schema.moved import new_key, relocate, retire
+from danka.schema.sections import LOADERS, DankaConfig
 
 
 def _key_lines(text: str) -> dict[str, int]:

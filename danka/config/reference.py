@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 
 from danka.config.help import config_rows
-from danka.config.schema import DankaConfig
+from danka.schema.sections import DankaConfig
 
 REGENERATE = "python -m danka.config.reference docs/config.md"
 TOP_LEVEL = "top level"
@@ -32,7 +32,7 @@ batch sizes are refused before any model loads, with the nearest valid key in th
 `danka train CONFIG --print-config` shows the resolved values of a config;
 `danka train --help-config` prints this list in the terminal.
 
-This page is generated from the schema's help text (`danka/config/schema.py`); do not edit
+This page is generated from the schema's help text (`danka/schema/sections.py`); do not edit
 it by hand, run `{regenerate}`.
 """
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from danka.algorithms.presets import ALGORITHMS
-from danka.config.dtypes import canonical_dtype
-from danka.config.schema import DankaConfig
+from danka.schema.dtypes import canonical_dtype
+from danka.schema.sections import DankaConfig
 
 # default cap of each rollout correction mode (TRL's token cap, verl's sequence threshold)
 CORRECTION_CAPS = {"none": 3.0, "token_tis": 3.0, "seq_mask": 2.0}

@@ -15,12 +15,12 @@ from danka.algorithms.losses import AGG_MODES, POLICY_LOSSES
 from danka.algorithms.presets import ALGORITHMS
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from danka.config.checks import CHECKS
-from danka.config.dtypes import canonical_dtype
 from danka.config.resolve import resolve
-from danka.config.schema import DankaConfig
 from danka.data.tasks import TASKS
 from danka.errors import UserError
 from danka.rollout.base import LORA_COMPUTE, ROLLOUT_ENGINES
+from danka.schema.dtypes import canonical_dtype
+from danka.schema.sections import DankaConfig
 
 
 class ConfigSource(Protocol):

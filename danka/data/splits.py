@@ -8,10 +8,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from danka.config.schema import DankaConfig
 from danka.data.formats import Columns, ReadOptions, load_prompt_rows
 from danka.data.tasks import task_rows
 from danka.errors import UserError
+from danka.schema.sections import DankaConfig
 from danka.types import PromptRow
 
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from danka.config.schema import LoggingConfig
 from danka.errors import UserError
+from danka.schema.sections import LoggingConfig
 
 
 class Tracker(Protocol):
@@ -177,7 +177,7 @@ def build_trackers(
     UserError comes before any tracker starts; failing services only warn. Secrets in
     ``config`` (keys named like token/key/secret/password) are masked before any tracker
     sees it."""
-    from danka.config.secrets import mask_secrets
+    from danka.schema.secrets import mask_secrets
 
     config = mask_secrets(config)
     tensorboard = settings.tensorboard

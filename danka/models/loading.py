@@ -45,7 +45,7 @@ HUB_PROBE_TIMEOUT_S = 5.0
 
 def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
     """``"auto"`` -> bfloat16 on a CUDA GPU that supports it, else float32; or the named dtype."""
-    from danka.config.dtypes import canonical_dtype
+    from danka.schema.dtypes import canonical_dtype
 
     name = canonical_dtype(name)
     if name == "auto":

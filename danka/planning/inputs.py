@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from danka.config.schema import DankaConfig
+from danka.schema.sections import DankaConfig
 
 
 def _key(dotted: str, default: Any = dataclasses.MISSING):

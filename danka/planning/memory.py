@@ -83,7 +83,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from danka.config.schema import DankaConfig
 from danka.errors import UserError
 from danka.planning.inputs import PlanInput, label
 from danka.planning.shape import ModelShape, load_model_config, vocab_of
@@ -92,6 +91,7 @@ from danka.rollout.fast_options import FUSE_LIMIT_BYTES, SEQ_ROUND
 from danka.rollout.fast_options import PREFILL_BATCH as PREFILL_PROMPTS
 from danka.rollout.fast_slots import bucket_size
 from danka.rollout.vllm_memory import VllmShare, vllm_share
+from danka.schema.sections import DankaConfig
 
 GIB = 2**30
 OVERHEAD_BYTES = 1 * GIB  # CUDA context (~0.5 GiB) + allocator fragmentation

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from danka.config.schema import DankaConfig
-from danka.config.units import GIB, parse_memory
 from danka.errors import UserError
 from danka.planning.engine import choose_engine
 from danka.planning.inputs import PlanInput
@@ -21,6 +19,8 @@ from danka.planning.micro import SizePlan, candidates, check_fits, plan_memory
 from danka.planning.shape import ModelShape, load_model_config, model_config_or_none
 from danka.planning.vllm import engine_memory
 from danka.rollout.base import engine_meta
+from danka.schema.sections import DankaConfig
+from danka.schema.units import GIB, parse_memory
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from danka.config.schema import DankaConfig
 from danka.planning.inputs import PlanInput
 from danka.planning.shape import ModelShape
+from danka.schema.sections import DankaConfig
 
 
 def engine_memory(

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from danka.config.schema import DankaConfig
 from danka.data.template import build_messages
 from danka.errors import UserError
 from danka.rewards.builtin import REWARDS, default_reward_for
@@ -37,6 +36,7 @@ from danka.rewards.custom import CustomReward, is_custom_spec, load_reward_funct
 from danka.rewards.guard import GuardedReward, RewardFunctionError
 from danka.rewards.names import RESERVED, REWARD_MODEL, unique_name
 from danka.rewards.specs import check_reward_spec
+from danka.schema.sections import DankaConfig
 from danka.types import PromptRow
 
 log = logging.getLogger("danka.rewards")

@@ -36,12 +36,12 @@ from pathlib import Path
 
 import torch
 
-from danka.config.schema import DankaConfig
 from danka.data.files import write_text_atomic
 from danka.data.formats import ReadOptions
 from danka.data.pairs import PairColumns, PreferencePair, load_pairs
 from danka.errors import UserError
 from danka.rm.loss import bradley_terry_loss, pair_stats
+from danka.schema.sections import DankaConfig
 
 # Settings danka rm reads; any other key set to a non-default value is refused.
 USED_KEYS = (

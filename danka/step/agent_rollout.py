@@ -17,8 +17,8 @@ from typing import Any
 
 from danka.agent.loop import AgentLoop
 from danka.agent.setup import build_agent_loop, prompt_messages
-from danka.config.schema import DankaConfig
 from danka.errors import UserError
+from danka.schema.sections import DankaConfig
 from danka.step.prompt_set import PromptSet
 from danka.types import PromptRow
 

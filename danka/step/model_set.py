@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
-from danka.config.schema import DankaConfig
 from danka.models.lora import add_adapter, apply_lora, reference_mode, set_active
 from danka.models.value_head import ValueHead
+from danka.schema.sections import DankaConfig
 
 
 @dataclass

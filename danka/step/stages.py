@@ -18,10 +18,10 @@ import torch
 
 from danka import distributed as dist
 from danka.agent.loop import AgentLoop
-from danka.config.schema import DankaConfig
 from danka.models import flops, varlen
 from danka.rewards.combine import RewardComputer
 from danka.rollout.base import RolloutEngine, SamplingParams
+from danka.schema.sections import DankaConfig
 from danka.step import prepare as prep
 from danka.step.algorithm import Algorithm
 from danka.step.answers import SampleContext, sample

@@ -404,11 +404,11 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
 @command("estimate", "GPU memory plan per phase, and whether the config fits", _estimate_args)
 def _estimate(args) -> int:
     from danka.config import load_config
-    from danka.config.units import parse_memory
     from danka.planning.inputs import PlanInput
     from danka.planning.memory import judged, price
     from danka.planning.micro import plan_memory
     from danka.planning.shape import ModelShape, load_model_config
+    from danka.schema.units import parse_memory
     from danka.tools.estimate import format_plan
 
     cfg, base_dir = load_config(args.config, args.overrides)

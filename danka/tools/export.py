@@ -56,10 +56,10 @@ def trained_dtype(adapter: str | Path) -> str | None:
     adapter danka did not train."""
     import re
 
-    from danka.config.dtypes import canonical_dtype
     from danka.io import read_json_object
     from danka.logging.runlog import LINE_PREFIX
     from danka.safe_read import is_regular, open_regular
+    from danka.schema.dtypes import canonical_dtype
 
     adapter = Path(adapter).expanduser().resolve()
     run_dir = adapter.parent.parent

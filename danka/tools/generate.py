@@ -17,11 +17,11 @@ from typing import Any, TextIO
 
 import torch
 
-from danka.config.dtypes import canonical_dtype
 from danka.errors import UserError
 from danka.models.loading import pick_device, stop_ids
 from danka.rollout.base import AnswerOptions
 from danka.safe_read import read_json, refuse_special_files
+from danka.schema.dtypes import canonical_dtype
 from danka.types import PromptRow
 
 EXIT_WORDS = ("/exit", "/quit")

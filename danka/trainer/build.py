@@ -15,7 +15,6 @@ import torch
 
 from danka import distributed as dist
 from danka.agent.loop import AgentLoop
-from danka.config.schema import DankaConfig
 from danka.data.source import data_line, repeats_warning
 from danka.data.splits import load_rows
 from danka.models.loading import pick_device, resolve_dtype, stop_ids
@@ -24,6 +23,7 @@ from danka.planning.micro import SizePlan
 from danka.planning.run_plan import plan_run, planned_sizes
 from danka.rewards.combine import reward_specs
 from danka.rollout.base import build_engine, engine_meta, options_of
+from danka.schema.sections import DankaConfig
 from danka.step.agent_rollout import build_agent
 from danka.step.heldout import Evaluator, build_evaluator
 from danka.step.prompt_order import PromptSampler

@@ -16,7 +16,6 @@ from danka.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from danka.algorithms.kl import KL_ESTIMATORS, KL_MODES, AdaptiveKLController, FixedKLController
 from danka.algorithms.losses import POLICY_LOSSES, PolicyLossParams
 from danka.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
-from danka.config.schema import DankaConfig
 from danka.data.template import control_token_warning, encode_prompts
 from danka.errors import UserError
 from danka.models import varlen
@@ -28,6 +27,7 @@ from danka.models.lora import compute_adapters_in
 from danka.models.speed import compile_forward, enable_tf32
 from danka.rewards.combine import RewardComputer, RewardSpec, build_reward_computer
 from danka.rollout.base import ROLLOUT_ENGINES, check_options, engine_meta, options_of
+from danka.schema.sections import DankaConfig
 from danka.step.agent_rollout import encode_agent_prompts
 from danka.step.algorithm import Algorithm
 from danka.step.dynamic_sampling import DynamicSampler

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from danka import distributed as dist
 from danka.checkpoint.cadence import save_due
-from danka.config.schema import DankaConfig
+from danka.schema.sections import DankaConfig
 
 
 @dataclass(frozen=True)

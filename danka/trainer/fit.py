@@ -24,11 +24,11 @@ from danka import callbacks
 from danka import distributed as dist
 from danka.checkpoint import config_hash
 from danka.config import config_to_dict
-from danka.config.schema import DankaConfig
-from danka.config.secrets import mask_secrets
 from danka.lifecycle import StopRequest, current_stop
 from danka.logging.progress import TrainProgress
 from danka.logging.runlog import close_run_logger, run_logger_open
+from danka.schema.secrets import mask_secrets
+from danka.schema.sections import DankaConfig
 from danka.step.train_step import train_step
 from danka.trainer.build import Built, build
 from danka.trainer.clocks import RunClocks

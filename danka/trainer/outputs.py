@@ -14,8 +14,6 @@ from pathlib import Path
 
 from danka import callbacks
 from danka import distributed as dist
-from danka.config.schema import DankaConfig
-from danka.config.secrets import mask_secrets
 from danka.data.files import write_text_atomic
 from danka.diagnose import Finding, LiveDiagnoser, read_run_dir
 from danka.lifecycle import check_run_lock
@@ -28,6 +26,8 @@ from danka.logging.metrics import (
 )
 from danka.logging.runlog import setup_run_logger
 from danka.logging.trackers import SafeTrackers, build_trackers
+from danka.schema.secrets import mask_secrets
+from danka.schema.sections import DankaConfig
 from danka.step.heldout import EvalResult
 from danka.step.prompt_set import PromptSet
 from danka.step.records import Scored

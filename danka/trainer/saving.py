@@ -31,12 +31,12 @@ from danka.checkpoint.resume_changes import (
     check_layout,
     describe_changes,
 )
-from danka.config.schema import DankaConfig
-from danka.config.secrets import mask_secrets
 from danka.errors import UserError, library_errors
 from danka.lifecycle import check_run_lock
 from danka.model_card import hub_ready_writers
 from danka.models.value_head import load_value_head, save_value_head
+from danka.schema.secrets import mask_secrets
+from danka.schema.sections import DankaConfig
 from danka.step.dynamic_sampling import DynamicSampler
 from danka.step.model_set import ModelSet
 from danka.step.prompt_order import PromptSampler

@@ -105,9 +105,9 @@ def calculator_ab(device: str, *, prompts: int, n: int) -> dict:
     import time
 
     from danka.agent.setup import build_agent_loop, prompt_messages
-    from danka.config.schema import AgentConfig
     from danka.data.calc_task import calc_rows
     from danka.models.loading import load_causal_lm, load_tokenizer, stop_ids
+    from danka.schema.sections import AgentConfig
 
     name = "HuggingFaceTB/SmolLM2-135M-Instruct"
     tok = load_tokenizer(name, log=lambda *_: None)
@@ -149,9 +149,9 @@ def test_kv_reuse_default_follows_the_engine_and_true_is_refused_without_a_sessi
     false: every turn re-prefills through ``generate`` even on the fast engine; true on an
     engine without sessions (HF) is a UserError naming the key, not a silent re-prefill."""
     from danka.agent.loop import _Regenerate, open_session
-    from danka.config.schema import AgentConfig
     from danka.errors import UserError
     from danka.rollout.hf import HFGenerateEngine
+    from danka.schema.sections import AgentConfig
 
     assert AgentConfig().kv_reuse is None
     model = tiny_causal_lm(tiny_tokenizer()).eval()

@@ -8,9 +8,9 @@ import torch
 from danka.agent.env import UserEnvironment, load_environment_class
 from danka.agent.loop import AgentLimits, AgentLoop
 from danka.agent.setup import build_agent_loop
-from danka.config.schema import AgentConfig
 from danka.models.tiny import tiny_tokenizer
 from danka.rollout.base import SamplingParams, finish_batch
+from danka.schema.sections import AgentConfig
 from danka.types import PromptRow
 
 LIMITS = AgentLimits(max_turns=4, max_tool_calls=4, max_total_tokens=400)

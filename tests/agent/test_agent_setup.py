@@ -1,9 +1,9 @@
 import pytest
 
 from danka.agent.setup import build_agent_loop, check_agent_config
-from danka.config.schema import AgentConfig
 from danka.errors import UserError
 from danka.models.tiny import tiny_tokenizer
+from danka.schema.sections import AgentConfig
 
 
 def test_no_tools_no_loop_and_a_tool_loop_from_config():

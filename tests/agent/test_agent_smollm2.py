@@ -5,9 +5,9 @@ import pytest
 from danka.agent.env import UserEnvironment, load_environment_class
 from danka.agent.loop import AgentLimits, AgentLoop
 from danka.agent.setup import build_agent_loop
-from danka.config.schema import AgentConfig
 from danka.rollout.base import SamplingParams
 from danka.rollout.hf import HFGenerateEngine
+from danka.schema.sections import AgentConfig
 from danka.types import PromptRow
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from danka.config import load_config
-from danka.config.schema import DankaConfig
 from danka.errors import UserError
+from danka.schema.sections import DankaConfig
 
 BASE = """\
 model:

@@ -179,7 +179,7 @@ def test_a_finite_but_endless_duration_is_refused(tmp_path, key):
 
 @pytest.mark.parametrize("text", ["1.2.3", "99999999999999999999999TB", "0GB"])
 def test_a_memory_size_that_cannot_be_is_one_message(text):
-    from danka.config.units import parse_memory
+    from danka.schema.units import parse_memory
 
     with pytest.raises(UserError, match="cannot read memory size"):
         parse_memory(text)
@@ -197,7 +197,7 @@ HUGE = "9" * 400
 def test_a_400_digit_memory_size_is_one_message(text):
     """Before: OverflowError (float inf into int) from parse_memory, a traceback in
     --print-config, train and estimate --gpu-memory."""
-    from danka.config.units import parse_memory
+    from danka.schema.units import parse_memory
 
     with pytest.raises(UserError, match="cannot read memory size") as err:
         parse_memory(text)

@@ -1,4 +1,4 @@
-"""Keys in their older place load as the new key (danka/config/moved.py): the agent's
+"""Keys in their older place load as the new key (danka/schema/moved.py): the agent's
 settings once under ``rollout``, packing once under ``data``, and the tutorial's retired
 ``backend`` switches; a resumed run compares an old config.json in the current layout."""
 

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from danka.config.schema import DankaConfig, RewardFunction
-from danka.config.secrets import MASK, is_secret_key, mask_secrets
+from danka.schema.secrets import MASK, is_secret_key, mask_secrets
+from danka.schema.sections import DankaConfig, RewardFunction
 
 
 def test_nested_secrets_are_masked_and_the_input_is_untouched():

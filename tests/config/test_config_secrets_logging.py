@@ -8,9 +8,9 @@ import json
 import logging
 
 from danka.checkpoint import save_checkpoint
-from danka.config.schema import LoggingConfig
-from danka.config.secrets import mask_secrets
 from danka.logging import trackers
+from danka.schema.secrets import mask_secrets
+from danka.schema.sections import LoggingConfig
 
 CONFIG = {
     "reward": {

@@ -9,9 +9,9 @@ import types
 
 import pytest
 
-from danka.config.schema import LoggingConfig
 from danka.errors import UserError
 from danka.logging import SafeTrackers, TensorBoardTracker, build_trackers
+from danka.schema.sections import LoggingConfig
 
 log = logging.getLogger("danka.test")
 

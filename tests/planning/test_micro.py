@@ -219,7 +219,7 @@ def test_the_default_chunk_is_auto_and_a_gpu_plan_sizes_it_to_the_head(tmp_path)
     (152k vocabulary) plan takes 1024 rows (594 MiB of fp32 logits); a tight one shrinks the
     chunk before the micro-batch; a CPU run keeps 1024."""
     cfg = _config(tmp_path, micro_batch_size=4).with_(logprob_chunk_size="auto")
-    from danka.config.schema import SpeedConfig
+    from danka.schema.sections import SpeedConfig
 
     assert SpeedConfig().logprob_chunk_size == "auto"
     plan = _plan(cfg, 10_000 * GIB)

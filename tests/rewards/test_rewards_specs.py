@@ -2,10 +2,10 @@
 
 import pytest
 
-from danka.config.schema import RewardFunction
 from danka.errors import UserError
 from danka.rewards import check_reward_specs
 from danka.rewards.specs import builtin_kwargs, check_reward_weights
+from danka.schema.sections import RewardFunction
 
 
 def fails(specs) -> UserError:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from danka.config.schema import DankaConfig
 from danka.models.tiny import qwen2_7b_config
 from danka.planning.engine import choose_engine
 from danka.planning.memory import GIB
 from danka.rollout.base import EngineOptions, SamplingParams, build_engine
+from danka.schema.sections import DankaConfig
 
 CUDA = torch.device("cuda")
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from danka.config import load_config
-from danka.config.schema import DankaConfig
 from danka.errors import UserError
 from danka.models.tiny import qwen2_0_5b_config
 from danka.planning import vllm as plan_vllm
@@ -24,6 +23,7 @@ from danka.planning.shape import ModelShape
 from danka.rollout.base import EngineOptions, build_engine
 from danka.rollout.vllm_calls import check_vllm, torch_pin_problem
 from danka.rollout.vllm_memory import RESERVE_BYTES, vllm_share
+from danka.schema.sections import DankaConfig
 from tests.rollout import fake_vllm
 
 CUDA = torch.device("cuda")

@@ -3,10 +3,10 @@ import yaml
 
 from danka.cli import main
 from danka.config import load_config
-from danka.config.units import parse_memory
 from danka.models.tiny import qwen2_7b_config
 from danka.planning.memory import GIB, estimate_memory
 from danka.planning.shape import count_parameters
+from danka.schema.units import parse_memory
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

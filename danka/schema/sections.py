@@ -6,7 +6,7 @@ Sections by concern: ``model``, ``trainer`` (the algorithm and the shape of a st
 single-card tutorial's layout (``model``/``trainer``/``lora``/``backend``/``data``/
 ``logging``) is accepted as written: its keys are field names here; keys that moved (out
 of ``trainer``, the agent's out of ``rollout``, packing out of ``data``) and the retired
-``backend`` switches are read through danka/config/moved.py.
+``backend`` switches are read through danka/schema/moved.py.
 """
 
 from __future__ import annotations
@@ -544,5 +544,5 @@ class DankaConfig:
 
 
 # danka.config.load registers its loaders here (it imports this module, not the reverse;
-# importing danka.config.schema runs danka/config/__init__.py, which imports load first)
+# importing danka.schema.sections runs danka/config/__init__.py, which imports load first)
 LOADERS: dict[str, Any] = {}

@@ -15,7 +15,7 @@ in the engine):
 - ``sdpa_cudnn`` / ``_live``: cuDNN attention with the mask (if this build has it);
 - ``sdpa_flash_nomask``: flash attention over L slots WITHOUT a mask: a lower bound (it
   would attend to left padding), not a candidate;
-- ``triton_splitk_live``: ``danka/rollout/triton_decode.py`` (split-K FlashDecoding, GQA
+- ``triton_splitk_live``: ``danka/rollout/fast/triton_decode.py`` (split-K FlashDecoding, GQA
   group in one tile) over the live slots, bounds from ``start``/``slot`` on the device
   instead of a mask (skipped with the reason where triton is missing).
 
@@ -63,7 +63,7 @@ def variants(q, k, v, mask, live, start=None, slot=None):
             return F.scaled_dot_product_attention(qh, kl, vl, enable_gqa=True).view(b, kvh, g, d)
 
     def triton_live():
-        import danka.rollout.triton_decode as tda  # needs triton (CUDA builds ship it)
+        import danka.rollout.fast.triton_decode as tda  # needs triton (CUDA builds ship it)
 
         return tda.decode_attention(q, kl, vl, start, slot)
 

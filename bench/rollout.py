@@ -14,7 +14,7 @@ mean |log-prob diff| to a training forward), ``fast-whole-cache`` (attention ove
 KV capacity), ``fast-compile`` (``rollout.compile``), ``-triton`` variants
 (``rollout.decode_attention: triton``; with it the decode layer runs fused kernels,
 ``fast-triton-unfused`` runs the same engine with the unfused ops: an A/B of
-``danka.rollout.triton_step``), ``hf-dynamic`` (HF generate, dynamic cache) and
+``danka.rollout.fast.triton_step``), ``hf-dynamic`` (HF generate, dynamic cache) and
 ``hf-static`` (static cache; transformers compiles the decode step), and ``vllm``,
 ``vllm-lora-merge``, ``vllm-lora-adapter`` (danka's colocated vLLM engine,
 ``bench/vllm_side.py``; recorded as skipped with the reason where vLLM cannot run). With
@@ -64,8 +64,8 @@ from bench.rollout_real import eos_ids, generated_tokens, goals, gsm8k_prompts
 from bench.vllm_side import VLLM_SIDES, eos_prompts, side_vllm, vllm_skip_reason
 from danka.data.template import left_pad
 from danka.rollout.base import EngineOptions, SamplingParams, build_engine
-from danka.rollout.fast import FastEngine
-from danka.rollout.fast_options import FastExperiments, FastOptions
+from danka.rollout.fast.engine import FastEngine
+from danka.rollout.fast.options import FastExperiments, FastOptions
 
 SHAPES = {
     # Random weights with these configs (no download needed).

@@ -1,6 +1,6 @@
 """The ``vllm`` side of ``python -m bench rollout`` and the prompts of its EOS-on cells.
 
-``side_vllm`` runs danka's vllm engine (colocated vLLM, danka.rollout.vllm_engine) on the
+``side_vllm`` runs danka's vllm engine (colocated vLLM, danka.rollout.vllm.engine) on the
 side's model in this fresh process: the first call (vLLM starts: profiling, torch.compile,
 CUDA-graph capture, the first weight sync), then a timed call, the log-prob gap to a
 training forward and greedy tokens for the agreement with HF. ``vllm-lora-merge`` and
@@ -20,7 +20,7 @@ from danka.rollout.base import SamplingParams
 def vllm_skip_reason(device: str) -> str | None:
     """Why the vllm side cannot run on ``device`` (the engine's own start-up check), or
     None."""
-    from danka.rollout.vllm_calls import check_vllm
+    from danka.rollout.vllm.calls import check_vllm
 
     try:
         check_vllm(torch.device(device).type)
@@ -62,7 +62,7 @@ def side_vllm(args, model, prompts, modes, res: dict, logprob_gap, add_lora) -> 
     prefix and end ids), log-prob gap, greedy tokens. ``logprob_gap(model, batch) ->
     (mean, max)`` and ``add_lora(model)`` are rollout.py's."""
     from bench.common import timed_call
-    from danka.rollout.vllm_engine import VllmEngine
+    from danka.rollout.vllm.engine import VllmEngine
 
     mode = VLLM_SIDES[args.side]
     m = add_lora(model) if mode else model

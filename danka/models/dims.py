@@ -1,7 +1,7 @@
 """A model's dimensions from its transformers config, without weights: H hidden, I
 intermediate, L layers, V vocabulary, q = heads x head_dim, kv = kv_heads x head_dim (the
 text part of a multimodal config). The memory plan (danka.planning) and vLLM's share
-(danka.rollout.vllm_memory) price the same model, so both read it here."""
+(danka.rollout.vllm.memory) price the same model, so both read it here."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ def choose_engine(
     ``prompt_tokens``: the longest training prompt, when the data has been read.
     """
     from danka.planning.vllm import prefers_vllm
-    from danka.rollout.fast_weights import SUPPORTED_MODEL_TYPES
+    from danka.rollout.fast.weights import SUPPORTED_MODEL_TYPES
 
     r, m = cfg.rollout, cfg.model
     quantized = bool(m.load_in_4bit or m.load_in_8bit)

@@ -55,7 +55,7 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
                     LoRA matrices and its KV cache during the rollout and frees them before
                     the update (kept in every phase only with ``rollout.keep_cache: true``)
 * vLLM              ``rollout.engine: vllm`` (or ``backend.vllm.enable_vllm: true``): its
-                    own weight copy, work and KV cache (danka.rollout.vllm_memory) in the
+                    own weight copy, work and KV cache (danka.rollout.vllm.memory) in the
                     rollout; by default it sleeps between rollouts, so only its graphs,
                     workspaces and buffers (``VllmShare.asleep``) stay through the update
                     (with ``rollout.keep_cache: true`` the whole share, in every phase);
@@ -87,10 +87,10 @@ from danka.errors import UserError
 from danka.planning.inputs import PlanInput, label
 from danka.planning.shape import ModelShape, load_model_config, vocab_of
 from danka.rollout.base import keeps_cache
-from danka.rollout.fast_options import FUSE_LIMIT_BYTES, SEQ_ROUND
-from danka.rollout.fast_options import PREFILL_BATCH as PREFILL_PROMPTS
-from danka.rollout.fast_slots import bucket_size
-from danka.rollout.vllm_memory import VllmShare, vllm_share
+from danka.rollout.fast.options import FUSE_LIMIT_BYTES, SEQ_ROUND
+from danka.rollout.fast.options import PREFILL_BATCH as PREFILL_PROMPTS
+from danka.rollout.fast.slots import bucket_size
+from danka.rollout.vllm.memory import VllmShare, vllm_share
 from danka.schema.sections import DankaConfig
 
 GIB = 2**30

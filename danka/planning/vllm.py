@@ -1,7 +1,7 @@
 """The vLLM engine in the memory plan and in ``rollout.engine: auto``.
 
 * the memory plan (danka.planning.memory) adds the GPU share a colocated vLLM holds all run
-  (danka.rollout.vllm_memory's formula at the plan's sizes) to every phase;
+  (danka.rollout.vllm.memory's formula at the plan's sizes) to every phase;
 * ``engine_memory``: that share as vLLM's ``gpu_memory_utilization`` for this card, with
   ``max_model_len``, handed to the engine at start-up (``EngineOptions``);
 * ``VLLM_FASTER_AT`` / ``prefers_vllm``: where ``auto`` picks vLLM over the fast engine when
@@ -62,7 +62,7 @@ VLLM_FASTER_AT: tuple[FasterAt, ...] = ()
 def vllm_installed() -> bool:
     """vLLM is installed for this torch (its start-up check passes on a GPU)."""
     from danka.errors import UserError
-    from danka.rollout.vllm_calls import check_vllm
+    from danka.rollout.vllm.calls import check_vllm
 
     try:
         check_vllm("cuda")

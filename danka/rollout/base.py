@@ -159,7 +159,7 @@ ROLLOUT_ENGINES.add(
 )
 ROLLOUT_ENGINES.add(
     "fast",
-    "danka.rollout.fast:FastEngine",
+    "danka.rollout.fast.engine:FastEngine",
     EngineMeta(
         options={
             "generation_batch_size": "batch_size",
@@ -179,7 +179,7 @@ ROLLOUT_ENGINES.add(
 
 ROLLOUT_ENGINES.add(
     "vllm",
-    "danka.rollout.vllm_engine:VllmEngine",
+    "danka.rollout.vllm.engine:VllmEngine",
     EngineMeta(
         options={
             "generation_batch_size": "max_num_seqs",
@@ -191,7 +191,7 @@ ROLLOUT_ENGINES.add(
         quantized_base=True,
         reports_logprobs=True,
         own_memory=True,
-        check="danka.rollout.vllm_calls:check_vllm",
+        check="danka.rollout.vllm.calls:check_vllm",
         banner="Using vLLM backend (colocated, weights synced every step) for inference",
     ),
 )

@@ -9,7 +9,7 @@ from danka.agent.env import UserEnvironment, load_environment_class
 from danka.agent.loop import AgentLimits, AgentLoop
 from danka.models.tiny import tiny_causal_lm, tiny_tokenizer
 from danka.rollout.base import SamplingParams
-from danka.rollout.fast import FastEngine
+from danka.rollout.fast.engine import FastEngine
 from danka.types import PromptRow
 
 ENV_FILE = '''

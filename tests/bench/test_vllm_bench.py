@@ -14,7 +14,7 @@ import pytest
 
 from bench import rollout
 from bench.vllm_side import vllm_skip_reason
-from tests.rollout import fake_vllm
+from tests.rollout.vllm import fake_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,8 +20,8 @@ from danka import distributed as dist
 from danka.config import load_config
 from danka.models.tiny import tiny_causal_lm
 from danka.rollout.base import SamplingParams
-from danka.rollout.fast import FastEngine
-from danka.rollout.fast_options import FastExperiments, FastOptions
+from danka.rollout.fast.engine import FastEngine
+from danka.rollout.fast.options import FastExperiments, FastOptions
 from danka.step.model_set import build_models
 
 dist.init(torch.device("cpu"))

@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from danka.models.lora import apply_lora, compute_adapters_in
-from tests.rollout.test_fast_engine import DIMS as FAST_DIMS
+from tests.rollout.fast.test_fast_engine import DIMS as FAST_DIMS
 
 DIMS = {**FAST_DIMS, "initializer_range": 0.02}  # HF's default init
 IDS = torch.randint(1, 300, (4, 24), generator=torch.Generator().manual_seed(1))

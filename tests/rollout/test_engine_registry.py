@@ -72,12 +72,14 @@ def test_decode_attention_reaches_the_fast_engine_and_is_validated(monkeypatch):
     # without the triton package: one message saying how to get it (None in sys.modules
     # makes `import triton` raise ImportError, as on a CPU build of torch)
     monkeypatch.setitem(__import__("sys").modules, "triton", None)
-    monkeypatch.delitem(__import__("sys").modules, "danka.rollout.triton_decode", raising=False)
+    monkeypatch.delitem(
+        __import__("sys").modules, "danka.rollout.fast.triton_decode", raising=False
+    )
     with pytest.raises(UserError, match="needs the triton package") as info:
         build_engine("fast", EngineOptions(decode_attention="triton"))
     assert "pip install triton" in info.value.fix
     # auto never fails for a missing triton: SDPA, on any device
-    from danka.rollout.fast_options import resolve_attention
+    from danka.rollout.fast.options import resolve_attention
 
     assert resolve_attention("auto", torch.device("cuda")) == "sdpa"
     assert resolve_attention("auto", torch.device("cpu")) == "sdpa"

@@ -73,8 +73,8 @@ def test_halve_batch_stops_at_one_group():
 
 
 def test_the_fast_engine_halves_its_decode_batch_and_frees_its_cache():
-    from danka.rollout.fast import FastEngine
-    from danka.rollout.fast_options import FastOptions
+    from danka.rollout.fast.engine import FastEngine
+    from danka.rollout.fast.options import FastOptions
 
     engine = FastEngine(FastOptions(batch_size=256))
     engine._k = torch.zeros(1)  # stands for a kept KV cache sized to the old batch

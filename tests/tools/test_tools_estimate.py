@@ -144,7 +144,7 @@ def test_quantized_base_is_frozen_without_an_fp32_cast():
 def test_fast_engine_cache_is_a_batch_bucket_of_rounded_length(tmp_path, counts_7b):
     """The fast engine's KV cache has bucket_size(rows) rows (3 sequences -> the 8-row CUDA
     graph bucket) and the length rounded up to 32 (600 + 100 -> 704); HF's is exact."""
-    from danka.rollout.fast import FastEngine
+    from danka.rollout.fast.engine import FastEngine
 
     engine = FastEngine()
     assert (engine.seq_round, engine.prefill_batch) == (32, 32)  # the plan imports them
@@ -166,7 +166,7 @@ def test_fast_engine_cache_is_a_batch_bucket_of_rounded_length(tmp_path, counts_
 def test_fast_engine_holds_no_weight_copy_for_a_7b(tmp_path, counts_7b):
     cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
-    # fused q|k|v + gate|up are views of the co-located parameters (fast_weights.colocate):
+    # fused q|k|v + gate|up are views of the co-located parameters (fast.colocate):
     # only fp32 copies of the LoRA matrices remain
     assert plan.components["fast engine weight buffers"] == counts_7b[1] * 4
 
@@ -174,7 +174,7 @@ def test_fast_engine_holds_no_weight_copy_for_a_7b(tmp_path, counts_7b):
 def test_fast_engine_cache_counts_in_the_update_only_when_kept(tmp_path, tiny_dir):
     """The fast engine frees its KV cache and buffers before the update unless
     rollout.keep_cache is true (its keeps_cache rule), whatever the model's size."""
-    from danka.rollout.fast_options import keeps_cache
+    from danka.rollout.fast.options import keeps_cache
 
     assert not keeps_cache(None) and not keeps_cache(False) and keeps_cache(True)
     cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])

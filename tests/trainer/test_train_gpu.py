@@ -138,17 +138,17 @@ def test_a_real_cuda_oom_in_the_fast_rollout_halves_the_generation_batch(
 ):
     """The fast engine's generate call at more than 4 sequences meets a real CUDA OOM:
     the rollout runs again in halves and both steps train."""
-    from danka.rollout import fast
+    from danka.rollout.fast.engine import FastEngine
 
     inject = _real_oom_above(4)
-    real = fast.FastEngine._run  # one decode batch (sample() splits the prompts into them)
+    real = FastEngine._run  # one decode batch (sample() splits the prompts into them)
 
     def flaky(self, root, w, prompts, params, *rest):
         if params.n > 1:  # the training rollout (evaluation is greedy, n = 1)
             inject(len(prompts) * params.n)
         return real(self, root, w, prompts, params, *rest)
 
-    monkeypatch.setattr(fast.FastEngine, "_run", flaky)
+    monkeypatch.setattr(FastEngine, "_run", flaky)
     lines = _fit(tmp_path, tiny_model_dir, model=BF16, rollout={"engine": "fast"})
     assert len(lines) == 2 and all(x["skipped_step"] == 0.0 for x in lines)
     log = (tmp_path / "out" / "logs" / "train.log").read_text()

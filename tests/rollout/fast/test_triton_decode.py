@@ -1,4 +1,4 @@
-"""danka/rollout/triton_decode.py (on a GPU, or under Triton's CPU interpreter) vs the fp32
+"""danka/rollout/fast/triton_decode.py (on a GPU, or under Triton's CPU interpreter) vs the fp32
 reference.
 
 Skipped where triton is not importable (CI). Run with triton on the path:
@@ -12,7 +12,7 @@ from .triton_setup import triton_device
 
 DEVICE = triton_device()  # before danka's kernel imports triton
 
-import danka.rollout.triton_decode as tda  # noqa: E402
+import danka.rollout.fast.triton_decode as tda  # noqa: E402
 from bench.decode_attention import matmul_softmax  # noqa: E402
 
 

@@ -21,10 +21,10 @@ from danka.planning.memory import GIB, estimate_memory
 from danka.planning.micro import plan_memory
 from danka.planning.shape import ModelShape
 from danka.rollout.base import EngineOptions, build_engine
-from danka.rollout.vllm_calls import check_vllm, torch_pin_problem
-from danka.rollout.vllm_memory import RESERVE_BYTES, vllm_share
+from danka.rollout.vllm.calls import check_vllm, torch_pin_problem
+from danka.rollout.vllm.memory import RESERVE_BYTES, vllm_share
 from danka.schema.sections import DankaConfig
-from tests.rollout import fake_vllm
+from tests.rollout.vllm import fake_vllm
 
 CUDA = torch.device("cuda")
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"

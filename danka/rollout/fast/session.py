@@ -11,7 +11,7 @@ turn; a session prefills only what its cache does not hold yet. Per turn:
 2. relayout: rows are compacted (samples that ended drop out) and right-aligned so every
    sequence ends at slot ``plen - 1`` (the decode writes one slot for all rows); a cached
    key carries its RoPE position (tokens before it), not its slot, so moving it is exact;
-3. extend: only the new tokens run through the model (:func:`fast_model.extend`),
+3. extend: only the new tokens run through the model (:func:`model.extend`),
    attending to the cached prefix; when nothing is cached (the first turn) each distinct
    sequence is prefilled once and its rows copied (the loop holds n copies of a prompt);
 4. decode with the engine's step (and CUDA graphs); row i then holds its sequence plus
@@ -36,8 +36,8 @@ import torch
 from danka.data.template import common_prefix, distinct, left_pad
 from danka.errors import UserError
 from danka.rollout.base import SamplingParams, finish_batch
-from danka.rollout.fast_model import extend, prefill
-from danka.rollout.fast_sampling import check_eos_ids
+from danka.rollout.fast.model import extend, prefill
+from danka.rollout.fast.sampling import check_eos_ids
 from danka.types import RolloutBatch
 
 

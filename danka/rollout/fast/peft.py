@@ -1,7 +1,7 @@
 """What the fast engine reads of a (peft-wrapped) HF causal LM: the model inside the
 wrappers, the module a layer forwards to, its base layer and its active LoRA adapters.
-Shared by the weight loader (:mod:`danka.rollout.fast_weights`) and the parameter
-co-location (:mod:`danka.rollout.fast_colocate`)."""
+Shared by the weight loader (:mod:`danka.rollout.fast.weights`) and the parameter
+co-location (:mod:`danka.rollout.fast.colocate`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The vllm rollout engine on a CPU, with a fake ``vllm`` module (tests/rollout/fake_vllm.py)
+"""The vllm rollout engine on a CPU, with a fake ``vllm`` module (tests/rollout/vllm/fake_vllm.py)
 that builds its own model from the config alone: only the weight sync makes it generate
 like the policy. Checked: the RolloutBatch is the HF engine's for the same (greedy) tokens,
 EOS and grouping included; after an optimiser step exactly the changed tensors (full), the
@@ -16,8 +16,8 @@ from danka.models.lora import apply_lora
 from danka.models.tiny import tiny_causal_lm, tiny_tokenizer
 from danka.rollout.base import SamplingParams
 from danka.rollout.hf import HFGenerateEngine
-from danka.rollout.vllm_engine import VllmEngine
-from tests.rollout import fake_vllm
+from danka.rollout.vllm.engine import VllmEngine
+from tests.rollout.vllm import fake_vllm
 
 PROMPTS = [[5, 9, 11, 3], [7, 8], [12, 13, 14, 15, 16, 6]]
 GREEDY = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
@@ -220,7 +220,7 @@ def test_lora_compute_base_is_refused():
 
 
 def test_base_weights_go_under_base_layer_where_vllm_wrapped_the_linear():
-    from danka.rollout.vllm_calls import lora_base_names
+    from danka.rollout.vllm.calls import lora_base_names
 
     t = torch.zeros(1)
     names = {  # vLLM's own names with enable_lora (packed q/k/v, gate/up; lm_head wrapped)
@@ -245,7 +245,7 @@ def test_base_weights_go_under_base_layer_where_vllm_wrapped_the_linear():
 
 
 def test_batched_tokens_never_spread_past_the_sequences_block_tables():
-    from danka.rollout.vllm_calls import VllmSpec, batched_tokens
+    from danka.rollout.vllm.calls import VllmSpec, batched_tokens
 
     # the GPU test's engine: 8 prompts x 4 samples, 5 + 32 tokens: 32 x 37 = 1184, not 8192
     # (8192 over 32 dummy requests = 256 tokens each, past a 37-token block table)
@@ -255,3 +255,22 @@ def test_batched_tokens_never_spread_past_the_sequences_block_tables():
     spec = VllmSpec(model="m", dtype="bfloat16", gpu_memory_utilization=0.1,
                     max_model_len=37, max_num_seqs=32, seed=0)  # fmt: skip
     assert spec.llm_kwargs()["max_num_batched_tokens"] == 1184
+
+
+def test_vllm_in_danka_rollout_vllm_is_the_library(monkeypatch):
+    """The engine's package is danka.rollout.vllm, its tests' tests/rollout/vllm: neither
+    shadows the library, as imports are absolute (the fake here, or nothing, is ``vllm``)."""
+    import importlib.util
+    import sys
+
+    import danka.rollout.vllm
+    from danka.rollout.vllm.calls import import_vllm
+
+    fake = fake_vllm.install(monkeypatch)
+    assert import_vllm() is fake is sys.modules["vllm"]
+    monkeypatch.delitem(sys.modules, "vllm")
+    spec = importlib.util.find_spec("vllm")  # None here; the library where it is installed
+    found = [spec.origin, *(spec.submodule_search_locations or [])] if spec else []
+    where = {Path(p).resolve() for p in found if p}
+    ours = {Path(danka.rollout.vllm.__file__).parent, Path(__file__).parent}
+    assert not {p for p in where for d in ours if p == d or d in p.parents}, where

@@ -1,6 +1,6 @@
 """The fast engine's own forward pass for Llama-family decoders (Llama, SmolLM2, Qwen2).
 
-Weights come from :func:`danka.rollout.fast_weights.load_weights` (live, fused q/k/v and
+Weights come from :func:`danka.rollout.fast.weights.load_weights` (live, fused q/k/v and
 gate/up, LoRA adapters unmerged: every linear is ``x @ W.T + b + (x @ A.T) @ B.T``).
 
 Shapes: b = sequences, P = prompt length (left-padded), T = KV-cache capacity, H = hidden,
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from danka.rollout.fast_weights import ModelSpec, Weights
+from danka.rollout.fast.weights import ModelSpec, Weights
 
 
 def rope_tables(root: nn.Module, spec: ModelSpec, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,9 +245,9 @@ def decode_forward(
     ``layer``: the per-layer function (default :func:`decode_layer`; the engine passes a
     ``torch.compile``d one with ``compile=True``); its weights come from
     :func:`split_layers`. ``attention``: ``"sdpa"`` (masked SDPA) or ``"triton"`` (the
-    split-K kernel of :mod:`danka.rollout.triton_decode`, which reads ``start``/``slot``
+    split-K kernel of :mod:`danka.rollout.fast.triton_decode`, which reads ``start``/``slot``
     instead of a mask; that module must have been imported). ``fused``: the layers run
-    :func:`decode_layer_fused` (Triton attention and :mod:`danka.rollout.triton_step`'s
+    :func:`decode_layer_fused` (Triton attention and :mod:`danka.rollout.fast.triton_step`'s
     kernels; ``layer`` and ``attention`` are then not used).
     """
     layer = layer or decode_layer
@@ -302,7 +302,7 @@ def decode_layer(
     v.index_copy_(2, slot, qkv[:, qk_dim:].view(b, spec.kv_heads, 1, spec.head_dim))
     # GQA without copying K/V: the G query heads of a group act as G query positions.
     qg = q.view(b, spec.kv_heads, group, spec.head_dim)
-    if mask is None:  # rollout.decode_attention: triton (danka.rollout.triton_decode)
+    if mask is None:  # rollout.decode_attention: triton (danka.rollout.fast.triton_decode)
         att = torch.ops.danka.decode_attention(qg, k, v, start, slot)
     else:
         att = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
@@ -316,10 +316,10 @@ def decode_layer_fused(
     """:func:`decode_layer` (Triton attention) in the fewest launches: RoPE and the cache
     write in one kernel, ``silu(g) * u`` in one, the residual adds inside the output GEMMs
     (``x.addmm_``), a live adapter's expand step in one kernel per fused projection
-    (:mod:`danka.rollout.triton_step`). ``x`` (b, H) is updated in place; cos/sin are the
+    (:mod:`danka.rollout.fast.triton_step`). ``x`` (b, H) is updated in place; cos/sin are the
     whole tables (T, D), ``pos`` (b,) the rows' positions. Plain layer: 10 launches (the
     unfused one ~18). Each fused op rounds once where the unfused ones round per op."""
-    from danka.rollout import triton_step
+    from danka.rollout.fast import triton_step
 
     b = x.shape[0]
     qkv = _lin_fused(lw, "qkv", rms_norm(x, lw["ln1"], spec.eps))
@@ -345,7 +345,7 @@ def _lin_fused(w: Weights, key: str, x: torch.Tensor) -> torch.Tensor:
     """:func:`_lin` with the adapter's expand step in one kernel (``triton_step.lora_expand``)."""
     if w[key] is None or w[key + ".lb"] is None:
         return _lin(w, key, x)
-    from danka.rollout import triton_step
+    from danka.rollout.fast import triton_step
 
     y, u = _shrunk(w, key, x)
     return triton_step.lora_expand(y, u, w[key + ".lb"])
@@ -359,7 +359,7 @@ def _residual_add(w: Weights, key: str, x: torch.Tensor, a: torch.Tensor) -> tor
         return x + _lin(w, key, a)
     if w[key + ".lb"] is None:
         return x.addmm_(a, w[key].T)
-    from danka.rollout import triton_step
+    from danka.rollout.fast import triton_step
 
     y, u = _shrunk(w, key, a)
     return triton_step.lora_expand(x, u, w[key + ".lb"], y=y)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from danka.rollout.fast_sampling import MAX_EOS
+from danka.rollout.fast.sampling import MAX_EOS
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
 

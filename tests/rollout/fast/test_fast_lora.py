@@ -16,11 +16,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from danka.errors import UserError
 from danka.models.unwrap import unwrap_causal_lm
-from danka.rollout.fast import FastEngine
-from danka.rollout.fast_model import _lin, prefill, rope_tables
-from danka.rollout.fast_options import FastOptions
-from danka.rollout.fast_weights import Owned, _fill, load_weights, model_spec
-from tests.rollout.test_fast_engine import DIMS, _lora_delta_cosines, _lora_layer
+from danka.rollout.fast.engine import FastEngine
+from danka.rollout.fast.model import _lin, prefill, rope_tables
+from danka.rollout.fast.options import FastOptions
+from danka.rollout.fast.weights import Owned, _fill, load_weights, model_spec
+from tests.rollout.fast.test_fast_engine import DIMS, _lora_delta_cosines, _lora_layer
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -62,7 +62,7 @@ def _per_linear_logprobs(model, ids, owned: Owned) -> torch.Tensor:
             ("down", [f.down_proj]),
         ):
             w[f"{i}.{key}"] = _Modules(mods)
-    import danka.rollout.fast_model as fm
+    import danka.rollout.fast.model as fm
 
     real = fm._lin
 
@@ -132,7 +132,7 @@ def test_base_compute_logprobs_match_adapter_path_and_training_forward():
 @pytest.mark.parametrize("mode", ["adapter", "base"])
 def test_lora_delta_cosine_per_mode(mode, monkeypatch):
     """H3's tolerance test (the change an adapter makes, engine vs fp32) in both modes."""
-    import danka.rollout.fast_weights as fw
+    import danka.rollout.fast.weights as fw
 
     monkeypatch.setattr(fw, "Owned", lambda: Owned(lora_compute=mode))
     engine, train = _lora_delta_cosines("cpu")
@@ -200,8 +200,8 @@ def test_release_and_keep_cache_false_hold_no_cache_tensors():
     import weakref
 
     from danka.rollout.base import SamplingParams
-    from danka.rollout.fast_options import keeps_cache
-    from tests.rollout.test_fast_engine import PROMPTS, tiny
+    from danka.rollout.fast.options import keeps_cache
+    from tests.rollout.fast.test_fast_engine import PROMPTS, tiny
 
     assert not keeps_cache(None) and not keeps_cache(False) and keeps_cache(True)
     model = get_peft_model(tiny("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
@@ -257,7 +257,7 @@ def test_engine_sees_a_fused_adamw_step():
     on the UPDATED model."""
     from danka.models.lora import apply_lora
     from danka.rollout.base import SamplingParams, build_engine
-    from tests.rollout.test_fast_engine import PROMPTS, tiny
+    from tests.rollout.fast.test_fast_engine import PROMPTS, tiny
 
     torch.manual_seed(0)
     model = apply_lora(tiny("llama"), r=4, alpha=8, dropout=0.0, target_modules="all-linear")
@@ -337,9 +337,9 @@ def test_merge_compute_sees_every_optimizer_step():
 
 
 def test_merge_is_refused_for_a_model_too_large_for_copies(monkeypatch):
-    import danka.rollout.fast_options as fast_options
+    import danka.rollout.fast.options as fast_options
     from danka.rollout.base import SamplingParams
-    from tests.rollout.test_fast_engine import PROMPTS, tiny
+    from tests.rollout.fast.test_fast_engine import PROMPTS, tiny
 
     monkeypatch.setattr(fast_options, "FUSE_LIMIT_BYTES", 0)  # every model is "too large" now
     model = get_peft_model(tiny("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))

@@ -12,9 +12,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from danka.errors import UserError
 from danka.rollout.base import EngineOptions, SamplingParams, build_engine
-from danka.rollout.fast import FastEngine, bucket_size
-from danka.rollout.fast_options import FastExperiments, FastOptions
-from danka.rollout.fast_sampling import sample_next
+from danka.rollout.fast.engine import FastEngine, bucket_size
+from danka.rollout.fast.options import FastExperiments, FastOptions
+from danka.rollout.fast.sampling import sample_next
 from danka.types import RolloutBatch
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33], [40]]
@@ -317,8 +317,8 @@ def _lora_layer(hidden=1024, out=64, d=0.0025):
 
 
 def test_tiny_lora_delta_is_kept_unmerged_as_in_the_training_forward():
-    from danka.rollout.fast_model import _lin
-    from danka.rollout.fast_weights import Owned, _fill
+    from danka.rollout.fast.model import _lin
+    from danka.rollout.fast.weights import Owned, _fill
 
     d, hidden = 0.0025, 1024
     layer = _lora_layer(hidden, d=d)
@@ -346,8 +346,8 @@ def _lora_delta_cosines(device: str) -> tuple[float, float]:
     from peft import LoraConfig, get_peft_model
 
     from danka.models.unwrap import unwrap_causal_lm
-    from danka.rollout.fast_model import prefill, rope_tables
-    from danka.rollout.fast_weights import Owned, load_weights, model_spec
+    from danka.rollout.fast.model import prefill, rope_tables
+    from danka.rollout.fast.weights import Owned, load_weights, model_spec
 
     torch.manual_seed(0)
     base = LlamaForCausalLM(LlamaConfig(**{**DIMS, "initializer_range": 0.02})).to(device)
@@ -558,7 +558,7 @@ def test_staged_kv_cache_gives_the_tokens_of_one_full_cache(kind):
 def test_staged_decode_moves_only_the_rows_still_going():
     """The second stage's cache holds the unfinished rows only (2 of 8 here), in the
     smallest batch (exact rows without graphs), at the full length."""
-    from danka.rollout.fast_slots import LayerCache
+    from danka.rollout.fast.slots import LayerCache
 
     model = tiny("llama")
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=14)

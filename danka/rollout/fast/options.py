@@ -99,7 +99,7 @@ class FastExperiments:
     # copies take <= FUSE_LIMIT_BYTES (small models; a 7B reads live)
     fuse_weights: bool | None = None
     live_chunk: int = LIVE_CHUNK  # SDPA decode over live slots rounded to this; 0 = all T
-    # Triton attention without compile runs fast_model.decode_layer_fused (~10 launches a
+    # Triton attention without compile runs model.decode_layer_fused (~10 launches a
     # layer instead of ~18); None: on there, False: the unfused ops
     fused_step: bool | None = None
     colocate_weights: bool = True  # q/k/v and gate/up stored back to back: views, no copy
@@ -138,7 +138,7 @@ def _triton_import_error() -> ImportError | None:
     """Import (and so register) the triton kernel's custom op; the ImportError if triton is
     missing."""
     try:
-        import danka.rollout.triton_decode  # noqa: F401
+        import danka.rollout.fast.triton_decode  # noqa: F401
     except ImportError as e:
         return e
     return None

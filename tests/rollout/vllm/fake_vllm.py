@@ -1,5 +1,5 @@
 """A fake ``vllm`` package for CPU tests: the slice of vLLM 0.26's offline API that
-danka.rollout.vllm_calls uses, backed by a plain HF model and a token-by-token decode loop.
+danka.rollout.vllm.calls uses, backed by a plain HF model and a token-by-token decode loop.
 
 ``LLM(model=DIR, load_format="dummy", ...)`` builds its OWN model from ``DIR/config.json``
 with random weights, so only what the weight sync sends makes it generate like the policy;

@@ -2,7 +2,7 @@
 (``rollout.decode_attention: triton``; imported only then: it needs triton, which CUDA builds
 of torch ship and CPU builds do not).
 
-Why a kernel of our own: the fast engine (``danka/rollout/fast_model.py``, ``decode_layer``) runs
+Why a kernel of our own: the fast engine (``danka/rollout/fast/model.py``, ``decode_layer``) runs
 ``F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)`` with the G = Hq / Hkv query
 heads of a KV group as G query rows. SDPA's kernels are tiled for long queries (64+ rows
 per tile); a decode step has G <= 7 query rows per KV head and a short cache (L ~ 256-384

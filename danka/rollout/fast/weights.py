@@ -16,13 +16,13 @@ step, i.e. most of an adapter's first updates. For a fused matrix the
 adapters' A matrices are stacked (``.la``: R x in, R = sum of ranks) and their scaled B
 matrices placed block-diagonally (``.lb``: out x R), one low-rank pair per fused linear.
 Embedding adapters use ``.la`` = stacked A.T (V x R), looked up like the embedding.
-Zero copy: :func:`danka.rollout.fast_colocate.colocate` stores each layer's projection
+Zero copy: :func:`danka.rollout.fast.colocate.colocate` stores each layer's projection
 groups back to back in one buffer each, in place (values unchanged, the same
 ``nn.Parameter`` objects), with rows reserved for live adapters' A matrices; the fused
 matrix is then a view of the model's own weights (``adjacent``) and A is folded into those
 reserved rows (``folded_view``): no engine copy, and every optimizer step is seen without
 re-copying. Otherwise, with ``Owned.fuse`` False (the engine's default when fused copies
-would exceed ``fast_options.FUSE_LIMIT_BYTES``) q/k/v and gate/up are not fused: ``out[key]`` is None and
+would exceed ``options.FUSE_LIMIT_BYTES``) q/k/v and gate/up are not fused: ``out[key]`` is None and
 ``out[key + '.0'/'.1'/'.2']`` are the live weights.
 Nothing is merged into the model.
 """
@@ -35,8 +35,8 @@ import torch
 from torch import nn
 
 from danka.errors import UserError
-from danka.rollout.fast_colocate import adjacent, folded_view
-from danka.rollout.fast_peft import (
+from danka.rollout.fast.colocate import adjacent, folded_view
+from danka.rollout.fast.peft import (
     FALLBACK,
     active_module,
     base_layer,

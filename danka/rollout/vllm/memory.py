@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from danka.rollout.vllm_calls import VLLM_BLOCK, batched_tokens
+from danka.rollout.vllm.calls import VLLM_BLOCK, batched_tokens
 
 GIB = 2**30
 RESERVE_BYTES = GIB

@@ -1,9 +1,9 @@
-"""The fast engine with ``rollout.decode_attention: triton`` (danka/rollout/triton_decode.py)
+"""The fast engine with ``rollout.decode_attention: triton`` (danka/rollout/fast/triton_decode.py)
 against the same engine with SDPA: same tokens, log-probs to float rounding.
 
 On a GPU the kernel is compiled; on a CPU it runs under Triton's interpreter (set before
 triton is first imported, so run this file alone there:
-``PYTHONPATH=/path/to/triton:. python -m pytest -q tests/rollout/test_fast_triton.py``).
+``PYTHONPATH=/path/to/triton:. python -m pytest -q tests/rollout/fast/test_fast_triton.py``).
 Skipped where triton is not importable (CI).
 """
 
@@ -16,8 +16,8 @@ DEVICE = triton_device()  # before danka's kernel imports triton
 
 from danka.errors import UserError  # noqa: E402
 from danka.rollout.base import SamplingParams  # noqa: E402
-from danka.rollout.fast import FastEngine  # noqa: E402
-from danka.rollout.fast_options import FastExperiments, FastOptions  # noqa: E402
+from danka.rollout.fast.engine import FastEngine  # noqa: E402
+from danka.rollout.fast.options import FastExperiments, FastOptions  # noqa: E402
 
 from .test_fast_engine import fast_run, tiny  # noqa: E402
 

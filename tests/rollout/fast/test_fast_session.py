@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from danka.rollout.base import SamplingParams
-from danka.rollout.fast import FastEngine
-from danka.rollout.fast_options import FastExperiments, FastOptions
-from danka.rollout.fast_session import FastSession, _relayout, common_prefix
-from tests.rollout.test_fast_engine import PROMPTS, tiny
+from danka.rollout.fast.engine import FastEngine
+from danka.rollout.fast.options import FastExperiments, FastOptions
+from danka.rollout.fast.session import FastSession, _relayout, common_prefix
+from tests.rollout.fast.test_fast_engine import PROMPTS, tiny
 
 GREEDY = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
 EOS = [299]

@@ -3,7 +3,7 @@
 Why: a decode step of a small model is a chain of ~600 tiny kernels, each a few
 microseconds whatever its size (SmolLM2-135M at 64 rows: the layer's weights are 7 MB, about
 2 us of HBM traffic, but the step took ~70 us a layer). What costs is the number of
-launches, so the step is cut to the fewest (``danka.rollout.fast_model.decode_layer_fused``):
+launches, so the step is cut to the fewest (``danka.rollout.fast.model.decode_layer_fused``):
 
 * :func:`rope_write`: RoPE on the new token's query and key heads and the key/value write
   into the KV cache slot, one launch (it replaces ~8: two products, a roll, a sum, a split,
@@ -21,7 +21,7 @@ need no kernel: ``x.addmm_(a, W.T)`` sums into the residual stream inside the GE
 
 Every function reads device tensors only (no host sync, shapes fixed per call), so the step
 can be captured in a CUDA graph. CPU builds of torch have no triton: the engine imports this
-module only where its decode attention is Triton's (:mod:`danka.rollout.triton_decode`).
+module only where its decode attention is Triton's (:mod:`danka.rollout.fast.triton_decode`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _rope_write_kernel(
 ):  # fmt: skip
     """One (row, kv head): its G query heads and its key rotated at position ``pos[row]``
     (``x * cos + roll(x, D/2) * sin_s``, ``sin_s`` = the signed table of
-    :func:`danka.rollout.fast_model.rope_tables`), the key and value written to cache slot
+    :func:`danka.rollout.fast.model.rope_tables`), the key and value written to cache slot
     ``slot[0]``, the rotated queries to ``q`` (b, HKV, G, D) contiguous."""
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -85,7 +85,7 @@ def rope_write(
     """qkv (b, (Hq + 2 Hkv) * D) (rows may be strided), cos/sin tables (T, D), pos (b,),
     slot (1,) int64, this layer's cache k/v (b, Hkv, T, D) (last dim contiguous) ->
     rotated queries (b, Hkv, G, D); k/v slot ``slot`` now hold the new key (rotated) and
-    value. Same values as ``fast_model._rope`` + ``index_copy_`` up to one rounding."""
+    value. Same values as ``model._rope`` + ``index_copy_`` up to one rounding."""
     b, hkv, _, d = k.shape
     if qkv.stride(1) != 1 or k.stride(3) != 1 or v.stride(3) != 1 or cos_t.stride(1) != 1:
         raise ValueError("rope_write: the last dimensions must be contiguous")
@@ -174,7 +174,7 @@ def lora_expand(
 
     x, y (M, N) and u (M, R) may have strided rows (last dimension contiguous); b (N, R)
     contiguous (the engine's block-diagonal, pre-scaled B of a fused projection,
-    ``danka.rollout.fast_weights``); u and b of one dtype: bf16 (``lora_compute: base``) or
+    ``danka.rollout.fast.weights``); u and b of one dtype: bf16 (``lora_compute: base``) or
     fp32 (``adapter``, IEEE fp32 products: peft's fp32 path up to summation order).
     """
     m, n = x.shape

@@ -1,14 +1,14 @@
-"""danka/rollout/fast_colocate.py: co-located parameters (the fused matrices as views of the
+"""danka/rollout/fast/colocate.py: co-located parameters (the fused matrices as views of the
 model's own weights, no copy; rows reserved for a live adapter's A) and how
-danka/rollout/fast_weights.py reads them, on tiny random models (CPU)."""
+danka/rollout/fast/weights.py reads them, on tiny random models (CPU)."""
 
 import torch
 
 from danka.models.unwrap import unwrap_causal_lm
 from danka.rollout.base import SamplingParams
-from danka.rollout.fast import FastEngine
-from danka.rollout.fast_colocate import adjacent, colocate, reserved_rows
-from danka.rollout.fast_weights import Owned, load_weights, model_spec
+from danka.rollout.fast.colocate import adjacent, colocate, reserved_rows
+from danka.rollout.fast.engine import FastEngine
+from danka.rollout.fast.weights import Owned, load_weights, model_spec
 
 from .test_fast_engine import PROMPTS, fast_run, hf_greedy, tiny
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from danka.rollout.fast_model import rope_tables
-from danka.rollout.fast_slots import LayerCache, Slots, bucket_size
+from danka.rollout.fast.model import rope_tables
+from danka.rollout.fast.slots import LayerCache, Slots, bucket_size
 
 
 def run_staged(eng, root, w, prompts, params, eos_ids, pad_id, graphs: bool, first: int, t: int):

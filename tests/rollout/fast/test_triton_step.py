@@ -1,4 +1,4 @@
-"""danka/rollout/triton_step.py (the fused decode-step kernels) against the unfused ops, on a
+"""danka/rollout/fast/triton_step.py (the fused decode-step kernels) against the unfused ops, on a
 GPU or under Triton's CPU interpreter; and the engine's fused decode layer against the
 unfused one.
 
@@ -13,12 +13,12 @@ from .triton_setup import triton_device
 
 DEVICE = triton_device()  # before danka's kernels import triton
 
-import danka.rollout.triton_decode  # noqa: E402,F401  (registers the attention op)
-from danka.rollout import triton_step  # noqa: E402
+import danka.rollout.fast.triton_decode  # noqa: E402,F401  (registers the attention op)
 from danka.rollout.base import SamplingParams  # noqa: E402
-from danka.rollout.fast import FastEngine  # noqa: E402
-from danka.rollout.fast_model import _rope  # noqa: E402
-from danka.rollout.fast_options import FastExperiments, FastOptions  # noqa: E402
+from danka.rollout.fast import triton_step  # noqa: E402
+from danka.rollout.fast.engine import FastEngine  # noqa: E402
+from danka.rollout.fast.model import _rope  # noqa: E402
+from danka.rollout.fast.options import FastExperiments, FastOptions  # noqa: E402
 
 from .test_fast_engine import fast_run, tiny  # noqa: E402
 
@@ -29,7 +29,7 @@ def _rand(*shape, seed=0, dtype=torch.float32):
 
 
 def _rope_tables(t, d):
-    """cos and the signed sin (first half negated), as fast_model.rope_tables builds them."""
+    """cos and the signed sin (first half negated), as fast.model.rope_tables builds them."""
     inv = 1.0 / (500.0 ** (torch.arange(0, d, 2).float() / d))
     emb = torch.cat([torch.arange(t).float()[:, None] * inv] * 2, dim=-1)
     sin = emb.sin()
@@ -39,7 +39,7 @@ def _rope_tables(t, d):
 
 @pytest.mark.parametrize("heads, kv_heads, d", [(4, 2, 16), (9, 3, 64), (14, 2, 32)])
 def test_rope_write_equals_rope_then_index_copy(heads, kv_heads, d):
-    """Every query head rotated as fast_model._rope rotates it, and exactly the new key
+    """Every query head rotated as fast.model._rope rotates it, and exactly the new key
     (rotated) and value written at ``slot``, nothing else in the cache touched. fp32, so
     the one-rounding kernel and the per-op reference agree to fp32 rounding."""
     b, t, slot = 5, 24, 11

@@ -6,7 +6,7 @@ objects, same values, only the storage moves), with rows reserved right after th
 for its live LoRA adapters' stacked A matrices. The engine then reads a fused matrix as a
 view of the model's own weights (:func:`adjacent`) and folds A into the projection's GEMM
 in the reserved rows (:func:`folded_view`): no weight copy, and every optimizer step is
-seen without re-copying. Used by :mod:`danka.rollout.fast_weights`.
+seen without re-copying. Used by :mod:`danka.rollout.fast.weights`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from danka.rollout.fast_peft import active_module, base_layer, lora_adapters
+from danka.rollout.fast.peft import active_module, base_layer, lora_adapters
 
 
 def adjacent(ts: list[torch.Tensor]) -> torch.Tensor | None:

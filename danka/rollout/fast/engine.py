@@ -2,16 +2,16 @@
 
 Why: on one card the rollout dominates RL time, and HF ``generate`` for a small model is
 bound by Python and kernel launches. This engine runs Llama-family decoders (Llama,
-SmolLM2, Qwen2) with its own forward (:mod:`danka.rollout.fast_model`):
+SmolLM2, Qwen2) with its own forward (:mod:`danka.rollout.fast.model`):
 
 1. read the weights LIVE from the model: q/k/v and gate/up fused as views of the model's
-   own parameters, stored back to back once (:mod:`danka.rollout.fast_colocate`); LoRA
-   adapters applied unmerged (:mod:`danka.rollout.fast_weights`);
+   own parameters, stored back to back once (:mod:`danka.rollout.fast.colocate`); LoRA
+   adapters applied unmerged (:mod:`danka.rollout.fast.weights`);
 2. prefill the left-padded prompts once per prompt, copy the keys/values ``n`` times into a
    static cache ``(layers, B, Hkv, T, D)``, sample the first token;
 3. decode: one token per step for all sequences (embed -> layers -> sample -> bookkeeping,
    all on the device); with Triton attention the layers run fused kernels
-   (:mod:`danka.rollout.triton_step`) and one graph serves every step, as the kernel reads
+   (:mod:`danka.rollout.fast.triton_step`) and one graph serves every step, as the kernel reads
    the live bound on the device; with SDPA attention reads only the live cache slots,
    rounded up to a multiple of ``live_chunk``, one graph per length. On CUDA the step is
    captured in a ``torch.cuda.CUDAGraph`` and replayed; on CPU it runs eagerly;
@@ -21,7 +21,7 @@ SmolLM2, Qwen2) with its own forward (:mod:`danka.rollout.fast_model`):
 Memory, sized to the work: the engine holds no weight copy (only a live adapter's small
 stacked B copies); the KV cache holds the call's rows for its longest prompt plus
 ``max_new_tokens``, rounded up to ``seq_round`` (32) slots, and is staged
-(:mod:`danka.rollout.fast_staged`): the rows first hold the prompt + ``first_stage`` new
+(:mod:`danka.rollout.fast.staged`): the rows first hold the prompt + ``first_stage`` new
 tokens, then the rows still going move, compacted, into the full-length cache. By default
 (``keep_cache`` None or False) all of it (KV cache, buffers, graphs) is freed at the end of
 each call, i.e. before the trainer's update, and the graphs are captured again at the next
@@ -46,19 +46,19 @@ from danka.rollout.base import (
     SamplingParams,
     halve_groups,
 )
-from danka.rollout.fast_colocate import colocate
-from danka.rollout.fast_model import decode_forward, decode_layer, prefill, rope_tables
-from danka.rollout.fast_options import (
+from danka.rollout.fast.colocate import colocate
+from danka.rollout.fast.model import decode_forward, decode_layer, prefill, rope_tables
+from danka.rollout.fast.options import (
     FastExperiments,
     FastOptions,
     FastPath,
     resolve_lora_compute,
     resolve_path,
 )
-from danka.rollout.fast_sampling import check_eos_ids, sample_next
-from danka.rollout.fast_slots import Slots, bucket_size, draw_seed
-from danka.rollout.fast_staged import run_staged
-from danka.rollout.fast_weights import (
+from danka.rollout.fast.sampling import check_eos_ids, sample_next
+from danka.rollout.fast.slots import Slots, bucket_size, draw_seed
+from danka.rollout.fast.staged import run_staged
+from danka.rollout.fast.weights import (
     ModelSpec,
     Owned,
     Weights,
@@ -166,9 +166,9 @@ class FastEngine(RolloutEngine):
         return responses, logprobs
 
     def session(self, model, *, eos_ids, pad_id, generator=None):
-        """A :class:`~danka.rollout.fast_session.FastSession`: generate turn after turn for
+        """A :class:`~danka.rollout.fast.session.FastSession`: generate turn after turn for
         the same samples, re-using each one's KV cache for the prefix it already holds."""
-        from danka.rollout.fast_session import FastSession
+        from danka.rollout.fast.session import FastSession
 
         return FastSession(self, model, eos_ids=eos_ids, pad_id=pad_id, generator=generator)
 

@@ -18,7 +18,7 @@ from danka.models.tiny import save_tiny_model, tiny_causal_lm, tiny_tokenizer
 from danka.rollout.base import SamplingParams
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROMPTS = [[5 + i, 9, 11, 3 + i, 7] for i in range(8)]
 SAMPLE = SamplingParams(n=4, temperature=1.0, max_new_tokens=32)
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -29,7 +29,7 @@ def _vllm_or_skip():
         pytest.skip("needs a CUDA GPU")
     import os
 
-    from danka.rollout.vllm_calls import ENV
+    from danka.rollout.vllm.calls import ENV
 
     for k, v in ENV.items():
         os.environ.setdefault(k, v)
@@ -95,7 +95,7 @@ def follow(mode: str, sleep: bool = False) -> dict:
     H200, 2026-12-03, one engine's start-up fault failed every later CUDA test of the
     suite): the log-prob gap before and after an optimiser step, and (``sleep``) what
     waking maps again against vLLM's sleep pool."""
-    from danka.rollout.vllm_engine import VllmEngine
+    from danka.rollout.vllm.engine import VllmEngine
 
     model = policy(lora=mode != "full")
     engine = VllmEngine(lora_mode="auto" if mode == "full" else mode,
@@ -125,7 +125,7 @@ def follow(mode: str, sleep: bool = False) -> dict:
 
 def run_follow(mode: str, sleep: bool, tmp_path) -> dict:
     out = tmp_path / "follow.json"
-    code = ("import json, pathlib; from tests.rollout.test_vllm_gpu import follow; "
+    code = ("import json, pathlib; from tests.rollout.vllm.test_vllm_gpu import follow; "
             f"pathlib.Path({str(out)!r}).write_text(json.dumps(follow({mode!r}, {sleep!r})))")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)  # fmt: skip

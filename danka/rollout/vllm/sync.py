@@ -30,9 +30,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from danka.models.unwrap import unwrap_causal_lm
-from danka.rollout.fast_peft import active_module, lora_adapters
-
-LORA_MODES = ("auto", "merge", "adapter")
+from danka.rollout.fast.peft import active_module, lora_adapters
 
 
 class StepMarks:

@@ -11,8 +11,8 @@ import torch
 
 from danka.errors import UserError
 from danka.planning import memory
-from danka.rollout.fast import FastEngine
-from danka.rollout.fast_options import (
+from danka.rollout.fast.engine import FastEngine
+from danka.rollout.fast.options import (
     FastExperiments,
     FastOptions,
     FastPath,
@@ -63,7 +63,9 @@ def test_auto_resolved_on_a_cpu_by_hand():
 
 def test_auto_on_cuda_without_triton_is_sdpa_with_graphs(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "triton", None)
-    monkeypatch.delitem(__import__("sys").modules, "danka.rollout.triton_decode", raising=False)
+    monkeypatch.delitem(
+        __import__("sys").modules, "danka.rollout.fast.triton_decode", raising=False
+    )
     path = resolve_path(FastOptions(), FastExperiments(), CUDA, copy_bytes=0)
     assert (path.attention, path.fused_step, path.cuda_graphs) == ("sdpa", False, True)
     off = resolve_path(FastOptions(), FastExperiments(use_cuda_graph=False), CUDA, 0)
@@ -81,7 +83,7 @@ def test_paths_that_cannot_run_are_refused():
 
 def test_the_chosen_path_is_logged_once(caplog):
     from danka.rollout.base import SamplingParams
-    from tests.rollout.test_fast_engine import PROMPTS, tiny
+    from tests.rollout.fast.test_fast_engine import PROMPTS, tiny
 
     model, engine = tiny("llama"), FastEngine()
     params = SamplingParams(n=1, max_new_tokens=2)

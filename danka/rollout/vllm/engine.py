@@ -7,10 +7,10 @@ own fast engine on the same step. Optional: ``pip install 'danka[vllm]'``.
 
 1. start (first ``generate``): ``LLM`` on a folder holding the policy's config only, with
    dummy weights (a 4-bit base: vLLM loads and quantises the base itself), its memory the
-   share the memory plan gives it (``gpu_memory_utilization``, danka.rollout.vllm_memory),
+   share the memory plan gives it (``gpu_memory_utilization``, danka.rollout.vllm.memory),
    ``max_num_seqs`` = the planned sequences per call, ``max_model_len`` = prompt + new
    tokens;
-2. sync (every ``generate``): what changed since the last one (danka.rollout.vllm_sync):
+2. sync (every ``generate``): what changed since the last one (danka.rollout.vllm.sync):
    the first time everything; then the tensors an optimiser stepped, LoRA adapters merged
    into their weights (``lora_compute: merge``, the default on a 16-bit base) or the adapter
    itself as a vLLM LoRA (``lora_compute: adapter``, the only way on a 4-bit base);
@@ -24,7 +24,7 @@ own fast engine on the same step. Optional: ``pip install 'danka[vllm]'``.
    colocate mode does; BENCHMARKS.md has its peak against the fast engine's, asleep and
    awake). ``true``: vLLM keeps its share all run (only changed tensors sent).
 
-Every vLLM call is in :mod:`danka.rollout.vllm_calls` (``VllmCalls``), which tests replace.
+Every vLLM call is in :mod:`danka.rollout.vllm.calls` (``VllmCalls``), which tests replace.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from danka.errors import UserError
 from danka.models.dims import dims
 from danka.models.unwrap import unwrap_causal_lm
 from danka.rollout.base import RolloutEngine, Sampled, keeps_cache
-from danka.rollout.vllm_calls import VllmCalls, VllmSpec, lora_rank
-from danka.rollout.vllm_memory import GIB, vllm_share
-from danka.rollout.vllm_sync import WeightSync, peft_model
+from danka.rollout.vllm.calls import VllmCalls, VllmSpec, lora_rank
+from danka.rollout.vllm.memory import GIB, vllm_share
+from danka.rollout.vllm.sync import WeightSync, peft_model
 
 # rollout.lora_compute for this engine: auto = merge on a 16/32-bit base, adapter on 4-bit
 VLLM_LORA = ("auto", "merge", "adapter")

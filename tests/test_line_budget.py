@@ -30,7 +30,7 @@ BUDGET = {
     "rewards": 1700,  # 1545: rule rewards, user functions in workers, reward models
     "schema": 920,  # 840: the config's typed sections with help text, dtypes, secrets, units
     "rm": 550,  # 494: reward-model training (Bradley-Terry)
-    "rollout": 4250,  # 3900: HF generate, the fast engine and its Triton kernels, vLLM
+    "rollout": 4250,  # 3963: HF generate, the fast engine and its Triton kernels, vLLM
     "step": 3050,  # 2810: one training step: stages, records, forwards, update, evaluation
     "tools": 4150,  # 3841: generate, chat, eval, plot and report, export, estimate, push
     "trainer": 1800,  # 1625: the run around the step: build, fit, outputs, saves, resume

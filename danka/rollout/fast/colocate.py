@@ -54,8 +54,9 @@ def _adapter_rank(mods: list[nn.Module]) -> int:
     rank = 0
     for m in mods:
         active = active_module(m)
-        rank += sum(active.lora_A[a].weight.shape[0] for a in lora_adapters(active)
-                    if a in active.lora_A)  # fmt: skip
+        rank += sum(
+            active.lora_A[a].weight.shape[0] for a in lora_adapters(active) if a in active.lora_A
+        )
     return rank
 
 
@@ -90,8 +91,9 @@ def colocate(root: nn.Module) -> int:
             if len(ps) == 1 and not extra:
                 continue  # one module, nothing to reserve: already "fused"
             rows = sum(p.shape[0] for p in ps)
-            buf = torch.zeros((rows + extra, *ps[0].shape[1:]), dtype=ps[0].dtype,
-                              device=ps[0].device)  # fmt: skip
+            buf = torch.zeros(
+                (rows + extra, *ps[0].shape[1:]), dtype=ps[0].dtype, device=ps[0].device
+            )
             r = 0
             for p in ps:
                 n = p.shape[0]

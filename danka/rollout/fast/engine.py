@@ -274,8 +274,11 @@ class FastEngine(RolloutEngine):
         st.pad.fill_(pad_id)
         st.eos.fill_(-1)
         st.eos[: len(eos_ids)] = torch.tensor(eos_ids, dtype=torch.long)
-        return (params.greedy, 0 if params.greedy else params.top_k,
-                not params.greedy and params.top_p < 1.0)  # fmt: skip
+        return (
+            params.greedy,
+            0 if params.greedy else params.top_k,
+            not params.greedy and params.top_p < 1.0,
+        )
 
     def live_length(self, slot: int, t: int) -> int:
         """Cache slots the decode step writing ``slot`` attends over: ``slot + 1`` rounded
@@ -309,9 +312,13 @@ class FastEngine(RolloutEngine):
         (``key``: greedy, top-k, top-p on)."""
         top_p = st.top_p if key[2] else None
         return sample_next(
-            logits, greedy=key[0], temperature=st.temperature, top_k=key[1], top_p=top_p,
+            logits,
+            greedy=key[0],
+            temperature=st.temperature,
+            top_k=key[1],
+            top_p=top_p,
             gen=self._gen,
-        )  # fmt: skip
+        )
 
     def _start_decode(self, st: Slots, lens: torch.Tensor, plen: int) -> None:
         """The decode state after a prefill: row i holds ``lens[i]`` tokens ending at slot
@@ -328,8 +335,9 @@ class FastEngine(RolloutEngine):
         st.slot.fill_(plen)
         st.gen.fill_(1)
 
-    def _decode_steps(self, w, st: Slots, key, k, v, plen: int, ran: int, new: int, cap: int,
-                      graphs: bool) -> tuple[int, bool]:  # fmt: skip
+    def _decode_steps(
+        self, w, st: Slots, key, k, v, plen: int, ran: int, new: int, cap: int, graphs: bool
+    ) -> tuple[int, bool]:
         """Decode steps from step ``ran`` until ``new - 1`` steps ran, every row finished, or
         the cache of ``cap`` slots is full -> (steps run in all, whether decoding is over)."""
         t = k.shape[3]

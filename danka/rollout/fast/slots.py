@@ -47,10 +47,19 @@ class Slots:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         return cls(
-            tok=z(b), pos=z(b), start=z(b), done=z(b, dtype=torch.bool), slot=z(1), gen=z(1),
-            out_tok=z(b, t), out_lp=z(b, t, dtype=torch.float32), eos=z(MAX_EOS), pad=z(),
-            temperature=z(dtype=torch.float32), top_p=z(dtype=torch.float32),
-        )  # fmt: skip
+            tok=z(b),
+            pos=z(b),
+            start=z(b),
+            done=z(b, dtype=torch.bool),
+            slot=z(1),
+            gen=z(1),
+            out_tok=z(b, t),
+            out_lp=z(b, t, dtype=torch.float32),
+            eos=z(MAX_EOS),
+            pad=z(),
+            temperature=z(dtype=torch.float32),
+            top_p=z(dtype=torch.float32),
+        )
 
 
 def draw_seed(generator: torch.Generator | None) -> int:

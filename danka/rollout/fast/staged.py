@@ -39,8 +39,9 @@ def _staged(eng, w, prompts, params, eos_ids, pad_id, graphs: bool, first: int, 
     rows = len(prompts) * n
     plen = max(len(p) for p in prompts)
     b = bucket_size(rows, graphs)
-    k = LayerCache.zeros(spec.layers, (b, spec.kv_heads, first, spec.head_dim), spec.dtype,
-                         spec.device)  # fmt: skip
+    k = LayerCache.zeros(
+        spec.layers, (b, spec.kv_heads, first, spec.head_dim), spec.dtype, spec.device
+    )
     v = LayerCache.zeros(spec.layers, k.shape[1:], spec.dtype, spec.device)
     st, key = _stage_slots(eng, b, first, params, eos_ids, pad_id)
     eng._ensure_graph(w, st, key, k, v, graphs, plen, min(new, first - plen + 1))

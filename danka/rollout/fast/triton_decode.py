@@ -41,14 +41,37 @@ MIN_ROWS = 16  # tl.dot needs M >= 16: the G query heads are padded up to this
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, start_ptr, slot_ptr, m_ptr, l_ptr, acc_ptr,
-    sq_b, sq_h, sq_g, sq_d,
-    sk_b, sk_h, sk_l, sk_d,
-    sv_b, sv_h, sv_l, sv_d,
-    H, G, L, D, qk_scale,
-    CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    start_ptr,
+    slot_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    sq_b,
+    sq_h,
+    sq_g,
+    sq_d,
+    sk_b,
+    sk_h,
+    sk_l,
+    sk_d,
+    sv_b,
+    sv_h,
+    sv_l,
+    sv_d,
+    H,
+    G,
+    L,
+    D,
+    qk_scale,
+    CHUNK: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_L: tl.constexpr,
     DOT_FP32: tl.constexpr,
-):  # fmt: skip
+):
     """One (row, kv head, split): online softmax over the valid slots of
     [split * CHUNK, (split + 1) * CHUNK); writes m, l (BLOCK_G,) and the unnormalised acc
     (BLOCK_G, BLOCK_D) to the scratch (b * Hkv, splits, BLOCK_G[, BLOCK_D]).
@@ -128,9 +151,16 @@ def _split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    m_ptr, l_ptr, acc_ptr, out_ptr, G, D,
-    NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    out_ptr,
+    G,
+    D,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """One (row, kv head): merge the splits' (m, l, acc) -> out (G, D) (contiguous)."""
     pid_bh = tl.program_id(0)
     offs_g = tl.arange(0, BLOCK_G)
@@ -204,12 +234,28 @@ def decode_attention(
     out = torch.empty(b, h, g, d, device=q.device, dtype=q.dtype)
     log2e = 1.4426950408889634
     _split_kernel[(b * h, splits)](
-        q, k, v, start, slot, m, l_, acc,
-        *q.stride(), *k.stride(), *v.stride(),
-        h, g, live, d, d**-0.5 * log2e,
-        CHUNK=chunk, BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_L=BLOCK_L,
+        q,
+        k,
+        v,
+        start,
+        slot,
+        m,
+        l_,
+        acc,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        h,
+        g,
+        live,
+        d,
+        d**-0.5 * log2e,
+        CHUNK=chunk,
+        BLOCK_G=block_g,
+        BLOCK_D=block_d,
+        BLOCK_L=BLOCK_L,
         DOT_FP32=not q.is_cuda or q.dtype == torch.float32,
-    )  # fmt: skip
+    )
     _combine_kernel[(b * h,)](
         m, l_, acc, out, g, d, NUM_SPLITS=splits, BLOCK_G=block_g, BLOCK_D=block_d
     )

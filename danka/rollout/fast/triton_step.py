@@ -33,11 +33,30 @@ import triton.language as tl
 
 @triton.jit
 def _rope_write_kernel(
-    qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, k_ptr, v_ptr, q_ptr,
-    s_qkv, s_cos, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l,
-    HQ, HKV, G, D,
-    HALF: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    slot_ptr,
+    k_ptr,
+    v_ptr,
+    q_ptr,
+    s_qkv,
+    s_cos,
+    sk_b,
+    sk_h,
+    sk_l,
+    sv_b,
+    sv_h,
+    sv_l,
+    HQ,
+    HKV,
+    G,
+    D,
+    HALF: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """One (row, kv head): its G query heads and its key rotated at position ``pos[row]``
     (``x * cos + roll(x, D/2) * sin_s``, ``sin_s`` = the signed table of
     :func:`danka.rollout.fast.model.rope_tables`), the key and value written to cache slot
@@ -66,8 +85,11 @@ def _rope_write_kernel(
     k = tl.load(kcol + offs_d, mask=dmask, other=0.0).to(tl.float32)
     kr = tl.load(kcol + rot, mask=dmask, other=0.0).to(tl.float32)
     kout = k * cos + kr * sin
-    tl.store(k_ptr + row * sk_b + head * sk_h + slot * sk_l + offs_d, kout.to(k_ptr.dtype.element_ty),
-             mask=dmask)  # fmt: skip
+    tl.store(
+        k_ptr + row * sk_b + head * sk_h + slot * sk_l + offs_d,
+        kout.to(k_ptr.dtype.element_ty),
+        mask=dmask,
+    )
     v = tl.load(base + (HQ + HKV + head) * D + offs_d, mask=dmask, other=0.0)
     tl.store(v_ptr + row * sv_b + head * sv_h + slot * sv_l + offs_d, v, mask=dmask)
 
@@ -92,12 +114,30 @@ def rope_write(
     g = heads // hkv
     q = torch.empty(b, hkv, g, d, device=qkv.device, dtype=qkv.dtype)
     _rope_write_kernel[(b, hkv)](
-        qkv, cos_t, sin_t, pos, slot, k, v, q,
-        qkv.stride(0), cos_t.stride(0), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        heads, hkv, g, d,
-        HALF=d // 2, BLOCK_G=triton.next_power_of_2(g), BLOCK_D=triton.next_power_of_2(d),
-    )  # fmt: skip
+        qkv,
+        cos_t,
+        sin_t,
+        pos,
+        slot,
+        k,
+        v,
+        q,
+        qkv.stride(0),
+        cos_t.stride(0),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        heads,
+        hkv,
+        g,
+        d,
+        HALF=d // 2,
+        BLOCK_G=triton.next_power_of_2(g),
+        BLOCK_D=triton.next_power_of_2(d),
+    )
     return q
 
 
@@ -129,10 +169,23 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _lora_expand_kernel(
-    x_ptr, y_ptr, u_ptr, b_ptr, M, N, s_x, s_y, s_u, s_b,
-    R: tl.constexpr, HAS_Y: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    u_ptr,
+    b_ptr,
+    M,
+    N,
+    s_x,
+    s_y,
+    s_u,
+    s_b,
+    R: tl.constexpr,
+    HAS_Y: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     UPCAST: tl.constexpr,
-):  # fmt: skip
+):
     """One (row block, column block): ``x (+ y) + u @ B.T`` summed in fp32 (the low-rank
     product over R in blocks of BLOCK_R), rounded once into x. ``UPCAST``: both products
     in IEEE fp32 (fp32 adapters; and the CPU interpreter, whose Triton 3.6 ``tl.dot`` of
@@ -146,10 +199,16 @@ def _lora_expand_kernel(
     for r0 in range(0, R, BLOCK_R):
         ranks = r0 + tl.arange(0, BLOCK_R)
         km = ranks < R
-        u = tl.load(u_ptr + rows[:, None] * s_u + ranks[None, :], mask=rmask[:, None] & km[None, :],
-                    other=0.0)  # fmt: skip
-        bt = tl.load(b_ptr + cols[None, :] * s_b + ranks[:, None], mask=km[:, None] & cmask[None, :],
-                     other=0.0)  # (BLOCK_R, BLOCK_N) = B.T block  # fmt: skip
+        u = tl.load(
+            u_ptr + rows[:, None] * s_u + ranks[None, :],
+            mask=rmask[:, None] & km[None, :],
+            other=0.0,
+        )
+        bt = tl.load(
+            b_ptr + cols[None, :] * s_b + ranks[:, None],
+            mask=km[:, None] & cmask[None, :],
+            other=0.0,
+        )  # (BLOCK_R, BLOCK_N) = B.T block
         if UPCAST:
             acc += tl.dot(u.to(tl.float32), bt.to(tl.float32), input_precision="ieee")
         else:
@@ -191,9 +250,21 @@ def lora_expand(
     block_n = 64
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _lora_expand_kernel[grid](
-        x, x if y is None else y, u, b, m, n, x.stride(0),
-        x.stride(0) if y is None else y.stride(0), u.stride(0), b.stride(0),
-        R=r, HAS_Y=y is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r,
+        x,
+        x if y is None else y,
+        u,
+        b,
+        m,
+        n,
+        x.stride(0),
+        x.stride(0) if y is None else y.stride(0),
+        u.stride(0),
+        b.stride(0),
+        R=r,
+        HAS_Y=y is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_R=block_r,
         UPCAST=u.dtype == torch.float32 or not x.is_cuda,
-    )  # fmt: skip
+    )
     return x

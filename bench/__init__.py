@@ -2,6 +2,8 @@
 
 Each benchmark is a module with ``main(argv) -> int``; ``bench/__main__.py`` lists them.
 Results go to ``bench/results/`` (one current JSON per benchmark, ``INDEX.md`` says what
-each measured). Every place a benchmark reaches into danka's trainer internals is in
-``danka_side.py``.
+each measured). The modules are grouped by the question they answer: ``speed/``,
+``memory/``, ``learning/``, ``peers/`` (vs another framework); ``lib/`` holds what two
+groups share, ``gpu/`` the GPU session scripts. Every place a benchmark reaches into
+danka's trainer internals is in ``lib/danka_side.py``.
 """

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bench.common import parser
+from bench.lib.common import parser
 
 RESULTS = Path(__file__).resolve().parent / "results"
 Row = tuple[str, str, str]  # what, measured, file

@@ -119,7 +119,7 @@ CHAIN_TEMPLATE = (
 # instruction to answer after "####" (0% strict on every chain measured without it) and
 # copies an example placed inside the question; as its own earlier answer it follows the
 # format. Writing the equation is the reasoning that matters: 46% of two-digit sums right
-# with it, 2% when the example answers with the bare "#### 83" (bench/task_candidates.py).
+# with it, 2% when the example answers with the bare "#### 83" (bench/learning/task_candidates.py).
 CHAIN_DEMO = (("What is 36 + 47? " + CHAIN_TEMPLATE.split("? ", 1)[1], "36 + 47 = 83\n#### 83"),)
 
 

@@ -1,6 +1,6 @@
 """bench/ has one entry point, every subcommand is a module with ``main(argv)``, only
-``bench/danka_side.py`` reaches into ``danka.trainer``, and no bench module imports in a
-circle."""
+``bench/lib/danka_side.py`` reaches into ``danka.trainer``, a group (speed/, memory/, ...)
+imports only from itself and lib/, and no bench module imports in a circle."""
 
 from __future__ import annotations
 
@@ -11,11 +11,18 @@ from pathlib import Path
 from bench.__main__ import COMMANDS, main
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-OWN_ENTRY_POINT = {"__main__.py"}
+OWN_ENTRY_POINT = {"bench.__main__"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(BENCH.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _trees() -> dict[str, ast.Module]:
-    return {p.name: ast.parse(p.read_text(), str(p)) for p in sorted(BENCH.glob("*.py"))}
+    """Every bench module by its dotted name (``bench.speed.rollout``), parsed."""
+    paths = sorted(BENCH.rglob("*.py"))
+    return {_module_name(p): ast.parse(p.read_text(), str(p)) for p in paths}
 
 
 def _imports(tree: ast.Module) -> set[str]:
@@ -37,6 +44,11 @@ def test_one_entry_point():
     assert blocks == OWN_ENTRY_POINT, "use python -m bench SUB, not a script"
 
 
+def test_the_top_holds_only_the_entry_point_and_summary():
+    top = {p.name for p in BENCH.glob("*.py")}
+    assert top == {"__init__.py", "__main__.py", "summary.py"}, "a module goes in a group"
+
+
 def test_every_subcommand_is_a_module_with_main():
     for name, (module, _) in COMMANDS.items():
         if importlib.util.find_spec(module) is None:  # another branch's module, not here yet
@@ -51,18 +63,46 @@ def test_only_danka_side_imports_trainer_internals():
         name: sorted(i for i in _imports(tree) if i.startswith("danka.trainer"))
         for name, tree in _trees().items()
     }
-    assert {name: got for name, got in reach.items() if got and name != "danka_side.py"} == {}
+    allowed = "bench.lib.danka_side"
+    assert {name: got for name, got in reach.items() if got and name != allowed} == {}
+
+
+def _bench_imports(tree: ast.Module, modules: set[str]) -> set[str]:
+    return {i for i in _imports(tree) if i in modules}
+
+
+def test_a_group_imports_only_itself_and_lib():
+    trees = _trees()
+    modules = set(trees)
+    crossing = {}
+    for name, tree in trees.items():
+        parts = name.split(".")
+        if len(parts) < 3 or parts[1] == "lib":  # the top (summary, __main__) and lib/ itself
+            continue
+        own = {f"bench.{parts[1]}", "bench.lib"}
+        bad = sorted(
+            i for i in _bench_imports(tree, modules) if ".".join(i.split(".")[:2]) not in own
+        )
+        if bad:
+            crossing[name] = bad
+    assert crossing == {}, "a module two groups use goes to bench/lib/"
+
+
+def test_lib_imports_no_group():
+    trees = _trees()
+    modules = set(trees)
+    reach = {
+        name: sorted(i for i in _bench_imports(tree, modules) if not i.startswith("bench.lib"))
+        for name, tree in trees.items()
+        if name.startswith("bench.lib")
+    }
+    assert {name: got for name, got in reach.items() if got} == {}
 
 
 def test_no_import_cycle_between_bench_modules():
-    modules = {Path(name).stem for name in _trees()}
-    graph = {
-        Path(name).stem: {
-            i.split(".")[1] for i in _imports(tree) if i.startswith("bench.") and i.count(".") >= 1
-        }
-        & modules
-        for name, tree in _trees().items()
-    }
+    trees = _trees()
+    modules = {name for name in trees if name.count(".") >= 2}  # not the packages themselves
+    graph = {name: _bench_imports(tree, modules) for name, tree in trees.items() if name in modules}
 
     def reaches(start: str, node: str, seen: set[str]) -> bool:
         for nxt in graph[node] - {node}:

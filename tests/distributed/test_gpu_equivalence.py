@@ -4,7 +4,7 @@ Runs ``python -m bench scale --only equivalence`` (GRPO LoRA and full-parameter 
 and bfloat16, PPO with a critic in float32; greedy rollouts so both runs see the same
 samples) and checks every case against its tolerance: rel = ||w_2 - w_1|| / ||w_1 - w_0||
 <= 1e-3 in float32 (only the reduction order differs) and <= 5e-2 in bfloat16.
-``DANKA_EQUIV_JSON`` names where the measured values go (bench/gpu_2x.sh sets it).
+``DANKA_EQUIV_JSON`` names where the measured values go (bench/gpu/2x.sh sets it).
 """
 
 from __future__ import annotations

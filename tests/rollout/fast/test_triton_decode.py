@@ -13,7 +13,7 @@ from .triton_setup import triton_device
 DEVICE = triton_device()  # before danka's kernel imports triton
 
 import danka.rollout.fast.triton_decode as tda  # noqa: E402
-from bench.decode_attention import matmul_softmax  # noqa: E402
+from bench.speed.decode_attention import matmul_softmax  # noqa: E402
 
 
 def _case(b, kvh, g, d, cap, live, start, slot, seed=0):

@@ -55,7 +55,7 @@ def policy(lora: bool = False) -> torch.nn.Module:
 
 def gap(model, batch) -> float:
     """Mean |engine log-prob - training-forward log-prob| over the response tokens."""
-    from bench.rollout import logprob_gap
+    from bench.speed.rollout import logprob_gap
 
     return logprob_gap(model, batch)[0]
 

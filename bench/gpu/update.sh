@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 46 on one GPU (H100 or H200): the update at the real GSM8K step's shape, padded vs
+# padding-free, then the real step of both examples on Qwen2.5-Coder-0.5B-Instruct, each
+# path in the same call. Run from the repository root; the GGUF travels in nine chunks as for
+# bench/gpu/speed.sh (carry .carry holding cN, .whl holding gguf, data holding gsm8k).
+#   bash bench/gpu/update.sh shape              # ~4 min: random weights of the Coder-0.5B shape,
+#                                               # 256 sequences of GSM8K-like lengths, LoRA r32
+#                                               # and full-parameter, padded vs padding-free
+#   bash bench/gpu/update.sh chunk N            # N = 1..9, into /root/w
+#   bash bench/gpu/update.sh steps              # ~7 min: join + convert, then the GRPO and PPO
+#                                               # steps, padding-free (default) and padded
+# JSON into bench/results/ (copies in $OUT), the log into $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+GGUF=/root/w/qwen05.gguf
+DATA=data/gsm8k/train.jsonl
+quiet() { grep --line-buffered -v -i -E "warn|it/s\]$"; }
+case "${1:-}" in
+shape)
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  python3 -m pytest -q -m gpu tests/models/test_varlen_gpu.py 2>&1 | tail -3
+  python3 -m bench train --only update_05b --update-shape qwen2.5-coder-0.5b --update-seqs 256 \
+    --update-variants "${VARIANTS:-mb8+lora+chunk128,mb8+varlen+lora+chunk128,mb16+varlen+lora+chunk128,mb16+varlen+lora+chunk1024,mb32+varlen+lora+chunk1024,mb8+chunk128,mb8+varlen+chunk128,mb16+varlen+chunk1024}" \
+    --profile --profile-steps 1 --name update_shape_05b 2>&1 | quiet
+  ;;
+chunk) bash bench/gpu/speed.sh chunk "$GGUF" "${2:?chunk number}" | tail -2 ;;
+steps)
+  bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -4
+  export PYTHONPATH=/tmp/site:$PWD DANKA_CACHE=/root/w/cache
+  for algo in ${ALGOS:-grpo ppo}; do
+    for path in default padded; do
+      set_=(); [ "$path" = padded ] && set_=(--step-set speed.packed_update=false)
+      name=gsm8k_step_${algo}$([ "$path" = padded ] && echo _padded)
+      timeout "${STEP_S:-150}" python3 -m bench train --name "$name" --only gsm8k_step \
+        --step-algos "$algo" --gsm8k-model "$GGUF" --gsm8k-data "$DATA" --step-steps 3 \
+        --variants-for none "${set_[@]}" 2>&1 | quiet | tail -25
+    done
+  done
+  ;;
+*) sed -n 2,13p "$0"; exit 2 ;;
+esac
+[ -n "${OUT:-}" ] && cp bench/results/*update_shape* bench/results/train_gsm8k_step* "$OUT/" 2>/dev/null
+ls -la bench/results | tail -5

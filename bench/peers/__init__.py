@@ -1,0 +1,1 @@
+"""danka next to another framework at the same settings: TRL's GRPOTrainer."""

@@ -49,7 +49,7 @@ from danka.step.stages import Stages
 from danka.step.train_step import PhaseClock
 from danka.step.update import UpdateSettings, update
 from danka.trainer.build import Built, assemble, build
-from danka.trainer.builders import build_model_set
+from danka.trainer.components import build_model_set
 from danka.trainer.state import RunState
 from danka.types import PromptRow, RolloutBatch
 

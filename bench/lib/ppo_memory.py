@@ -6,7 +6,7 @@ Qwen2-7B-shaped base, 4 prompts x 512 tokens + exactly 128 new tokens (``--ppo-m
 sequences per micro-batch), ``--ppo-engines hf,fast,hf-qlora``.
 
 QLoRA (``--ppo-engines ...,hf-qlora``): the bitsandbytes NF4 base goes through danka's own
-loading path, ``model.load_in_4bit: true`` -> ``danka.trainer.builders.build_model_set`` ->
+loading path, ``model.load_in_4bit: true`` -> ``danka.trainer.components.build_model_set`` ->
 ``danka.models.loading.load_causal_lm`` (``BitsAndBytesConfig``: NF4, double quantisation,
 compute dtype bf16) -> ``peft.prepare_model_for_kbit_training`` -> ``build_models``. That
 path reads a checkpoint, so the random Qwen2-7B-shaped base is first written once as

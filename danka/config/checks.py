@@ -349,7 +349,7 @@ def check_probe_prompts(cfg: DankaConfig, at) -> None:
     loads, so the length bound here is in characters, a conservative one (more than
     PROBE_CHARS_PER_TOKEN characters per token of trainer.max_length cannot fit); the
     exact count follows with the tokenizer, still before the model loads
-    (danka.step.heldout.probe_prompts, from danka.trainer.builders.build_prompts)."""
+    (danka.step.heldout.probe_prompts, from danka.trainer.components.build_prompts)."""
     most = cfg.trainer.max_length * PROBE_CHARS_PER_TOKEN
     for i, text in enumerate(cfg.eval.probe_prompts):
         key = f"eval.probe_prompts[{i}]"

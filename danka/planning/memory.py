@@ -12,7 +12,7 @@ q = heads x head_dim, kv = kv_heads x head_dim, V vocab, T = tokens of one micro
 * weights           params x d; a quantised base (``model.load_in_4bit``, QLoRA: NF4 with
                     double quantisation, 0.516 bytes per parameter; ``load_in_8bit``: 1 byte)
                     only for the decoder's linear layers, plus one dequantised weight; the
-                    rest (embeddings, lm_head, norms) stays in d (danka.trainer.builders.
+                    rest (embeddings, lm_head, norms) stays in d (danka.trainer.components.
                     freeze_quantized_base does not make peft's fp32 cast)
 * LoRA              lora_params x 16 (fp32 value 4 + grad 4 + Adam m, v 8); full
                     fine-tuning: params x (d grad + 8 Adam)

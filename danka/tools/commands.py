@@ -422,7 +422,7 @@ def _estimate(args) -> int:
             if torch.cuda.is_available()
             else parse_memory("24GB")
         )
-    from danka.trainer.builders import data_prompt_tokens
+    from danka.trainer.components import data_prompt_tokens
 
     longest = data_prompt_tokens(cfg, base_dir, log=lambda msg: print(msg, file=sys.stderr))
     inp = PlanInput.of(cfg, longest)

@@ -30,7 +30,7 @@ from danka.step.prompt_order import PromptSampler
 from danka.step.prompt_set import PromptSet
 from danka.step.stages import Sampling, Stages, Trainables, build_stages
 from danka.step.update import Optimizers
-from danka.trainer.builders import (
+from danka.trainer.components import (
     _reward_model,
     build_algorithm,
     build_dynamic_sampler,
@@ -67,7 +67,7 @@ class Built:
 
 
 def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logger) -> Built:
-    """Every long-lived object of a run, from small builders (danka/trainer/builders.py).
+    """Every long-lived object of a run, from small builders (danka/trainer/components.py).
     Data, prompts and rule rewards are checked before minutes of model loading."""
     device = dist.init(pick_device(cfg.model.device))  # cuda:LOCAL_RANK under torchrun
     torch.manual_seed(cfg.trainer.seed)

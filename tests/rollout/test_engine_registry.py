@@ -112,7 +112,7 @@ def test_keep_cache_true_where_auto_picks_hf_is_refused_before_the_model_loads(t
 
     from danka.config import load_config
     from danka.planning.run_plan import plan_run
-    from danka.trainer.builders import check_engine
+    from danka.trainer.components import check_engine
     from tests.config.bad_config import write_config
 
     cfg, _ = load_config(write_config(tmp_path), ["rollout.keep_cache=true"])  # engine auto

@@ -123,13 +123,13 @@ def test_qlora_4bit_base_weights_and_engine(tmp_path, counts_7b):
 
 
 def test_quantized_base_is_frozen_without_an_fp32_cast():
-    """danka.trainer.builders.freeze_quantized_base (QLoRA): every base tensor frozen; bf16
+    """danka.trainer.components.freeze_quantized_base (QLoRA): every base tensor frozen; bf16
     stays bf16 (peft's prepare_model_for_kbit_training would cast it to fp32, ~4 GiB more on
     a 7B base and an fp32 residual stream); fp16 tensors are cast to fp32 (fp16 range)."""
     import torch
 
     from danka.models.tiny import tiny_causal_lm, tiny_tokenizer
-    from danka.trainer.builders import freeze_quantized_base
+    from danka.trainer.components import freeze_quantized_base
 
     model = tiny_causal_lm(tiny_tokenizer(), arch="qwen2").to(torch.bfloat16)
     freeze_quantized_base(model)

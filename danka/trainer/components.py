@@ -1,6 +1,6 @@
 """The small builders a run is made of (danka/trainer/build.py puts them together): the
 tokenizer, the prompt sets, the rewards, the models, the optimisers and schedules, the
-algorithm's registry entries, the KL controller and the engine choice."""
+algorithm's registry entries, the KL controller and the engine checks."""
 
 from __future__ import annotations
 

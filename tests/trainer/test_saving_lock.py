@@ -33,7 +33,7 @@ def test_run_that_lost_its_output_dir_stops_before_writing_there(
 
     def then_lose_the_dir(*args, **kwargs):
         got = real(*args, **kwargs)
-        step = args[1].next_step if hook == "train_step" else args[1]  # (stages|clocks, ...)
+        step = args[1]  # train_step(stages, step, micro) / after_step(clocks, step, total)
         if step == 2 and not other:
             shutil.rmtree(out)  # the user deletes the folder and starts a new run in it
             out.mkdir()

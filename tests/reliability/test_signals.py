@@ -37,9 +37,7 @@ if _SPEC:
         real, done = getattr(module, _FN), []
 
         def slow(*args, **kwargs):
-            step = next((a for a in args if isinstance(a, int)), None)
-            if step is None:  # train_step(stages, state): the step it runs
-                step = next((a.next_step for a in args if hasattr(a, "next_step")), None)
+            step = next((a for a in args if isinstance(a, int)), None)  # train_step's step
             if step is None:  # fsync_tree(path): find the step
                 text = " ".join(map(str, args))
                 step = int(_STEP) if f"checkpoint_{_STEP}-" in text else None

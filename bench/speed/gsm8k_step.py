@@ -49,7 +49,7 @@ from bench.speed.step_report import report
 from bench.speed.step_variants import full_variants, lora_variants, parse_variant
 from danka.config import load_config
 from danka.models.flops import FORMULA, Counts, mfu, mfu_6nt
-from danka.step.guards import PHASES
+from danka.step.train_step import PHASES
 
 EXAMPLES = ROOT / "examples"
 

@@ -51,6 +51,7 @@ class WaitChoice:
 
     policy: str  # "active" (spin: libgomp's default), "passive" (sleep), or the user's value
     why: str
+    user: bool = False  # OMP_WAIT_POLICY was set before danka looked: danka leaves it
 
     def line(self) -> str:
         return f"OpenMP threads wait {self.policy} ({self.why})"
@@ -135,7 +136,7 @@ def decide(
     if torch_loaded:
         return None
     if env.get(WAIT_ENV):
-        return WaitChoice(env[WAIT_ENV].lower(), f"{WAIT_ENV} set")
+        return WaitChoice(env[WAIT_ENV].lower(), f"{WAIT_ENV} set", user=True)
     register(folder)
     counts = []
     for _ in range(SAMPLES):

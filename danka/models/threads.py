@@ -136,16 +136,18 @@ def use_cpu_threads(setting: int | str, device: str, log) -> ThreadGovernor:
         log(waits.line())
 
     if setting == "auto" and pick_device(device).type != "cpu":
-        return ThreadGovernor(log, auto=False, threads=before, before=before)
+        return ThreadGovernor(log, watch=False, threads=before, before=before)
     if setting != "auto":
         torch.set_num_threads(int(setting))
         log(f"cpu threads: {setting} (speed.cpu_threads)")
-        return ThreadGovernor(log, auto=False, threads=int(setting), before=before)
+        return ThreadGovernor(log, watch=False, threads=int(setting), before=before)
     chosen = share()
     torch.set_num_threads(chosen.threads)
     log(chosen.line())
-    spins = waits is None or waits.policy == "active"  # only a spinning run is advised
-    gov = ThreadGovernor(log, auto=spins, threads=chosen.threads, before=before)
+    # advised only where a resume would change the wait: danka chose to spin (or could not
+    # choose), not where the threads sleep already or the user set the policy
+    watch = waits is None or (waits.policy == "active" and not waits.user)
+    gov = ThreadGovernor(log, watch=watch, threads=chosen.threads, before=before)
     if waits is None:  # otherwise the choice just looked at the CPU, more currently
         gov.advise(chosen)
     return gov
@@ -153,12 +155,12 @@ def use_cpu_threads(setting: int | str, device: str, log) -> ThreadGovernor:
 
 @dataclass
 class ThreadGovernor:
-    """After each training step (a callback's ``on_step``): under ``auto`` with spinning
-    threads, the load read again; when others keep CPUs busy, one line (once a run) says
+    """After each training step (a callback's ``on_step``), when ``watch`` (``auto`` with
+    threads danka let spin), the load read again; when others keep CPUs busy, one line (once a run) says
     that a resume shares them better. The count itself stays (module docstring)."""
 
     log: object
-    auto: bool
+    watch: bool
     threads: int
     before: int = 0  # torch's count before the run: a Python caller gets it back (restore)
     advised: bool = False
@@ -170,7 +172,7 @@ class ThreadGovernor:
         self.advised = True
 
     def on_step(self, step: int, metrics: dict) -> None:
-        if self.auto and not self.advised:
+        if self.watch and not self.advised:
             self.advise(share(own=self.threads))
 
     def restore(self) -> None:

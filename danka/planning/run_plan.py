@@ -141,7 +141,7 @@ def planned_sizes(
     micro-batch the plan cannot fit is refused (danka.planning.micro.check_fits).
     ``prompt_tokens``: the longest training prompt as encoded (the plan prices it plus
     ``max_new_tokens``; None: the config's bound)."""
-    inp, world = PlanInput.of(cfg, prompt_tokens).with_(engine=engine), world_size
+    inp = PlanInput.of(cfg, prompt_tokens).with_(engine=engine)
     auto = set(candidates(inp))
     if budget is not None and shape is None and auto - {"logprob_chunk_size"}:
         config = load_model_config(inp.model, base_dir)  # the plan needs the model: why it
@@ -151,13 +151,13 @@ def planned_sizes(
         # chunk where it is auto (the vocabulary is read when the model loads)
         return plan_memory(inp, None, None)
     if budget is None:  # a CPU run: the defaults
-        plan = plan_memory(inp, None, None, world_size=world)
+        plan = plan_memory(inp, None, None, world_size=world_size)
     else:
-        plan = plan_memory(inp, shape, budget, world_size=world)
+        plan = plan_memory(inp, shape, budget, world_size=world_size)
         if not plan.fits and "micro_batch_size" in auto:
             raise plan.refusal()
         if not plan.fits:
-            check_fits(plan, shape, world_size=world)  # refused only past the plan's margin
+            check_fits(plan, shape, world_size=world_size)  # refused only past the plan's margin
     if log is not None and auto:
         log.info(f"{', '.join(k for k, _ in plan.planned)}: auto -> {plan.line()}")
     return plan

@@ -9,10 +9,7 @@ import torch
 
 from danka.errors import UserError
 
-# The step's phases, in order: the keys of its clock (time/<phase>, peak/<phase>), of this
-# guard, of the perf/<phase>_* metrics and of the benchmarks' tables. The memory plan prices
-# logprobs and values as one peak, "prepare" (danka.planning.memory).
-PHASES = ("rollout", "reward", "logprobs", "values", "advantages", "update")
+# keyed by the step's phases (danka.step.train_step.PHASES)
 _PREPARE_FIX = (
     "lower speed.logprob_chunk_size or trainer.micro_batch_size "
     "(speed.auto_micro_batch, on by default, halves it down to 1)"

@@ -16,6 +16,11 @@ from danka.step.dynamic_sampling import concat_scored, mean_stats
 from danka.step.records import Prepared, Scored, StepResult, UpdateStats
 from danka.step.stages import Stages
 
+# The step's phases, in order: the keys of its clock (time/<phase>, peak/<phase>), of the
+# out-of-memory guard, of the perf/<phase>_* metrics and of the benchmarks' tables. The
+# memory plan prices logprobs and values as one peak, "prepare" (danka.planning.memory).
+PHASES = ("rollout", "reward", "logprobs", "values", "advantages", "update")
+
 
 def train_step(s: Stages, step: int, micro: int, clock: PhaseClock | None = None) -> StepResult:
     """Steps 1-7 of step ``step`` at micro-batch ``micro``; the typed result carries

@@ -96,7 +96,7 @@ def test_the_governor_keeps_the_count_and_advises_once(monkeypatch):
     monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda root=None: None)
     monkeypatch.setattr(threads, "_affinity", lambda: 2)
     lines: list[str] = []
-    gov = ThreadGovernor(lines.append, auto=True, threads=2)
+    gov = ThreadGovernor(lines.append, watch=True, threads=2)
     torch.set_num_threads(2)
     for step in range(1, 5):
         gov.on_step(step, {})
@@ -130,3 +130,16 @@ def test_the_setting_is_checked_at_start_up():
     assert danka.Config.from_dict(base, ["speed.cpu_threads=2"]).speed.cpu_threads == 2
     with pytest.raises(UserError, match="speed.cpu_threads"):
         danka.Config.from_dict(base, ["speed.cpu_threads=0"])
+
+
+def test_a_users_own_spinning_policy_is_not_told_to_resume(monkeypatch):
+    """OMP_WAIT_POLICY=active set by the user: a resume would spin again, so no advice."""
+    chosen = openmp_wait.WaitChoice("active", "OMP_WAIT_POLICY set", user=True)
+    monkeypatch.setattr(openmp_wait, "CHOSEN", chosen)
+    monkeypatch.setattr(
+        threads, "share", lambda own=0: threads.CpuShare(2, None, 3.1, own, 2, busy=1)
+    )
+    lines: list[str] = []
+    gov = use_cpu_threads("auto", "cpu", lines.append)
+    gov.on_step(1, {})
+    assert len(lines) == 2 and not gov.advised

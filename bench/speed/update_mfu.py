@@ -208,6 +208,11 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
             if "+compile" in variant and not compiled:  # speed.compile (stays on: list last)
                 ds.compile_body(base, dev)
                 compiled = True
+            if "+rcompile" in variant and not compiled:  # decoder layers (stays on: list last)
+                ds.compile_layers(base)
+                compiled = True
+            if "+peftlora" in variant:  # A/B: peft's LoRA forward, adapters cast to bf16
+                ds.unfuse_lora(ds.policy_of(run))
 
             chunk = next((int(x[5:]) for x in variant.split("+") if x.startswith("chunk")), None)
 
@@ -225,7 +230,7 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
                 "warmup_step_s": warmup_s, "step_s": s,
                 "tok_s": tokens / s, "mfu": mfu_6nt(counts, tokens, s),
                 "model_tflop": flops / 1e12, "mfu_model": mfu(flops, s),
-                "peak_gib": peak_gib(dev),
+                "peak_gib": peak_gib(dev), "compile_failed": ds.compile_failures(),
             }  # fmt: skip
             if args.profile:  # top kernels of a few more steps (after the timing)
                 out["variants"][variant]["profile"] = profile_or_error(

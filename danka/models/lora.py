@@ -17,6 +17,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
 from danka.errors import UserError
+from danka.models import lora_linear
 
 
 def linear_module_names(model: nn.Module) -> list[str]:
@@ -137,6 +138,8 @@ def compute_adapters_in(model: nn.Module, dtype: torch.dtype | None) -> int:
     base dtype; here ``A`` and ``B`` compute in ``dtype`` and peft's input up-cast is off,
     so ``x`` stays in the base dtype (half the saved activation) and ``B(A(x)) * s`` and the
     sum round to ``dtype``. Gradients reach the fp32 masters through the weight casts.
+    Where the base is a plain frozen linear, the whole layer runs as one autograd function
+    (:mod:`danka.models.lora_linear`: no elementwise pass over the layer's output).
     The fast engine's ``lora_compute="base"`` computes the same low-rank path in bf16.
     """
     changed = 0
@@ -149,6 +152,9 @@ def compute_adapters_in(model: nn.Module, dtype: torch.dtype | None) -> int:
                 lin.__dict__.pop("forward", None)  # back to nn.Linear.forward
             else:
                 lin.forward = partial(_linear_in, lin, dtype)
+        lora_linear.uninstall(module)
+        if dtype is not None and lora_linear.fusable(module):
+            lora_linear.install(module)
         changed += 1
     return changed
 

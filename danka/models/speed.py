@@ -4,9 +4,14 @@ act on a CUDA GPU only; elsewhere they are refused (exit 2), never a silent no-o
 
 from __future__ import annotations
 
+import logging
+from functools import partial
+
 import torch
 
 from danka.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def _cuda_device(device) -> bool:
@@ -57,3 +62,36 @@ def compile_forward(model, enabled: bool, device):
     body = base.get_decoder()
     body.forward = torch.compile(body.forward, dynamic=True)
     return model
+
+
+def compile_layers(model) -> int:
+    """The padding-free training forward's decoder layers through ``torch.compile``
+    (``dynamic=True``: every micro-batch has another token count), one layer's code
+    compiled once and reused by all (regional compilation: seconds, not the minutes of
+    compiling the whole body). Inductor fuses each layer's norms, rotary embedding, SiLU
+    gate and residual adds; the GEMMs and the varlen attention stay library kernels. Other
+    forwards (generation with a KV cache, the padded path) run the layers eagerly: only
+    calls that carry ``cu_seq_lens_q`` (danka.models.varlen) take the compiled code. A
+    compile failure is logged once and the layers run eagerly. Returns the layers changed."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = getattr(base.get_decoder(), "layers", None) or []
+    for layer in layers:
+        eager = layer.forward
+        layer.forward = partial(_either, eager, torch.compile(eager, dynamic=True))
+    return len(layers)
+
+
+_compile_failed: list[str] = []
+
+
+def _either(eager, compiled, *args, **kwargs):
+    if "cu_seq_lens_q" not in kwargs or _compile_failed:
+        return eager(*args, **kwargs)
+    try:
+        return compiled(*args, **kwargs)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - inductor/triton missing or failing: stay correct
+        _compile_failed.append(str(e))
+        log.warning("decoder layers: torch.compile failed (%s); running them eagerly", e)
+        return eager(*args, **kwargs)

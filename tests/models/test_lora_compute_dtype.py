@@ -71,8 +71,10 @@ def test_bf16_adapter_compute_gradients_match_fp32_within_bf16_tolerance():
 
 
 def test_bf16_adapter_compute_is_bf16_inside_and_reversible():
-    model = _bf16_base(_fp32_lora_model())
+    model = _bf16_base(_fp32_lora_model()).train()
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    # dropout in training keeps this layer on peft's path (not danka.models.lora_linear's)
+    layer.lora_dropout["default"] = torch.nn.Dropout(0.1)
     seen = []
     hook = layer.lora_B["default"].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     compute_adapters_in(model, torch.bfloat16)

@@ -1,7 +1,9 @@
 """Crash-safe file writes: a temp file in the same folder, fsync, then an atomic rename,
 so a reader (or a resumed run) sees the old file or the new one, never half of one. Every
 file danka writes gets one mode, :func:`new_file_mode` (what ``open()`` gives a new file:
-0644 under the usual umask 022), the atomic ones included."""
+0644 under the usual umask 022), the atomic ones included; every folder it writes,
+:func:`new_folder_mode` (0755), the temporary ones renamed into place included
+(:func:`temp_folder`); a file it opens with ``os.open`` asks for :data:`OPEN_MODE`."""
 
 from __future__ import annotations
 
@@ -27,22 +29,48 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def new_file_mode() -> int:
-    """The mode a new file gets from this process's umask (0644 under 022, 0640 under
-    027). ``mkstemp``, which the atomic writes use, makes 0600 files, which others
-    sharing a run folder (a job uploading the adapter, a colleague) could not read. The
-    umask is read from /proc where it is shown: setting it to read it back would leave a
-    window in which another thread's new file gets mode 0666."""
+OPEN_MODE = 0o666  # what open() asks os.open for: the umask alone sets a new file's mode
+
+
+def _umask() -> int:
+    """This process's umask, read from /proc where it is shown: setting it to read it
+    back would leave a window in which another thread's new file gets mode 0666."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
+                    return int(line.split()[1], 8)
     except (OSError, ValueError):
         pass
     mask = os.umask(0)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
+
+
+def new_file_mode() -> int:
+    """The mode a new file gets from this process's umask (0644 under 022, 0640 under
+    027). ``mkstemp``, which the atomic writes use, makes 0600 files, which others
+    sharing a run folder (a job uploading the adapter, a colleague) could not read."""
+    return OPEN_MODE & ~_umask()
+
+
+def new_folder_mode() -> int:
+    """The mode ``mkdir`` gives a new folder under this process's umask (0755 under 022);
+    ``mkdtemp`` makes 0700 folders, which would hide what is renamed into place."""
+    return 0o777 & ~_umask()
+
+
+def temp_folder(parent: Path, prefix: str) -> Path:
+    """A new empty folder in ``parent`` with a random name after ``prefix`` and the mode
+    of any new folder (:func:`new_folder_mode`): write into it, then rename it into place
+    (a whole model folder appears at once, or not at all). OSError as ``mkdtemp``'s."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        os.chmod(folder, new_folder_mode())
+    except OSError:
+        folder.rmdir()
+        raise
+    return folder
 
 
 def apply_file_mode(root: Path) -> None:

@@ -36,6 +36,7 @@ import threading
 from pathlib import Path
 
 from danka.errors import UserError
+from danka.io import OPEN_MODE
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
@@ -93,12 +94,12 @@ class RunLock:
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, OPEN_MODE)
         except OSError as err:  # read-only filesystem, no permission, a file in the way
             raise output_dir_error(self.path.parent, err) from None
         os.close(fd)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, OPEN_MODE)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -260,7 +261,7 @@ class RankLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, OPEN_MODE)
         fcntl.flock(self._fd, fcntl.LOCK_SH)
         if self.launcher is not None:
             if not pid_alive(self.launcher):  # died before we held the lock: never start

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from danka.io import atomic_path, new_file_mode, write_text_atomic
+from danka.io import atomic_path, new_file_mode, new_folder_mode, temp_folder, write_text_atomic
 
 
 @contextlib.contextmanager
@@ -35,3 +35,15 @@ def test_atomic_writes_get_the_mode_a_new_file_gets_from_the_umask(tmp_path, mas
             pass
     for name in ("result.json", "model.bin", "plain.txt"):
         assert (tmp_path / name).stat().st_mode & 0o777 == mode, name
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o755), (0o027, 0o750)])
+def test_a_temporary_folder_gets_the_mode_a_new_folder_gets(tmp_path, mask, mode):
+    """mkdtemp makes 0700 folders: a model folder renamed into place (a GGUF conversion,
+    an export) was hidden from others sharing the cache or the output."""
+    with umask(mask):
+        assert new_folder_mode() == mode
+        folder = temp_folder(tmp_path, ".tmp-model-")
+    assert folder.parent == tmp_path and folder.name.startswith(".tmp-model-")
+    assert folder.is_dir() and not any(folder.iterdir())
+    assert folder.stat().st_mode & 0o777 == mode

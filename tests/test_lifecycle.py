@@ -16,6 +16,8 @@ import pytest
 from danka.errors import UserError
 from danka.lifecycle import (
     LOCK_NAME,
+    RANKS_LOCK_NAME,
+    RankLock,
     RunLock,
     StopRequest,
     run_forwarding_signals,
@@ -82,6 +84,21 @@ def test_second_live_run_is_refused_naming_the_pid(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_lock_files_follow_the_one_file_mode_rule(tmp_path):
+    """The locks in a run folder are files a run writes: the umask alone sets their mode,
+    as for every other file (0664 under a group-sharing umask 002, not a fixed 0644)."""
+    from danka.io import new_file_mode
+
+    old = os.umask(0o002)
+    try:
+        with RunLock(tmp_path), RankLock(tmp_path):
+            modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+        assert new_file_mode() == 0o664
+    finally:
+        os.umask(old)
+    assert modes == {LOCK_NAME: 0o664, RANKS_LOCK_NAME: 0o664}
 
 
 def test_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, caplog):

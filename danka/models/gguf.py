@@ -16,12 +16,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from danka.errors import UserError, library_errors
+from danka.io import OPEN_MODE, apply_file_mode, temp_folder
 from danka.safe_read import check_regular
 
 MARKER = "danka_source.json"  # written last into a complete conversion
@@ -78,12 +78,13 @@ def ensure_converted(
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         sweep_orphans(target.parent, log)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+        tmp = temp_folder(target.parent, f"{TMP_PREFIX}{target.name}-")
         lock = _hold(tmp)
     except OSError as err:  # read-only filesystem, no permission, a file in the way
         raise cache_error(target.parent, err) from None
     try:
         convert(gguf_path, tmp, log, info=info)
+        apply_file_mode(tmp)  # danka's one file mode (safetensors makes 0600 files)
         os.close(lock)
         lock = -1
         (tmp / LOCK).unlink()
@@ -110,7 +111,7 @@ def _hold(folder: Path) -> int:
     drops it when this process dies, however it dies."""
     import fcntl
 
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, OPEN_MODE)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from danka.errors import UserError, output_dir_error
-from danka.io import apply_file_mode
+from danka.io import apply_file_mode, temp_folder
 
 _FIX = "choose a new --output folder, e.g. ./exported/my_model"
 
@@ -70,10 +69,7 @@ def staged_folder(output: Path) -> Iterator[Path]:
     or signal it is removed and ``output`` is untouched."""
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-export-{output.name}-", dir=output.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the export from others
+        tmp = temp_folder(output.parent, f".tmp-export-{output.name}-")
     except OSError as err:  # read-only filesystem, no permission, a file in the way
         raise output_dir_error(output, err, "--output") from None
     try:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,22 @@ def test_gguf_path_loads_as_a_plain_saveable_model_converted_once(tmp_path, monk
     tok2 = loading.load_tokenizer(str(path), log=lines.append)  # the cached folder, no work
     assert not any("Converting" in x for x in lines)
     assert tok2(TEXT)["input_ids"] == tok(TEXT)["input_ids"]
+
+
+def test_the_converted_folder_follows_the_one_file_mode_rule(tmp_path, monkeypatch):
+    """A conversion is written by a run or command like its other files: what a new file
+    or folder gets from the umask (0644 / 0755 under 022), so a cache others share
+    ($DANKA_CACHE) is readable by them; safetensors' 0600 and mkdtemp's 0700 were not."""
+    monkeypatch.setenv("DANKA_CACHE", str(tmp_path / "cache"))
+    path, _, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    old = os.umask(0o022)
+    try:
+        target = gguf.ensure_converted(path, log=lambda s: None)
+    finally:
+        os.umask(old)
+    assert oct(target.stat().st_mode & 0o777) == "0o755"
+    files = {p.name: oct(p.stat().st_mode & 0o777) for p in target.rglob("*")}
+    assert "model.safetensors" in files and set(files.values()) == {"0o644"}, files
 
 
 def test_a_changed_gguf_file_is_converted_again(tmp_path, monkeypatch):

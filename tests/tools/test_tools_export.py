@@ -28,6 +28,7 @@ def test_export_merges_and_matches_base_plus_adapter(adapter_dir, tiny_dir, tmp_
     # danka's one file mode (safetensors writes 0600 on its own)
     modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+    assert out.stat().st_mode & 0o777 == 0o755  # mkdtemp's 0700 would hide it
     assert info["base_model"] == str(tiny_dir)  # from adapter_config.json
     assert info["adapter_effect"] > 1e-3  # non-zero lora_B: the adapter matters
     assert info["max_abs_diff"] < 1e-4 <= info["tolerance"]

@@ -148,7 +148,10 @@ def check_template(key: str, text: str, names: Sequence[str]) -> None:
     """UserError naming ``key`` unless ``text`` is a ``str.format`` template of at most
     TEMPLATE_CHARS characters whose fields are plain ``names`` with format specs of at
     most FORMAT_WIDTH: ``{a:>20000000}`` makes every prompt 20 MB (2000 rows: past 3 GB
-    in seconds); a field inside a spec (``{a:>{b}}``) takes its width from a value."""
+    in seconds); a field inside a spec (``{a:>{b}}``) takes its width from a value. What
+    the template adds to its values, its text and its specs' widths and precisions, is at
+    most TEMPLATE_CHARS as a whole: 1,100 fields ``{a:>999}`` fit in 8,800 characters
+    and fill a 1.1 MB prompt."""
     import string
 
     fields = ", ".join("{" + n + "}" for n in names)
@@ -167,15 +170,24 @@ def check_template(key: str, text: str, names: Sequence[str]) -> None:
         parsed = list(string.Formatter().parse(text))
     except ValueError as err:  # an unmatched brace
         refuse(str(err))
-    for _, field, spec, _ in parsed:
+    filled = 0  # characters the template adds to its values, at most
+    for literal, field, spec, _ in parsed:
+        filled += len(literal)
         if field is None:
             continue
         if field not in names:
             refuse(f"no placeholder {{{field}}} (it has {fields})")
         if "{" in spec:
             refuse(f"a field inside a format spec ({{{field}:{spec}}})")
-        if any(len(n.lstrip("0")) > 4 or int(n) > FORMAT_WIDTH for n in re.findall(r"\d+", spec)):
+        sizes = re.findall(r"\d+", spec)
+        if any(len(n.lstrip("0")) > 4 or int(n) > FORMAT_WIDTH for n in sizes):
             refuse(f"its spec {spec[:20]!r}: a width or precision is at most {FORMAT_WIDTH}")
+        filled += sum(int(n) for n in sizes)
+    if filled > TEMPLATE_CHARS:
+        refuse(
+            f"its text and field widths come to {filled:,} characters filled, more than "
+            f"{TEMPLATE_CHARS:,}"
+        )
 
 
 # command-line flags: an int flag is a count unless named here; a float must be finite

@@ -141,10 +141,15 @@ BAD_STARTS = {
         ("reward.py:reward", "signature", "fn(prompts, completions, **kwargs)"),
         files={"reward.py": "def reward(x):\n    return 1.0\n"}, before_model=False),
     "reward_label_that_is_a_metric_of_danka": Bad(
-        ("reward.functions[0].label", "one of danka's own reward metrics", "zero_adv_groups"),
+        ("{root}/config.yaml:", "reward.functions[0].label", "one of danka's own reward metrics",
+         "zero_adv_groups"),
         {"reward": {"functions": [{"name": "reward.py:reward", "label": "error_rate"}]}}),
+    "reward_label_of_danka_in_an_override": Bad(
+        ("command-line override #1", "key reward.functions[0].label", "valid_frac"),
+        argv=("reward.functions=[{name: gsm8k, label: valid_frac}]",)),
     "reward_weights_that_overflow": Bad(
-        ("reward.functions[1].weight", "weights add up to more than", "3.4e+38"),
+        ("{root}/config.yaml:", "reward.functions[1].weight", "weights add up to more than",
+         "3.4e+38"),
         {"reward": {"functions": [{"name": "reward.py:reward", "weight": 2.0e+38},
                                   {"name": "reward.py:reward", "weight": 2.0e+38}]}}),
     "reward_file_that_fails_to_import": Bad(

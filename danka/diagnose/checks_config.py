@@ -16,6 +16,8 @@ from danka.diagnose.settings import (
     optimizer_steps_per_rollout,
     setting,
 )
+from danka.errors import UserError
+from danka.rewards.specs import check_reward_labels, check_reward_weights
 
 # LoRA at lr >= 1e-4 with no KL anchor: verl's LoRA recipes use 3e-6..3e-5 and TRL's GRPO
 # default is 1e-6; at 1e-4 a small policy leaves its base within tens of steps and nothing
@@ -103,3 +105,28 @@ def critic_settings_unused(rec: RunRecord, at: int) -> Finding | None:
         f"{shown} with {key('algorithm')}: {setting(c, 'algorithm')}",
         f"remove them, or use {key('algorithm')}: ppo (a critic with GAE)",
     )
+
+
+@CHECKS.register("reward_settings_refused", CheckMeta(reads="config"))
+def reward_settings_refused(rec: RunRecord, at: int) -> Finding | None:
+    """A run started before danka refused these at start-up, judged by the checks config
+    load runs (danka.rewards.specs): a label that took one of danka's own reward names
+    (reward/<label> then held the term's mean, not danka's number), or weights whose sizes
+    pass float32's range (the combined reward inf, every update skipped)."""
+    c = rec.config
+    rm = setting(c, "reward_model_weight") if setting(c, "reward_model") else None
+    try:
+        functions = list(setting(c, "reward_functions") or [])
+        check_reward_labels(functions)
+        check_reward_weights(functions, rm)
+    except UserError as err:
+        return Finding(
+            "reward_settings_refused",
+            "a reward setting danka refuses at start-up today: this run's reward numbers "
+            "cannot be trusted",
+            f"{err.where}: {err.what}",
+            err.fix or "",
+        )
+    except (TypeError, ValueError):  # a config.json danka did not write: other checks say
+        return None
+    return None

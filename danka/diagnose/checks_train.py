@@ -193,3 +193,26 @@ def truncation_at_start(rec: RunRecord, at: int) -> Finding | None:
         fix,
         step=pts[-1][0],
     )
+
+
+@CHECKS.register("reward_not_finite", CheckMeta(reads="metrics"))
+def reward_not_finite(rec: RunRecord, at: int) -> Finding | None:
+    """The combined reward (or a term's mean) was inf or NaN at a step: its advantages are
+    NaN, so the update was skipped ("policy loss is nan") and the run learned nothing
+    from it. danka now stops such a step (exit 2, naming the term and its weight); a run
+    from before logged "reward": "inf" and went on."""
+    found = [(pts[0], name) for name, pts in rec.metrics.non_finite("reward", at)]
+    if not found:
+        return None
+    (step, value), name = min(found)
+    shown = "NaN" if value != value else g(value)
+    weights = ", ".join(f"{t.key} {g(t.weight)}" for t in reward_terms(rec.config))
+    return Finding(
+        "reward_not_finite",
+        "the reward is not a finite number: the update learned nothing from those steps",
+        f"{name} {shown} at step {step}" + (f" (weights: {weights})" if weights else ""),
+        f"lower the weights ({key('reward_functions')}[i].weight) so that weight x score "
+        "stays a finite float32 number, or make the reward functions return finite numbers "
+        "of a usual size (-1 to 1)",
+        step=step,
+    )

@@ -29,6 +29,9 @@ def finite(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+_NON_FINITE = ("inf", "-inf", "nan")  # how metrics.jsonl writes a float it cannot
+
+
 class MetricTable(Sequence):
     """A run's metrics records as columns: per key, the positions of the records where it
     is a finite number, their steps and those numbers, in arrays (8 bytes each, not a dict
@@ -39,13 +42,26 @@ class MetricTable(Sequence):
     step (quadratic: a 250k-step run never got a verdict) and a dict per step (a 200 MB
     metrics.jsonl took over 1 GB). Here :meth:`points` is a view found by bisection, and
     only numbers are kept (what the checks read). ``table[i]`` rebuilds record ``i`` (its
-    ``step`` and numbers); :meth:`append` adds one (the live diagnoser)."""
+    ``step`` and numbers); :meth:`append` adds one (the live diagnoser). Numbers that are
+    not finite (inf, NaN; metrics.jsonl writes ``"inf"``, ``"-inf"``, ``null``) are kept
+    apart, for :meth:`non_finite`: a check that must not read them as numbers can find
+    them."""
 
     def __init__(self, records: Iterable[dict] = ()):
         self._steps: list[Any] = []
         self._cols: dict[str, tuple[array, array, array]] = {}  # positions, steps, values
+        self._odd: dict[str, tuple[array, array, array]] = {}  # the same, of inf and NaN
         for record in records:
             self.append(record)
+
+    @staticmethod
+    def _add(cols: dict, key: str, i: int, step: int, value: float) -> None:
+        col = cols.get(key)
+        if col is None:
+            col = cols[key] = (array("q"), array("q"), array("d"))
+        col[0].append(i)
+        col[1].append(step)
+        col[2].append(value)
 
     def append(self, record: dict) -> None:
         i, step = len(self._steps), record.get("step")
@@ -55,12 +71,12 @@ class MetricTable(Sequence):
         for key, value in record.items():
             kind = type(value)
             if (kind is float and value - value == 0) or (kind is int and abs(value) < 2**62):
-                col = self._cols.get(key)
-                if col is None:
-                    col = self._cols[key] = (array("q"), array("q"), array("d"))
-                col[0].append(i)
-                col[1].append(len(col[0]) - 1 if step is None else int(step))
-                col[2].append(value)
+                n = len(self._cols[key][0]) if key in self._cols else 0
+                self._add(self._cols, key, i, n if step is None else int(step), value)
+            elif value is None or kind is float or (kind is str and value in _NON_FINITE):
+                self._add(
+                    self._odd, key, i, i if step is None else int(step), float(value or "nan")
+                )
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -81,9 +97,17 @@ class MetricTable(Sequence):
     def step_at(self, i: int) -> Any:
         return self._steps[i]
 
-    def points(self, key: str, upto: int) -> Points:
-        pos, steps, vals = self._cols.get(key) or (array("q"), array("q"), array("d"))
+    def points(self, key: str, upto: int, cols: dict | None = None) -> Points:
+        col = (self._cols if cols is None else cols).get(key)
+        pos, steps, vals = col or (array("q"), array("q"), array("d"))
         return Points(steps, vals, bisect_right(pos, upto))
+
+    def non_finite(self, prefix: str, upto: int) -> list[tuple[str, Points]]:
+        """(key, its inf and NaN points up to position ``upto``) of every key that is
+        ``prefix`` or starts with ``prefix/``, where it has any."""
+        keys = [k for k in self._odd if k == prefix or k.startswith(prefix + "/")]
+        found = [(k, self.points(k, upto, self._odd)) for k in keys]
+        return [(k, pts) for k, pts in found if len(pts)]
 
 
 class Points(Sequence):

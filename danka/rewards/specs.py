@@ -95,9 +95,18 @@ def check_reward_specs(specs: Sequence[Any], prefix: str = "reward.functions") -
     ``RewardFunction`` or combine.RewardSpec, or dicts); UserError (exit 2) naming
     ``reward.functions[i].name`` or ``reward.functions[i].kwargs.KEY`` on the first
     problem. Loads no model and runs no user code."""
-    labels: set[str] = set()
     for i, spec in enumerate(specs):
         check_reward_spec(_field(spec, "name", None), _field(spec, "kwargs", {}), f"{prefix}[{i}]")
+    check_reward_labels(specs, prefix)
+
+
+def check_reward_labels(specs: Sequence[Any], prefix: str = "reward.functions") -> None:
+    """UserError naming ``reward.functions[i].label`` for a label that is no plain name,
+    is used twice, or is one of danka's own reward names (danka.rewards.names.RESERVED):
+    reward/<label> would overwrite danka's metric. The run doctor reads a run's config
+    through this too."""
+    labels: set[str] = set()
+    for i, spec in enumerate(specs):
         label = _field(spec, "label", None)
         if label is None:
             continue

@@ -176,6 +176,19 @@ def test_a_template_is_bounded_before_any_row_is_made(template, word):
         task_rows("chain", 1, seed=0, split="train", kwargs=kwargs)
 
 
+def test_a_template_is_bounded_as_a_whole_not_only_field_by_field():
+    """1,100 fields of width 999 fit in 8,800 characters, each spec under the per-field
+    bound, and filled they are a 1.1 MB prompt (2,200 rows: 2.4 GB). What a template
+    adds to its values (text and widths) is bounded as a whole; checked, not filled."""
+    from danka.limits import TEMPLATE_CHARS, check_template
+
+    with pytest.raises(UserError, match="field widths") as err:
+        check_template("data.task_kwargs.template", "{a:>999}" * 1100 + "{b}", ["a", "b"])
+    assert err.value.where == "data.task_kwargs.template"
+    assert f"{TEMPLATE_CHARS:,}" in err.value.what
+    check_template("k", "{a:>999}" * 9 + "{b:.3}", ["a", "b"])  # 9k of padding is fine
+
+
 def test_a_template_with_modest_specs_is_filled():
     rows = task_rows("arithmetic", 3, seed=0, split="train", kwargs={"template": "{a:>4}+{b:03d}="})
     assert all(r.prompt == f"{r.extra['a']:>4}+{r.extra['b']:03d}=" for r in rows)

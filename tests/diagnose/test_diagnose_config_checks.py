@@ -53,3 +53,17 @@ def test_adaptive_kl_from_zero_and_unused_critic_settings():
     assert f.id == "critic_settings_unused" and "optim.critic_lr: 0.0001" in f.evidence
     ppo = {"algorithm": "ppo", "advantage_estimator": "gae", "critic_lr": 1e-4, "lam": 0.9}
     assert _ids(_cfg(ppo)) == set()
+
+
+def test_reward_settings_that_config_load_refuses_today():
+    """A run from before the label and weight checks: its label took danka's own metric
+    name (reward/error_rate read the term's mean), or its weights summed to inf."""
+    label = {"reward": {"functions": [{"name": "gsm8k", "label": "error_rate"}]}}
+    [f] = config_findings(_cfg(**label))
+    assert f.id == "reward_settings_refused" and f.severity == "problem"
+    assert "reward.functions[0].label" in f.evidence and "error_rate" in f.evidence
+    weights = {"reward": {"functions": [{"name": "gsm8k", "weight": 1e38}] * 4}}
+    [f] = config_findings(_cfg(**weights))
+    assert "reward.functions[3].weight" in f.evidence and "weights" in f.fix
+    fine = {"reward": {"functions": [{"name": "gsm8k", "label": "strict", "weight": 2.0}]}}
+    assert _ids(_cfg(**fine)) == set()

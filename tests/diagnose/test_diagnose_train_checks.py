@@ -108,3 +108,16 @@ def test_truncation_at_start_is_a_risk():
     # median of 0.1, 0.6, 0.2 is 0.2
     ok = RunRecord(metrics=_history(response__truncated=[0.1, 0.6, 0.2]))
     assert _first(truncation_at_start, ok)[0] is None
+
+
+def test_a_reward_that_is_not_finite_is_flagged_at_its_first_step():
+    """metrics.jsonl writes inf as "inf" and NaN as null; a term's mean alike."""
+    from danka.diagnose.checks_train import reward_not_finite
+
+    run = RunRecord(metrics=_history(reward=[0.5, 0.5, "inf", "inf"]), config=GSM8K_FORMAT)
+    step, f = _first(reward_not_finite, run)
+    assert step == 3 and "reward inf" in f.evidence and "format 0.1" in f.evidence
+    term = RunRecord(metrics=_history(reward=[0.5] * 3, reward__format=[0.1, None, 0.1]))
+    step, f = _first(reward_not_finite, term)
+    assert step == 2 and "reward/format NaN" in f.evidence
+    assert _first(reward_not_finite, RunRecord(metrics=_history(reward=[0.5] * 4)))[0] is None

@@ -112,3 +112,24 @@ def test_a_live_run_with_a_half_written_line(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.1}\n{"step": 2, "rew')
     rc, report = _json(capsys, str(tmp_path))
     assert rc == 0 and report["steps"] == 1
+
+
+def test_a_run_whose_reward_overflowed_is_flagged(tmp_path, capsys):
+    """Two weights of 1e308 summed to inf: such a run logged "reward": "inf" (and the loss
+    NaN, the optimizer step skipped) and exited 0; the doctor saw no problem."""
+    run = tmp_path / "run"
+    run.mkdir()
+    functions = [{"name": "last_number", "weight": 1e308}, {"name": "last_number", "weight": 1e308}]
+    (run / "config.json").write_text(json.dumps({"reward": {"functions": functions}}))
+    terms = {"reward/last_number": 1.0, "reward/last_number_2": 1.0, "skipped_step": 1.0}
+    lines = [{"step": s, "loss": None, "reward": "inf", **terms} for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rc, report = _json(capsys, str(run))
+    ids = {f["id"]: f for f in report["findings"]}
+    assert rc == 1, report
+    found = ids["reward_not_finite"]
+    assert found["severity"] == "problem" and found["step"] == 1
+    assert "reward inf" in found["evidence"] and "1e+308" in found["evidence"]
+    assert "reward.functions" in found["fix"]
+    # the config alone says so too: the weights that config load now refuses
+    assert "reward.functions[0].weight" in ids["reward_settings_refused"]["evidence"]

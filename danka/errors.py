@@ -33,10 +33,18 @@ class UserError(Exception):
 
     def __init__(self, what: str, where: str | None = None, fix: str | None = None):
         self.what, self.where, self.fix = what, where, fix
-        text = f"{where}: {what}" if where else what
-        if fix:
-            text += f"\n  fix: {fix}"
-        super().__init__(text)
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        text = f"{self.where}: {self.what}" if self.where else self.what
+        return text + (f"\n  fix: {self.fix}" if self.fix else "")
+
+    def located(self, where: str) -> UserError:
+        """This error, said at ``where`` instead (a bare config key made the override or
+        the file's line that set it: danka.config.load.located)."""
+        self.where = where
+        self.args = (self._text(),)
+        return self
 
 
 class DiskFull(UserError):

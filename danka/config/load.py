@@ -8,8 +8,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +84,19 @@ class _Source:
                 return f"command-line override {shown}" + (f": key {key}" if inside else "")
         return None
 
+    def line_of(self, key: str) -> int | None:
+        """The line that sets ``key``; for an item of a list of plain values (which has
+        no line of its own, ``eval.probe_prompts[1]``) the list's."""
+        while key not in self.lines and key.endswith("]"):
+            key = key[: key.rindex("[")]
+        return self.lines.get(key)
+
     def where(self, key: str) -> str:
         if by_override := self.override_of(key):
             return by_override
         if self.path is None:
             return f"config key {self._shown(key)}"
-        line = self.lines.get(key)
+        line = self.line_of(key)
         shown = self._shown(key)
         return f"{self.path}:{line}: key {shown}" if line else f"{self.path}: key {shown}"
 
@@ -380,19 +390,54 @@ def config_from_dict(
         )
     data = copy.deepcopy(data)
     source = _Source(path, text)
-    source.renamed(relocate(data))  # keys written under their older name (moved.py)
+    source.renamed(relocate(data, source.where))  # keys under their older name (moved.py)
     apply_overrides(data, overrides or [], source)
     notes = retire(data, source.where)  # the tutorial's retired backend switches
     config = build_dataclass(DankaConfig, data, source)
     source.explicit = set(_dotted_keys(data))
-    check_limits(config, source)  # integers within what each setting counts (danka/limits.py)
-    validate(config, source)
+    config._danka_source = source  # later checks' errors are located too: located()
+    with located(config):  # a check naming its key bare (the reward specs) is located
+        check_limits(config, source)  # integers within what each setting counts (limits.py)
+        validate(config, source)
     apply_fallbacks(config)  # seed keys that cannot work here: one warning each, see compat
     for note in notes:
         add_note(config, note)
     config._danka_base_dir = Path(base_dir) if base_dir else Path.cwd()
     freeze(config)  # read-only from here: a run keeps its changing state elsewhere
     return config
+
+
+def _is_key(config: Any, where: Any) -> bool:
+    """True when ``where`` is a bare dotted key of ``config`` (``rollout.keep_cache``,
+    ``reward.functions[0].name``); not a file name such as ``data.jsonl``."""
+    if not isinstance(where, str) or not re.fullmatch(r"[a-z_]\w*(\.\w+|\[\d+\])*", where):
+        return False
+    node = config
+    for name, index in re.findall(r"(\w+)|\[(\d+)\]", where):
+        if isinstance(node, dict):
+            return True  # a mapping setting (kwargs): any key may be in it
+        if index and isinstance(node, list) and int(index) < len(node):
+            node = node[int(index)]
+        elif name and dataclasses.is_dataclass(node) and hasattr(node, name):
+            node = getattr(node, name)
+        else:
+            return False
+    return True
+
+
+@contextmanager
+def located(config: Any) -> Iterator[None]:
+    """Inside the block, a UserError whose ``where`` is a bare key of the validated
+    ``config`` (a check that names only its key: the reward specs, the engine's options,
+    the probe prompts in tokens) is said where the user wrote that key, as a loading
+    error is: ``command-line override #k: key=value`` or ``FILE:LINE: key K``."""
+    try:
+        yield
+    except UserError as err:
+        source = getattr(config, "_danka_source", None)
+        if source is not None and _is_key(config, err.where):
+            err.located(source.where(err.where))
+        raise
 
 
 def config_base_dir(config: DankaConfig) -> Path:

@@ -189,23 +189,59 @@ def check_gguf(gguf_path: Path) -> None:
     check_readable(gguf_path)
 
 
+# the header: magic, version (u32), tensor count and metadata key count (u64 each); the
+# least a key's entry takes (its name's length, its type, a one-byte value) and a tensor's
+# (its name's length, dimensions, type, data offset)
+HEADER, MIN_KEY, MIN_TENSOR = 24, 8 + 4 + 1, 8 + 4 + 4 + 8
+
+
+def check_header(gguf_path: Path) -> None:
+    """Refuse what the header says that the file cannot be, from its first bytes: not
+    'GGUF', a version the reader does not read, more tensors, keys or key bytes than the
+    file's size holds (2**60 keys: the reader failed with 'IndexError: index 0 is out of
+    bounds'). Byte order as the reader takes it: a version of 0 in its low half is
+    big-endian."""
+    import struct
+
+    def refuse(why: str, fix: str = "download the .gguf file again") -> None:
+        raise UserError(
+            f"cannot read the GGUF file {gguf_path}: {why}", where=str(gguf_path), fix=fix
+        )
+
+    with open(gguf_path, "rb") as f:
+        head, size = f.read(HEADER + 8), os.fstat(f.fileno()).st_size
+    if head[:4] != b"GGUF":
+        refuse(
+            "it does not start with 'GGUF', so it is not a GGUF file",
+            "give a .gguf model file, or the model's Hugging Face folder",
+        )
+    if len(head) < HEADER:
+        refuse(f"it ends inside its header ({size} bytes): a cut file")
+    order = "<" if struct.unpack("<I", head[4:8])[0] & 0xFFFF else ">"
+    version, tensors, keys = struct.unpack(order + "IQQ", head[4:HEADER])
+    if version not in (2, 3):
+        refuse(f"it is GGUF version {version}; versions 2 and 3 are read", "convert it again")
+    room = size - HEADER
+    claims = [(tensors * MIN_TENSOR, f"{tensors:,} tensors"), (keys * MIN_KEY, f"{keys:,} keys")]
+    if keys and len(head) == HEADER + 8:  # the first key's name: its length, then its bytes
+        first = struct.unpack(order + "Q", head[HEADER:])[0]
+        claims.append((8 + first, f"a key of {first:,} bytes"))
+    for need, claim in claims:
+        if need > room:
+            refuse(f"its header claims {claim}, more than its {size:,} bytes hold (a damaged file)")
+
+
 def check_readable(gguf_path: Path) -> None:
-    """Refuse a file whose tensors run past its end (a cut download) before transformers
-    reads it: its error for that case ("cannot reshape array ...") names no cause. The
-    ``gguf`` package (what transformers reads GGUF with) maps every tensor it lists."""
+    """Refuse a damaged header (:func:`check_header`), then a file whose tensors run past
+    its end (a cut download) before transformers reads it: its error for that case
+    ("cannot reshape array ...") names no cause. The ``gguf`` package (what transformers
+    reads GGUF with) maps every tensor it lists."""
+    check_header(gguf_path)
     try:
         from gguf import GGUFReader
     except ImportError:  # transformers will name the missing package itself
         return
     fix = "download the .gguf file again and compare its size with the original"
-    with open(gguf_path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise UserError(
-                f"cannot read the GGUF file {gguf_path}: it does not start with 'GGUF', so it "
-                "is not a GGUF file",
-                where=str(gguf_path),
-                fix="give a .gguf model file, or the model's Hugging Face folder",
-            )
     try:
         reader = GGUFReader(str(gguf_path))
         end = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0)

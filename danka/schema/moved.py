@@ -90,10 +90,10 @@ def new_key(dotted: str) -> str:
     return dotted
 
 
-def relocate(data: dict) -> dict[str, str]:
-    """Move every old key of ``data`` (parsed YAML with overrides applied) to its new
-    place, in place. Returns new dotted key -> the old one the user wrote (for messages).
-    Both the old and the new key set -> UserError."""
+def relocate(data: dict, where=lambda key: f"config key {key}") -> dict[str, str]:
+    """Move every old key of ``data`` (parsed YAML) to its new place, in place. Returns
+    new dotted key -> the old one the user wrote (for messages). Both the old and the new
+    key set -> UserError at ``where(old key)`` (the file's line)."""
     renamed: dict[str, str] = {}
     for old, new in MOVED.items():
         section, key = old.split(".", 1)
@@ -105,13 +105,13 @@ def relocate(data: dict) -> dict[str, str]:
         if not isinstance(target, dict):
             raise UserError(
                 f"{target_section!r} must be a section (a mapping of keys)",
-                where=f"config key {target_section}",
+                where=where(target_section),
                 fix=f"write {target_section}: as a section, e.g. {new}: ...",
             )
         if leaf in target:
             raise UserError(
                 f"both {old} and {new} are set; {old} is the older name of {new}",
-                where=f"config key {old}",
+                where=where(old),
                 fix=f"keep only {new}",
             )
         target[leaf] = holder.pop(key)

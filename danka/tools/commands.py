@@ -404,12 +404,14 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
 @command("estimate", "GPU memory plan per phase, and whether the config fits", _estimate_args)
 def _estimate(args) -> int:
     from danka.config import load_config
+    from danka.config.load import located
     from danka.planning.inputs import PlanInput
     from danka.planning.memory import judged, price
     from danka.planning.micro import plan_memory
     from danka.planning.shape import ModelShape, load_model_config
     from danka.schema.units import parse_memory
     from danka.tools.estimate import format_plan
+    from danka.trainer.components import data_prompt_tokens
 
     cfg, base_dir = load_config(args.config, args.overrides)
     if args.gpu_memory:
@@ -422,11 +424,11 @@ def _estimate(args) -> int:
             if torch.cuda.is_available()
             else parse_memory("24GB")
         )
-    from danka.trainer.components import data_prompt_tokens
-
-    longest = data_prompt_tokens(cfg, base_dir, log=lambda msg: print(msg, file=sys.stderr))
+    with located(cfg):  # a refusal naming a bare key: said at its override or line
+        # the model first: one it cannot read is the error, not also a note on the prompts
+        config = load_model_config(cfg.model.actor_model_name_or_path, base_dir)  # read once
+        longest = data_prompt_tokens(cfg, base_dir, log=lambda msg: print(msg, file=sys.stderr))
     inp = PlanInput.of(cfg, longest)
-    config = load_model_config(inp.model, base_dir)  # read once
     shape = ModelShape.of(config, inp.target_modules, inp.lora_r)
     sizes = plan_memory(inp, shape, budget)  # the sizes that are auto
     plan = judged(price(sizes.sizes, shape), sizes.sizes, shape, budget)

@@ -15,6 +15,7 @@ import torch
 
 from danka import distributed as dist
 from danka.agent.loop import AgentLoop
+from danka.config.load import located
 from danka.data.source import data_line, repeats_warning
 from danka.data.splits import load_rows
 from danka.models.loading import pick_device, resolve_dtype, stop_ids
@@ -68,7 +69,14 @@ class Built:
 
 def build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logger) -> Built:
     """Every long-lived object of a run, from small builders (danka/trainer/components.py).
-    Data, prompts and rule rewards are checked before minutes of model loading."""
+    Data, prompts and rule rewards are checked before minutes of model loading; a refusal
+    that names a bare key (the engine's options, the probe prompts) is said where the user
+    wrote it, at the command-line override or the config file's line."""
+    with located(cfg):
+        return _build(cfg, base_dir, output_dir, log)
+
+
+def _build(cfg: DankaConfig, base_dir: Path, output_dir: Path, log: logging.Logger) -> Built:
     device = dist.init(pick_device(cfg.model.device))  # cuda:LOCAL_RANK under torchrun
     torch.manual_seed(cfg.trainer.seed)
     train_rows, held_rows = load_rows(cfg, base_dir, output_dir)  # bad rows fail first

@@ -283,3 +283,28 @@ def test_a_probe_prompt_no_tokenizer_fits_in_max_length_is_refused_at_validation
     err = str(load_error(write_config(tmp_path), ["eval.probe_prompts=[hi, " + "x" * 40_000 + "]"]))
     assert "eval.probe_prompts[1]" in err and "trainer.max_length" in err, err
     assert "data.max_prompt_length" not in err
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("reward.functions=[{name: nosuch}]", "reward.functions[0].name"),
+        ("reward.functions=[{name: last_number, kwargs: {nope: 1}}]", "reward.functions[0].kwargs"),
+    ],
+)
+def test_a_section_check_inside_an_override_list_is_located_at_the_override(
+    tmp_path, override, key
+):
+    """A check that names its key bare (the reward specs) said 'reward.functions[0].name:
+    unknown reward', naming neither the override nor the file: located like every other."""
+    err = str(load_error(write_config(tmp_path), [override]))
+    assert err.startswith(f"command-line override #1: {override}: key {key}"), err
+
+
+def test_a_section_check_inside_a_file_list_is_located_at_its_line(tmp_path):
+    path = write_config(tmp_path, BASE + "reward:\n  functions:\n    - name: nosuch\n")
+    err = str(load_error(path))
+    assert err.startswith(f"{path}:9: key reward.functions[0].name: unknown reward"), err
+    path = write_config(tmp_path, BASE + "eval:\n  probe_prompts: [hi, '']\n")
+    err = str(load_error(path))  # an item of a list of strings: the list's line
+    assert err.startswith(f"{path}:8: key eval.probe_prompts[1]"), err

@@ -73,3 +73,17 @@ def test_an_old_config_json_compares_in_the_current_layout():
         "hf_transformers": {"enable_hf_transformers": True},
     }
     assert diff_configs(old, new) == []
+
+
+def test_both_names_in_a_file_are_located_at_the_older_ones_line(tmp_path):
+    """Before: 'config key trainer.lr: both trainer.lr and optim.lr are set', naming no file."""
+    from danka.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "model:\n  actor_model_name_or_path: m\ndata:\n  train_dataset: x.jsonl\n"
+        "optim:\n  lr: 2.0e-5\ntrainer:\n  lr: 1.0e-5\n"
+    )
+    with pytest.raises(UserError, match="both trainer.lr and optim.lr are set") as err:
+        load_config(path)
+    assert err.value.where == f"{path}:8: key trainer.lr", err.value.where

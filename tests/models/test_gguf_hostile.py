@@ -171,27 +171,50 @@ def damaged(tmp_path_factory) -> dict[str, Path]:
     return damaged_ggufs(tmp_path_factory.mktemp("damaged_gguf"))
 
 
-@pytest.mark.parametrize("kind", ["empty", "magic", "truncated", "tensors", "keys", "key_length"])
+DAMAGED = ["empty", "magic", "truncated", "tensors", "keys", "key_length"]
+# what the header of each damaged file claims, as the message names it
+CLAIMS = {
+    "tensors": f"{2**60:,} tensors",
+    "keys": f"{2**60:,} keys",
+    "key_length": f"a key of {2**62:,} bytes",
+}
+
+
+@pytest.mark.parametrize("kind", DAMAGED)
 def test_the_shape_reader_refuses_a_damaged_gguf_like_the_loader(damaged, kind):
     """Before: danka estimate read the header through transformers unchecked: a ValueError
     traceback (exit 1) for an empty file or a wrong magic, 'this JSON file is broken' for
-    the rest. Now one reader (gguf.check_gguf) refuses each, as danka generate did."""
+    the rest. Now one reader (gguf.check_gguf) refuses each, as danka generate did; a
+    header that claims more than the file can hold says so (it said 'IndexError: index 0
+    is out of bounds for axis 0 with size 0')."""
     from danka.planning.shape import load_model_config
 
     with pytest.raises(UserError) as err:
         load_model_config(str(damaged[kind]))
     assert err.value.where == str(damaged[kind]) and "GGUF" in err.value.what
     assert "JSON" not in str(err.value)
+    if kind in CLAIMS:
+        assert f"its header claims {CLAIMS[kind]}, more than" in err.value.what, err.value.what
+        assert "Error" not in err.value.what
 
 
-def test_danka_estimate_of_a_damaged_gguf_is_exit_2(damaged, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("kind", DAMAGED)
+def test_danka_estimate_of_a_damaged_gguf_is_exit_2_and_one_message(
+    damaged, tmp_path, capsys, monkeypatch, kind
+):
+    """Before the shape reader checked the file: exit 1 and a traceback. Then exit 2, but
+    the message came twice: once inside 'prompts priced at the config's bound: the
+    training prompts were not read (...)' (the prompts' tokenizer is the model's), then
+    as the error."""
     from danka.cli import main
 
     monkeypatch.setenv("DANKA_CACHE", str(tmp_path / "cache"))
     config = tmp_path / "c.yaml"
     config.write_text(
-        f"model:\n  actor_model_name_or_path: {damaged['empty']}\ndata:\n  task: arithmetic\n"
+        f"model:\n  actor_model_name_or_path: {damaged[kind]}\ndata:\n  task: arithmetic\n"
     )
     assert main(["estimate", str(config)]) == 2
     err = capsys.readouterr().err
-    assert f"danka: error: {damaged['empty']}: " in err and "Traceback" not in err
+    assert err.startswith(f"danka: error: {damaged[kind]}: "), err
+    assert err.count("cannot read the GGUF file") == 1 and "fix:" in err, err
+    assert "Traceback" not in err and "prompts priced" not in err

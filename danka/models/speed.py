@@ -1,5 +1,5 @@
 """The speed settings that change how the model runs: ``speed.tf32`` (TF32 matmuls) and
-``speed.compile`` (the training forward's decoder body through ``torch.compile``). Both
+``speed.compile`` (the training forwards' decoder layers through ``torch.compile``). Both
 act on a CUDA GPU only; elsewhere they are refused (exit 2), never a silent no-op."""
 
 from __future__ import annotations
@@ -43,12 +43,9 @@ def enable_tf32(enabled: bool, device) -> str | None:
 
 
 def compile_forward(model, enabled: bool, device):
-    """``speed.compile: true`` -> the forward of the model's transformer body (what the
-    training forward calls: ``get_decoder()``, through a PeftModel too; the LM head runs
-    chunked outside it) becomes ``torch.compile(forward, dynamic=True)`` (dynamic: every
-    step has other sequence lengths). Compiling ``model.forward`` instead would be a
-    silent no-op: the training forward never calls it. Only on a CUDA GPU: elsewhere
-    UserError (exit 2). Returns the model."""
+    """``speed.compile: true`` -> the training forwards' decoder layers through
+    ``torch.compile`` (:func:`compile_layers`). Only on a CUDA GPU: elsewhere UserError
+    (exit 2), never a silent no-op. Returns the model."""
     if not enabled:
         return model
     if not _cuda_device(device):
@@ -58,9 +55,7 @@ def compile_forward(model, enabled: bool, device):
             where="speed.compile",
             fix="set speed.compile: false",
         )
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    body = base.get_decoder()
-    body.forward = torch.compile(body.forward, dynamic=True)
+    compile_layers(model)
     return model
 
 
@@ -69,10 +64,11 @@ def compile_layers(model) -> int:
     (``dynamic=True``: every micro-batch has another token count), one layer's code
     compiled once and reused by all (regional compilation: seconds, not the minutes of
     compiling the whole body). Inductor fuses each layer's norms, rotary embedding, SiLU
-    gate and residual adds; the GEMMs and the varlen attention stay library kernels. Other
-    forwards (generation with a KV cache, the padded path) run the layers eagerly: only
-    calls that carry ``cu_seq_lens_q`` (danka.models.varlen) take the compiled code. A
-    compile failure is logged once and the layers run eagerly. Returns the layers changed."""
+    gate and residual adds; the GEMMs and the attention stay library kernels. Only the
+    training forwards take the compiled code (padding-free calls, which carry
+    ``cu_seq_lens_q``, and padded ones without a KV cache); generation runs the layers
+    eagerly. A compile failure is logged once and the layers run eagerly. Returns the
+    layers changed."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     layers = getattr(base.get_decoder(), "layers", None) or []
     for layer in layers:
@@ -85,7 +81,8 @@ _compile_failed: list[str] = []
 
 
 def _either(eager, compiled, *args, **kwargs):
-    if "cu_seq_lens_q" not in kwargs or _compile_failed:
+    training = "cu_seq_lens_q" in kwargs or kwargs.get("use_cache") is False
+    if not training or _compile_failed:
         return eager(*args, **kwargs)
     try:
         return compiled(*args, **kwargs)

@@ -61,7 +61,7 @@ def speed_settings(cfg: DankaConfig, models, device: torch.device, log: logging.
         log.info(line)
     if t.compile:
         compile_forward(models.policy, True, device)
-        log.info("speed.compile: policy forward compiled (torch.compile, dynamic=True)")
+        log.info("speed.compile: the training forwards' decoder layers compiled (torch.compile)")
     if varlen.wanted(t.packed_update, device):
         dtype = next(models.policy.parameters()).dtype
         lora = cfg.lora.enable_lora and dtype in (torch.bfloat16, torch.float16)

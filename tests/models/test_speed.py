@@ -21,15 +21,28 @@ def test_tf32_and_compile_are_refused_without_a_gpu():
     assert err.value.where == "speed.compile"
 
 
-def test_compile_wraps_the_body_the_training_forward_calls(monkeypatch):
-    """The training forward calls the decoder body (danka.step.forward.decoder_of), not
-    ``model.forward``: compiling ``model.forward`` would be a no-op."""
-    from peft import LoraConfig, get_peft_model
+def test_compile_wraps_each_layer_for_training_forwards_only(monkeypatch):
+    """The training forwards (padding-free, or padded without a KV cache) run each decoder
+    layer through its compiled code; generation with a cache runs it eagerly."""
+    import torch
 
     from danka.models import tiny
-    from danka.step.forward import decoder_of
+    from danka.models.lora import apply_lora
+
+    calls = []
+
+    def fake_compile(fn, dynamic):  # records which forwards took the compiled code
+        assert dynamic is True
+        return lambda *a, **k: calls.append("compiled") or fn(*a, **k)
 
     monkeypatch.setattr(speed, "_cuda_device", lambda device: True)  # no GPU here
-    model = get_peft_model(tiny.tiny_causal_lm(), LoraConfig(r=2, target_modules=["q_proj"]))
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    model = apply_lora(tiny.tiny_causal_lm(), r=2, alpha=4, dropout=0.0, target_modules="q_proj")
     assert compile_forward(model, True, "cuda") is model
-    assert hasattr(decoder_of(model).forward, "_torchdynamo_orig_callable")
+    layers = model.config.num_hidden_layers
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+        assert calls == ["compiled"] * layers
+        model.generate(input_ids=ids, max_new_tokens=2, do_sample=False)
+    assert calls == ["compiled"] * layers  # generation: eager

@@ -40,6 +40,90 @@ MIN_ROWS = 16  # tl.dot needs M >= 16: the G query heads are padded up to this
 
 
 @triton.jit
+def _attend_block(q, kt, vb, valid, qk_scale, m_i, l_i, acc, DOT_FP32: tl.constexpr):
+    """Keys ``kt`` (BLOCK_D, BLOCK_L) and values ``vb`` (BLOCK_L, BLOCK_D) of one block
+    folded into the online softmax state (m_i, l_i, acc) of ``q``; slots not ``valid`` get
+    no weight. ``DOT_FP32``: both products in IEEE fp32 (see :func:`_split_kernel`)."""
+    if DOT_FP32:
+        s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+    else:
+        s = tl.dot(q, kt)
+    s = s * qk_scale  # (BLOCK_G, BLOCK_L), log2 units
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if DOT_FP32:
+        pv = tl.dot(p, vb.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(vb.dtype), vb)  # bf16 probabilities, as flash attention
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _attend_split(
+    q_base,
+    k_base,
+    v_base,
+    first,
+    last,
+    split,
+    sq_g,
+    sq_d,
+    sk_l,
+    sk_d,
+    sv_l,
+    sv_d,
+    G,
+    L,
+    D,
+    qk_scale,
+    CHUNK: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    """The online softmax state (m, l, acc) of one (row, kv head)'s queries over the valid
+    slots of split ``split``: [split * CHUNK, (split + 1) * CHUNK) clipped to the row's
+    [first, last] and to L."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_l = tl.arange(0, BLOCK_L)
+    dmask = offs_d < D
+    q = tl.load(
+        q_base + offs_g[:, None] * sq_g + offs_d[None, :] * sq_d,
+        mask=(offs_g < G)[:, None] & dmask[None, :],
+        other=0.0,
+    )  # (BLOCK_G, BLOCK_D); padded rows are 0 and are never stored
+    lo = tl.maximum(split * CHUNK, first)
+    hi = tl.minimum(tl.minimum(split * CHUNK + CHUNK, last + 1), L)
+    m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
+    # the chunk's blocks are aligned to BLOCK_L (coalesced loads); a block without a valid
+    # slot is skipped, so the running max is finite whenever a block is processed
+    for i in range(0, CHUNK // BLOCK_L):
+        s0 = split * CHUNK + i * BLOCK_L
+        if (s0 + BLOCK_L > lo) & (s0 < hi):
+            slots = s0 + offs_l
+            valid = (slots >= lo) & (slots < hi)
+            kt = tl.load(
+                k_base + slots[None, :] * sk_l + offs_d[:, None] * sk_d,
+                mask=valid[None, :] & dmask[:, None],
+                other=0.0,
+            )  # (BLOCK_D, BLOCK_L)
+            vb = tl.load(
+                v_base + slots[:, None] * sv_l + offs_d[None, :] * sv_d,
+                mask=valid[:, None] & dmask[None, :],
+                other=0.0,
+            )  # (BLOCK_L, BLOCK_D)
+            m_i, l_i, acc = _attend_block(q, kt, vb, valid, qk_scale, m_i, l_i, acc, DOT_FP32)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _split_kernel(
     q_ptr,
     k_ptr,
@@ -80,70 +164,34 @@ def _split_kernel(
     operands is wrong, values ~1e10): both products in IEEE fp32 (not TF32)."""
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
-    num_splits = tl.num_programs(1)
     row = pid_bh // H
     head = pid_bh % H
-
+    m_i, l_i, acc = _attend_split(
+        q_ptr + row * sq_b + head * sq_h,
+        k_ptr + row * sk_b + head * sk_h,
+        v_ptr + row * sv_b + head * sv_h,
+        tl.load(start_ptr + row).to(tl.int32),
+        tl.load(slot_ptr).to(tl.int32),
+        split,
+        sq_g,
+        sq_d,
+        sk_l,
+        sk_d,
+        sv_l,
+        sv_d,
+        G,
+        L,
+        D,
+        qk_scale,
+        CHUNK,
+        BLOCK_G,
+        BLOCK_D,
+        BLOCK_L,
+        DOT_FP32,
+    )
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_l = tl.arange(0, BLOCK_L)
-    gmask = offs_g < G
-    dmask = offs_d < D
-
-    q_base = q_ptr + row * sq_b + head * sq_h
-    q = tl.load(
-        q_base + offs_g[:, None] * sq_g + offs_d[None, :] * sq_d,
-        mask=gmask[:, None] & dmask[None, :],
-        other=0.0,
-    )  # (BLOCK_G, BLOCK_D); padded rows are 0 and are never stored
-
-    # this split's valid slots [lo, hi): the chunk clipped to [start, slot] and to L
-    first = tl.load(start_ptr + row).to(tl.int32)
-    last = tl.load(slot_ptr).to(tl.int32)
-    lo = tl.maximum(split * CHUNK, first)
-    hi = tl.minimum(tl.minimum(split * CHUNK + CHUNK, last + 1), L)
-
-    m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
-
-    k_base = k_ptr + row * sk_b + head * sk_h
-    v_base = v_ptr + row * sv_b + head * sv_h
-    # the chunk's blocks are aligned to BLOCK_L (coalesced loads); a block without a valid
-    # slot is skipped, so m_new below is finite whenever a block is processed
-    for i in range(0, CHUNK // BLOCK_L):
-        s0 = split * CHUNK + i * BLOCK_L
-        if (s0 + BLOCK_L > lo) & (s0 < hi):
-            slots = s0 + offs_l
-            valid = (slots >= lo) & (slots < hi)
-            kt = tl.load(
-                k_base + slots[None, :] * sk_l + offs_d[:, None] * sk_d,
-                mask=valid[None, :] & dmask[:, None],
-                other=0.0,
-            )  # (BLOCK_D, BLOCK_L)
-            if DOT_FP32:
-                s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
-            else:
-                s = tl.dot(q, kt)
-            s = s * qk_scale  # (BLOCK_G, BLOCK_L), log2 units
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            vb = tl.load(
-                v_base + slots[:, None] * sv_l + offs_d[None, :] * sv_d,
-                mask=valid[:, None] & dmask[None, :],
-                other=0.0,
-            )  # (BLOCK_L, BLOCK_D)
-            if DOT_FP32:
-                pv = tl.dot(p, vb.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(vb.dtype), vb)  # bf16 probabilities, as flash attention
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
-
-    part = (pid_bh * num_splits + split) * BLOCK_G + offs_g  # scratch is contiguous
+    part = (pid_bh * tl.num_programs(1) + split) * BLOCK_G + offs_g  # scratch is contiguous
     tl.store(m_ptr + part, m_i)
     tl.store(l_ptr + part, l_i)
     tl.store(acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], acc)

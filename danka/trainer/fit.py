@@ -84,9 +84,6 @@ def _fit(built: Built, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: 
     h, stop, stopping = config_hash(resolved), current_stop(), False
     clocks = RunClocks.start(cfg, log)  # when to evaluate, save, stop: agreed by all ranks
     stop_requested(stop)  # from here a signal waits for the end of the step (then saves)
-    save = lambda st: callbacks.on_checkpoint(  # noqa: E731
-        st.step, built.checkpointer.save(st.step, outputs.history.to_json(), resolved, h)
-    )
     with TrainProgress(state.total, start_step=start, enabled=cfg.logging.progress and main) as bar:
         while not state.done:
             step = state.next_step
@@ -109,12 +106,12 @@ def _fit(built: Built, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: 
                     bar.update(step, {"eval/accuracy": record["eval/accuracy"]})
             saved = stopping or due.save  # 9. checkpoint
             if saved:
-                save(state)
+                _save(built, outputs, resolved, h, state.step)
                 clocks.saved()
             if not stopping and stop_requested(stop):  # came during the evaluation or the save
                 stopping = True  # stop now, not after one more step
                 if not saved:
-                    save(state)
+                    _save(built, outputs, resolved, h, state.step)
             if stopping:
                 log.warning(
                     f"{signal_name(stop)}: stopped after step {step} (checkpoint saved); "
@@ -128,6 +125,12 @@ def _fit(built: Built, cfg: DankaConfig, resolved: dict, ckpt, t0: float, main: 
         return {"steps": state.total}
     stopped = signal_name(stop) if stopping else None
     return outputs.finish(state.total, time.perf_counter() - t0, stopped=stopped)
+
+
+def _save(built: Built, outputs: Outputs, resolved: dict, cfg_hash: str, step: int) -> None:
+    """9. the checkpoint of ``step`` with the run's history, then the user's callback."""
+    path = built.checkpointer.save(step, outputs.history.to_json(), resolved, cfg_hash)
+    callbacks.on_checkpoint(step, path)
 
 
 def evaluate(built: Built, outputs: Outputs, state: RunState, *, full: bool) -> dict | None:

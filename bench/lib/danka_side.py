@@ -26,7 +26,6 @@ from danka.models import lora_linear as _lora_linear
 from danka.models import prefix as _prefix
 from danka.models.lora import compute_adapters_in
 from danka.models.speed import compile_forward
-from danka.models.speed import compile_layers as _compile_layers
 from danka.planning.run_plan import cap_process
 from danka.rewards.combine import RewardOutput
 from danka.rewards.combine import reward_specs as _reward_specs
@@ -284,11 +283,6 @@ def update_step(
     )  # fmt: skip
 
 
-def compile_layers(model: torch.nn.Module) -> int:
-    """The padding-free forward's decoder layers compiled (danka.models.speed)."""
-    return _compile_layers(model)
-
-
 def compile_failures() -> list[str]:
     """Why compiled decoder layers fell back to eager (danka.models.speed), if they did."""
     from danka.models import speed
@@ -296,12 +290,11 @@ def compile_failures() -> list[str]:
     return list(speed._compile_failed)
 
 
-def unfuse_lora(model: torch.nn.Module) -> int:
+def unfuse_lora(model: torch.nn.Module) -> None:
     """peft's LoRA forward instead of danka.models.lora_linear's fused layer."""
-    layers = [m for m in model.modules() if "forward" in m.__dict__ and hasattr(m, "lora_A")]
-    for m in layers:
-        _lora_linear.uninstall(m)
-    return len(layers)
+    for m in model.modules():
+        if hasattr(m, "lora_A"):  # peft's layers only: their A/B keep the bf16 casts
+            _lora_linear.uninstall(m)
 
 
 def compile_body(model: torch.nn.Module, dev: torch.device) -> None:

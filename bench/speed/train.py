@@ -232,7 +232,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="update_05b: mb<micro-batch>[+gc][+compile][+eager_head][+lora][+varlen], "
         "comma-separated (+varlen: speed.packed_update, padding-free, LoRA in bf16; +chunkN: "
         "the log-prob head's chunk) "
-        "(+compile: speed.compile, stays on for the variants after it; +eager_head: the "
+        "(+compile: speed.compile, stays on for the variants after it; +peftlora: peft's "
+        "LoRA forward instead of the fused layer; +eager_head: the "
         "log-prob head's per-chunk work eager instead of compiled)",
     )
     ap.add_argument(

@@ -208,9 +208,6 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
             if "+compile" in variant and not compiled:  # speed.compile (stays on: list last)
                 ds.compile_body(base, dev)
                 compiled = True
-            if "+rcompile" in variant and not compiled:  # decoder layers (stays on: list last)
-                ds.compile_layers(base)
-                compiled = True
             if "+peftlora" in variant:  # A/B: peft's LoRA forward, adapters cast to bf16
                 ds.unfuse_lora(ds.policy_of(run))
 

@@ -296,11 +296,10 @@ def check_reward(cfg: DankaConfig, at) -> None:
         except UserError as err:
             at.fail("reward.judge_template", err.what, err.fix or "")
     rm = cfg.reward.model_weight if cfg.model.reward_model_name_or_path else None
-    try:  # their keys located like every other: the file's line, or the override
-        check_reward_specs(cfg.reward.functions)
-        check_reward_weights(cfg.reward.functions, rm)
-    except UserError as err:
-        at.fail(err.where or "reward.functions", err.what, err.fix or "")
+    # their errors name a bare key, said at the file's line or the override by
+    # danka.config.load.located, which runs around validation
+    check_reward_specs(cfg.reward.functions)
+    check_reward_weights(cfg.reward.functions, rm)
     ob, new = cfg.reward.overlong_buffer, cfg.trainer.max_new_tokens
     if not 0 <= ob.length < new:
         at.fail(

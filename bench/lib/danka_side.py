@@ -290,11 +290,13 @@ def compile_failures() -> list[str]:
     return list(speed._compile_failed)
 
 
-def unfuse_lora(model: torch.nn.Module) -> None:
-    """peft's LoRA forward instead of danka.models.lora_linear's fused layer."""
+def fuse_lora(model: torch.nn.Module, fused: bool) -> None:
+    """danka.models.lora_linear's fused layer (``fused``) or peft's LoRA forward, per variant."""
     for m in model.modules():
         if hasattr(m, "lora_A"):  # peft's layers only: their A/B keep the bf16 casts
             _lora_linear.uninstall(m)
+            if fused and _lora_linear.fusable(m):
+                _lora_linear.install(m)
 
 
 def compile_body(model: torch.nn.Module, dev: torch.device) -> None:

@@ -208,8 +208,8 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
             if "+compile" in variant and not compiled:  # speed.compile (stays on: list last)
                 ds.compile_body(base, dev)
                 compiled = True
-            if "+peftlora" in variant:  # A/B: peft's LoRA forward, adapters cast to bf16
-                ds.unfuse_lora(ds.policy_of(run))
+            if lora and not compiled:  # A/B: +peftlora is peft's forward (adapters in bf16)
+                ds.fuse_lora(ds.policy_of(run), "+peftlora" not in variant)
 
             chunk = next((int(x[5:]) for x in variant.split("+") if x.startswith("chunk")), None)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -122,11 +121,18 @@ def add_adapter(
         compute_adapters_in(peft_model, compute_dtype)
 
 
-def _linear_in(mod: nn.Linear, dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:
-    """``mod``'s linear computed in ``dtype``: the fp32 master weight is cast per call (the
-    cast is differentiable, so its gradient lands in fp32 ``weight.grad``)."""
-    bias = None if mod.bias is None else mod.bias.to(dtype)
-    return F.linear(x.to(dtype), mod.weight.to(dtype), bias)
+class CastLinear(nn.Linear):
+    """An adapter's A or B computed in ``compute_dtype``: the fp32 master weight is cast per
+    call (the cast is differentiable, so its gradient lands in fp32 ``weight.grad``). A class
+    (swapped in by :func:`compute_adapters_in`), not a per-module ``forward``: compiled
+    decoder layers then share one guard (``speed.compile``)."""
+
+    compute_dtype: torch.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self.compute_dtype
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return F.linear(x.to(dtype), self.weight.to(dtype), bias)
 
 
 def compute_adapters_in(model: nn.Module, dtype: torch.dtype | None) -> int:
@@ -146,12 +152,15 @@ def compute_adapters_in(model: nn.Module, dtype: torch.dtype | None) -> int:
     for module in model.modules():
         if not hasattr(module, "lora_A") or not hasattr(module, "base_layer"):
             continue
+        lins = [*module.lora_A.values(), *module.lora_B.values()]
+        if not all(type(lin) in (nn.Linear, CastLinear) for lin in lins):
+            continue  # not a plain linear adapter: peft's own forward
         module.cast_input_dtype_enabled = dtype is None
-        for lin in [*module.lora_A.values(), *module.lora_B.values()]:
-            if dtype is None:
-                lin.__dict__.pop("forward", None)  # back to nn.Linear.forward
-            else:
-                lin.forward = partial(_linear_in, lin, dtype)
+        for lin in lins:
+            lin.__class__ = nn.Linear if dtype is None else CastLinear
+            lin.__dict__.pop("compute_dtype", None)
+            if dtype is not None:
+                lin.compute_dtype = dtype
         lora_linear.uninstall(module)
         if dtype is not None and lora_linear.fusable(module):
             lora_linear.install(module)

@@ -26,8 +26,6 @@ rounded, scaled and rounded again (tests/models/test_lora_linear.py).
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 from torch import nn
 
@@ -87,21 +85,42 @@ def _adapter(module: nn.Module, x: torch.Tensor, args, kwargs) -> str | None:
     return name if x.dtype == module.base_layer.weight.dtype else None
 
 
-def _forward(module: nn.Module, fallback, x: torch.Tensor, *args, **kwargs):
-    name = _adapter(module, x, args, kwargs)
-    if name is None:
-        return fallback(x, *args, **kwargs)
-    base = module.base_layer
-    a, b = module.lora_A[name].weight, module.lora_B[name].weight
-    return lora_linear(x, base.weight, base.bias, a, b, module.scaling[name])
+class _Fused:
+    """Mixed into a peft LoRA layer's class by :func:`install`: ``forward`` through
+    :func:`lora_linear` where it applies. A class, not a per-module bound ``forward``: with
+    ``speed.compile`` every decoder layer's code is compiled once and reused, and a guard on
+    a per-module function would recompile it for each layer (measured on an H100: the
+    recompile limit hit, most layers eager)."""
+
+    _danka_base: type
+
+    def forward(self, x: torch.Tensor, *args, **kwargs):
+        name = _adapter(self, x, args, kwargs)
+        if name is None:
+            return self._danka_base.forward(self, x, *args, **kwargs)
+        base = self.base_layer
+        a, b = self.lora_A[name].weight, self.lora_B[name].weight
+        return lora_linear(x, base.weight, base.bias, a, b, self.scaling[name])
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"Fused{cls.__name__}", (_Fused, cls), {"_danka_base": cls})
+    return _CLASSES[cls]
 
 
 def install(module: nn.Module) -> None:
     """Route ``module``'s forward through :func:`lora_linear` where it applies (one active
-    adapter, no dropout in training, not merged, adapters on); peft's forward otherwise."""
-    fallback = type(module).forward.__get__(module)
-    module.forward = partial(_forward, module, fallback)
+    adapter, no dropout in training, not merged, adapters on); peft's forward otherwise.
+    ``module`` keeps its class's behaviour otherwise (a subclass: peft's isinstance checks,
+    merging and saving see the same layer)."""
+    if not isinstance(module, _Fused):
+        module.__class__ = _fused_class(type(module))
 
 
 def uninstall(module: nn.Module) -> None:
-    module.__dict__.pop("forward", None)
+    if isinstance(module, _Fused):
+        module.__class__ = module._danka_base

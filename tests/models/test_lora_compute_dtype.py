@@ -15,10 +15,10 @@ DIMS = {**FAST_DIMS, "initializer_range": 0.02}  # HF's default init
 IDS = torch.randint(1, 300, (4, 24), generator=torch.Generator().manual_seed(1))
 
 
-def _fp32_lora_model():
+def _fp32_lora_model(**dims):
     torch.manual_seed(0)
     model = apply_lora(
-        LlamaForCausalLM(LlamaConfig(**DIMS)),
+        LlamaForCausalLM(LlamaConfig(**{**DIMS, **dims})),
         r=8,
         alpha=16,
         dropout=0.0,

@@ -77,6 +77,19 @@ def test_fused_bf16_is_within_bf16_noise_of_fp32_truth():
     assert _rel(flat(g), flat(g_truth)) < 4 * 2**-8
 
 
+def test_a_deep_copy_computes_like_its_original():
+    """The bf16 casts and the fused layers survive ``copy.deepcopy`` (a per-module bound
+    ``forward`` did not: the copy's adapters computed in fp32 against bf16 inputs)."""
+    model = _bf16_base(_fp32_lora_model())
+    compute_adapters_in(model, torch.bfloat16)
+    twin = copy.deepcopy(model)
+    for m in twin.modules():
+        lora_linear.uninstall(m)  # the copy through peft's forward, adapters still in bf16
+    assert _calls(model) == 14 and _calls(twin) == 0
+    flat = lambda gs: torch.cat([v.flatten() for v in gs.values()])  # noqa: E731
+    assert _rel(flat(_grads(twin)[0]), flat(_grads(model)[0])) < 4 * 2**-8
+
+
 def test_reference_mode_dropout_and_restore_take_peft_path():
     model = _fp32_lora_model()
     compute_adapters_in(model, torch.float32)
@@ -94,7 +107,7 @@ def test_reference_mode_dropout_and_restore_take_peft_path():
     model.eval()
     assert _calls(model) == 14
     compute_adapters_in(model, None)
-    assert _calls(model) == 0 and "forward" not in layer.__dict__
+    assert _calls(model) == 0 and not isinstance(layer, lora_linear._Fused)
     del base
 
 
@@ -104,3 +117,43 @@ def test_only_a_frozen_plain_linear_base_fuses(frozen):
     layer = model.base_model.model.model.layers[0].mlp.up_proj
     layer.base_layer.weight.requires_grad_(not frozen)
     assert lora_linear.fusable(layer) is frozen
+
+
+def test_compiled_layers_compile_once_for_all_layers(monkeypatch):
+    """speed.compile compiles one decoder layer's code for every layer: the fused LoRA
+    layers and the bf16 adapter casts are classes, so no guard differs between layers (each
+    layer's own bound ``forward`` recompiled per layer: the H100's recompile limit hit, most
+    layers eager). A no-grad pass adds one graph, not one per layer; numbers unchanged."""
+    from danka.models import speed
+
+    graphs = []
+    compile_ = torch.compile
+
+    def backend(gm, example_inputs):  # dynamo's guards and graph breaks, without inductor
+        graphs.append(gm)
+        return gm
+
+    def counting(fn, dynamic):  # one backend for all layers, as inductor's compare equal
+        return compile_(fn, dynamic=dynamic, backend=backend)
+
+    monkeypatch.setattr(torch, "compile", counting)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)
+    torch._dynamo.reset()
+    model = _bf16_base(_fp32_lora_model(num_hidden_layers=4))
+    compute_adapters_in(model, torch.bfloat16)
+    eager = copy.deepcopy(model)
+    layers = speed.compile_layers(model)
+    assert layers == 4
+    for m in (eager, model):
+        m.zero_grad()
+        out = m(input_ids=IDS, labels=IDS, use_cache=False)
+        out.loss.backward()
+    per_pass = len(graphs)
+    assert 1 <= per_pass < layers
+    with torch.no_grad():
+        model(input_ids=IDS, use_cache=False)
+    assert len(graphs) <= 2 * per_pass
+    for (n, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+        if "lora" in n:
+            assert torch.equal(p.grad, q.grad), n
+    assert not speed._compile_failed

@@ -16,6 +16,17 @@ def reward(prompts, completions, **columns):
 """
 
 
+@pytest.fixture(autouse=True)
+def _matmul_precision_restored():
+    """A run with ``speed.tf32`` turns TF32 on for its whole process, as a training run
+    should; here the tests after it compare fp32 results at 1e-5 (CUDA graphs vs eager)."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from danka.models.tiny import save_tiny_model

@@ -22,11 +22,12 @@ Memory, sized to the work: the engine holds no weight copy (only a live adapter'
 stacked B copies); the KV cache holds the call's rows for its longest prompt plus
 ``max_new_tokens``, rounded up to ``seq_round`` (32) slots, and is staged
 (:mod:`danka.rollout.fast.staged`): the rows first hold the prompt + ``first_stage`` new
-tokens, then the rows still going move, compacted, into the full-length cache. By default
-(``keep_cache`` None or False) all of it (KV cache, buffers, graphs) is freed at the end of
-each call, i.e. before the trainer's update, and the graphs are captured again at the next
-call. ``keep_cache=True`` keeps one full-size cache between calls (it then only grows; no
-staging). ``release()`` frees it on demand.
+tokens, then the rows still going move, compacted, into the full-length cache, and move
+again into a batch of half the rows or fewer whenever enough of them have finished. By
+default (``keep_cache`` None or False) all of it (KV cache, buffers, graphs) is freed at the
+end of each call, i.e. before the trainer's update, and the graphs are captured again at the
+next call. ``keep_cache=True`` keeps one full-size cache between calls (it then only grows;
+no staging). ``release()`` frees it on demand.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ class FastEngine(RolloutEngine):
                 st.graphs.clear()
             self._pool = None  # a pool whose graphs are all gone cannot take new captures
             self._weight_ptrs = ptrs
-        self.stats = {"graphs_captured": 0, "capture_s": 0.0, "steps": 0}
+        self.stats = {"graphs_captured": 0, "capture_s": 0.0, "steps": 0, "compactions": 0}
         if self._gen is None:
             self._gen = torch.Generator(device=spec.device)
         self._gen.manual_seed(draw_seed(generator))
@@ -336,18 +337,35 @@ class FastEngine(RolloutEngine):
         st.gen.fill_(1)
 
     def _decode_steps(
-        self, w, st: Slots, key, k, v, plen: int, ran: int, new: int, cap: int, graphs: bool
+        self,
+        w,
+        st: Slots,
+        key,
+        k,
+        v,
+        plen: int,
+        ran: int,
+        new: int,
+        cap: int,
+        graphs: bool,
+        stop_alive: int = 0,
     ) -> tuple[int, bool]:
-        """Decode steps from step ``ran`` until ``new - 1`` steps ran, every row finished, or
-        the cache of ``cap`` slots is full -> (steps run in all, whether decoding is over)."""
+        """Decode steps from step ``ran`` until ``new - 1`` steps ran, every row finished, the
+        cache of ``cap`` slots is full, or a check finds at most ``stop_alive`` rows still
+        going (the staged decode then moves them to a smaller batch) -> (steps run in all,
+        whether decoding is over)."""
         t = k.shape[3]
         while ran < new - 1 and plen + ran < cap:
             live = self.live_length(plen + ran, t)  # this step writes slot plen + ran
             graph = st.graphs.get((key, live)) if graphs else None
             graph.replay() if graph is not None else self._step(w, st, k, v, key, live)
             ran += 1
-            if ran % self.check_every == 0 and bool(st.done.all()):
-                return ran, True
+            if ran % self.check_every == 0:
+                alive = int(st.done.logical_not().sum())  # the check's one host sync
+                if alive == 0:
+                    return ran, True
+                if alive <= stop_alive and ran < new - 1:
+                    return ran, False
         return ran, ran >= new - 1 or bool(st.done.all())
 
     def _decode(self, w, st: Slots, key, k, v, lens: torch.Tensor, plen: int, new: int, graphs):

@@ -8,6 +8,17 @@ new tokens; the rows still going then move, compacted into the smallest batch bu
 cache of the full length, one layer at a time (:meth:`LayerCache.moved`). Without an end
 token (random weights) every row moves and the peak is the full cache plus one layer.
 
+The full-length stage keeps compacting. A decode step costs about rows x attended length,
+and the answers end at very different lengths (GSM8K: most at 150-300 of 512 tokens), so
+rows kept until the longest answer ends would waste most of the late steps. At each host
+check of "all finished" (every ``check_every`` steps, a sync that happens anyway), once the
+rows still going fit a batch of at most half the rows (``bucket_size(alive) <= b // 2``;
+without graphs, exact counts: ``alive <= b // 2``), they move again to a full-length cache of
+that batch. Halving, not any smaller batch: each move copies the cache and, on CUDA,
+captures the step again, so a call of ``b`` rows moves at most ``log2(b / 8)`` more times
+(``log2(b)`` without graphs). The output rows keep their places (``idx``: each stage row's
+original row).
+
 Each stage captures its own CUDA graph, before its state is filled (a capture's warm-up
 writes cache slot ``T - 1`` and resets the decode state), in a graph pool of the call's own:
 the graphs point at this call's caches and die with it. Greedy decoding gives the tokens of
@@ -19,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from danka.rollout.fast.model import rope_tables
-from danka.rollout.fast.slots import LayerCache, Slots, bucket_size
+from danka.rollout.fast.slots import BUCKETS, LayerCache, Slots, bucket_size
 
 
 def run_staged(eng, root, w, prompts, params, eos_ids, pad_id, graphs: bool, first: int, t: int):
@@ -50,14 +61,15 @@ def _staged(eng, w, prompts, params, eos_ids, pad_id, graphs: bool, first: int, 
     out_tok = torch.full((rows, new), pad_id, dtype=torch.long, device=spec.device)
     out_lp = torch.zeros((rows, new), dtype=torch.float32, device=spec.device)
     idx = torch.arange(rows, device=spec.device)  # original row of each stage row
-    ran, cap = 0, first
+    ran, cap, shrink = 0, first, 0  # the first stage ends when its cache is full
     while True:
-        ran, finished = eng._decode_steps(w, st, key, k, v, plen, ran, new, cap, graphs)
+        ran, finished = eng._decode_steps(w, st, key, k, v, plen, ran, new, cap, graphs, shrink)
         m = len(idx)
         out_tok[idx, : ran + 1] = st.out_tok[:m, : ran + 1]
         out_lp[idx, : ran + 1] = st.out_lp[:m, : ran + 1]
         if finished:
             break
+        eng.stats["compactions"] += int(cap == t)  # a move within the full length
         alive = (~st.done[:m]).nonzero()[:, 0]  # host sync, once per stage
         idx, b = idx[alive], bucket_size(len(alive), graphs)
         length = plen + ran  # cache slots written so far
@@ -66,9 +78,21 @@ def _staged(eng, w, prompts, params, eos_ids, pad_id, graphs: bool, first: int, 
         old, (st, key) = st, _stage_slots(eng, b, t, params, eos_ids, pad_id)
         eng._ensure_graph(w, st, key, k, v, graphs, length, new - ran)
         _carry_over(old, st, alive, ran)
-        cap = t
+        cap, shrink = t, compact_at(b, graphs)
     eng.stats["steps"] += ran
     return out_tok[:, : ran + 1].tolist(), out_lp[:, : ran + 1].tolist()
+
+
+def compact_at(b: int, graphs: bool) -> int:
+    """The most rows still going at which a stage of ``b`` rows moves to a smaller batch:
+    the largest ``a`` with ``bucket_size(a, graphs) <= b // 2`` (0: never, e.g. ``b = 8``
+    with graphs, whose buckets start at 8)."""
+    half = b // 2
+    if not graphs:
+        return half
+    if half >= BUCKETS[-1]:  # above the largest bucket, batches are multiples of it
+        return half // BUCKETS[-1] * BUCKETS[-1]
+    return max((s for s in BUCKETS if s <= half), default=0)
 
 
 def _stage_slots(eng, b: int, t: int, params, eos_ids, pad_id):

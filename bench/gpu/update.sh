@@ -6,6 +6,10 @@
 #   bash bench/gpu/update.sh shape              # ~4 min: random weights of the Coder-0.5B shape,
 #                                               # 256 sequences of GSM8K-like lengths, LoRA r32
 #                                               # and full-parameter, padded vs padding-free
+#   bash bench/gpu/update.sh verify             # ~8 min, no GGUF needed: .whl's wheels (datasets,
+#                                               # gguf...), `pytest -m gpu tests` whole, then the
+#                                               # update at the step's shape: full and LoRA, eager
+#                                               # and speed.compile, LoRA through peft's forward
 #   bash bench/gpu/update.sh chunk N            # N = 1..9, into /root/w
 #   bash bench/gpu/update.sh steps              # ~7 min: join + convert, then the GRPO and PPO
 #                                               # steps, padding-free (default) and padded
@@ -24,6 +28,15 @@ shape)
     --update-variants "${VARIANTS:-mb8+lora+chunk128,mb8+varlen+lora+chunk128,mb16+varlen+lora+chunk128,mb16+varlen+lora+chunk1024,mb32+varlen+lora+chunk1024,mb8+chunk128,mb8+varlen+chunk128,mb16+varlen+chunk1024}" \
     --profile --profile-steps 1 --name update_shape_05b 2>&1 | quiet
   ;;
+verify)
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+  timeout 300 python3 -m pytest -m gpu -q -p no:logging -rfEs tests 2>&1 | tail -25
+  timeout 280 python3 -m bench train --only update_05b --update-shape qwen2.5-coder-0.5b \
+    --update-seqs 256 --update-variants "${VARIANTS:-mb16+varlen+chunk1024,mb16+varlen+chunk1024+compile,mb16+varlen+lora+chunk1024+peftlora,mb16+varlen+lora+chunk1024,mb16+varlen+lora+chunk1024+compile}" \
+    --profile --profile-steps 1 --name update_fused_05b 2>&1 | quiet | tail -12
+  ;;
 chunk) bash bench/gpu/speed.sh chunk "$GGUF" "${2:?chunk number}" | tail -2 ;;
 steps)
   bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -4
@@ -39,7 +52,8 @@ steps)
     done
   done
   ;;
-*) sed -n 2,13p "$0"; exit 2 ;;
+*) sed -n 2,17p "$0"; exit 2 ;;
 esac
-[ -n "${OUT:-}" ] && cp bench/results/*update_shape* bench/results/train_gsm8k_step* "$OUT/" 2>/dev/null
+[ -n "${OUT:-}" ] && cp bench/results/*update_shape* bench/results/*update_fused* \
+  bench/results/gsm8k_step* "$OUT/" 2>/dev/null
 ls -la bench/results | tail -5

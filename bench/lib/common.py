@@ -11,6 +11,7 @@ fresh ``python -m bench SUB --side NAME`` process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -20,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +84,16 @@ def run_side(cmd: list[str], out: Path, timeout: float) -> dict:
     res = json.loads(out.read_text()) if out.exists() else {}
     res.update(status)
     return res
+
+
+@contextlib.contextmanager
+def sides_folder(out_dir: str | Path) -> Iterator[Path]:
+    """``OUT_DIR/_sides``: where the sides :func:`run_side` starts write their JSON; removed
+    once they have all run (kept when one raised, to look into)."""
+    folder = Path(out_dir) / "_sides"
+    folder.mkdir(parents=True, exist_ok=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def ratio(a_name: str, a: float, b_name: str, b: float) -> dict:

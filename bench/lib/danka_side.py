@@ -263,13 +263,8 @@ def set_packed_update(run: BenchRun, on: bool, seq_tokens: int, padded: UpdateSe
 def train_batch(batch: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:
     """An on-policy training batch (pi_old = the policy at the update's one optimiser step)
     of ``batch``'s sequences with the given (B, R) advantages."""
-    b = batch
-    return TrainBatch(
-        prompt_ids=b.prompt_ids, prompt_mask=b.prompt_mask, response_ids=b.response_ids,
-        response_mask=b.response_mask, loss_mask=b.loss_mask,
-        valid=torch.ones(b.size, dtype=torch.bool), advantages=advantages,
-        old_logprobs=ON_POLICY,
-    )  # fmt: skip
+    valid = torch.ones(batch.size, dtype=torch.bool)
+    return TrainBatch.of(batch, valid=valid, advantages=advantages, old_logprobs=ON_POLICY)
 
 
 def update_step(

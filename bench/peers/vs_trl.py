@@ -49,7 +49,6 @@ import json
 import os
 import random
 import re
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -63,6 +62,7 @@ from bench.lib.common import (
     child_env,
     parser,
     run_side,
+    sides_folder,
     sides_main,
     write_result,
 )
@@ -386,33 +386,31 @@ def compare(args) -> dict:
         "torch.cuda.max_memory_allocated",
         "variants": {},
     }
-    tmp = Path(args.out_dir) / "_sides"
-    tmp.mkdir(parents=True, exist_ok=True)
-    for variant in args.variants.split(","):
-        sides = {}
-        for side in args.sides.split(","):
-            cmd = ["--side", side.split("-")[0], "--variant", variant]
-            cmd += ["--eager-head"] if side == "danka-eager" else []
-            path = tmp / f"trl_{variant}_{side}.json"
-            sides[side] = run_side(bench_command("trl", *cmd, *common), path, args.timeout)
-            print(variant, side, {k: v for k, v in sides[side].items() if k != "step_s"})
-            res["variants"][variant] = {"sides": sides}  # a run cut short keeps what it has
-            write_result({**res, "partial": True}, args.out_dir, result_name(args))
-        entry: dict = {"sides": sides}
-        t, d = (sides.get(s, {}).get("median_step_s") for s in ("trl", "danka"))
-        if t and d:
-            entry["trl_over_danka_step_time"] = t / d
-        gt, gd = (sides.get(s, {}).get("generated_tok_s") for s in ("trl", "danka"))
-        if gt and gd:
-            entry["danka_over_trl_generated_tok_s"] = gd / gt
-        pt, pd = (sides.get(s, {}).get("peak_gib") for s in ("trl", "danka"))
-        if pt and pd:
-            entry["danka_over_trl_peak"] = pd / pt
-        e = sides.get("danka-eager", {}).get("median_step_s")
-        if t and e:
-            entry["trl_over_danka_eager_head_step_time"] = t / e
-        res["variants"][variant] = entry
-    shutil.rmtree(tmp, ignore_errors=True)
+    with sides_folder(args.out_dir) as tmp:
+        for variant in args.variants.split(","):
+            sides = {}
+            for side in args.sides.split(","):
+                cmd = ["--side", side.split("-")[0], "--variant", variant]
+                cmd += ["--eager-head"] if side == "danka-eager" else []
+                path = tmp / f"trl_{variant}_{side}.json"
+                sides[side] = run_side(bench_command("trl", *cmd, *common), path, args.timeout)
+                print(variant, side, {k: v for k, v in sides[side].items() if k != "step_s"})
+                res["variants"][variant] = {"sides": sides}  # a run cut short keeps what it has
+                write_result({**res, "partial": True}, args.out_dir, result_name(args))
+            entry: dict = {"sides": sides}
+            t, d = (sides.get(s, {}).get("median_step_s") for s in ("trl", "danka"))
+            if t and d:
+                entry["trl_over_danka_step_time"] = t / d
+            gt, gd = (sides.get(s, {}).get("generated_tok_s") for s in ("trl", "danka"))
+            if gt and gd:
+                entry["danka_over_trl_generated_tok_s"] = gd / gt
+            pt, pd = (sides.get(s, {}).get("peak_gib") for s in ("trl", "danka"))
+            if pt and pd:
+                entry["danka_over_trl_peak"] = pd / pt
+            e = sides.get("danka-eager", {}).get("median_step_s")
+            if t and e:
+                entry["trl_over_danka_eager_head_step_time"] = t / e
+            res["variants"][variant] = entry
     return res
 
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -55,6 +54,7 @@ from bench.lib.common import (
     parser,
     ratio,
     run_side,
+    sides_folder,
     sides_main,
     timed_call,
     write_result,
@@ -399,20 +399,21 @@ def compare(args) -> dict:
         "those generated); each side in its own fresh process; HF sides on the plain model",
         "sides": {},
     }
-    tmp = Path(args.out_dir) / "_sides"
-    tmp.mkdir(parents=True, exist_ok=True)
-    for side in args.sides.split(","):
-        if side in VLLM_SIDES and (reason := vllm_skip_reason(args.device)):
-            res["sides"][side] = {"skipped": reason}
-            print(side, "skipped:", reason, flush=True)
-            continue
-        cmd = bench_command("rollout", *side_args(args, side))
-        side_res = res["sides"][side] = run_side(cmd, tmp / f"{side}.json", args.timeout)
-        shown = {k: v for k, v in side_res.items() if k != "greedy_tokens" and "profile" not in k}
-        print(side, shown, flush=True)
-        partial = {**res, "partial": True, "sides": {k: {x: y for x, y in v.items()
-                   if x != "greedy_tokens"} for k, v in res["sides"].items()}}  # fmt: skip
-        write_result(partial, args.out_dir, result_name(args))  # a run cut short keeps it
+    with sides_folder(args.out_dir) as tmp:
+        for side in args.sides.split(","):
+            if side in VLLM_SIDES and (reason := vllm_skip_reason(args.device)):
+                res["sides"][side] = {"skipped": reason}
+                print(side, "skipped:", reason, flush=True)
+                continue
+            cmd = bench_command("rollout", *side_args(args, side))
+            side_res = res["sides"][side] = run_side(cmd, tmp / f"{side}.json", args.timeout)
+            shown = {
+                k: v for k, v in side_res.items() if k != "greedy_tokens" and "profile" not in k
+            }
+            print(side, shown, flush=True)
+            partial = {**res, "partial": True, "sides": {k: {x: y for x, y in v.items()
+                       if x != "greedy_tokens"} for k, v in res["sides"].items()}}  # fmt: skip
+            write_result(partial, args.out_dir, result_name(args))  # a run cut short keeps it
     s = res["sides"]
     fast = s.get("fast", {})
     vllm_ratios(res, s)  # before the greedy tokens of the other sides are dropped
@@ -438,7 +439,6 @@ def compare(args) -> dict:
         same = [[int(x == y) for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
         res["greedy_token_agreement"] = sum(map(sum, same)) / sum(map(len, same))
     res["goals"] = goals(res)
-    shutil.rmtree(tmp, ignore_errors=True)
     return res
 
 

@@ -116,12 +116,8 @@ def advantages(
         whitener=whitener,
     )
     adv, returns = algo.estimator(adv_in)
-    train = TrainBatch(
-        prompt_ids=batch.prompt_ids,
-        prompt_mask=batch.prompt_mask,
-        response_ids=batch.response_ids,
-        response_mask=batch.response_mask,
-        loss_mask=batch.loss_mask,
+    train = TrainBatch.of(
+        batch,
         valid=logp.valid,
         advantages=adv,
         old_logprobs=logp.old,

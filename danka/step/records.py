@@ -128,6 +128,13 @@ class TrainBatch:
     values: torch.Tensor | None = None  # (B, R) V(s_t) at sampling, with a critic
     returns: torch.Tensor | None = None  # (B, R) critic targets, with a critic
 
+    @classmethod
+    def of(cls, rollout: RolloutBatch, **computed: Any) -> TrainBatch:
+        """``rollout``'s token ids and masks with what later stages ``computed`` for them
+        (``valid``, ``advantages``, ``old_logprobs``, ...)."""
+        tokens = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask")
+        return cls(**{name: getattr(rollout, name) for name in tokens}, **computed)
+
     @property
     def size(self) -> int:
         return int(self.prompt_ids.shape[0])

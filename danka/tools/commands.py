@@ -49,6 +49,11 @@ def _gen_args(p: argparse.ArgumentParser, temperature: float = 0.7) -> None:
     )
 
 
+def _flags(args, *names: str) -> dict:
+    """The parsed flags ``names`` as keywords: each flag's dest is the keyword it feeds."""
+    return {k: getattr(args, k) for k in names}
+
+
 def _gen_kwargs(args, log) -> dict:
     """The ``_gen_args`` flags as keywords of generate_text / generate_file / chat_loop,
     with the run's prompt format (danka.tools.prompt_source) unless --no-prompt-format."""
@@ -57,8 +62,7 @@ def _gen_kwargs(args, log) -> dict:
     fmt = prompt_format_for(
         args.model, args.adapter, apply=args.prompt_format, system=args.system, log=log
     )
-    gen = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_p", "seed")}
-    return {**fmt.options(), **gen}
+    return {**fmt.options(), **_flags(args, "max_new_tokens", "temperature", "top_p", "seed")}
 
 
 # --tools for generate / chat / eval (the training loop: danka.agent)
@@ -85,13 +89,15 @@ def _tool_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+_TOOL_FLAGS = ("max_turns", "max_tool_calls", "tool_prompt", "tool_demo")  # need --tools
+
+
 def _tool_specs(args) -> list[str]:
     """``--tools a,b --tools c`` -> ``[a, b, c]``; the tool flags refused without tools."""
     specs = [s.strip() for arg in args.tools or [] for s in arg.split(",") if s.strip()]
     if args.tools is not None and not specs:
         raise UserError("--tools is empty", where="--tools", fix="--tools calculator")
-    flags = ("max_turns", "max_tool_calls", "tool_prompt", "tool_demo")
-    given = [f for f in flags if getattr(args, f) is not None]
+    given = [f for f in _TOOL_FLAGS if getattr(args, f) is not None]
     if given and not specs and not getattr(args, "config", None):
         flag = "--" + given[0].replace("_", "-")
         raise UserError(f"{flag} needs --tools", where=flag, fix="add --tools calculator")
@@ -106,9 +112,7 @@ def _tool_rollout(args, max_new_tokens: int):
     specs = _tool_specs(args)
     if not specs:
         return None
-    flags = {
-        k: getattr(args, k) for k in ("max_turns", "max_tool_calls", "tool_prompt", "tool_demo")
-    }
+    flags = _flags(args, *_TOOL_FLAGS)
     cfg = cli_agent_config(specs, max_new_tokens=max_new_tokens, **flags)
     validate_agent(cfg, base_dir=Path.cwd(), max_new_tokens=max_new_tokens)
     return cfg
@@ -263,28 +267,12 @@ def _eval(args) -> int:
 
     if args.data and not Path(args.data).exists():
         raise UserError("data file not found", where=args.data, fix="check the path")
+    inputs = _flags(args, "config", "overrides", "model", "adapter", "data", "split", "reward", "n")
+    answers = _flags(args, "samples", "max_new_tokens", "temperature", "seed", "dtype", "device")
+    tools = _flags(args, *_TOOL_FLAGS)
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     result = run_eval(
-        config=args.config,
-        overrides=args.overrides,
-        model=args.model,
-        adapter=args.adapter,
-        data=args.data,
-        reward=args.reward,
-        n=args.n,
-        samples=args.samples,
-        max_new_tokens=args.max_new_tokens,
-        output=args.output,
-        dtype=args.dtype,
-        device=args.device,
-        seed=args.seed,
-        split=args.split,
-        log=lambda msg: print(msg, file=sys.stderr),
-        tools=_tool_specs(args),
-        max_turns=args.max_turns,
-        max_tool_calls=args.max_tool_calls,
-        tool_prompt=args.tool_prompt,
-        tool_demo=args.tool_demo,
-        temperature=args.temperature,
+        output=args.output, log=log, tools=_tool_specs(args), **inputs, **answers, **tools
     )
     print(format_result(result))  # run_eval said where the result file went
     if result.get("stopped"):  # a partial result was kept; exit as the signal says
@@ -352,15 +340,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 def _export(args) -> int:
     from danka.tools.export import export_merged
 
-    export_merged(
-        args.adapter,
-        args.output,
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        overwrite=args.overwrite,
-        gguf=args.gguf,
-    )
+    flags = _flags(args, "model", "dtype", "device", "overwrite", "gguf")
+    export_merged(args.adapter, args.output, **flags)
     return 0
 
 
@@ -465,20 +446,10 @@ def _distill_args(p: argparse.ArgumentParser) -> None:
 def _distill(args) -> int:
     from danka.tools.distill import distill
 
-    distill(
-        data=args.data,
-        teacher=args.teacher,
-        teacher_model=args.teacher_model,
-        student=args.student,
-        output=Path(args.output),
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-        limit=args.limit,
-        response_key=args.response_key,
-        answer_key=args.answer_key,
-    )
+    models = _flags(args, "data", "teacher", "teacher_model", "student")
+    training = _flags(args, "epochs", "lr", "batch_size", "max_length", "limit")
+    columns = _flags(args, "response_key", "answer_key")
+    distill(output=Path(args.output), **models, **training, **columns)
     return 0
 
 

@@ -41,9 +41,9 @@ def _scored(reward: float) -> Scored:
 
 
 def _prepared(scored: Scored, gap: float | None = None) -> Prepared:
-    b = scored.batch
-    train = TrainBatch(b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask,
-                       b.loss_mask, scored.valid, torch.zeros(2, 3), ON_POLICY)  # fmt: skip
+    train = TrainBatch.of(
+        scored.batch, valid=scored.valid, advantages=torch.zeros(2, 3), old_logprobs=ON_POLICY
+    )
     logp = OldAndRef(ON_POLICY, None, None, scored.valid, gap, {"rollout_is/mean": 0.9})
     return Prepared(train, logp, kl_in_reward=None)
 

@@ -6,24 +6,14 @@ import torch
 
 from danka.models.tiny import tiny_causal_lm
 from danka.models.value_head import ValueHead
-from danka.rollout.base import finish_batch
 from danka.step.forward import (
     ForwardSettings,
     critic_values,
     effective_token_ratio,
     policy_logprobs,
-    trim,
 )
 from danka.step.packing import assign_rows, pack
-
-PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]]
-RESPONSES = [[20, 21, 22, 2], [23], [24, 25], [26, 27, 28, 29, 30], [31, 2], [32, 33, 34]]
-EOS = [2]
-
-
-def batch():
-    # 3 prompts x 2 samples, prompt lengths 3/2/5, response lengths 4/1/2/5/2/3
-    return trim(finish_batch(PROMPTS, RESPONSES, 2, eos_ids=EOS, pad_id=0, max_new_tokens=5))
+from tests.models.test_varlen import batch  # 3 prompts x 2 samples, ragged
 
 
 def test_assign_rows_first_fit_decreasing():

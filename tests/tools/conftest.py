@@ -110,3 +110,12 @@ def write_fake_run(folder: Path, steps: int = 12, truncated_tail: bool = False) 
 @pytest.fixture()
 def make_run():
     return write_fake_run
+
+
+def in_order(text: str, *parts: str) -> None:
+    """Each of ``parts`` is in ``text``, after the one before it."""
+    at = -1
+    for part in parts:
+        found = text.find(part, at + 1)
+        assert found > at, f"{part!r} missing or out of order"
+        at = found

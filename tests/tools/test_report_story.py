@@ -22,6 +22,7 @@ from danka.tools.plot import (
     timing_figure,
 )
 from danka.tools.run_story import answer_pairs, header_of, probe_drift, question
+from tests.tools.conftest import in_order
 
 CONFIG = {
     "model": {"actor_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct"},
@@ -189,7 +190,8 @@ def test_report_has_header_answers_and_probe_before_the_charts(tmp_path):
     run = write_story_run(tmp_path / "run", probe_after={**FLUENT, "Name three colours.": LOOP})
     page = plot_run(run)[-1].read_text(encoding="utf-8")
     assert "&lt;|im_start|&gt;system" not in page.split("Drift probe")[1]  # the question only
-    order = [
+    in_order(
+        page,
         "HuggingFaceTB/SmolLM2-135M-Instruct",
         "cuda:0 (NVIDIA H200), bfloat16",
         "4 min 13 s",
@@ -201,12 +203,7 @@ def test_report_has_header_answers_and_probe_before_the_charts(tmp_path):
         "step 8: degenerated",
         "Red, green, blue, red",
         "<h2>Charts</h2>",
-    ]
-    at = -1
-    for part in order:
-        found = page.find(part, at + 1)
-        assert found > at, f"{part!r} missing or out of order"
-        at = found
+    )
 
 
 def test_zero_one_reward_draws_its_groups(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 
 from danka.diagnose import diagnose, read_run_dir
 from danka.tools.plot import accuracy_figure, accuracy_lines, plot_run, reward_spread
+from tests.tools.conftest import in_order
 
 # lr 1e-3 with LoRA and no KL: a risk (kl_off_high_lr); the adaptive controller from a
 # coefficient of 0: a problem (kl_adaptive_from_zero). Both from the config alone.
@@ -67,14 +68,6 @@ def _report(run: Path) -> tuple[str, str]:
     return text, text[start : text.index("</section>", start)]
 
 
-def _in_order(text: str, *parts: str) -> None:
-    at = -1
-    for part in parts:
-        found = text.find(part, at + 1)
-        assert found > at, f"{part!r} missing or out of order"
-        at = found
-
-
 def test_the_report_opens_with_before_after_the_floor_and_each_fix(tmp_path):
     run = write_run(tmp_path / "run", evals=TWO_EVALS, config=RISKY_CONFIG)
     page, verdict = _report(run)
@@ -82,7 +75,7 @@ def test_the_report_opens_with_before_after_the_floor_and_each_fix(tmp_path):
     assert {f.severity for f in findings} == {"problem", "risk"}
     # the verdict comes before any chart
     assert page.index("<section id='verdict'>") < page.index("<img")
-    _in_order(
+    in_order(
         verdict,
         # 10% -> 40% on 200 problems: +30 points
         "10.0% &rarr; 40.0%",

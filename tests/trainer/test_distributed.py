@@ -58,8 +58,7 @@ if stages.algo.needs_critic:  # gae, whitened over the whole batch (all ranks)
     out["advantages"] = torch.cat(parts) if dist.is_active() else batch.advantages
 else:  # one optimiser step: pi_old is the policy being updated
     rb = rollout.batch
-    batch = TrainBatch(rb.prompt_ids, rb.prompt_mask, rb.response_ids, rb.response_mask,
-                       rb.loss_mask, valid, d["advantages"], ON_POLICY)
+    batch = TrainBatch.of(rb, valid=valid, advantages=d["advantages"], old_logprobs=ON_POLICY)
 if sys.argv[4:] == ["nan_on_rank_1"] and dist.rank() == 1:
     batch.advantages = torch.full_like(batch.advantages, float("nan"))
 try:

@@ -63,10 +63,9 @@ def _batch() -> RolloutBatch:
 
 def _train(valid: list[bool]) -> TrainBatch:
     r = _batch()
-    return TrainBatch(
-        r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, r.loss_mask,
-        valid=torch.tensor(valid), advantages=torch.ones(2, 4), old_logprobs=ON_POLICY,
-    )  # fmt: skip
+    return TrainBatch.of(
+        r, valid=torch.tensor(valid), advantages=torch.ones(2, 4), old_logprobs=ON_POLICY
+    )
 
 
 def test_trim_drops_all_padding_columns_only():

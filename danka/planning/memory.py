@@ -87,7 +87,7 @@ from danka.errors import UserError
 from danka.planning.inputs import PlanInput, label
 from danka.planning.shape import ModelShape, load_model_config, vocab_of
 from danka.rollout.base import keeps_cache
-from danka.rollout.fast.options import FUSE_LIMIT_BYTES, SEQ_ROUND
+from danka.rollout.fast.options import FUSE_LIMIT_BYTES, MAX_BATCH, SEQ_ROUND
 from danka.rollout.fast.options import PREFILL_BATCH as PREFILL_PROMPTS
 from danka.rollout.fast.slots import bucket_size
 from danka.rollout.vllm.memory import VllmShare, vllm_share
@@ -326,11 +326,16 @@ def _rollout(
         }
         held = share.total if keeps_cache(inp.keep_cache) else share.asleep
         return _Rollout(c, seqs, "vllm", held, share)
-    # the fast engine runs a CUDA-graph batch bucket of rows and a length rounded up to
-    # SEQ_ROUND; it prefills each prompt once (at most PREFILL_PROMPTS at a time), HF
-    # generate every sequence
+    # the fast engine decodes at most its max batch at once (rollout.generation_batch_size, 0:
+    # MAX_BATCH rows, in whole groups; the rest of the call waits for the next decode batch)
+    # in a CUDA-graph batch bucket of rows and a length rounded up to SEQ_ROUND; it prefills
+    # each prompt once (at most PREFILL_PROMPTS at a time), HF generate every sequence
     prompts = seqs // n
-    rows, cache_len = (bucket_size(seqs, True), _round_up(seq_len)) if fast else (seqs, seq_len)
+    if fast:
+        batch = min(seqs, max(1, (inp.generation_batch_size or MAX_BATCH) // n) * n)
+        rows, cache_len = bucket_size(batch, True), _round_up(seq_len)
+    else:
+        rows, cache_len = seqs, seq_len
     prefill_rows = min(prompts, PREFILL_PROMPTS) if fast else seqs
     c = {"KV cache (rollout)": n_layers * 2 * kv * cache_len * rows * d}
     if fast:

@@ -287,8 +287,8 @@ class RolloutConfig:
     generation_batch_size: int | str = _f(
         0,
         "sequences per generate call, in whole groups of samples_per_prompt (0 = all at "
-        "once); auto = the most the memory plan fits on the GPU (the KV cache is sized to "
-        "it), 0 on a CPU",
+        "once; the fast engine decodes 256 at a time); auto = the most the memory plan fits "
+        "on the GPU (the KV cache is sized to it), 0 on a CPU",
     )
     keep_cache: bool | None = _f(
         None,

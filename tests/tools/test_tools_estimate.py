@@ -163,6 +163,26 @@ def test_fast_engine_cache_is_a_batch_bucket_of_rounded_length(tmp_path, counts_
     )
 
 
+def test_fast_engine_cache_holds_one_decode_batch_not_the_whole_call(tmp_path):
+    """64 prompts x 8 = 512 sequences a call: the fast engine decodes 256 at a time (its
+    MAX_BATCH with generation_batch_size 0, whole groups), so its cache has 256 rows, not
+    512 (the GSM8K GRPO example: the plan said 7.07 GiB for the rollout, an H100 measured
+    4.41); generation_batch_size 512 decodes them all at once; HF's generate takes all 512."""
+    sizes = {"batch_size": 64, "samples_per_prompt": 8, "micro_batch_size": 8}
+    over = ["data.max_prompt_length=200", "trainer.max_length=712", "trainer.max_new_tokens=512"]
+    kv = {}
+    for engine, gen in (("fast", 0), ("fast", 512), ("fast", 100), ("hf", 0)):
+        extra = [f"rollout.engine={engine}", f"rollout.generation_batch_size={gen}"]
+        cfg, base = load_config(str(_config(tmp_path, **sizes)), over + extra)
+        plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())
+        kv[engine, gen] = plan.components["KV cache (rollout)"]
+    layer_row_slot = 28 * 2 * 512 * 2  # layers x (k, v) x kv width (4 x 128) x bf16 bytes
+    assert kv["fast", 0] == layer_row_slot * 736 * 256  # 712 rounded up to 32: 736 slots
+    assert kv["fast", 512] == layer_row_slot * 736 * 512
+    assert kv["fast", 100] == layer_row_slot * 736 * 128  # 12 groups of 8: the 128-row bucket
+    assert kv["hf", 0] == layer_row_slot * 712 * 512
+
+
 def test_fast_engine_holds_no_weight_copy_for_a_7b(tmp_path, counts_7b):
     cfg, base = load_config(str(_config(tmp_path)), ["rollout.engine=fast"])
     plan = estimate_memory(cfg, base_dir=base, model_config=qwen2_7b_config())

@@ -52,9 +52,15 @@ class _LoraLinear(torch.autograd.Function):
         gx = None
         if ctx.needs_input_grad[0]:
             gx = (g @ weight).addmm_(gb, a_, alpha=s).view(ctx.x_shape)
-        ga = (gb.t() @ x2).mul_(s).to(ctx.masters[0])
-        gbw = (g.t() @ xa).mul_(s).to(ctx.masters[1])
+        ga = _scaled(gb.t() @ x2, s, ctx.masters[0])
+        gbw = _scaled(g.t() @ xa, s, ctx.masters[1])
         return gx, None, None, ga, gbw, None
+
+
+def _scaled(grad: torch.Tensor, s: float, dtype: torch.dtype) -> torch.Tensor:
+    """``s * grad`` in the master's ``dtype``: the scale and the cast in one kernel (the
+    eager update is bound by launches: 168 adapted linears x every micro-batch)."""
+    return torch.mul(grad, s, out=torch.empty(grad.shape, dtype=dtype, device=grad.device))
 
 
 def lora_linear(x, weight, bias, a, b, scale: float) -> torch.Tensor:

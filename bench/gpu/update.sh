@@ -13,7 +13,8 @@
 #   bash bench/gpu/update.sh chunk N            # N = 1..9, into /root/w
 #   bash bench/gpu/update.sh steps              # ~7 min: join + convert, then the GRPO and PPO
 #                                               # steps, padding-free (default) and padded
-#                                               # (PATHS="default compile": speed.compile)
+#                                               # (PATHS="default compile gen512": speed.compile,
+#                                               # all 512 GRPO rows in one decode batch)
 # JSON into bench/results/ (copies in $OUT), the log into $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -42,9 +43,10 @@ steps)
   bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -4
   export PYTHONPATH=/tmp/site:$PWD DANKA_CACHE=/root/w/cache
   for algo in ${ALGOS:-grpo ppo}; do
-    for path in ${PATHS:-default padded}; do  # PATHS: default, padded, compile
+    for path in ${PATHS:-default padded}; do  # PATHS: default, padded, compile, gen512
       set_=(); [ "$path" = padded ] && set_=(--step-set speed.packed_update=false)
       [ "$path" = compile ] && set_=(--step-set speed.compile=true)
+      [ "$path" = gen512 ] && set_=(--step-set rollout.generation_batch_size=512)
       name=gsm8k_step_${algo}$([ "$path" != default ] && echo "_$path")
       timeout "${STEP_S:-150}" python3 -m bench train --name "$name" --only gsm8k_step \
         --step-algos "$algo" --gsm8k-model "$GGUF" --gsm8k-data "$DATA" --step-steps 3 \

@@ -54,7 +54,7 @@ steps)
     done
   done
   ;;
-*) sed -n 2,17p "$0"; exit 2 ;;
+*) sed -n 2,18p "$0"; exit 2 ;;
 esac
 [ -n "${OUT:-}" ] && cp bench/results/*update_shape* bench/results/*update_fused* \
   bench/results/gsm8k_step* "$OUT/" 2>/dev/null

@@ -250,6 +250,8 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
             res[key + "s"], batch = timed_call(lambda eos=eos: run(sample, eos=eos), args.device)
             n = tokens if not eos else float(batch.response_mask.sum())
             res[key + "tokens"], res[key + "tok_s"] = n, n / res[key + "s"]
+            for stat in ("compactions", "graphs_captured"):  # the decode batch shrinking
+                res[key + stat] = engine.stats.get(stat)
         if args.profile:  # one more call under torch.profiler: where its time goes
             step_s = res.get(prefix + "s") or res.get("eos_" + prefix + "s")
             res[prefix + "profile"] = profile_or_error(

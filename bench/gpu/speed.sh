@@ -12,6 +12,7 @@
 #                                             # TRL_PROMPTS x 8 (default 16), then the step
 #                                             # variants `all` leaves out; ~8 min
 #   bash bench/gpu/speed.sh tests GGUF        # the plan-vs-measured GPU test matrix (~6 min)
+#   bash bench/gpu/speed.sh rollout GGUF      # item 3 below alone (~3 min)
 # `all`, in order (expected seconds on a solo H200; each capped, none started without the
 # time it needs before DEADLINE, item 5's share kept):
 #   1. where the real step's time goes: GRPO (64 x 8 x <= 512) then PPO (256 x 1) of
@@ -43,7 +44,7 @@ t0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t0 )); }
 stamp() { echo "== $1 ($(elapsed) s)"; }
 
-usage() { sed -n 2,30p "$0"; exit 2; }
+usage() { sed -n 2,33p "$0"; exit 2; }
 [ $# -ge 2 ] || usage
 GGUF=$2
 W=$(dirname "$GGUF")
@@ -54,6 +55,7 @@ export DANKA_CACHE=${DANKA_CACHE:-$W/cache}
 # skipped under 30 s. Every bench writes its JSON as it goes: a cut item keeps what it got.
 item() {
   local name=$1 cap=$2 reserve=$3; shift 3
+  [[ -n "${ONLY:-}" && "$name" != "$ONLY"* ]] && return 0  # `rollout`: item 3 alone
   local left=$(( DEADLINE - $(elapsed) - reserve ))
   local t=$(( cap < left ? cap : left ))
   if [ "$t" -lt 30 ]; then
@@ -159,6 +161,7 @@ case "$PART" in
   all) part_all 2>&1 | tee "$log" ;;
   trl) part_trl 2>&1 | tee "$log" ;;
   tests) part_tests 2>&1 | tee "$log" ;;
+  rollout) ONLY=3 part_all 2>&1 | tee "$log" ;;
   *) usage ;;
 esac
 stamp "done"

@@ -17,6 +17,7 @@
 #                                               # all 512 GRPO rows in one decode batch)
 #   bash bench/gpu/update.sh rollout            # ~3 min after steps: 256 GSM8K prompts x 512,
 #                                               # EOS off/on, LoRA r32 live, fast vs HF static
+#                                               # (bench/gpu/speed.sh rollout)
 # JSON into bench/results/ (copies in $OUT), the log into $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -40,15 +41,7 @@ verify)
     --update-seqs 256 --update-variants "${VARIANTS:-mb16+varlen+chunk1024,mb16+varlen+chunk1024+compile,mb16+varlen+lora+chunk1024+peftlora,mb16+varlen+lora+chunk1024,mb16+varlen+lora+chunk1024+compile}" \
     --profile --profile-steps 1 --name update_fused_05b 2>&1 | quiet | tail -12
   ;;
-rollout)
-  bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -2
-  export PYTHONPATH=/tmp/site:$PWD DANKA_CACHE=/root/w/cache
-  timeout 280 python3 -m bench rollout --timeout 150 --name rollout_qwen05_gsm8k_256x512 \
-    --model "$GGUF" --prompts-from "$DATA" --prompts 256 --new-tokens 512 --eos both --lora \
-    --lora-modes auto --lora-rank 32 --sides fast-default,hf-static --check-rows 16 --profile \
-    2>&1 | quiet | tail -20
-  [ -n "${OUT:-}" ] && cp bench/results/rollout_qwen05_gsm8k_256x512.json "$OUT/"
-  ;;
+rollout) bash bench/gpu/speed.sh rollout "$GGUF" | quiet | tail -20 ;;
 chunk) bash bench/gpu/speed.sh chunk "$GGUF" "${2:?chunk number}" | tail -2 ;;
 steps)
   bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -4
@@ -65,7 +58,7 @@ steps)
     done
   done
   ;;
-*) sed -n 2,20p "$0"; exit 2 ;;
+*) sed -n 2,21p "$0"; exit 2 ;;
 esac
 [ -n "${OUT:-}" ] && cp bench/results/*update_shape* bench/results/*update_fused* \
   bench/results/gsm8k_step* "$OUT/" 2>/dev/null

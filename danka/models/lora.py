@@ -157,10 +157,11 @@ def compute_adapters_in(model: nn.Module, dtype: torch.dtype | None) -> int:
             continue  # not a plain linear adapter: peft's own forward
         module.cast_input_dtype_enabled = dtype is None
         for lin in lins:
-            lin.__class__ = nn.Linear if dtype is None else CastLinear
-            lin.__dict__.pop("compute_dtype", None)
-            if dtype is not None:
-                lin.compute_dtype = dtype
+            if dtype is None:
+                lin.__class__ = nn.Linear
+                lin.__dict__.pop("compute_dtype", None)
+            else:
+                lin.__class__, lin.compute_dtype = CastLinear, dtype
         lora_linear.uninstall(module)
         if dtype is not None and lora_linear.fusable(module):
             lora_linear.install(module)

@@ -87,7 +87,7 @@ from danka.errors import UserError
 from danka.planning.inputs import PlanInput, label
 from danka.planning.shape import ModelShape, load_model_config, vocab_of
 from danka.rollout.base import keeps_cache
-from danka.rollout.fast.options import FUSE_LIMIT_BYTES, MAX_BATCH, SEQ_ROUND
+from danka.rollout.fast.options import FUSE_LIMIT_BYTES, SEQ_ROUND, decode_prompts
 from danka.rollout.fast.options import PREFILL_BATCH as PREFILL_PROMPTS
 from danka.rollout.fast.slots import bucket_size
 from danka.rollout.vllm.memory import VllmShare, vllm_share
@@ -332,7 +332,7 @@ def _rollout(
     # each prompt once (at most PREFILL_PROMPTS at a time), HF generate every sequence
     prompts = seqs // n
     if fast:
-        batch = min(seqs, max(1, (inp.generation_batch_size or MAX_BATCH) // n) * n)
+        batch = min(seqs, decode_prompts(inp.generation_batch_size, n) * n)
         rows, cache_len = bucket_size(batch, True), _round_up(seq_len)
     else:
         rows, cache_len = seqs, seq_len

@@ -53,6 +53,7 @@ from danka.rollout.fast.options import (
     FastExperiments,
     FastOptions,
     FastPath,
+    decode_prompts,
     resolve_lora_compute,
     resolve_path,
 )
@@ -151,7 +152,7 @@ class FastEngine(RolloutEngine):
             )
         check_eos_ids(eos_ids)
         root, w, graphs = self._prepare(model, generator)
-        per_batch = max(1, self.max_batch // params.n)
+        per_batch = decode_prompts(self.max_batch, params.n)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
         try:

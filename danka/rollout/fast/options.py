@@ -33,6 +33,12 @@ FUSE_LIMIT_BYTES = 2**30  # engine-owned weight copies (fused or merged) only up
 DECODE_ATTENTION = ("auto", "sdpa", "triton")
 
 
+def decode_prompts(batch_size: int, n: int) -> int:
+    """Prompts one decode batch takes: whole groups of ``n`` samples within ``batch_size``
+    rows (0: ``MAX_BATCH``), at least one group (the engine, and the plan pricing its cache)."""
+    return max(1, int(batch_size or MAX_BATCH) // n)
+
+
 def _help(default, text: str):
     return field(default=default, metadata={"help": text})
 

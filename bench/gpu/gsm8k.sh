@@ -42,8 +42,10 @@ chunk)
   ;;
 runs)
   minutes=$2; shift 2
-  cat "$W"/c{1,2,3,4,5,6,7,8,9} > "$GGUF" && echo "$SHA  $GGUF" | sha256sum -c || exit 1
-  rm -f "$W"/c?
+  if [ ! -f "$GGUF" ]; then  # joined already by `GGUF=... update.sh steps`
+    cat "$W"/c{1,2,3,4,5,6,7,8,9} > "$GGUF" && echo "$SHA  $GGUF" | sha256sum -c || exit 1
+    rm -f "$W"/c?
+  fi
   cd "$W/repo" && site
   export DANKA_CACHE=$W/cache
   python3 -c "from danka.models.gguf import ensure_converted; ensure_converted('$GGUF')" || exit 1

@@ -21,7 +21,7 @@
 # JSON into bench/results/ (copies in $OUT), the log into $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-GGUF=/root/w/qwen05.gguf
+GGUF=${GGUF:-/root/w/qwen05.gguf}  # bench/gpu/gsm8k.sh joins it at /root/work/...
 DATA=data/gsm8k/train.jsonl
 quiet() { grep --line-buffered -v -i -E "warn|it/s\]$"; }
 case "${1:-}" in
@@ -45,7 +45,7 @@ rollout) bash bench/gpu/speed.sh rollout "$GGUF" | quiet | tail -20 ;;
 chunk) bash bench/gpu/speed.sh chunk "$GGUF" "${2:?chunk number}" | tail -2 ;;
 steps)
   bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -4
-  export PYTHONPATH=/tmp/site:$PWD DANKA_CACHE=/root/w/cache
+  export PYTHONPATH=/tmp/site:$PWD DANKA_CACHE=$(dirname "$GGUF")/cache
   for algo in ${ALGOS:-grpo ppo}; do
     for path in ${PATHS:-default padded}; do  # PATHS: default, padded, compile, gen512
       set_=(); [ "$path" = padded ] && set_=(--step-set speed.packed_update=false)

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("bench.speed.train", "update step, MFU, log-prob head, 7B PPO memory, packing"),
     "vllm": ("bench.speed.vllm_compare", "vLLM vs the fast engine: rollout grid + GRPO step"),
     "trl": ("bench.peers.vs_trl", "GRPO step time and peak memory: TRL's GRPOTrainer vs danka"),
+    "trl-learn": ("bench.peers.trl_learn", "GSM8K for N minutes with TRL's GRPOTrainer + LoRA"),
     "decode-attention": ("bench.speed.decode_attention", "decode-attention kernels (CUDA)"),
     "shared-prefix": ("bench.speed.shared_prefix", "shared-prefix prefill and training forward"),
     "small-card": ("bench.memory.small_card", "24/12 GiB card simulated: micro-batch auto, peaks"),

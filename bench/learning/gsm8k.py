@@ -33,12 +33,8 @@ from bench.learning.learning import (
     run_danka_train,
     write_result,
 )
+from bench.lib.gsm8k_data import METRICS, VERL_PPO, milestones
 
-# verl's PPO run on Qwen2.5-0.5B-Instruct, one GPU: strict accuracy on the GSM8K test set
-# after that many minutes of training (its published logs; 256 prompts x 1 answer, 512
-# new tokens, ~66 s a step).
-VERL_PPO = ((0.458, 36.0), (0.512, 97.0), (0.556, 204.0), (0.569, 522.0))
-METRICS = ("strict", "flexible", "boxed", "format")
 GOAL_MINUTES, GOAL_GIB, VERL_TARGET, WEAK_BASE = 20.0, 24.0, 0.512, 0.36
 
 
@@ -63,20 +59,6 @@ def point(ev: dict, raw: dict) -> dict:
         "truncated": ev["truncated"],
         "seconds": raw.get("eval/seconds"),
     }
-
-
-def milestones(curve: list[dict]) -> list[dict]:
-    """For each of verl's strict accuracies: the first evaluation at or above it (its
-    minute, and verl's minutes / ours), or ``reached: false``."""
-    out = []
-    for target, verl_minutes in VERL_PPO:
-        hit = next((p for p in curve if (p["strict"] or 0.0) >= target), None)
-        row: dict = {"strict": target, "verl_minutes": verl_minutes, "reached": hit is not None}
-        if hit is not None and hit["minute"]:
-            row.update(minutes=hit["minute"], n=hit["n"],
-                       speedup_vs_verl=round(verl_minutes / hit["minute"], 2))  # fmt: skip
-        out.append(row)
-    return out
 
 
 def goals(before: dict, after: dict, wall: float | None, peak: float | None, doctor: dict) -> dict:

@@ -1,5 +1,6 @@
 """GSM8K as the benchmarks at the real shape read it: the example's settings, its rows,
-their path.
+their path; and how a learning curve is read (its metrics, the minutes to verl's PPO
+accuracies), the same for danka's run and a peer's.
 
 The GSM8K examples (``examples/gsm8k_grpo.yaml``, ``gsm8k_ppo.yaml``) append verl's
 instruction to each question and render it with the model's chat template; the rollout,
@@ -13,6 +14,12 @@ from pathlib import Path
 from bench.lib.common import ROOT
 
 GSM8K_EXAMPLE = ROOT / "examples" / "gsm8k_grpo.yaml"
+# verl's PPO run on Qwen2.5-0.5B-Instruct, one GPU: strict accuracy on the GSM8K test set
+# after that many minutes of training (its published logs; 256 prompts x 1 answer, 512
+# new tokens, ~66 s a step).
+VERL_PPO = ((0.458, 36.0), (0.512, 97.0), (0.556, 204.0), (0.569, 522.0))
+# the labels of the example's reward list: what a GSM8K learning curve reports
+METRICS = ("strict", "flexible", "boxed", "format")
 
 
 def example() -> dict:
@@ -41,3 +48,17 @@ def gsm8k_rows(path: str | Path, n: int) -> list:
 
     rows = load_prompt_rows(str(data_path(path)), Columns(fmt="gsm8k")).rows
     return (rows * (n // len(rows) + 1))[:n]
+
+
+def milestones(curve: list[dict]) -> list[dict]:
+    """For each of verl's strict accuracies: the first evaluation at or above it (its
+    minute, and verl's minutes / ours), or ``reached: false``."""
+    out = []
+    for target, verl_minutes in VERL_PPO:
+        hit = next((p for p in curve if (p["strict"] or 0.0) >= target), None)
+        row: dict = {"strict": target, "verl_minutes": verl_minutes, "reached": hit is not None}
+        if hit is not None and hit["minute"]:
+            row.update(minutes=hit["minute"], n=hit["n"],
+                       speedup_vs_verl=round(verl_minutes / hit["minute"], 2))  # fmt: skip
+        out.append(row)
+    return out

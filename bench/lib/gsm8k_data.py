@@ -50,6 +50,24 @@ def gsm8k_rows(path: str | Path, n: int) -> list:
     return (rows * (n // len(rows) + 1))[:n]
 
 
+# the strict accuracies whose minutes a GSM8K curve reports (``minutes_to``): the plateau
+# of the first recipes (33%), the 20-minute goal (38%) and the steps between
+STRICT_MARKS = (0.30, 0.33, 0.36, 0.38)
+
+
+def minutes_to(
+    curve: list[dict], marks: tuple[float, ...] = STRICT_MARKS
+) -> dict[str, float | None]:
+    """For each strict accuracy in ``marks``: the minute of the first evaluation at or
+    above it (``None``: not reached), keyed ``"0.33"``. The middle evaluations may use a
+    subset of the test set: each point's ``n`` says."""
+    out: dict[str, float | None] = {}
+    for mark in marks:
+        hit = next((p for p in curve if (p["strict"] or 0.0) >= mark and p["minute"]), None)
+        out[f"{mark:.3g}"] = hit["minute"] if hit else None
+    return out
+
+
 def milestones(curve: list[dict]) -> list[dict]:
     """For each of verl's strict accuracies: the first evaluation at or above it (its
     minute, and verl's minutes / ours), or ``reached: false``."""

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib.common import ROOT, parser
-from bench.lib.gsm8k_data import GSM8K_EXAMPLE, METRICS, data_path, example, milestones
+from bench.lib.gsm8k_data import GSM8K_EXAMPLE, METRICS, data_path, example, milestones, minutes_to
 from bench.peers.trl_settings import gsm8k_strict_reward
 
 # TRL's GRPO + LoRA recipe for Qwen2-0.5B: https://huggingface.co/docs/trl/peft_integration
@@ -334,6 +334,7 @@ def summarize(curve: list[dict], run: dict) -> dict:
         "before": before,
         "after": after,
         "curve": curve,
+        "minutes_to": minutes_to(curve),
         "milestones": milestones(curve),
         "wall_minutes": run["wall_minutes"],
         "steps": after["step"],

@@ -179,6 +179,8 @@ def test_each_adapter_is_scored_on_the_subset_but_the_base_and_the_last_on_every
     assert (m[0.458]["minutes"], m[0.458]["speedup_vs_verl"]) == (9.0, 4.0)
     assert (m[0.512]["minutes"], m[0.512]["speedup_vs_verl"]) == (21.4, 4.53)
     assert not m[0.556]["reached"]
+    # 30% first at minute 3.0, 33-38% first at minute 9.0 (47%)
+    assert r["minutes_to"] == {"0.3": 3.0, "0.33": 9.0, "0.36": 9.0, "0.38": 9.0}
     assert r["trl_settings"] == {"lr": 1e-5} and "not in its minutes" in r["eval_note"]
 
 

@@ -7,11 +7,14 @@
 #
 # Here, once:  bash ../shared/tools/qwen05.sh /work/qwen --split   (chunks c1..c9)
 #              mkdir -p .carry data/gsm8k && cp ../shared/data/gsm8k/*.jsonl data/gsm8k/
-# Calls (each carries .carry holding just that call's chunk; the first also .whl and data):
-#   bash bench/gpu/gsm8k.sh begin          # wheels, data, chunk 1; `pytest -m gpu tests` starts
-#   bash bench/gpu/gsm8k.sh chunk N        # N = 2..9
+# Calls (each carries .carry holding just that call's chunk; the first also .whl, the ninth
+# data: chunk 1, .whl and data together pass the 64 MiB a call carries):
+#   bash bench/gpu/gsm8k.sh begin          # wheels, chunk 1; `pytest -m gpu tests` starts
+#   bash bench/gpu/gsm8k.sh chunk N        # N = 2..9 (data/gsm8k, when carried, joins the copy)
 #   bash bench/gpu/gsm8k.sh runs MINUTES NAME:CONFIG[:key=value,...] ...
 #                                          # join + sha256, convert once, start the runs
+#   bash bench/gpu/gsm8k.sh trl MINUTES    # the peer (carry .whl_trl): TRL's GRPOTrainer learns
+#                                          # the same job for MINUTES (`python -m bench trl-learn`)
 #   bash bench/gpu/gsm8k.sh wait SECONDS   # wait for the runs (at most SECONDS), show progress
 #   bash bench/gpu/gsm8k.sh collect        # results + logs as one tar.gz in $OUT
 set -uo pipefail
@@ -38,6 +41,7 @@ begin)
   ;;
 chunk)
   cp ".carry/c$2" "$W/" && ls -la "$W" | grep -c ' c[0-9]$'
+  [ -d data/gsm8k ] && mkdir -p "$W/repo/data" && cp -r data/gsm8k "$W/repo/data/"
   tail -c 600 "$W/logs/gpu_tests.log" 2>/dev/null
   ;;
 runs)
@@ -59,8 +63,18 @@ runs)
     echo "started $name: $config ${overrides[*]}"
   done
   ;;
+trl)
+  python3 -c "import trl" 2>/dev/null ||
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_trl/*.whl
+  cd "$W/repo" && site && export DANKA_CACHE=$W/cache
+  setsid bash -c "python3 -m bench trl-learn --model $GGUF --minutes $2 \
+      --out $W/results/gsm8k_qwen05_trl.json --work $W/runs/trl_learn \
+      --beside bench/results/gsm8k_qwen05_grpo.json > $W/logs/trl_learn.log 2>&1; \
+      echo exit \$? >> $W/logs/trl_learn.log" < /dev/null > /dev/null 2>&1 &
+  echo "started trl-learn for $2 minutes"
+  ;;
 wait)
-  wait_for_jobs "$2" "bench gsm8k" 6 -E "held-out|step [0-9]+ \||exit|goals|Error|error"
+  wait_for_jobs "$2" "bench (gsm8k|trl-learn)" 6 -E "held-out|step [0-9]+ \||exit|goals|Error|error"
   ;;
 collect)
   # the runs' logs, metrics, evaluations and completions; not their checkpoints (~1 GB)

@@ -171,9 +171,10 @@ def plot(result: dict, path: Path, title: str) -> None:
 def verdict_line(result: dict) -> str:
     b, a, g = result["before"], result["after"], result["goals"]
     missed = [k for k, ok in g["met"].items() if not ok]
+    at = g["fast_target"]["reached_at"]
+    fast = "33% not reached" if at is None else f"33% at {at} min"
     return (
-        f"strict {100 * b['strict']:.1f}% -> {100 * a['strict']:.1f}% (33% at "
-        f"{g['fast_target']['reached_at']} min; target "
+        f"strict {100 * b['strict']:.1f}% -> {100 * a['strict']:.1f}% ({fast}; target "
         f"{100 * g['strict_target']:.1f}%), flexible {100 * b['flexible']:.1f}% -> "
         f"{100 * a['flexible']:.1f}%, boxed {100 * (b['boxed'] or 0):.1f}% -> "
         f"{100 * (a['boxed'] or 0):.1f}%, {b['mean_length']:.0f} -> {a['mean_length']:.0f} "

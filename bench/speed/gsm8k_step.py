@@ -277,6 +277,19 @@ def one_algo(args, dev, log, algo: str, model: str, data: str, tmp: Path, out: d
                       base_micro, out["variants"], t0, save)  # fmt: skip
 
 
+HEADLINE = ("median_step_s", "update_mfu", "peak_gib")
+
+
+def headline(report: dict) -> dict:
+    """The step goals' numbers (``HEADLINE``) of a ``bench train`` report that measured
+    one algorithm's GSM8K step, for the file's top level; {} otherwise."""
+    algos = report["sections"].get("gsm8k_step", {}).get("results", {}).get("algos", {})
+    if len(algos) != 1:
+        return {}
+    (one,) = algos.values()
+    return {k: one[k] for k in HEADLINE if k in one}
+
+
 def gsm8k_step(args, dev: torch.device, log) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench_gsm8k_step_"))
     model, data = inputs(args, tmp)

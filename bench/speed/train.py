@@ -50,7 +50,7 @@ from bench.lib.common import (
 )
 from bench.lib.ppo_memory import ppo_7b, ppo_rows
 from bench.lib.training import gc_active, pick_size, run_steps, synthetic_gsm8k
-from bench.speed.gsm8k_step import gsm8k_step
+from bench.speed.gsm8k_step import gsm8k_step, headline
 from bench.speed.packing import packing, packing_rows, packing_step, packing_step_rows
 from bench.speed.step_report import rows as gsm8k_step_rows
 from bench.speed.update_mfu import logprob_memory, logprob_rows, update_05b, update_rows
@@ -311,6 +311,7 @@ def run(args) -> dict:
                 sec = {"status": "error", "error": error_text(err)}
         sec["wall_s"] = time.perf_counter() - t0
         report["sections"][section] = sec
+        result.update(headline(report))  # one GSM8K step's goal numbers, at the top
         free(dev)
         write_result(result, args.out_dir, name)  # partial results survive
     print_table(report)

@@ -25,10 +25,16 @@ def test_tiny_gsm8k_step_phases_profile_variants_and_plan(tmp_path):
         "--step-steps", "2", "--profile", "--step-variants", "base,mb2,full",
         "--out-dir", str(tmp_path), "--name", "s",
     ]) == 0  # fmt: skip
-    sec = json.loads((tmp_path / "s.json").read_text())["result"]["sections"]["gsm8k_step"]
+    res = json.loads((tmp_path / "s.json").read_text())
+    sec = res["result"]["sections"]["gsm8k_step"]
     assert sec["status"] == "ok", sec
     g = sec["results"]["algos"]["grpo"]
     assert "error" not in g and "status" not in g, g
+    # one algorithm: its goal numbers also at the file's top level
+    assert {k: res[k] for k in ("median_step_s", "update_mfu", "peak_gib")} == {
+        k: g[k] for k in ("median_step_s", "update_mfu", "peak_gib")
+    }
+    assert res["median_step_s"] > 0 and 0 < res["update_mfu"] < 1
     # tiny GRPO: 2 prompts x 4 samples; the example's LoRA r32; a CPU plans micro-batch 4
     assert g["sizes"]["micro_batch"] == 4 and g["lora"] and g["lora_r"] == 32
     assert [s["step"] for s in g["steps"]] == [1, 2] and g["steps"][1]["profiled"]

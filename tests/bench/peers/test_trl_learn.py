@@ -95,15 +95,24 @@ def test_trl_sees_the_prompt_danka_renders(tmp_path):
     rows = trl_learn.trl_rows(j)
     assert [r["answer"] for r in rows] == ["18", "36", "80"]
     d = j.data
-    danka = encode_prompts(tok, j.train, max_prompt_length=10**6, system_prompt=d.system_prompt,
-                           instruction=d.instruction, examples=d.examples)  # fmt: skip
+    danka = encode_prompts(
+        tok,
+        j.train,
+        max_prompt_length=10**6,
+        system_prompt=d.system_prompt,
+        instruction=d.instruction,
+        examples=d.examples,
+    )
     for row, text, ids in zip(rows, danka.texts, danka.input_ids):
         # what GRPOTrainer does with a conversational prompt (no tools: the model's template)
-        got = tok.apply_chat_template([row["prompt"]], add_generation_prompt=True,
-                                      tokenize=True, return_dict=True)["input_ids"][0]  # fmt: skip
+        got = tok.apply_chat_template(
+            [row["prompt"]], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"][0]
         assert list(got) == ids
-        assert tok.apply_chat_template(row["prompt"], add_generation_prompt=True,
-                                       tokenize=False) == text  # fmt: skip
+        assert (
+            tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+            == text
+        )
     assert text.count(j.data.instruction) == 1 and QUESTIONS[2][0] in text
 
 
@@ -111,16 +120,23 @@ def test_reward_is_dankas_strict_rule(tmp_path):
     from danka.rewards.combine import build_reward_computer
     from danka.types import PromptRow
 
-    done = ["so 5 + 13 = 18\n#### 18", "#### 18.0", "The answer is 18.", "#### 17",
-            "#### 1,800", [{"role": "assistant", "content": "#### 18"}]]  # fmt: skip
+    done = [
+        "so 5 + 13 = 18\n#### 18",
+        "#### 18.0",
+        "The answer is 18.",
+        "#### 17",
+        "#### 1,800",
+        [{"role": "assistant", "content": "#### 18"}],
+    ]
     truth = ["18", "18", "18", "18", "1800", "18"]
     got = trl_learn.gsm8k_strict_reward(done, answer=truth)
     # verl's strict: the number after the last "####" equals the truth as written
     # (commas dropped), no answer or a wrong one scores 0 (format score 0)
     assert got == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     strict = [s for s in job(tmp_path).specs if s.label == "strict"]  # the example's, trained on
-    assert [(s.name, s.kwargs) for s in strict] == [("gsm8k", {"method": "strict",
-                                                               "format_score": 0.0})]  # fmt: skip
+    assert [(s.name, s.kwargs) for s in strict] == [
+        ("gsm8k", {"method": "strict", "format_score": 0.0})
+    ]
     rewards = build_reward_computer(strict, base_dir=ROOT)
     try:
         rows = [PromptRow(index=i, prompt="q", ground_truth=t) for i, t in enumerate(truth)]
@@ -133,18 +149,25 @@ def test_reward_is_dankas_strict_rule(tmp_path):
 def fake_eval(n: int, strict: float, flexible: float, seconds: float) -> dict:
     """What danka's ``evaluate_rows`` returns (the keys read), plus the seconds taken."""
     per = {"strict": strict, "flexible": flexible, "boxed": 0.01, "format": 0.9}
-    return {"n": n, "accuracy": strict, "correct_per_function": per, "response_length": 250.0,
-            "truncation_rate": 0.02, "seconds": seconds}  # fmt: skip
+    return {
+        "n": n,
+        "accuracy": strict,
+        "correct_per_function": per,
+        "response_length": 250.0,
+        "truncation_rate": 0.02,
+        "seconds": seconds,
+    }
 
 
 RUN = {
     "train_started": 1.0,
     "wall_minutes": 21.5,
-    "saves": [{"minute": m, "step": s, "adapter": f"a{s}"} for m, s in ((3.0, 6), (9.0, 20),
-                                                                         (21.4, 47))],
+    "saves": [
+        {"minute": m, "step": s, "adapter": f"a{s}"} for m, s in ((3.0, 6), (9.0, 20), (21.4, 47))
+    ],
     "trl_settings": {"lr": 1e-5},
     "train_log": [],
-}  # fmt: skip
+}
 
 
 def test_each_adapter_is_scored_on_the_subset_but_the_base_and_the_last_on_every_row(
@@ -152,8 +175,14 @@ def test_each_adapter_is_scored_on_the_subset_but_the_base_and_the_last_on_every
 ):
     test = [f"row{i}" for i in range(10)]
     seen = []
-    results = iter([fake_eval(10, 0.0, 0.25, 20.0), fake_eval(4, 0.30, 0.31, 8.0),
-                    fake_eval(4, 0.47, 0.48, 8.0), fake_eval(10, 0.52, 0.53, 20.0)])  # fmt: skip
+    results = iter(
+        [
+            fake_eval(10, 0.0, 0.25, 20.0),
+            fake_eval(4, 0.30, 0.31, 8.0),
+            fake_eval(4, 0.47, 0.48, 8.0),
+            fake_eval(10, 0.52, 0.53, 20.0),
+        ]
+    )
 
     def evaluate(model_path, adapter, rows, job, args):
         seen.append((adapter, len(rows)))
@@ -167,12 +196,25 @@ def test_each_adapter_is_scored_on_the_subset_but_the_base_and_the_last_on_every
     assert seen == [(None, 10), ("a6", 4), ("a20", 4), ("a47", 10)] and written == [1, 2, 3, 4]
     r = trl_learn.summarize(curve, RUN)
     assert {"before", "after", "curve", "milestones", "wall_minutes", "eval_note"} <= set(r)
-    assert r["before"] == {"step": 0, "minute": 1.0, "n": 10, "strict": 0.0, "flexible": 0.25,
-                           "boxed": 0.01, "format": 0.9, "mean_length": 250.0,
-                           "truncated": 0.02, "seconds": 20.0}  # fmt: skip
+    assert r["before"] == {
+        "step": 0,
+        "minute": 1.0,
+        "n": 10,
+        "strict": 0.0,
+        "flexible": 0.25,
+        "boxed": 0.01,
+        "format": 0.9,
+        "mean_length": 250.0,
+        "truncated": 0.02,
+        "seconds": 20.0,
+    }
     assert (r["after"]["step"], r["after"]["minute"], r["after"]["strict"]) == (47, 21.4, 0.52)
     assert [(p["step"], p["minute"], p["n"]) for p in r["curve"]] == [
-        (0, 1.0, 10), (6, 3.0, 4), (20, 9.0, 4), (47, 21.4, 10)]  # fmt: skip
+        (0, 1.0, 10),
+        (6, 3.0, 4),
+        (20, 9.0, 4),
+        (47, 21.4, 10),
+    ]
     assert r["wall_minutes"] == 21.5 and r["n"] == 10 and r["eval_seconds"] == 56.0
     # verl: 0.458 at 36 min (here 0.47 at minute 9.0: 4x), 0.512 at 97 (0.52 at 21.4: 4.53x)
     m = {x["strict"]: x for x in r["milestones"]}
@@ -196,10 +238,37 @@ def test_without_trl_the_command_says_how_to_install_it(tmp_path, monkeypatch):
 def test_tiny_model_learns_for_seconds_and_is_scored_by_danka(tmp_path):
     train, test = gsm8k_files(tmp_path / "data")
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "bench", "trl-learn", "--tiny", "--train", str(train),
-           "--test", str(test), "--minutes", "0.1", "--save-minutes", "0.04", "--prompts", "2",
-           "--generations", "2", "--micro", "4", "--new-tokens", "8", "--eval-tokens", "8",
-           "--eval-subset", "2", "--work", str(tmp_path / "work"), "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "trl-learn",
+        "--tiny",
+        "--train",
+        str(train),
+        "--test",
+        str(test),
+        "--minutes",
+        "0.1",
+        "--save-minutes",
+        "0.04",
+        "--prompts",
+        "2",
+        "--generations",
+        "2",
+        "--micro",
+        "4",
+        "--new-tokens",
+        "8",
+        "--eval-tokens",
+        "8",
+        "--eval-subset",
+        "2",
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     r = json.loads(out.read_text())
     curve, saves = r["curve"], json.loads((tmp_path / "work" / "run.json").read_text())["saves"]

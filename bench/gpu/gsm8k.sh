@@ -64,9 +64,10 @@ runs)
   done
   ;;
 trl)
+  site  # /tmp/site first: TRL installed by an earlier call is found there
   python3 -c "import trl" 2>/dev/null ||
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_trl/*.whl
-  cd "$W/repo" && site && export DANKA_CACHE=$W/cache
+  cd "$W/repo" && export DANKA_CACHE=$W/cache
   setsid bash -c "python3 -m bench trl-learn --model $GGUF --minutes $2 \
       --out $W/results/gsm8k_qwen05_trl.json --work $W/runs/trl_learn \
       --beside bench/results/gsm8k_qwen05_grpo.json > $W/logs/trl_learn.log 2>&1; \

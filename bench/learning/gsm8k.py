@@ -34,7 +34,7 @@ from bench.learning.learning import (
     run_danka_train,
     write_result,
 )
-from bench.lib.gsm8k_data import METRICS, VERL_PPO, milestones, minutes_to
+from bench.lib.gsm8k_data import METRICS, VERL_PPO, first_at, milestones, minutes_to
 
 # issue 47: strict 33% within 4 minutes; 38% within 20; flexible + 10 points; <= 24 GiB
 FAST_STRICT, FAST_MINUTES, GOAL_STRICT, GOAL_MINUTES = 0.33, 4.0, 0.38, 20.0
@@ -72,7 +72,7 @@ def goals(curve: list[dict], wall: float | None, peak: float | None, doctor: dic
     <= 24 GiB. The moonshot, strict >= base flexible + 15 points, is reported beside them."""
     before, after = curve[0], curve[-1]
     base_flex = before["flexible"] or 0.0
-    fast = minutes_to(curve, (FAST_STRICT,))[f"{FAST_STRICT:.3g}"]
+    fast = (first_at(curve, FAST_STRICT) or {}).get("minute")
     checks = {
         "fast": fast is not None and fast <= FAST_MINUTES,
         "strict": (after["strict"] or 0.0) >= GOAL_STRICT,

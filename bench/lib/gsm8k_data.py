@@ -55,17 +55,18 @@ def gsm8k_rows(path: str | Path, n: int) -> list:
 STRICT_MARKS = (0.30, 0.33, 0.36, 0.38)
 
 
+def first_at(curve: list[dict], strict: float) -> dict | None:
+    """The first evaluation of ``curve`` at or above ``strict`` accuracy, or None."""
+    return next((p for p in curve if (p["strict"] or 0.0) >= strict), None)
+
+
 def minutes_to(
     curve: list[dict], marks: tuple[float, ...] = STRICT_MARKS
 ) -> dict[str, float | None]:
     """For each strict accuracy in ``marks``: the minute of the first evaluation at or
     above it (``None``: not reached), keyed ``"0.33"``. The middle evaluations may use a
     subset of the test set: each point's ``n`` says."""
-    out: dict[str, float | None] = {}
-    for mark in marks:
-        hit = next((p for p in curve if (p["strict"] or 0.0) >= mark and p["minute"]), None)
-        out[f"{mark:.3g}"] = hit["minute"] if hit else None
-    return out
+    return {f"{mark:.3g}": (first_at(curve, mark) or {}).get("minute") for mark in marks}
 
 
 def milestones(curve: list[dict]) -> list[dict]:
@@ -73,7 +74,7 @@ def milestones(curve: list[dict]) -> list[dict]:
     minute, and verl's minutes / ours), or ``reached: false``."""
     out = []
     for target, verl_minutes in VERL_PPO:
-        hit = next((p for p in curve if (p["strict"] or 0.0) >= target), None)
+        hit = first_at(curve, target)
         row: dict = {"strict": target, "verl_minutes": verl_minutes, "reached": hit is not None}
         if hit is not None and hit["minute"]:
             row.update(minutes=hit["minute"], n=hit["n"],

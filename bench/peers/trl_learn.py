@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.lib.common import ROOT, parser
+from bench.lib.common import ROOT, environment, parser
 from bench.lib.gsm8k_data import GSM8K_EXAMPLE, METRICS, data_path, example, milestones, minutes_to
 from bench.peers.trl_settings import gsm8k_strict_reward
 
@@ -401,6 +401,7 @@ def header(args, argv: list[str]) -> dict:
         "versions": {m.__name__: m.__version__ for m in (torch, transformers, peft, trl)}
         | {"python": platform.python_version()},
         "model": {"file": model.name, "bytes": None if args.tiny else _size(model)},
+        "environment": environment(),  # the commit, CUDA and the GPU, as every bench result
     }
 
 

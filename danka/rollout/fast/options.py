@@ -33,10 +33,15 @@ FUSE_LIMIT_BYTES = 2**30  # engine-owned weight copies (fused or merged) only up
 DECODE_ATTENTION = ("auto", "sdpa", "triton")
 
 
+def decode_rows(batch_size: int) -> int:
+    """Rows one decode batch holds at most: ``rollout.generation_batch_size``, 0 = ``MAX_BATCH``."""
+    return max(1, int(batch_size or MAX_BATCH))
+
+
 def decode_prompts(batch_size: int, n: int) -> int:
-    """Prompts one decode batch takes: whole groups of ``n`` samples within ``batch_size``
-    rows (0: ``MAX_BATCH``), at least one group (the engine, and the plan pricing its cache)."""
-    return max(1, int(batch_size or MAX_BATCH) // n)
+    """Prompts one decode batch takes: whole groups of ``n`` samples within
+    :func:`decode_rows`, at least one group (the engine, and the plan pricing its cache)."""
+    return max(1, decode_rows(batch_size) // n)
 
 
 def _help(default, text: str):
@@ -89,7 +94,7 @@ class FastOptions:
 
     @property
     def max_batch(self) -> int:
-        return max(1, int(self.batch_size or MAX_BATCH))
+        return decode_rows(self.batch_size)
 
 
 @dataclass(frozen=True)

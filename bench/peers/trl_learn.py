@@ -451,6 +451,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--micro", type=int, default=16, help="sequences per forward/backward")
     ap.add_argument("--seed", type=int, default=42, help="TRL's default (and danka's)")
     args = ap.parse_args(argv)
+    above_zero = ("minutes", "save_minutes", "eval_tokens", "eval_batch", "lr", "lora_r")
+    above_zero += ("lora_alpha", "prompts", "generations", "new_tokens", "micro")
+    for name in above_zero:
+        if getattr(args, name) <= 0:
+            ap.error(f"--{name.replace('_', '-')} must be above 0 (got {getattr(args, name)})")
+    for name in ("eval_subset", "beta", "lora_dropout"):
+        if getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must be 0 or more (got {getattr(args, name)})")
     if (args.prompts * args.generations) % args.micro:
         ap.error("--micro must divide prompts x generations")
     return args

@@ -281,3 +281,19 @@ def test_tiny_model_learns_for_seconds_and_is_scored_by_danka(tmp_path):
     assert set(r["versions"]) >= {"torch", "transformers", "peft", "trl"}
     assert r["trl_settings"]["lora_r"] == 32 and r["trl_settings"]["beta"] == 0.0
     assert r["train_log"] and all(0.0 <= p["strict"] <= 1.0 for p in curve)
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--micro", "0"], "--micro must be above 0"),
+        (["--minutes", "-1"], "--minutes must be above 0"),
+        (["--save-minutes", "0"], "--save-minutes must be above 0"),
+        (["--eval-subset", "-5"], "--eval-subset must be 0 or more"),
+        (["--micro", "7"], "--micro must divide prompts x generations"),
+    ],
+)
+def test_wrong_numbers_exit_2_naming_the_flag(flags, says, tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        trl_learn.parse(["--tiny", "--out", str(tmp_path / "r.json"), *flags])
+    assert err.value.code == 2 and says in capsys.readouterr().err

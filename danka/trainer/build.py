@@ -192,7 +192,9 @@ def assemble(
     evaluator = None
     if held is not None:
         fwd = stages.updating.forward
-        evaluator = build_evaluator(cfg, sampling, held, rewards, fwd, log)
+        per_call = cfg.rollout.generation_batch_size  # auto: the number the plan fitted
+        per_call = sizes.generation_batch if per_call == "auto" else per_call
+        evaluator = build_evaluator(cfg, sampling, held, rewards, fwd, log, per_call)
     device = next(models.policy.parameters()).device
     checkpointer = Checkpointer(
         cfg=cfg,

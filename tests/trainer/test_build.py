@@ -60,3 +60,34 @@ def test_a_probe_prompt_past_max_length_is_refused_at_its_override(
     assert err.startswith("danka: error: command-line override #1: eval.probe_prompts=[hi, "), err
     assert ": key eval.probe_prompts[1]: the probe prompt 1 is " in err
     assert "longer than trainer.max_length (128)" in err
+
+
+@pytest.mark.parametrize(
+    "rollout, eval_tokens, chunk",
+    [
+        ({"generation_batch_size": "auto"}, None, 8),  # the plan's 2 prompts x 4 (a CPU run)
+        ({"generation_batch_size": 3}, None, 3),  # as written
+        ({"generation_batch_size": 0}, None, 256),  # all at once: 256 prompts a call
+        ({"generation_batch_size": 300}, 32, 256),  # longer answers than the plan priced
+    ],
+)
+def test_the_evaluation_decodes_the_planned_generation_batch_a_call(
+    tmp_path, tiny_model_dir, rollout, eval_tokens, chunk
+):
+    """Held-out prompts a generate call: rollout.generation_batch_size, auto resolved by
+    the plan (before: 256 for auto, half the 512 rows the GRPO example's plan fits, so a
+    GPU evaluation took two decode batches where one would do); at most 256 when the
+    evaluation's answers are longer than training's (a KV cache the plan did not price)."""
+    import logging
+    from pathlib import Path
+
+    from danka.config import load_config
+    from danka.trainer.build import build
+
+    evals = {"max_new_tokens": eval_tokens} if eval_tokens else {}
+    path = make_config(
+        tmp_path, tiny_model_dir, rollout=rollout, data={"eval_size": 4}, eval=evals
+    )
+    cfg, base = load_config(path)
+    built = build(cfg, base, Path(cfg.output_dir), logging.getLogger("test"))
+    assert built.evaluator.held.chunk == chunk

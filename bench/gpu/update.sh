@@ -15,6 +15,11 @@
 #                                               # steps, padding-free (default) and padded
 #                                               # (PATHS="default compile gen512": speed.compile,
 #                                               # all 512 GRPO rows in one decode batch)
+#   bash bench/gpu/update.sh lora               # ~2 min after steps: the GRPO step as shipped, its
+#                                               # update rerun on the same samples as LoRA with
+#                                               # larger micro-batches under checkpointing and as
+#                                               # full-parameter, one call, the update profiled
+#                                               # (GPU busy share: is LoRA bound by the host?)
 #   bash bench/gpu/update.sh rollout            # ~3 min after steps: 256 GSM8K prompts x 512,
 #                                               # EOS off/on, LoRA r32 live, fast vs HF static
 #                                               # (bench/gpu/speed.sh rollout)
@@ -42,6 +47,14 @@ verify)
     --profile --profile-steps 1 --name update_fused_05b 2>&1 | quiet | tail -12
   ;;
 rollout) bash bench/gpu/speed.sh rollout "$GGUF" | quiet | tail -20 ;;
+lora)
+  bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -4
+  export PYTHONPATH=/tmp/site:$PWD DANKA_CACHE=$(dirname "$GGUF")/cache
+  timeout "${STEP_S:-240}" python3 -m bench train --name gsm8k_step_grpo_variants --only gsm8k_step \
+    --step-algos grpo --gsm8k-model "$GGUF" --gsm8k-data "$DATA" --step-steps 3 --profile \
+    --profile-phases update --variants-for grpo \
+    --step-variants "${VARIANTS:-base,mb32+gc,mb64+gc,full}" 2>&1 | quiet | tail -30
+  ;;
 chunk) bash bench/gpu/speed.sh chunk "$GGUF" "${2:?chunk number}" | tail -2 ;;
 steps)
   bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -4
@@ -58,7 +71,7 @@ steps)
     done
   done
   ;;
-*) sed -n 2,21p "$0"; exit 2 ;;
+*) sed -n 2,26p "$0"; exit 2 ;;
 esac
 [ -n "${OUT:-}" ] && cp bench/results/*update_shape* bench/results/*update_fused* \
   bench/results/gsm8k_step* "$OUT/" 2>/dev/null

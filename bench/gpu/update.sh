@@ -51,7 +51,7 @@ lora)
   bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -4
   export PYTHONPATH=/tmp/site:$PWD DANKA_CACHE=$(dirname "$GGUF")/cache
   timeout "${STEP_S:-240}" python3 -m bench train --name gsm8k_step_grpo_variants --only gsm8k_step \
-    --step-algos grpo --gsm8k-model "$GGUF" --gsm8k-data "$DATA" --step-steps 3 --profile \
+    --step-algos grpo --gsm8k-model "$GGUF" --gsm8k-data "$DATA" --step-steps 4 --profile \
     --profile-phases update --variants-for grpo \
     --step-variants "${VARIANTS:-base,mb32+gc,mb64+gc,full}" 2>&1 | quiet | tail -30
   ;;

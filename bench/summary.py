@@ -289,7 +289,8 @@ def _learned(d: dict) -> str:
 
 
 def _to(d: dict, level: str) -> str:
-    """", 33% at 4.12 min" from a run's ``minutes_to`` (nothing for older files or unreached)."""
+    """The first minute at ``level`` strict from a run's ``minutes_to`` as ", 33% at 4.12 min"
+    (nothing for older files, or where it was not reached)."""
     got = (d.get("minutes_to") or {}).get(level)
     return f", {float(level):.0%} at {got:.2f} min" if got is not None else ""
 

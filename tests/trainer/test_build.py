@@ -85,9 +85,7 @@ def test_the_evaluation_decodes_the_planned_generation_batch_a_call(
     from danka.trainer.build import build
 
     evals = {"max_new_tokens": eval_tokens} if eval_tokens else {}
-    path = make_config(
-        tmp_path, tiny_model_dir, rollout=rollout, data={"eval_size": 4}, eval=evals
-    )
+    path = make_config(tmp_path, tiny_model_dir, rollout=rollout, data={"eval_size": 4}, eval=evals)
     cfg, base = load_config(path)
     built = build(cfg, base, Path(cfg.output_dir), logging.getLogger("test"))
     assert built.evaluator.held.chunk == chunk

@@ -5,7 +5,13 @@ the drift probe's prompts in tokens)."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
+
+from danka.config import load_config
+from danka.trainer.build import build
 
 from .conftest import make_config, train_cli
 
@@ -75,15 +81,9 @@ def test_the_evaluation_decodes_the_planned_generation_batch_a_call(
     tmp_path, tiny_model_dir, rollout, eval_tokens, chunk
 ):
     """Held-out prompts a generate call: rollout.generation_batch_size, auto resolved by
-    the plan (before: 256 for auto, half the 512 rows the GRPO example's plan fits, so a
-    GPU evaluation took two decode batches where one would do); at most 256 when the
-    evaluation's answers are longer than training's (a KV cache the plan did not price)."""
-    import logging
-    from pathlib import Path
-
-    from danka.config import load_config
-    from danka.trainer.build import build
-
+    the plan (before: 256 for auto, whatever the plan had fitted, e.g. 512 rows for the GRPO
+    example); at most 256 when the evaluation's answers are longer than training's (a KV
+    cache the plan did not price)."""
     evals = {"max_new_tokens": eval_tokens} if eval_tokens else {}
     path = make_config(tmp_path, tiny_model_dir, rollout=rollout, data={"eval_size": 4}, eval=evals)
     cfg, base = load_config(path)

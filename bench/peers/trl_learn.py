@@ -453,12 +453,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     above_zero = ("minutes", "save_minutes", "eval_tokens", "eval_batch", "lr", "lora_r")
     above_zero += ("lora_alpha", "prompts", "generations", "new_tokens", "micro")
-    for name in above_zero:
-        if getattr(args, name) <= 0:
-            ap.error(f"--{name.replace('_', '-')} must be above 0 (got {getattr(args, name)})")
-    for name in ("eval_subset", "beta", "lora_dropout"):
-        if getattr(args, name) < 0:
-            ap.error(f"--{name.replace('_', '-')} must be 0 or more (got {getattr(args, name)})")
+    at_least_zero = ("eval_subset", "beta", "lora_dropout")
+    for name in above_zero + at_least_zero:
+        value, zero_ok = getattr(args, name), name in at_least_zero
+        if value < 0 or (value == 0 and not zero_ok):
+            bound = "0 or more" if zero_ok else "above 0"
+            ap.error(f"--{name.replace('_', '-')} must be {bound} (got {value})")
     if (args.prompts * args.generations) % args.micro:
         ap.error("--micro must divide prompts x generations")
     return args

@@ -247,21 +247,25 @@ def probe_prompts(tokenizer, texts: list[str] | None, max_length: int) -> Prompt
     return PromptSet(rows=enc.rows, texts=enc.texts, ids=enc.input_ids)
 
 
+HELD_PER_CALL = 256  # held-out prompts a call without a planned number (the fast engine's batch)
+
+
 def build_evaluator(
     cfg, sampling, held: PromptSet, rewards, forward: ForwardSettings, log, per_call: int = 0
 ) -> Evaluator:
     """Step 10 for the run's held-out prompts: greedy, one answer each,
     ``eval.max_new_tokens`` (or trainer.max_new_tokens) tokens, ``per_call`` prompts a call:
     ``rollout.generation_batch_size`` (auto: the number the plan fitted, which priced that
-    many rows' KV cache at the training lengths: at most 256 when the evaluation's answers are
-    longer), 256 when it is 0 (all at once);
+    many rows' KV cache at the training lengths: at most ``HELD_PER_CALL`` when the evaluation's
+    answers are longer), ``HELD_PER_CALL`` when it is 0 (all at once);
     ``sampling``: danka.step.stages.Sampling."""
     t = cfg.trainer
     params = SamplingParams(
         n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens or t.max_new_tokens
     )
-    longer = params.max_new_tokens > t.max_new_tokens  # a longer KV cache than the plan priced
-    chunk = min(per_call, 256) if per_call and longer else per_call or 256
+    chunk = per_call or HELD_PER_CALL
+    if params.max_new_tokens > t.max_new_tokens:  # a longer KV cache than the plan priced
+        chunk = min(chunk, HELD_PER_CALL)
     held_ctx = dataclasses.replace(sampling.context(cfg, held, params), chunk=chunk)
     probes = probe_prompts(sampling.tokenizer, cfg.eval.probe_prompts, t.max_length)
     on_gpu = next(sampling.models.policy.parameters()).device.type == "cuda"

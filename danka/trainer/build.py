@@ -192,8 +192,7 @@ def assemble(
     evaluator = None
     if held is not None:
         fwd = stages.updating.forward
-        per_call = cfg.rollout.generation_batch_size  # auto: the number the plan fitted
-        per_call = sizes.generation_batch if per_call == "auto" else per_call
+        per_call = sizes.generation_batch  # rollout.generation_batch_size, auto resolved
         evaluator = build_evaluator(cfg, sampling, held, rewards, fwd, log, per_call)
     device = next(models.policy.parameters()).device
     checkpointer = Checkpointer(

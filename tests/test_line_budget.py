@@ -23,10 +23,12 @@ BUDGET = {
     "diagnose": 1600,  # 1447: the run doctor's checks over metrics and completions
     "distributed": 850,  # 767: torch.distributed ranks, FSDP sharding, agreed decisions
     "logging": 950,  # 873: train.log, metrics.jsonl, console, trackers
-    "models": 3150,  # 2921: loading (hub, folder, GGUF), LoRA, value head, chunked
+    "models": 3450,  # 3207: loading (hub, folder, GGUF), LoRA, value head, chunked
     # log-probs, padding-free attention, FLOPs, CPU threads and OpenMP waits; raised from
     # 2900 (2026-12-07) for the fused LoRA layer (lora_linear.py, one autograd function per
-    # adapted linear) and the per-layer compile of speed.compile, both the update's speed
+    # adapted linear) and the per-layer compile of speed.compile, both the update's speed;
+    # from 3150 (2026-12-07) for body_graphs.py (265: CUDA graphs of the training body, the
+    # answer to an update bound by launching kernels from Python)
     "planning": 1550,  # 1412: the memory plan per phase, engine choice, known shapes, and
     # the whole start-up plan in one call (run_plan: budget, shape, engine, sizes)
     "rewards": 1700,  # 1545: rule rewards, user functions in workers, reward models

@@ -10,11 +10,16 @@
 #                                               # gguf...), `pytest -m gpu tests` whole, then the
 #                                               # update at the step's shape: full and LoRA, eager
 #                                               # and speed.compile, LoRA through peft's forward
+#   bash bench/gpu/update.sh graphs             # ~3 min, no GGUF needed: the CUDA-graph tests, then
+#                                               # the update at the step's shape (random weights),
+#                                               # LoRA and full-parameter, eager vs speed.cuda_graphs,
+#                                               # profiled (GPU busy share, host operators)
 #   bash bench/gpu/update.sh chunk N            # N = 1..9, into /root/w
 #   bash bench/gpu/update.sh steps              # ~7 min: join + convert, then the GRPO and PPO
 #                                               # steps, padding-free (default) and padded
-#                                               # (PATHS="default compile gen512": speed.compile,
-#                                               # all 512 GRPO rows in one decode batch)
+#                                               # (PATHS="default compile graphs gen512":
+#                                               # speed.compile, speed.cuda_graphs, all 512 GRPO
+#                                               # rows in one decode batch)
 #   bash bench/gpu/update.sh lora               # ~2 min after steps: the GRPO step as shipped, its
 #                                               # update rerun on the same samples as LoRA with
 #                                               # larger micro-batches under checkpointing and as
@@ -46,6 +51,14 @@ verify)
     --update-seqs 256 --update-variants "${VARIANTS:-mb16+varlen+chunk1024,mb16+varlen+chunk1024+compile,mb16+varlen+lora+chunk1024+peftlora,mb16+varlen+lora+chunk1024,mb16+varlen+lora+chunk1024+compile}" \
     --profile --profile-steps 1 --name update_fused_05b 2>&1 | quiet | tail -12
   ;;
+graphs)
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs \
+    tests/models/test_body_graphs_gpu.py tests/models/test_varlen_gpu.py 2>&1 | tail -15
+  timeout "${SHAPE_S:-300}" python3 -m bench train --only update_05b --update-shape qwen2.5-coder-0.5b \
+    --update-seqs 256 --update-variants "${VARIANTS:-mb16+varlen+lora+chunk1024,mb16+varlen+lora+chunk1024+graphs,mb16+varlen+chunk1024,mb16+varlen+chunk1024+graphs}" \
+    --profile --profile-steps 1 --name update_graphs_05b 2>&1 | quiet | tail -12
+  ;;
 rollout) bash bench/gpu/speed.sh rollout "$GGUF" | quiet | tail -20 ;;
 lora)
   bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -4
@@ -60,9 +73,10 @@ steps)
   bash bench/gpu/speed.sh prep "$GGUF" 2>&1 | tail -4
   export PYTHONPATH=/tmp/site:$PWD DANKA_CACHE=$(dirname "$GGUF")/cache
   for algo in ${ALGOS:-grpo ppo}; do
-    for path in ${PATHS:-default padded}; do  # PATHS: default, padded, compile, gen512
+    for path in ${PATHS:-default padded}; do  # PATHS: default, padded, compile, graphs, gen512
       set_=(); [ "$path" = padded ] && set_=(--step-set speed.packed_update=false)
       [ "$path" = compile ] && set_=(--step-set speed.compile=true)
+      [ "$path" = graphs ] && set_=(--step-set speed.cuda_graphs=true)
       [ "$path" = gen512 ] && set_=(--step-set rollout.generation_batch_size=512)
       name=gsm8k_step_${algo}$([ "$path" != default ] && echo "_$path")
       timeout "${STEP_S:-150}" python3 -m bench train --name "$name" --only gsm8k_step \
@@ -71,8 +85,8 @@ steps)
     done
   done
   ;;
-*) sed -n 2,26p "$0"; exit 2 ;;
+*) sed -n 2,30p "$0"; exit 2 ;;
 esac
-[ -n "${OUT:-}" ] && cp bench/results/*update_shape* bench/results/*update_fused* \
+[ -n "${OUT:-}" ] && cp bench/results/*update_shape* bench/results/*update_fused* bench/results/*update_graphs* \
   bench/results/gsm8k_step* "$OUT/" 2>/dev/null
 ls -la bench/results | tail -5

@@ -260,6 +260,23 @@ def set_packed_update(run: BenchRun, on: bool, seq_tokens: int, padded: UpdateSe
         compute_adapters_in(policy, next(policy.parameters()).dtype if on else None)
 
 
+def set_cuda_graphs(run: BenchRun, on: bool) -> None:
+    """A/B of ``speed.cuda_graphs`` on the run's log-prob, value and update forwards."""
+    s = run.built.stages
+    up = dataclasses.replace(s.updating.forward, cuda_graphs=on)
+    prep = dataclasses.replace(s.preparing.forward, cuda_graphs=on)
+    s = dataclasses.replace(
+        s,
+        updating=dataclasses.replace(s.updating, forward=up),
+        preparing=dataclasses.replace(s.preparing, forward=prep),
+    )
+    run.built = dataclasses.replace(run.built, stages=s)
+
+
+def cuda_graphs_on(run: BenchRun) -> bool:
+    return run.built.stages.updating.forward.cuda_graphs
+
+
 def train_batch(batch: RolloutBatch, advantages: torch.Tensor) -> TrainBatch:
     """An on-policy training batch (pi_old = the policy at the update's one optimiser step)
     of ``batch``'s sequences with the given (B, R) advantages."""

@@ -11,7 +11,9 @@ are not in the trace) and returns a JSON-ready dict:
 * ``classes``: the same time summed by kernel class (gemm, attention, norm/softmax/reduce,
   copy/cast/fill, elementwise/other), ``kernel_ms_per_step`` (all kernels) and
   ``gpu_busy_frac`` = kernel time / step time: below 1 the GPU waits on the host (launches,
-  syncs) for the rest.
+  syncs) for the rest;
+* ``host_ops`` (CUDA, with the CPU activity recorded): the operators and CUDA runtime calls
+  that took the host's time, by self CPU time.
 
 Kernels replayed from a CUDA graph are reported by CUPTI like launched ones. On a device
 without CUDA (``--tiny --device cpu`` checks) the CPU operators by self time stand in, with
@@ -148,10 +150,27 @@ def profiling(
             t[1] += avg.self_cpu_time_total
     step_ms = step_s * 1e3 if step_s else wall_ms
     report.update(summarize({k: (int(c), us) for k, (c, us) in times.items()}, steps, step_ms, top))
+    if cuda and cpu_ops:
+        report["host_ops"] = host_ops(prof, steps, top)
     report["kind"] = "cuda_kernels" if cuda else "cpu_ops"
     report["profiled_step_ms"] = wall_ms
     if cuda and not times:
         report["note"] = "no CUDA kernel events recorded (CUPTI unavailable?)"
+
+
+def host_ops(prof, steps: int, top: int) -> list[dict[str, object]]:
+    """Where the host's time goes (CUDA runs with CPU activity): the ``top`` operators and
+    CUDA runtime calls (``cudaLaunchKernel``, ``cudaStreamSynchronize``...) by self CPU
+    time, per step. Syncs and launches that outnumber the kernels show here."""
+    rows = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)[:top]
+    return [
+        {
+            "name": a.key[:120],
+            "calls": a.count / steps,
+            "self_ms": a.self_cpu_time_total / 1e3 / steps,
+        }
+        for a in rows
+    ]
 
 
 def profile_or_error(fn: Callable[[], object], device, **kwargs) -> dict[str, object]:

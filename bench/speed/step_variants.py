@@ -2,8 +2,9 @@
 (log-probs, values, advantages, update) rerun at other sizes on the same scored samples.
 
 A variant is named by parts joined with ``+``: ``base`` (the run's planned sizes), ``mbN``
-(micro-batch N), ``chunkN`` (log-prob chunk N), ``gc`` (gradient checkpointing on), ``full``
-(full-parameter: a second run of the same config without LoRA, lr 1e-6). The LoRA ones run
+(micro-batch N), ``chunkN`` (log-prob chunk N), ``gc`` (gradient checkpointing on), ``graphs``
+(``speed.cuda_graphs`` on), ``full`` (full-parameter: a second run of the same config without
+LoRA, lr 1e-6). The LoRA ones run
 on the step's own run, the full-parameter ones on a second run built after it is freed; all
 uncapped (a size that would not fit the card still shows its speed and peak), once each,
 and none starts after ``--variants-budget-s`` seconds of variants.
@@ -19,23 +20,27 @@ import torch
 from bench.lib import danka_side as ds
 from bench.lib.common import error_text, free
 from danka.config import load_config
+from danka.models import body_graphs
 from danka.models.flops import Counts, mfu, mfu_6nt, phase_flops
 
 TRAINED = ("logprobs", "values", "update")  # the phases a variant reruns (+ advantages)
 
 
 def parse_variant(spec: str) -> dict:
-    """``mb16+gc`` -> {"micro": 16, "chunk": None, "gc": True, "full": False}."""
-    out: dict = {"micro": None, "chunk": None, "gc": False, "full": False}
+    """``mb16+gc`` -> {"micro": 16, "chunk": None, "gc": True, "graphs": False,
+    "full": False}."""
+    out: dict = {"micro": None, "chunk": None, "gc": False, "graphs": False, "full": False}
     for part in spec.split("+"):
         if part.startswith("mb"):
             out["micro"] = int(part[2:])
         elif part.startswith("chunk"):
             out["chunk"] = int(part[5:])
-        elif part in ("gc", "full"):
+        elif part in ("gc", "graphs", "full"):
             out[part] = True
         elif part != "base":
-            raise ValueError(f"unknown variant part {part!r} in {spec!r} (mbN, chunkN, gc, full)")
+            raise ValueError(
+                f"unknown variant part {part!r} in {spec!r} (mbN, chunkN, gc, graphs, full)"
+            )
     return out
 
 
@@ -44,6 +49,8 @@ def variant_one(dev, run, cfg, scored, step: int, v: dict, base_micro: int) -> d
     counts = Counts.of(ds.policy_of(run))
     micro = v["micro"] or base_micro
     ds.set_micro_batch(run, micro)
+    graphs_before = ds.cuda_graphs_on(run)
+    ds.set_cuda_graphs(run, v["graphs"] or graphs_before)
     if v["gc"]:
         ds.set_checkpointing(run, True)
     try:
@@ -53,6 +60,7 @@ def variant_one(dev, run, cfg, scored, step: int, v: dict, base_micro: int) -> d
             ds.set_checkpointing(run, False)
         after = ds.micro_batch(run)
         ds.set_micro_batch(run, base_micro)
+        ds.set_cuda_graphs(run, graphs_before)
     b = scored.batch
     prompt, response = float(b.prompt_mask.sum()), float(b.response_mask.sum())
     flops = phase_flops(
@@ -63,6 +71,8 @@ def variant_one(dev, run, cfg, scored, step: int, v: dict, base_micro: int) -> d
     seconds["trained"] = sum(seconds.get(p, 0.0) for p in TRAINED)
     rec = {"micro_batch": micro, "micro_batch_after": after,
            "logprob_chunk": v["chunk"] or ds.logprob_chunk(run), "gc": v["gc"],
+           "cuda_graphs": v["graphs"] or graphs_before,
+           "graph_failures": list(body_graphs.failures),
            "full": v["full"], "sequences": b.size, "tokens": prompt + response,
            "seconds": seconds, "peaks_gib": peaks,
            "peak_gib": max(peaks.values()) if peaks else None, "flops": flops}  # fmt: skip

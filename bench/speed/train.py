@@ -231,7 +231,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default="mb16,mb8,mb16+gc,mb8+gc",
         help="update_05b: mb<micro-batch>[+gc][+compile][+eager_head][+lora][+varlen], "
         "comma-separated (+varlen: speed.packed_update, padding-free, LoRA in bf16; +chunkN: "
-        "the log-prob head's chunk) "
+        "the log-prob head's chunk; +graphs: speed.cuda_graphs, with +varlen) "
         "(+compile: speed.compile, stays on for the variants after it; +peftlora: peft's "
         "LoRA forward instead of the fused layer; +eager_head: the "
         "log-prob head's per-chunk work eager instead of compiled)",

@@ -8,8 +8,9 @@ Sections of ``python -m bench train``:
   (``mfu_model``: LoRA's frozen base needs no weight gradients), peak memory. Weights:
   ``--gsm8k-model``'s (real, bf16), else random of ``--update-shape`` (Qwen2.5-0.5B, tied,
   by default; ``qwen2.5-coder-0.5b``: its untied head). Variants
-  ``mb<micro>[+gc][+compile][+eager_head][+lora]`` (``--update-variants``; ``+lora``: LoRA
-  r32 all-linear as examples/gsm8k_grpo.yaml, else full-parameter); ``--profile`` adds
+  ``mb<micro>[+gc][+compile][+eager_head][+lora][+varlen][+graphs]``
+  (``--update-variants``; ``+lora``: LoRA r32 all-linear as examples/gsm8k_grpo.yaml, else
+  full-parameter; ``+graphs``: speed.cuda_graphs, with +varlen); ``--profile`` adds
   the top CUDA kernels of a few more steps (``bench/lib/kernel_profile.py``).
 - ``logprob_memory``: the LM head alone, 8,192 tokens x 151,936 vocab (or, with
   ``--head-responses 512,1024``, ``--head-micro`` sequences of each response length),
@@ -41,7 +42,7 @@ from bench.lib.common import (
 from bench.lib.kernel_profile import profile_or_error
 from bench.lib.training import gc_active, pick_size, random_model, shape
 from danka.config import load_config
-from danka.models import tiny
+from danka.models import body_graphs, tiny
 from danka.models.flops import FORMULA, Counts, mfu, mfu_6nt, phase_flops
 from danka.models.logprobs import chunked_logprobs_entropy
 from danka.types import RolloutBatch
@@ -204,6 +205,7 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
                 base.gradient_checkpointing_disable()
             ds.set_micro_batch(run, micro)
             ds.set_packed_update(run, "+varlen" in variant, p + r, padded)
+            ds.set_cuda_graphs(run, "+graphs" in variant)  # speed.cuda_graphs (varlen only)
             fused = "+eager_head" not in variant  # A/B: speed.fused_logprob_head
             if "+compile" in variant and not compiled:  # speed.compile (stays on: list last)
                 ds.compile_body(base, dev)
@@ -223,11 +225,12 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
             out["variants"][variant] = {
                 "micro_batch": micro, "gc_active": gc_active(base), "compiled": compiled,
                 "fused_head": fused, "lora": lora, "varlen": "+varlen" in variant,
-                "chunk": chunk,
+                "chunk": chunk, "cuda_graphs": "+graphs" in variant,
                 "warmup_step_s": warmup_s, "step_s": s,
                 "tok_s": tokens / s, "mfu": mfu_6nt(counts, tokens, s),
                 "model_tflop": flops / 1e12, "mfu_model": mfu(flops, s),
                 "peak_gib": peak_gib(dev), "compile_failed": ds.compile_failures(),
+                "graph_failures": list(body_graphs.failures),
             }  # fmt: skip
             if args.profile:  # top kernels of a few more steps (after the timing)
                 out["variants"][variant]["profile"] = profile_or_error(

@@ -116,6 +116,8 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, **
     outs = []
     bounds = cu.tolist()
     for s, e in zip(bounds[:-1], bounds[1:]):
+        if e == s:  # an empty sequence (body_graphs pads the cumulative lengths with them)
+            continue
         qs, ks, vs = (t[s:e].transpose(0, 1)[None] for t in (q, k, v))
         o = F.scaled_dot_product_attention(
             qs, _repeat_kv(ks, groups), _repeat_kv(vs, groups), is_causal=True, scale=scaling
@@ -125,16 +127,16 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, **
 
 
 def register() -> None:
-    """Make ``danka_varlen`` known to transformers (attention and its mask: none, the
-    cumulative lengths carry the structure). Idempotent."""
+    """Make ``danka_varlen`` known to transformers' attention interface. Idempotent. No
+    mask function is registered: transformers then builds no mask and skips its check of
+    the position ids for packed sequences (a host sync per forward, and a capture error
+    under ``speed.cuda_graphs``); the cumulative lengths carry the structure."""
     global _registered
     if _registered:
         return
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, varlen_attention)
-    AttentionMaskInterface.register(NAME, lambda *args, **kwargs: None)
     _registered = True
 
 
@@ -169,17 +171,29 @@ def supports(decoder: torch.nn.Module) -> bool:
 
 def varlen_forward(decoder: torch.nn.Module, flat: Flat, device) -> torch.Tensor:
     """Hidden states (T, H) of ``flat`` through ``decoder`` (the transformer body)."""
+    return eager_forward(
+        decoder,
+        flat.input_ids.to(device, non_blocking=True),
+        flat.position_ids.to(device, non_blocking=True),
+        flat.cu_seqlens.to(device, non_blocking=True),
+        flat.max_len,
+    )
+
+
+def eager_forward(decoder, input_ids, position_ids, cu_seqlens, max_len: int) -> torch.Tensor:
+    """Hidden states (T, H) of sequences laid end to end (``input_ids`` and
+    ``position_ids`` (1, T), ``cu_seqlens`` (b + 1,) int32, all on the decoder's device;
+    no sequence longer than ``max_len``)."""
     register()
-    cu = flat.cu_seqlens.to(device, non_blocking=True)
     with _attention(decoder.config):
         out = decoder(
-            input_ids=flat.input_ids.to(device, non_blocking=True),
-            position_ids=flat.position_ids.to(device, non_blocking=True),
+            input_ids=input_ids,
+            position_ids=position_ids,
             attention_mask=None,
             use_cache=False,
-            cu_seq_lens_q=cu,
-            cu_seq_lens_k=cu,
-            max_length_q=flat.max_len,
-            max_length_k=flat.max_len,
+            cu_seq_lens_q=cu_seqlens,
+            cu_seq_lens_k=cu_seqlens,
+            max_length_q=max_len,
+            max_length_k=max_len,
         )
     return out.last_hidden_state[0]

@@ -50,6 +50,7 @@ class PlanInput:
     fused_logprob_head: bool = _key("speed.fused_logprob_head")
     # null plans a GPU run: padding-free, LoRA computed in the model's dtype
     packed_update: bool | None = _key("speed.packed_update")
+    cuda_graphs: bool = _key("speed.cuda_graphs")
 
     @classmethod
     def of(cls, cfg: DankaConfig, data_prompt_tokens: int | None = None) -> PlanInput:
@@ -88,6 +89,7 @@ class PlanInput:
             logprob_chunk_size=cfg.speed.logprob_chunk_size,
             fused_logprob_head=cfg.speed.fused_logprob_head,
             packed_update=cfg.speed.packed_update,
+            cuda_graphs=cfg.speed.cuda_graphs and not cfg.speed.compile,
         )
 
     def with_(self, **changes: Any) -> PlanInput:

@@ -414,10 +414,13 @@ def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
         update_acts = inputs + max(ckpt_acts - inputs, c["logits (chunked, update)"])
     else:
         update_acts = full_acts + c["logits (chunked, update)"]
+    graph_sums = _graph_sums(inp, shape, d)
+    if graph_sums:
+        c["CUDA-graph gradient sums (update)"] = graph_sums
     phases = {
         "rollout": persistent + sum(rollout.terms.values()),
         "prepare": persistent + held + tokens * per_layer + chunk * v * head_prepare,
-        "update": persistent + held + update_acts,
+        "update": persistent + held + update_acts + graph_sums,
     }
     peak_phase = max(phases, key=phases.get)
     return MemoryPlan(
@@ -449,6 +452,17 @@ def price(inp: PlanInput, shape: ModelShape) -> MemoryPlan:
         shape=shape.dims(),
         vllm_share=rollout.share,
     )
+
+
+def _graph_sums(inp: PlanInput, shape: ModelShape, d: int) -> int:
+    """``speed.cuda_graphs``: the update's replays add each micro-batch's gradients into
+    sums of their own (danka.models.body_graphs), one more gradient of every trainable
+    parameter (the critic's too) for the length of the update; none with checkpointing or
+    padded forwards (no graphs there)."""
+    if not inp.cuda_graphs or inp.use_gradient_checkpointing or inp.packed_update is False:
+        return 0
+    one = shape.lora_params * 4 if inp.enable_lora else shape.params * d
+    return one * (2 if inp.needs_critic else 1)
 
 
 def _round_up(tokens: int) -> int:

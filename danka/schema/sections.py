@@ -230,6 +230,14 @@ class SpeedConfig:
         False, "TF32 matmuls on Ampere+ GPUs (torch.set_float32_matmul_precision('high'))"
     )
     compile: bool = _f(False, "torch.compile the training forward (CUDA; refused elsewhere)")
+    cuda_graphs: bool = _f(
+        False,
+        "CUDA, padding-free forwards: each micro-batch's decoder body (forward and backward) "
+        "replayed from a CUDA graph captured once per phase at the micro-batch's token budget, "
+        "instead of launching every kernel from Python (the LoRA update is bound by those "
+        "launches); a micro-batch under half the budget runs eagerly; off with speed.compile "
+        "or gradient checkpointing (refused off CUDA)",
+    )
     cpu_threads: int | str = _f(
         "auto",
         "CPU threads torch computes with; auto = the CPUs this process may use (affinity, "

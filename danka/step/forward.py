@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from danka.data.template import mask_positions
-from danka.models import varlen
+from danka.models import body_graphs, varlen
 from danka.models.logprobs import chunked_logprobs_entropy
 from danka.step import shared_prefix
 from danka.step.packing import assign_rows, pack
@@ -34,6 +34,7 @@ class ForwardSettings:
     # micro-batch of ``micro`` holding up to micro x seq_tokens real tokens
     varlen: bool = False
     seq_tokens: int = 0  # the planned tokens of one sequence (prompt + response)
+    cuda_graphs: bool = False  # speed.cuda_graphs: padding-free bodies replayed (body_graphs)
 
 
 def micro_batch_indices(
@@ -197,9 +198,14 @@ def _flat(model: torch.nn.Module, mb: RolloutBatch, s: ForwardSettings) -> varle
 
 
 def _flat_hidden(model: torch.nn.Module, flat: varlen.Flat) -> torch.Tensor:
-    """Hidden states (N, H) at the positions predicting the real response tokens."""
+    """Hidden states (N, H) at the positions predicting the real response tokens (through
+    the open CUDA-graph session's replay where it takes the micro-batch)."""
     device = next(model.parameters()).device
-    hidden = varlen.varlen_forward(decoder_of(model), flat, device)
+    decoder = decoder_of(model)
+    graphs = body_graphs.current()
+    hidden = graphs.hidden(decoder, flat) if graphs is not None else None
+    if hidden is None:
+        hidden = varlen.varlen_forward(decoder, flat, device)
     return hidden[flat.predict_at.to(device, non_blocking=True)]
 
 
@@ -235,11 +241,26 @@ def batched(fn, model, batch: RolloutBatch, micro_size: int, **kwargs) -> torch.
     was_training = model.training
     model.eval()
     try:
-        for idx in micro_batch_indices(lengths, micro_size, kwargs.get("settings")):
-            mb = trim(batch.select(idx))
-            value = fn(model, mb, **kwargs)
-            value = value[0] if isinstance(value, tuple) else value
-            out[idx, : value.shape[1]] = value.float().cpu()
+        with graph_session(kwargs.get("settings"), micro_size, model):
+            _batched(fn, model, batch, micro_size, lengths, out, **kwargs)
     finally:
         model.train(was_training)
     return out * batch.response_mask
+
+
+def _batched(fn, model, batch, micro_size: int, lengths, out, **kwargs) -> None:
+    for idx in micro_batch_indices(lengths, micro_size, kwargs.get("settings")):
+        mb = trim(batch.select(idx))
+        value = fn(model, mb, **kwargs)
+        value = value[0] if isinstance(value, tuple) else value
+        out[idx, : value.shape[1]] = value.float().cpu()
+
+
+def graph_session(settings: ForwardSettings | None, micro_size: int, model):
+    """The phase's CUDA-graph session (``speed.cuda_graphs``, padding-free forwards:
+    danka.models.body_graphs) at the micro-batch budget, or a context that changes
+    nothing."""
+    on = settings is not None and settings.cuda_graphs and settings.varlen
+    tokens = micro_size * settings.seq_tokens if on else 0
+    device = next(model.parameters()).device
+    return body_graphs.session(on, tokens, settings.seq_tokens if on else 0, device)

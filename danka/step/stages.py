@@ -257,6 +257,7 @@ def forward_settings(
         fused_head=sp.fused_logprob_head,
         varlen=varlen.wanted(sp.packed_update, device or "cpu"),
         seq_tokens=seq_tokens or cfg.trainer.max_length,
+        cuda_graphs=sp.cuda_graphs and not sp.compile,
     )
 
 

@@ -16,10 +16,12 @@ import torch
 
 from danka import distributed as dist
 from danka.algorithms.losses import LossNorm, PolicyLossInput, aggregate, value_loss
+from danka.models import body_graphs
 from danka.step.algorithm import Algorithm
 from danka.step.forward import (
     ForwardSettings,
     critic_values,
+    graph_session,
     micro_batch_indices,
     policy_logprobs,
     trim,
@@ -72,7 +74,9 @@ def _checked_loss(losses: list[torch.Tensor], opt, what: str) -> torch.Tensor:
     checking it: a NaN/inf loss on ANY rank drops the gradients and raises on every rank
     (one collective), so all ranks skip the same optimiser step. Checked once per
     mini-batch, not per micro-batch, so the micro-batch loop never waits for the GPU; a
-    non-finite micro-batch only poisons gradients that are dropped here."""
+    non-finite micro-batch only poisons gradients that are dropped here. Gradients a CUDA
+    graph accumulated (``speed.cuda_graphs``) reach ``.grad`` first."""
+    body_graphs.flush()
     stacked = torch.stack(losses)
     if dist.all_finite(stacked):
         return stacked.sum()
@@ -260,19 +264,20 @@ def update(
     actor_sums: dict = defaultdict(float)
     critic_sums: dict = defaultdict(float)
     steps = 0
-    for _ in range(s.ppo_epochs):
-        shuffle = s.ppo_epochs > 1 or s.mini_batch_seqs < batch.size
-        order = torch.randperm(batch.size, generator=generator) if shuffle else None
-        order = torch.arange(batch.size) if order is None else order
-        for start in range(0, batch.size, s.mini_batch_seqs):
-            mini = batch.select(order[start : start + s.mini_batch_seqs])
-            if train_actor:
-                actor_minibatch(
-                    models, algo, opts.actor, mini, s, micro_size, kl_coef, actor_sums, dry_run
-                )
-            if models.value_head is not None:
-                critic_minibatch(models, opts.critic, mini, s, micro_size, critic_sums, dry_run)
-            steps += 1
+    with graph_session(s.forward, micro_size, models.policy):
+        for _ in range(s.ppo_epochs):
+            shuffle = s.ppo_epochs > 1 or s.mini_batch_seqs < batch.size
+            order = torch.randperm(batch.size, generator=generator) if shuffle else None
+            order = torch.arange(batch.size) if order is None else order
+            for start in range(0, batch.size, s.mini_batch_seqs):
+                mini = batch.select(order[start : start + s.mini_batch_seqs])
+                if train_actor:
+                    actor_minibatch(
+                        models, algo, opts.actor, mini, s, micro_size, kl_coef, actor_sums, dry_run
+                    )
+                if models.value_head is not None:
+                    critic_minibatch(models, opts.critic, mini, s, micro_size, critic_sums, dry_run)
+                steps += 1
     actor = _actor_stats(host_metrics(actor_sums, steps)) if train_actor else None
     critic = None
     if models.value_head is not None:

@@ -62,6 +62,8 @@ def speed_settings(cfg: DankaConfig, models, device: torch.device, log: logging.
     if t.compile:
         compile_forward(models.policy, True, device)
         log.info("speed.compile: the training forwards' decoder layers compiled (torch.compile)")
+    if t.cuda_graphs:
+        log.info(cuda_graphs_line(t, device))
     if varlen.wanted(t.packed_update, device):
         dtype = next(models.policy.parameters()).dtype
         lora = cfg.lora.enable_lora and dtype in (torch.bfloat16, torch.float16)
@@ -73,6 +75,22 @@ def speed_settings(cfg: DankaConfig, models, device: torch.device, log: logging.
             "attention)"
             + (f", LoRA computed in {str(dtype).removeprefix('torch.')}" if lora else "")
         )
+
+
+def cuda_graphs_line(t, device: torch.device) -> str:
+    """What ``speed.cuda_graphs: true`` does here (the log line); UserError (exit 2) off
+    CUDA or without the padding-free forwards it replays, never a silent no-op."""
+    if torch.device(device).type != "cuda" or not varlen.wanted(t.packed_update, device):
+        raise UserError(
+            "speed.cuda_graphs replays the padding-free forwards on a CUDA GPU; this run has "
+            + ("no CUDA GPU" if torch.device(device).type != "cuda" else "them off"),
+            where="speed.cuda_graphs",
+            fix="set speed.cuda_graphs: false"
+            + ("" if torch.device(device).type != "cuda" else " (or speed.packed_update: null)"),
+        )
+    if t.compile:
+        return "speed.cuda_graphs: off under speed.compile (its compiled layers run instead)"
+    return "speed.cuda_graphs: each micro-batch's decoder body replayed from a CUDA graph"
 
 
 def build_dynamic_sampler(cfg: DankaConfig, pad_id: int) -> DynamicSampler | None:

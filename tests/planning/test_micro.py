@@ -228,3 +228,22 @@ def test_the_default_chunk_is_auto_and_a_gpu_plan_sizes_it_to_the_head(tmp_path)
     tight = _plan(cfg, roomy - 400 * 2**20)  # 400 MiB less: the head's chunk gives way
     assert tight.micro == 4 and tight.logprob_chunk < 1024
     assert dict(_plan(cfg, None).planned) == {"speed.logprob_chunk_size": 1024}
+
+
+def test_cuda_graphs_add_one_gradient_of_the_trained_weights_to_the_update(tmp_path):
+    cfg = _config(tmp_path).with_(micro_batch_size=2)
+    shape = _shape(cfg)
+    plain = price(cfg, shape)
+    graphs = price(cfg.with_(cuda_graphs=True), shape)
+    sums = shape.lora_params * 4  # fp32 sums of the adapters' gradients
+    assert graphs.components["CUDA-graph gradient sums (update)"] == sums
+    assert graphs.phases["update"] - plain.phases["update"] == sums
+    assert graphs.phases["rollout"] == plain.phases["rollout"]
+    full = cfg.with_(enable_lora=False, cuda_graphs=True)
+    extra = (
+        price(full, shape).phases["update"]
+        - price(full.with_(cuda_graphs=False), shape).phases["update"]
+    )
+    assert extra == shape.params * 2  # bf16 gradients of every weight
+    ckpt = cfg.with_(cuda_graphs=True, use_gradient_checkpointing=True)
+    assert "CUDA-graph gradient sums (update)" not in price(ckpt, shape).components

@@ -1,5 +1,7 @@
 """Kernel names -> the classes of the profile tables in BENCHMARKS.md."""
 
+import torch
+
 from bench.lib.kernel_profile import kernel_class
 
 
@@ -12,3 +14,17 @@ def test_kernel_classes_of_real_h200_kernel_names():
     assert kernel_class(fused) == "elementwise/other"  # inductor's pointwise kernel
     assert kernel_class("triton_per_fused__fused_rms_norm_0") == "norm/softmax/reduce"
     assert kernel_class("memcpy32_post") == "copy/cast/fill"
+
+
+def test_host_ops_counts_calls_and_self_time_per_step():
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.lib.kernel_profile import host_ops
+
+    a = torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):  # two steps of 3 matmuls
+            for _ in range(3):
+                a @ a
+    rows = {r["name"]: r for r in host_ops(prof, steps=2, top=5)}
+    assert rows["aten::mm"]["calls"] == 3 and rows["aten::mm"]["self_ms"] > 0

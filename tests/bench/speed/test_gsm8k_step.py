@@ -61,9 +61,10 @@ def test_tiny_gsm8k_step_phases_profile_variants_and_plan(tmp_path):
 
 def test_variant_names_parse():
     assert step_variants.parse_variant("mb32+gc") == {
-        "micro": 32, "chunk": None, "gc": True, "full": False}  # fmt: skip
+        "micro": 32, "chunk": None, "gc": True, "graphs": False, "full": False}  # fmt: skip
     assert step_variants.parse_variant("full+chunk512")["chunk"] == 512
-    assert step_variants.parse_variant("base") == step_variants.parse_variant("base")
+    assert step_variants.parse_variant("mb64+graphs")["graphs"]
+    assert not any(v for k, v in step_variants.parse_variant("base").items())
     with pytest.raises(ValueError, match="mbN, chunkN"):
         step_variants.parse_variant("micro8")
 

@@ -76,20 +76,28 @@ def static_layout(
 
 
 class _Graph:
-    """One captured body: static inputs, the forward graph, and with grad on the backward
-    graph that adds the trainable parameters' gradients into ``acc``."""
+    """One captured body (decoder layers and final norm; the embedding stays eager):
+    static inputs, the forward graph, and with grad on the backward graph that adds the
+    trainable parameters' gradients into the session's sums."""
 
     def __init__(self, decoder, s: Session, grad: bool):
         device = s.device
-        self.ids = torch.zeros((1, s.tokens), dtype=torch.long, device=device)
+        embed = decoder.get_input_embeddings()  # runs eagerly: its backward syncs the host
+        with torch.no_grad():
+            probe = embed(torch.zeros((1, 1), dtype=torch.long, device=device))
+        self.emb = torch.zeros((1, s.tokens, probe.shape[-1]), dtype=probe.dtype, device=device)
         self.pos = torch.arange(s.tokens, device=device)[None] % s.max_len
         self.cu = torch.full((s.n_cu,), s.tokens, dtype=torch.int32, device=device)
         starts = torch.arange(0, s.tokens, s.max_len, device=device)
         self.cu[: len(starts)] = starts.to(torch.int32)
-        params = [p for p in decoder.parameters() if p.requires_grad] if grad else []
+        inner = {id(p) for p in embed.parameters()}
+        params = [p for p in decoder.parameters() if p.requires_grad and id(p) not in inner]
+        self.emb_grad = grad and any(p.requires_grad for p in embed.parameters())
+        self.emb.requires_grad_(self.emb_grad)
+        params = params if grad else []
 
         def body() -> torch.Tensor:
-            return varlen.eager_forward(decoder, self.ids, self.pos, self.cu, s.max_len)
+            return varlen.eager_forward(decoder, None, self.pos, self.cu, s.max_len, self.emb)
 
         for p in params:  # outside the graphs' pool: they outlive every replay
             s.acc.setdefault(p, torch.zeros_like(p))
@@ -97,32 +105,39 @@ class _Graph:
             _streams[device] = torch.cuda.Stream(device)
         stream = _streams[device]
         stream.wait_stream(torch.cuda.current_stream(device))
+        inputs = params + ([self.emb] if self.emb_grad else [])
         if (device, grad) not in _warmed:  # cuBLAS, FlashAttention: lazy init outside a capture
             with torch.cuda.stream(stream):
                 out = body()
-                if params:
-                    torch.autograd.grad(out, params, torch.zeros_like(out), allow_unused=True)
+                if inputs:
+                    torch.autograd.grad(out, inputs, torch.zeros_like(out), allow_unused=True)
             _warmed.add((device, grad))
         self.fwd = torch.cuda.CUDAGraph()
         out = _captured(self.fwd, s.pool, stream, body)
-        self.bwd, self.trained = None, []
-        if params:
+        self.bwd, self.trained, self.gemb = None, [], None
+        if inputs:
             self.gout = torch.empty_like(out)
 
             def backward() -> None:
-                grads = torch.autograd.grad(out, params, self.gout, allow_unused=True)
+                grads = list(torch.autograd.grad(out, inputs, self.gout, allow_unused=True))
+                self.gemb = grads.pop() if self.emb_grad else None
                 used = [(p, g) for p, g in zip(params, grads) if g is not None]
                 self.trained = [p for p, _ in used]
-                torch._foreach_add_([s.acc[p] for p in self.trained], [g for _, g in used])
+                if used:
+                    torch._foreach_add_([s.acc[p] for p in self.trained], [g for _, g in used])
 
             self.bwd = torch.cuda.CUDAGraph()
             _captured(self.bwd, s.pool, stream, backward)
         torch.cuda.current_stream(device).wait_stream(stream)
         self.out = out.detach()
 
-    def load(self, layout) -> None:
-        for static, value in zip((self.ids, self.pos, self.cu), layout):
-            static.copy_(value, non_blocking=True)
+    def embed(self, decoder, layout) -> torch.Tensor:
+        """The static inputs loaded with ``layout``; its embeddings (1, tokens, H), computed
+        eagerly (differentiable when the embedding trains)."""
+        ids, pos, cu = (t.to(self.pos.device, non_blocking=True) for t in layout)
+        self.pos.copy_(pos)
+        self.cu.copy_(cu)
+        return decoder.get_input_embeddings()(ids)
 
 
 def _captured(graph: torch.cuda.CUDAGraph, pool, stream, fn):
@@ -138,12 +153,14 @@ def _captured(graph: torch.cuda.CUDAGraph, pool, stream, fn):
 
 
 class _Replay(torch.autograd.Function):
-    """The forward graph's output as a differentiable tensor: its backward replays the
-    backward graph (gradients land in the session's accumulators, not through autograd;
-    ``anchor`` only makes autograd call it)."""
+    """The forward graph's output as a differentiable tensor of the embeddings ``emb``:
+    its backward replays the backward graph. The body's gradients land in the session's
+    sums, not through autograd; the embeddings' (a trained embedding) go on through
+    autograd; ``anchor`` makes autograd call it when the embedding is frozen."""
 
     @staticmethod
-    def forward(ctx, graph: _Graph, anchor: torch.Tensor):
+    def forward(ctx, graph: _Graph, emb: torch.Tensor, anchor: torch.Tensor):
+        graph.emb.detach().copy_(emb)
         graph.fwd.replay()
         ctx.graph = graph
         return graph.out.detach()
@@ -151,9 +168,10 @@ class _Replay(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        ctx.graph.gout.copy_(grad)
-        ctx.graph.bwd.replay()
-        return None, None
+        graph = ctx.graph
+        graph.gout.copy_(grad)
+        graph.bwd.replay()
+        return None, (graph.gemb.clone() if graph.gemb is not None else None), None
 
 
 class Session:
@@ -184,13 +202,14 @@ class Session:
             graph = self._capture(key, decoder, grad)
             if graph is None:
                 return None
-        graph.load(layout)
+        emb = graph.embed(decoder, layout)
         self.counts["replayed"] += 1
         if graph.bwd is None:
+            graph.emb.copy_(emb)
             graph.fwd.replay()
             return graph.out[: flat.tokens]
         self.pending.update(dict.fromkeys(graph.trained))
-        return _Replay.apply(graph, self.anchor)[: flat.tokens]
+        return _Replay.apply(graph, emb, self.anchor)[: flat.tokens]
 
     def _capture(self, key: tuple, decoder, grad: bool) -> _Graph | None:
         try:

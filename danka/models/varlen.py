@@ -180,14 +180,18 @@ def varlen_forward(decoder: torch.nn.Module, flat: Flat, device) -> torch.Tensor
     )
 
 
-def eager_forward(decoder, input_ids, position_ids, cu_seqlens, max_len: int) -> torch.Tensor:
+def eager_forward(
+    decoder, input_ids, position_ids, cu_seqlens, max_len: int, inputs_embeds=None
+) -> torch.Tensor:
     """Hidden states (T, H) of sequences laid end to end (``input_ids`` and
     ``position_ids`` (1, T), ``cu_seqlens`` (b + 1,) int32, all on the decoder's device;
-    no sequence longer than ``max_len``)."""
+    no sequence longer than ``max_len``); ``inputs_embeds`` (1, T, H) instead of
+    ``input_ids`` when given."""
     register()
     with _attention(decoder.config):
         out = decoder(
-            input_ids=input_ids,
+            input_ids=None if inputs_embeds is not None else input_ids,
+            inputs_embeds=inputs_embeds,
             position_ids=position_ids,
             attention_mask=None,
             use_cache=False,

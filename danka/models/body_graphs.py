@@ -142,8 +142,11 @@ class _Graph:
 
 def _captured(graph: torch.cuda.CUDAGraph, pool, stream, fn):
     """``fn()`` captured into ``graph`` on ``stream`` (``torch.cuda.graph`` without its
-    ``gc.collect()`` and ``empty_cache()``: seconds per capture in a large process, and the
-    allocator's cache emptied for the phases around it)."""
+    ``gc.collect()``: seconds in a large process). The allocator's cache is emptied first:
+    a capture cannot free cached blocks for the graphs' pool, so under ``speed.gpu_memory``
+    the blocks the last phase left would otherwise make it run out."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     with torch.cuda.stream(stream):
         graph.capture_begin(pool=pool)
         try:

@@ -1,5 +1,6 @@
 """Print danka's dependencies pinned at their lower bounds (``name>=X`` -> ``name==X``),
-one per line, from pyproject.toml: what ``scripts/test_lower_bounds.sh`` installs.
+one per line, from pyproject.toml (``name>=X,<Y`` too): what ``scripts/test_lower_bounds.sh``
+installs.
 ``--skip NAME`` leaves a package out (torch: installed from the CPU index first)."""
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ def pins(extras: list[str], skip: set[str]) -> list[str]:
         reqs += project["optional-dependencies"][extra]
     out = []
     for req in reqs:
-        m = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^,;\s]*)\s*", req)
+        # name>=X, or name>=X,<Y where a newer release is known to break danka
+        m = re.fullmatch(
+            r"\s*([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^,;\s]*)\s*(,\s*<\s*[0-9][^,;\s]*\s*)?", req
+        )
         if not m:
-            raise SystemExit(f"no plain lower bound in {req!r}: write it as name>=X")
+            raise SystemExit(f"no plain lower bound in {req!r}: write it as name>=X[,<Y]")
         if m.group(1).lower() not in skip:
             out.append(f"{m.group(1)}=={m.group(2)}")
     return out

@@ -80,13 +80,14 @@ def speed_settings(cfg: DankaConfig, models, device: torch.device, log: logging.
 def cuda_graphs_line(t, device: torch.device) -> str:
     """What ``speed.cuda_graphs: true`` does here (the log line); UserError (exit 2) off
     CUDA or without the padding-free forwards it replays, never a silent no-op."""
-    if torch.device(device).type != "cuda" or not varlen.wanted(t.packed_update, device):
+    cuda = torch.device(device).type == "cuda"
+    if not cuda or not varlen.wanted(t.packed_update, device):
         raise UserError(
             "speed.cuda_graphs replays the padding-free forwards on a CUDA GPU; this run has "
-            + ("no CUDA GPU" if torch.device(device).type != "cuda" else "them off"),
+            + ("no CUDA GPU" if not cuda else "them off (speed.packed_update: false)"),
             where="speed.cuda_graphs",
             fix="set speed.cuda_graphs: false"
-            + ("" if torch.device(device).type != "cuda" else " (or speed.packed_update: null)"),
+            + ("" if not cuda else ", or speed.packed_update: null"),
         )
     if t.compile:
         return "speed.cuda_graphs: off under speed.compile (its compiled layers run instead)"

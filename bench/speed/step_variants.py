@@ -4,10 +4,9 @@
 A variant is named by parts joined with ``+``: ``base`` (the run's planned sizes), ``mbN``
 (micro-batch N), ``chunkN`` (log-prob chunk N), ``gc`` (gradient checkpointing on), ``graphs``
 (``speed.cuda_graphs`` on), ``full`` (full-parameter: a second run of the same config without
-LoRA, lr 1e-6). The LoRA ones run
-on the step's own run, the full-parameter ones on a second run built after it is freed; all
-uncapped (a size that would not fit the card still shows its speed and peak), once each,
-and none starts after ``--variants-budget-s`` seconds of variants.
+LoRA, lr 1e-6). The LoRA ones run on the step's own run, the full-parameter ones on a second
+run built after it is freed; all uncapped (a size that would not fit the card still shows its
+speed and peak), once each, and none starts after ``--variants-budget-s`` seconds of variants.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """CUDA graphs of the padding-free training forward (``speed.cuda_graphs``): a micro-batch's
-decoder body (embeddings, decoder layers, final norm), forward and backward, replayed as
-two graphs instead of launched kernel by kernel.
+decoder body (decoder layers and final norm; the embedding stays eager), forward and
+backward, replayed as two graphs instead of launched kernel by kernel.
 
 Why: at the GSM8K step's shape the LoRA update is bound by the host, not the GPU. Its
 kernels take as long as full-parameter's (1.21 vs 1.20 s), but the GPU is busy 52% of the
@@ -21,8 +21,9 @@ dropped at its end, before the rollout needs the memory):
   critic's, adapters off). Forward runs on a side stream. With grad on, a backward graph
   (``torch.autograd.grad`` of the captured output into the trainable parameters) adds the
   gradients into the session's accumulators.
-- A micro-batch copies its three index tensors into the static inputs and replays the
-  forward graph. Its backward replays the second graph.
+- A micro-batch copies its position ids, cumulative lengths and (eager) embeddings into the
+  static inputs and replays the forward graph. Its backward replays the second graph and
+  hands the embeddings' gradient back to autograd.
 - :func:`flush` runs before every optimiser step: it adds the accumulators into ``.grad``
   and zeroes them.
 
@@ -91,10 +92,11 @@ class _Graph:
         starts = torch.arange(0, s.tokens, s.max_len, device=device)
         self.cu[: len(starts)] = starts.to(torch.int32)
         inner = {id(p) for p in embed.parameters()}
-        params = [p for p in decoder.parameters() if p.requires_grad and id(p) not in inner]
+        params = [
+            p for p in decoder.parameters() if grad and p.requires_grad and id(p) not in inner
+        ]
         self.emb_grad = grad and any(p.requires_grad for p in embed.parameters())
         self.emb.requires_grad_(self.emb_grad)
-        params = params if grad else []
 
         def body() -> torch.Tensor:
             return varlen.eager_forward(decoder, None, self.pos, self.cu, s.max_len, self.emb)
@@ -276,12 +278,12 @@ def _open(tokens: int, max_len: int, device: torch.device):
         s.graphs.clear()
 
 
-def session(enabled: bool, tokens: int, max_len: int, device):
+def session(tokens: int, max_len: int, device):
     """The context a phase runs its micro-batches in: graphs at a budget of ``tokens``
-    tokens (sequences of at most ``max_len``) when ``enabled`` on a CUDA ``device`` in one
-    process, else nothing changes."""
+    tokens (sequences of at most ``max_len``) on a CUDA ``device`` in one process, else
+    nothing changes."""
     device = torch.device(device)
     ranks = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if not (enabled and device.type == "cuda" and tokens > 0 and max_len > 0) or ranks:
+    if not (device.type == "cuda" and tokens > 0 and max_len > 0) or ranks:
         return nullcontext(None)  # several ranks: FSDP's collectives stay eager
     return _open(tokens, -(-max_len // 64) * 64, device)

@@ -185,12 +185,12 @@ def eager_forward(
 ) -> torch.Tensor:
     """Hidden states (T, H) of sequences laid end to end (``input_ids`` and
     ``position_ids`` (1, T), ``cu_seqlens`` (b + 1,) int32, all on the decoder's device;
-    no sequence longer than ``max_len``); ``inputs_embeds`` (1, T, H) instead of
-    ``input_ids`` when given."""
+    no sequence longer than ``max_len``); or of ``inputs_embeds`` (1, T, H), with
+    ``input_ids`` None."""
     register()
     with _attention(decoder.config):
         out = decoder(
-            input_ids=None if inputs_embeds is not None else input_ids,
+            input_ids=input_ids,
             inputs_embeds=inputs_embeds,
             position_ids=position_ids,
             attention_mask=None,

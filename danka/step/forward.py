@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -260,7 +261,7 @@ def graph_session(settings: ForwardSettings | None, micro_size: int, model):
     """The phase's CUDA-graph session (``speed.cuda_graphs``, padding-free forwards:
     danka.models.body_graphs) at the micro-batch budget, or a context that changes
     nothing."""
-    on = settings is not None and settings.cuda_graphs and settings.varlen
-    tokens = micro_size * settings.seq_tokens if on else 0
+    if settings is None or not (settings.cuda_graphs and settings.varlen):
+        return nullcontext()
     device = next(model.parameters()).device
-    return body_graphs.session(on, tokens, settings.seq_tokens if on else 0, device)
+    return body_graphs.session(micro_size * settings.seq_tokens, settings.seq_tokens, device)

@@ -49,7 +49,7 @@ def test_real_tokens_of_the_static_layout_equal_the_unpadded_forward():
 
 
 def test_without_cuda_the_session_changes_nothing():
-    with body_graphs.session(True, tokens=1024, max_len=256, device="cpu") as s:
+    with body_graphs.session(tokens=1024, max_len=256, device="cpu") as s:
         assert s is None and body_graphs.current() is None
     body_graphs.flush()  # no session: nothing to do
 

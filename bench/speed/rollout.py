@@ -14,7 +14,8 @@ mean |log-prob diff| to a training forward), ``fast-whole-cache`` (attention ove
 KV capacity), ``fast-compile`` (``rollout.compile``), ``-triton`` variants
 (``rollout.decode_attention: triton``; with it the decode layer runs fused kernels,
 ``fast-triton-unfused`` runs the same engine with the unfused ops: an A/B of
-``danka.rollout.fast.triton_step``), ``hf-dynamic`` (HF generate, dynamic cache) and
+``danka.rollout.fast.triton_step``; ``fast-triton-fusedsample`` samples with
+``danka.rollout.fast.triton_sample`` instead of the torch ops), ``hf-dynamic`` (HF generate, dynamic cache) and
 ``hf-static`` (static cache; transformers compiles the decode step), and ``vllm``,
 ``vllm-lora-merge``, ``vllm-lora-adapter`` (danka's colocated vLLM engine,
 ``bench/speed/vllm_side.py``; recorded as skipped with the reason where vLLM cannot run). With
@@ -89,7 +90,7 @@ SHAPES = {
 
 FAST_SIDES = (
     "fast", "fast-whole-cache", "fast-compile", "fast-triton", "fast-compile-triton",
-    "fast-triton-unfused", "fast-default",
+    "fast-triton-unfused", "fast-triton-fusedsample", "fast-default",
 )  # fmt: skip
 
 
@@ -237,6 +238,7 @@ def side_fast(args, model, prompts, tokens: int, res: dict) -> None:
                     use_cuda_graph=not args.no_cuda_graph,
                     live_chunk=0 if args.side == "fast-whole-cache" else 64,
                     fused_step=False if args.side.endswith("-unfused") else None,
+                    fused_sampling=args.side.endswith("-fusedsample"),
                 ),
             )
 

@@ -320,6 +320,7 @@ class FastEngine(RolloutEngine):
             top_k=key[1],
             top_p=top_p,
             gen=self._gen,
+            fused=self._path.fused_sampling,
         )
 
     def _start_decode(self, st: Slots, lens: torch.Tensor, plen: int) -> None:

@@ -115,6 +115,9 @@ class FastExperiments:
     fused_step: bool | None = None
     colocate_weights: bool = True  # q/k/v and gate/up stored back to back: views, no copy
     first_stage: int = FIRST_STAGE  # staged cache: prompt + this many tokens first; 0 = off
+    # temperature / greedy sampling in one Triton pass (triton_sample) with Triton
+    # attention; off until measured on a GPU (the torch ops of sampling.sample_next)
+    fused_sampling: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class FastPath:
 
     attention: str  # "sdpa" or "triton"
     fused_step: bool  # the fused Triton decode layer
+    fused_sampling: bool  # next tokens in one Triton pass (triton_sample)
     fuse_weights: bool  # fused q|k|v and gate|up copies
     cuda_graphs: bool
     keep_cache: bool
@@ -132,6 +136,7 @@ class FastPath:
         """The log line naming the path."""
         parts = [
             f"{self.attention} attention" + (" (fused step)" if self.fused_step else ""),
+            "Triton sampling" if self.fused_sampling else "torch sampling",
             "CUDA graphs" if self.cuda_graphs else "eager",
             "fused weight copies" if self.fuse_weights else "live weights",
             f"LoRA {self.lora_compute}",
@@ -216,6 +221,7 @@ def resolve_path(
         fused_step=attention == "triton"
         and not options.compile_step
         and experiments.fused_step is not False,
+        fused_sampling=attention == "triton" and experiments.fused_sampling,
         fuse_weights=fuse,
         cuda_graphs=device.type == "cuda" and experiments.use_cuda_graph is not False,
         keep_cache=keeps_cache(options.keep_cache),

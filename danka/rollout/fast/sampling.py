@@ -29,6 +29,7 @@ def sample_next(
     top_k: int = 0,
     top_p: torch.Tensor | None = None,
     gen: torch.Generator | None = None,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of ``logits`` (b, V) fp32 -> (tokens (b,) long, logprobs (b,)).
 
@@ -37,7 +38,13 @@ def sample_next(
     (``top_p is not None``) change the captured code, so the caller keys graphs on them.
     The log-prob is ``log_softmax(logits / temperature)`` of the chosen token, before
     top-k/top-p filtering (what the training forward computes); greedy uses temperature 1.
+    ``fused`` (the engine's Triton path): without top-k/top-p, one Triton pass over each
+    row (:mod:`danka.rollout.fast.triton_sample`; its own draws from ``gen``).
     """
+    if fused and top_k <= 0 and top_p is None:
+        from danka.rollout.fast import triton_sample  # triton: an optional dependency
+
+        return triton_sample.sample(logits, greedy=greedy, temperature=temperature, gen=gen)
     if greedy:
         tok = logits.argmax(dim=-1)
         return tok, _logprob(logits, tok)

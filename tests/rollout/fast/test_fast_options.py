@@ -49,9 +49,9 @@ def test_the_memory_plan_prices_the_engine_s_geometry():
 def test_auto_resolved_on_a_cpu_by_hand():
     # CPU: SDPA (triton needs CUDA), eager, small copies fused, lora auto = base, cache freed
     path = resolve_path(FastOptions(), FastExperiments(), CPU, copy_bytes=2**20)
-    assert path == FastPath("sdpa", False, True, False, False, "base")
+    assert path == FastPath("sdpa", False, False, True, False, False, "base")
     assert path.line() == (
-        "fast engine: sdpa attention, eager, fused weight copies, LoRA base, "
+        "fast engine: sdpa attention, torch sampling, eager, fused weight copies, LoRA base, "
         "cache freed after each call"
     )
     # a 7B's copies (> 1 GiB) are read live; asked: kept cache, adapter path

@@ -14,6 +14,10 @@
 #                                               # the update at the step's shape (random weights),
 #                                               # LoRA and full-parameter, eager vs speed.cuda_graphs,
 #                                               # profiled (GPU busy share, host operators)
+#   bash bench/gpu/update.sh sample             # ~3 min, no GGUF needed: triton_sample's tests on
+#                                               # the GPU, then the rollout at 256 x 512 (random
+#                                               # Qwen2.5-0.5B shape), torch vs Triton sampling,
+#                                               # each side its own process, profiled
 #   bash bench/gpu/update.sh chunk N            # N = 1..9, into /root/w
 #   bash bench/gpu/update.sh steps              # ~7 min: join + convert, then the GRPO and PPO
 #                                               # steps, padding-free (default) and padded
@@ -58,6 +62,13 @@ graphs)
   timeout "${SHAPE_S:-300}" python3 -m bench train --only update_05b --update-shape qwen2.5-coder-0.5b \
     --update-seqs 256 --update-variants "${VARIANTS:-mb16+varlen+lora+chunk1024,mb16+varlen+lora+chunk1024+graphs,mb16+varlen+chunk1024,mb16+varlen+chunk1024+graphs}" \
     --profile --profile-steps 1 --name update_graphs_05b 2>&1 | quiet | tail -12
+  ;;
+sample)
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfEs tests/rollout/fast/test_triton_sample.py \
+    tests/rollout/fast/test_triton_step.py 2>&1 | tail -8
+  timeout 200 python3 -m bench rollout --shape qwen2-0.5b --prompts 256 --new-tokens 512 \
+    --sides fast-triton,fast-triton-fusedsample --profile --name rollout_sample_ab_05b 2>&1 | quiet | tail -6
   ;;
 rollout) bash bench/gpu/speed.sh rollout "$GGUF" | quiet | tail -20 ;;
 lora)

@@ -402,6 +402,7 @@ class FastEngine(RolloutEngine):
                 layer=self._layer,
                 attention=self._path.attention,
                 fused=self._path.fused_step,
+                fp32=not self._path.fused_sampling,  # the Triton sampler reads bf16
             )
         tok, lp = self._sample(st, key, logits)
         tok = torch.where(st.done, st.pad, tok)

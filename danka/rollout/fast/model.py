@@ -118,8 +118,9 @@ def _mlp(w: Weights, p: str, x: torch.Tensor) -> torch.Tensor:
     return _lin(w, p + "down", F.silu(g) * u)
 
 
-def _logits(w: Weights, spec: ModelSpec, h: torch.Tensor) -> torch.Tensor:
-    return _lin(w, "lm_head", rms_norm(h, w["norm"], spec.eps)).float()
+def _logits(w: Weights, spec: ModelSpec, h: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+    out = _lin(w, "lm_head", rms_norm(h, w["norm"], spec.eps))
+    return out.float() if fp32 else out
 
 
 def _qkv(w: Weights, spec: ModelSpec, i: int, x: torch.Tensor, cos, sin):
@@ -236,8 +237,10 @@ def decode_forward(
     layer=None,
     attention: str = "sdpa",
     fused: bool = False,
+    fp32: bool = True,
 ) -> torch.Tensor:
-    """One token for each of b sequences -> next-token logits (b, V) fp32.
+    """One token for each of b sequences -> next-token logits (b, V) fp32 (``fp32=False``:
+    the head's dtype, for a sampler that reads it directly: no (b, V) copy).
 
     ``tok``/``pos``/``start`` are (b,), ``slot`` is (1,): the token's KV goes to ``slot``
     and it attends to slots ``[start, slot]`` of the cache's T slots. No host sync and no
@@ -257,7 +260,7 @@ def decode_forward(
             x = decode_layer_fused(
                 lw, spec, x, cos_t, sin_t, pos, k_cache[i], v_cache[i], slot, start
             )
-        return _logits(w, spec, x)
+        return _logits(w, spec, x, fp32)
     mask = None
     if attention == "sdpa":
         t = k_cache.shape[3]
@@ -269,7 +272,7 @@ def decode_forward(
     x = _embed(w, tok)
     for i, lw in enumerate(split_layers(w, spec.layers)):
         x = layer(lw, spec, x, cos, sin, k_cache[i], v_cache[i], slot, mask, start)
-    return _logits(w, spec, x)
+    return _logits(w, spec, x, fp32)
 
 
 def split_layers(w: Weights, layers: int) -> list[Weights]:

@@ -188,18 +188,24 @@ def test_logprobs_match_hf_forward(kind, temperature):
     model = tiny(kind)
     params = SamplingParams(n=2, temperature=temperature, top_p=0.95, max_new_tokens=10)
     out = fast_run(model, params, generator=torch.Generator().manual_seed(3))
+    assert out.rollout_logprobs is not None
+    ref = forward_logprobs(model, out, temperature)
+    torch.testing.assert_close(out.rollout_logprobs, ref, atol=1e-4, rtol=0)
+
+
+def forward_logprobs(model, out: RolloutBatch, temperature: float) -> torch.Tensor:
+    """The training forward's log_softmax(logits / T) of each response token of ``out``
+    (0 on padding); greedy (T = 0) reports temperature 1."""
     ids = torch.cat([out.prompt_ids, out.response_ids], 1)
     mask = torch.cat([out.prompt_mask, out.response_mask.long()], 1)
     pos = (mask.cumsum(1) - 1).clamp_min(0)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
     plen = out.prompt_ids.shape[1]
-    # Logits at position plen - 1 + t predict response token t; greedy reports temperature 1.
+    # Logits at position plen - 1 + t predict response token t.
     scale = temperature if temperature > 0 else 1.0
-    lp = torch.log_softmax(logits[:, plen - 1 : -1] / scale, -1)
-    ref = lp.gather(-1, out.response_ids[..., None])[..., 0] * out.response_mask
-    assert out.rollout_logprobs is not None
-    torch.testing.assert_close(out.rollout_logprobs, ref, atol=1e-4, rtol=0)
+    lp = torch.log_softmax(logits[:, plen - 1 : -1].float() / scale, -1)
+    return lp.gather(-1, out.response_ids[..., None])[..., 0] * out.response_mask
 
 
 def test_top_p_keeps_the_nucleus_only():

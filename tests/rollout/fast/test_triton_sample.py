@@ -85,7 +85,7 @@ def test_the_engine_samples_through_it_with_the_training_forwards_log_probs(kind
     from danka.rollout.fast.engine import FastEngine
     from danka.rollout.fast.options import FastExperiments, FastOptions
 
-    from .test_fast_engine import fast_run, tiny
+    from .test_fast_engine import fast_run, forward_logprobs, tiny
 
     model = tiny(kind).to(DEVICE)
     params = SamplingParams(n=2, temperature=temperature, max_new_tokens=10)
@@ -101,15 +101,7 @@ def test_the_engine_samples_through_it_with_the_training_forwards_log_probs(kind
 
     out, again = run(3), run(3)
     assert torch.equal(out.response_ids, again.response_ids)
-    ids = torch.cat([out.prompt_ids, out.response_ids], 1)
-    mask = torch.cat([out.prompt_mask, out.response_mask.long()], 1)
-    pos = (mask.cumsum(1) - 1).clamp_min(0)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-    plen = out.prompt_ids.shape[1]
-    scale = temperature if temperature > 0 else 1.0
-    lp = torch.log_softmax(logits[:, plen - 1 : -1].float() / scale, -1)
-    ref = lp.gather(-1, out.response_ids[..., None])[..., 0] * out.response_mask
+    ref = forward_logprobs(model, out, temperature)
     torch.testing.assert_close(out.rollout_logprobs, ref, atol=1e-4, rtol=0)
     if temperature == 0.0:
         torch_sampler = run(3, fused=False)

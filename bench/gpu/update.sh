@@ -18,6 +18,9 @@
 #                                               # the GPU, then the rollout at 256 x 512 (random
 #                                               # Qwen2.5-0.5B shape), torch vs Triton sampling,
 #                                               # each side its own process, profiled
+#   bash bench/gpu/update.sh fusednorm          # ~3 min, no GGUF needed: the update at the step's
+#                                               # shape, transformers' RMSNorm vs F.rms_norm
+#                                               # (danka.models.fused_norm), LoRA (+graphs) and full
 #   bash bench/gpu/update.sh chunk N            # N = 1..9, into /root/w
 #   bash bench/gpu/update.sh steps              # ~7 min: join + convert, then the GRPO and PPO
 #                                               # steps, padding-free (default) and padded
@@ -62,6 +65,13 @@ graphs)
   timeout "${SHAPE_S:-300}" python3 -m bench train --only update_05b --update-shape qwen2.5-coder-0.5b \
     --update-seqs 256 --update-variants "${VARIANTS:-mb16+varlen+lora+chunk1024,mb16+varlen+lora+chunk1024+graphs,mb16+varlen+chunk1024,mb16+varlen+chunk1024+graphs}" \
     --profile --profile-steps 1 --name update_graphs_05b 2>&1 | quiet | tail -12
+  ;;
+fusednorm)
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/models/test_fused_norm.py 2>&1 | tail -2
+  timeout "${SHAPE_S:-300}" python3 -m bench train --only update_05b --update-shape qwen2.5-coder-0.5b \
+    --update-seqs 256 --update-variants "${VARIANTS:-mb16+varlen+lora+chunk1024,mb16+varlen+lora+chunk1024+fusednorm,mb16+varlen+lora+chunk1024+fusednorm+graphs,mb16+varlen+chunk1024,mb16+varlen+chunk1024+fusednorm}" \
+    --profile --profile-steps 1 --name update_fusednorm_05b 2>&1 | quiet | tail -12
   ;;
 sample)
   nvidia-smi --query-gpu=name --format=csv,noheader

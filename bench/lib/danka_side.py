@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from danka.data.splits import load_rows
+from danka.models import fused_norm as _fused_norm
 from danka.models import lora_linear as _lora_linear
 from danka.models import prefix as _prefix
 from danka.models.lora import compute_adapters_in
@@ -309,6 +310,19 @@ def fuse_lora(model: torch.nn.Module, fused: bool) -> None:
             _lora_linear.uninstall(m)
             if fused and _lora_linear.fusable(m):
                 _lora_linear.install(m)
+
+
+def fuse_norms(run_or_model, on: bool) -> None:
+    """A/B of danka.models.fused_norm on the run's models (or one model)."""
+    if isinstance(run_or_model, torch.nn.Module):
+        models = [run_or_model]
+    else:
+        m = run_or_model.built.stages.models
+        models = [x for x in (m.policy, m.critic_model) if x is not None]
+    for model in models:
+        _fused_norm.uninstall(model)
+        if on:
+            _fused_norm.install(model)
 
 
 def compile_body(model: torch.nn.Module, dev: torch.device) -> None:

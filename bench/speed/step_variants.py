@@ -3,7 +3,8 @@
 
 A variant is named by parts joined with ``+``: ``base`` (the run's planned sizes), ``mbN``
 (micro-batch N), ``chunkN`` (log-prob chunk N), ``gc`` (gradient checkpointing on), ``graphs``
-(``speed.cuda_graphs`` on), ``full`` (full-parameter: a second run of the same config without
+(``speed.cuda_graphs`` on), ``fusednorm`` (RMSNorm through ``F.rms_norm``:
+danka.models.fused_norm), ``full`` (full-parameter: a second run of the same config without
 LoRA, lr 1e-6). The LoRA ones run on the step's own run, the full-parameter ones on a second
 run built after it is freed; all uncapped (a size that would not fit the card still shows its
 speed and peak), once each, and none starts after ``--variants-budget-s`` seconds of variants.
@@ -27,18 +28,20 @@ TRAINED = ("logprobs", "values", "update")  # the phases a variant reruns (+ adv
 
 def parse_variant(spec: str) -> dict:
     """``mb16+gc`` -> {"micro": 16, "chunk": None, "gc": True, "graphs": False,
-    "full": False}."""
-    out: dict = {"micro": None, "chunk": None, "gc": False, "graphs": False, "full": False}
+    "fusednorm": False, "full": False}."""
+    out: dict = {"micro": None, "chunk": None, "gc": False, "graphs": False}
+    out.update(fusednorm=False, full=False)
     for part in spec.split("+"):
         if part.startswith("mb"):
             out["micro"] = int(part[2:])
         elif part.startswith("chunk"):
             out["chunk"] = int(part[5:])
-        elif part in ("gc", "graphs", "full"):
+        elif part in ("gc", "graphs", "fusednorm", "full"):
             out[part] = True
         elif part != "base":
             raise ValueError(
-                f"unknown variant part {part!r} in {spec!r} (mbN, chunkN, gc, graphs, full)"
+                f"unknown variant part {part!r} in {spec!r} "
+                "(mbN, chunkN, gc, graphs, fusednorm, full)"
             )
     return out
 
@@ -52,6 +55,8 @@ def variant_one(dev, run, cfg, scored, step: int, v: dict, base_micro: int) -> d
     ds.set_cuda_graphs(run, v["graphs"] or graphs_before)
     if v["gc"]:
         ds.set_checkpointing(run, True)
+    if v["fusednorm"]:
+        ds.fuse_norms(run, True)
     try:
         seconds, peaks, prepared = ds.prepare_and_update(run, scored, step, chunk=v["chunk"])
     finally:
@@ -60,6 +65,7 @@ def variant_one(dev, run, cfg, scored, step: int, v: dict, base_micro: int) -> d
         after = ds.micro_batch(run)
         ds.set_micro_batch(run, base_micro)
         ds.set_cuda_graphs(run, graphs_before)
+        ds.fuse_norms(run, False)
     b = scored.batch
     prompt, response = float(b.prompt_mask.sum()), float(b.response_mask.sum())
     flops = phase_flops(
@@ -70,7 +76,7 @@ def variant_one(dev, run, cfg, scored, step: int, v: dict, base_micro: int) -> d
     seconds["trained"] = sum(seconds.get(p, 0.0) for p in TRAINED)
     rec = {"micro_batch": micro, "micro_batch_after": after,
            "logprob_chunk": v["chunk"] or ds.logprob_chunk(run), "gc": v["gc"],
-           "cuda_graphs": v["graphs"] or graphs_before,
+           "cuda_graphs": v["graphs"] or graphs_before, "fused_norm": v["fusednorm"],
            "graph_failures": list(body_graphs.failures),
            "full": v["full"], "sequences": b.size, "tokens": prompt + response,
            "seconds": seconds, "peaks_gib": peaks,

@@ -8,9 +8,10 @@ Sections of ``python -m bench train``:
   (``mfu_model``: LoRA's frozen base needs no weight gradients), peak memory. Weights:
   ``--gsm8k-model``'s (real, bf16), else random of ``--update-shape`` (Qwen2.5-0.5B, tied,
   by default; ``qwen2.5-coder-0.5b``: its untied head). Variants
-  ``mb<micro>[+gc][+compile][+eager_head][+lora][+varlen][+graphs]``
+  ``mb<micro>[+gc][+compile][+eager_head][+lora][+varlen][+graphs][+fusednorm]``
   (``--update-variants``; ``+lora``: LoRA r32 all-linear as examples/gsm8k_grpo.yaml, else
-  full-parameter; ``+graphs``: speed.cuda_graphs, with +varlen); ``--profile`` adds
+  full-parameter; ``+graphs``: speed.cuda_graphs, with +varlen; ``+fusednorm``: RMSNorm
+  through F.rms_norm, danka.models.fused_norm); ``--profile`` adds
   the top CUDA kernels of a few more steps (``bench/lib/kernel_profile.py``).
 - ``logprob_memory``: the LM head alone, 8,192 tokens x 151,936 vocab (or, with
   ``--head-responses 512,1024``, ``--head-micro`` sequences of each response length),
@@ -206,6 +207,7 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
             ds.set_micro_batch(run, micro)
             ds.set_packed_update(run, "+varlen" in variant, p + r, padded)
             ds.set_cuda_graphs(run, "+graphs" in variant)  # speed.cuda_graphs (varlen only)
+            ds.fuse_norms(base, "+fusednorm" in variant)
             fused = "+eager_head" not in variant  # A/B: speed.fused_logprob_head
             if "+compile" in variant and not compiled:  # speed.compile (stays on: list last)
                 ds.compile_body(base, dev)
@@ -226,6 +228,7 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
                 "micro_batch": micro, "gc_active": gc_active(base), "compiled": compiled,
                 "fused_head": fused, "lora": lora, "varlen": "+varlen" in variant,
                 "chunk": chunk, "cuda_graphs": "+graphs" in variant,
+                "fused_norm": "+fusednorm" in variant,
                 "warmup_step_s": warmup_s, "step_s": s,
                 "tok_s": tokens / s, "mfu": mfu_6nt(counts, tokens, s),
                 "model_tflop": flops / 1e12, "mfu_model": mfu(flops, s),

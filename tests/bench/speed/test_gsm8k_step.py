@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_tiny_gsm8k_step_phases_profile_variants_and_plan(tmp_path):
     assert train.main([
         "--tiny", "--device", "cpu", "--only", "gsm8k_step", "--step-algos", "grpo",
-        "--step-steps", "2", "--profile", "--step-variants", "base,mb2,full",
+        "--step-steps", "2", "--profile", "--step-variants", "base,mb2,fusednorm,full",
         "--out-dir", str(tmp_path), "--name", "s",
     ]) == 0  # fmt: skip
     res = json.loads((tmp_path / "s.json").read_text())
@@ -55,13 +55,15 @@ def test_tiny_gsm8k_step_phases_profile_variants_and_plan(tmp_path):
     v = g["variants"]
     assert g["variants_on"] == {"sequences": 4, "of": 8}  # one mini-batch: 1 prompt x 4
     assert v["base"]["micro_batch"] == 4 and v["mb2"]["micro_batch"] == 2, v
+    assert v["fusednorm"]["fused_norm"] and not v["base"]["fused_norm"], v
     assert v["full"]["full"] and v["full"]["phases"]["update"]["mfu_6nt"] > 0
     assert v["base"]["tokens"] == v["full"]["tokens"]  # every variant trains the same rows
 
 
 def test_variant_names_parse():
     assert step_variants.parse_variant("mb32+gc") == {
-        "micro": 32, "chunk": None, "gc": True, "graphs": False, "full": False}  # fmt: skip
+        "micro": 32, "chunk": None, "gc": True, "graphs": False, "fusednorm": False,
+        "full": False}  # fmt: skip
     assert step_variants.parse_variant("full+chunk512")["chunk"] == 512
     assert step_variants.parse_variant("mb64+graphs")["graphs"]
     assert not any(v for k, v in step_variants.parse_variant("base").items())
@@ -133,11 +135,13 @@ def test_gpu_speed_script_commands_parse():
 def test_tiny_random_update_counts_lora(tmp_path):
     assert train.main([
         "--tiny", "--device", "cpu", "--only", "update_05b", "--update-variants",
-        "mb4,mb4+lora", "--out-dir", str(tmp_path), "--name", "u",
+        "mb4,mb4+lora,mb4+fusednorm", "--out-dir", str(tmp_path), "--name", "u",
     ]) == 0  # fmt: skip
     res = json.loads((tmp_path / "u.json").read_text())["result"]["sections"]["update_05b"]
     v = res["results"]["variants"]
     assert v["mb4"]["lora"] is False and v["mb4+lora"]["lora"] is True, v
+    assert v["mb4+fusednorm"]["fused_norm"] and "error" not in v["mb4+fusednorm"], v
+    assert v["mb4+fusednorm"]["step_s"] > 0 and not v["mb4"]["fused_norm"]
     counts = res["results"]["counts"]
     assert counts["lora"]["lora"] > 0 == counts["full"]["lora"]
     b, p, r = 4, 16, 48  # tiny: 4 sequences x (16 + 48) tokens

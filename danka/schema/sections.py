@@ -234,9 +234,9 @@ class SpeedConfig:
         False,
         "CUDA, padding-free forwards: each micro-batch's decoder body (forward and backward) "
         "replayed from a CUDA graph captured once per phase at the micro-batch's token budget, "
-        "instead of launching every kernel from Python (the LoRA update is bound by those "
-        "launches); a micro-batch under half the budget runs eagerly; off with speed.compile "
-        "or gradient checkpointing (refused off CUDA)",
+        "instead of launching every kernel from Python (H100, GSM8K step: the LoRA update 5-12% "
+        "faster, full-parameter 4-12% slower); a micro-batch under half the budget runs "
+        "eagerly; off with speed.compile or gradient checkpointing (refused off CUDA)",
     )
     cpu_threads: int | str = _f(
         "auto",

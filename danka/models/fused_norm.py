@@ -22,27 +22,17 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
+from danka.models import class_swap
+
 PLAIN = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"})
 
 
 class _Fused:
-    """Mixed into a plain RMSNorm's class by :func:`install` (a subclass: isinstance checks,
-    state dicts and ``extra_repr`` see the same module)."""
-
-    _danka_base: type
+    """Mixed into a plain RMSNorm's class by :func:`install` (:mod:`danka.models.class_swap`)."""
 
     def forward(self, hidden_states):
         shape = (hidden_states.shape[-1],)
         return F.rms_norm(hidden_states, shape, self.weight, self.variance_epsilon)
-
-
-_CLASSES: dict[type, type] = {}
-
-
-def _fused_class(cls: type) -> type:
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Fused{cls.__name__}", (_Fused, cls), {"_danka_base": cls})
-    return _CLASSES[cls]
 
 
 def install(model: nn.Module) -> int:
@@ -50,12 +40,11 @@ def install(model: nn.Module) -> int:
     n = 0
     for module in model.modules():
         if type(module).__name__ in PLAIN and hasattr(module, "variance_epsilon"):
-            module.__class__ = _fused_class(type(module))
+            class_swap.swap_in(module, _Fused)
             n += 1
     return n
 
 
 def uninstall(model: nn.Module) -> None:
     for module in model.modules():
-        if isinstance(module, _Fused):
-            module.__class__ = module._danka_base
+        class_swap.swap_out(module, _Fused)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from danka.models import class_swap
+
 
 class _LoraLinear(torch.autograd.Function):
     @staticmethod
@@ -92,11 +94,9 @@ def _adapter(module: nn.Module, x: torch.Tensor, args, kwargs) -> str | None:
 
 
 class _Fused:
-    """Mixed into a peft LoRA layer's class by :func:`install`: ``forward`` through
-    :func:`lora_linear` where it applies. A class, not a per-module bound ``forward``: with
-    ``speed.compile`` every decoder layer's code is compiled once and reused, and a guard on
-    a per-module function would recompile it for each layer (measured on an H100: the
-    recompile limit hit, most layers eager)."""
+    """Mixed into a peft LoRA layer's class by :func:`install`
+    (:mod:`danka.models.class_swap`): ``forward`` through :func:`lora_linear` where it
+    applies."""
 
     _danka_base: type
 
@@ -109,24 +109,13 @@ class _Fused:
         return lora_linear(x, base.weight, base.bias, a, b, self.scaling[name])
 
 
-_CLASSES: dict[type, type] = {}
-
-
-def _fused_class(cls: type) -> type:
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Fused{cls.__name__}", (_Fused, cls), {"_danka_base": cls})
-    return _CLASSES[cls]
-
-
 def install(module: nn.Module) -> None:
     """Route ``module``'s forward through :func:`lora_linear` where it applies (one active
     adapter, no dropout in training, not merged, adapters on); peft's forward otherwise.
     ``module`` keeps its class's behaviour otherwise (a subclass: peft's isinstance checks,
     merging and saving see the same layer)."""
-    if not isinstance(module, _Fused):
-        module.__class__ = _fused_class(type(module))
+    class_swap.swap_in(module, _Fused)
 
 
 def uninstall(module: nn.Module) -> None:
-    if isinstance(module, _Fused):
-        module.__class__ = module._danka_base
+    class_swap.swap_out(module, _Fused)

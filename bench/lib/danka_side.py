@@ -312,17 +312,19 @@ def fuse_lora(model: torch.nn.Module, fused: bool) -> None:
                 _lora_linear.install(m)
 
 
-def fuse_norms(run_or_model, on: bool) -> None:
-    """A/B of danka.models.fused_norm on the run's models (or one model)."""
-    if isinstance(run_or_model, torch.nn.Module):
-        models = [run_or_model]
-    else:
-        m = run_or_model.built.stages.models
-        models = [x for x in (m.policy, m.critic_model) if x is not None]
+def fuse_norms(on: bool, *models: torch.nn.Module | None) -> None:
+    """A/B of danka.models.fused_norm on ``models`` (None: skipped)."""
     for model in models:
-        _fused_norm.uninstall(model)
-        if on:
-            _fused_norm.install(model)
+        if model is not None:
+            _fused_norm.uninstall(model)
+            if on:
+                _fused_norm.install(model)
+
+
+def run_models(run: BenchRun) -> tuple:
+    """Every model the run's forwards go through: policy, critic, reference copy (or None)."""
+    m = run.built.stages.models
+    return m.policy, m.critic_model, m.reference_copy
 
 
 def compile_body(model: torch.nn.Module, dev: torch.device) -> None:

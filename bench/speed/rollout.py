@@ -15,9 +15,9 @@ KV capacity), ``fast-compile`` (``rollout.compile``), ``-triton`` variants
 (``rollout.decode_attention: triton``; with it the decode layer runs fused kernels,
 ``fast-triton-unfused`` runs the same engine with the unfused ops: an A/B of
 ``danka.rollout.fast.triton_step``; ``fast-triton-fusedsample`` samples with
-``danka.rollout.fast.triton_sample`` instead of the torch ops), ``hf-dynamic`` (HF generate, dynamic cache) and
-``hf-static`` (static cache; transformers compiles the decode step), and ``vllm``,
-``vllm-lora-merge``, ``vllm-lora-adapter`` (danka's colocated vLLM engine,
+``danka.rollout.fast.triton_sample`` instead of the torch ops), ``hf-dynamic`` (HF generate,
+dynamic cache) and ``hf-static`` (static cache; transformers compiles the decode step), and
+``vllm``, ``vllm-lora-merge``, ``vllm-lora-adapter`` (danka's colocated vLLM engine,
 ``bench/speed/vllm_side.py``; recorded as skipped with the reason where vLLM cannot run). With
 ``--eos`` every side stops at the tokenizer's stop ids on chat-formatted GSM8K-style
 questions (``--model``), and tok/s counts the tokens generated. Timing HF after the

@@ -29,8 +29,14 @@ TRAINED = ("logprobs", "values", "update")  # the phases a variant reruns (+ adv
 def parse_variant(spec: str) -> dict:
     """``mb16+gc`` -> {"micro": 16, "chunk": None, "gc": True, "graphs": False,
     "fusednorm": False, "full": False}."""
-    out: dict = {"micro": None, "chunk": None, "gc": False, "graphs": False}
-    out.update(fusednorm=False, full=False)
+    out: dict = {
+        "micro": None,
+        "chunk": None,
+        "gc": False,
+        "graphs": False,
+        "fusednorm": False,
+        "full": False,
+    }
     for part in spec.split("+"):
         if part.startswith("mb"):
             out["micro"] = int(part[2:])
@@ -55,8 +61,7 @@ def variant_one(dev, run, cfg, scored, step: int, v: dict, base_micro: int) -> d
     ds.set_cuda_graphs(run, v["graphs"] or graphs_before)
     if v["gc"]:
         ds.set_checkpointing(run, True)
-    if v["fusednorm"]:
-        ds.fuse_norms(run, True)
+    ds.fuse_norms(v["fusednorm"], *ds.run_models(run))
     try:
         seconds, peaks, prepared = ds.prepare_and_update(run, scored, step, chunk=v["chunk"])
     finally:
@@ -65,7 +70,7 @@ def variant_one(dev, run, cfg, scored, step: int, v: dict, base_micro: int) -> d
         after = ds.micro_batch(run)
         ds.set_micro_batch(run, base_micro)
         ds.set_cuda_graphs(run, graphs_before)
-        ds.fuse_norms(run, False)
+        ds.fuse_norms(False, *ds.run_models(run))
     b = scored.batch
     prompt, response = float(b.prompt_mask.sum()), float(b.response_mask.sum())
     flops = phase_flops(

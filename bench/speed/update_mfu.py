@@ -207,7 +207,7 @@ def _update_group(args, dev, log, z, lora: bool, variants: list[str], out: dict)
             ds.set_micro_batch(run, micro)
             ds.set_packed_update(run, "+varlen" in variant, p + r, padded)
             ds.set_cuda_graphs(run, "+graphs" in variant)  # speed.cuda_graphs (varlen only)
-            ds.fuse_norms(base, "+fusednorm" in variant)
+            ds.fuse_norms("+fusednorm" in variant, base)
             fused = "+eager_head" not in variant  # A/B: speed.fused_logprob_head
             if "+compile" in variant and not compiled:  # speed.compile (stays on: list last)
                 ds.compile_body(base, dev)

@@ -69,7 +69,7 @@ def test_a_seed_gives_the_same_tokens_and_the_draws_differ_by_row_and_seed():
 def test_reads_bf16_and_strided_logits():
     gen = torch.Generator().manual_seed(0)
     wide = torch.randn(4, 2600, generator=gen) * 3
-    logits = wide[:, :2500].to(torch.bfloat16)  # a row stride of 2600 (not contiguous rows)
+    logits = wide.to(torch.bfloat16)[:, :2500]  # a row stride of 2600 (not contiguous rows)
     tok, lp = ts.sample(logits.to(DEVICE), greedy=True, temperature=_t(1.0))
     ref = torch.log_softmax(logits.float(), -1)
     assert tok.cpu().tolist() == logits.float().argmax(-1).tolist()
